@@ -1,0 +1,50 @@
+#include "backends/http_client.hpp"
+
+#include <boost/asio/this_coro.hpp>
+#include <fmt/format.h>
+
+namespace kvp::backends {
+
+net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb method,
+                                                   std::string target, std::string body,
+                                                   std::chrono::milliseconds timeout) {
+  auto ex = co_await net::this_coro::executor;
+  auto fail = [&](const beast::error_code& ec) {
+    const bool timed_out = ec == beast::error::timeout;
+    return core::error{timed_out ? core::errc::operation_timeout : core::errc::backend_unavailable,
+                       0, fmt::format("{} {}: {}", http::to_string(method), target, ec.message())};
+  };
+  resolver res(ex);
+  auto [rec, endpoints] = co_await res.async_resolve(ep.host, std::to_string(ep.port));
+  if (rec) co_return fail(rec);
+
+  tcp_stream stream(ex);
+  stream.expires_after(timeout);  // one deadline for connect, write and read
+  auto [cec, _] = co_await stream.async_connect(endpoints);
+  if (cec) co_return fail(cec);
+  stream.socket().set_option(tcp::no_delay(true));
+
+  http::request<http::string_body> req{method, ep.base_path + target, 11};
+  req.set(http::field::host, fmt::format("{}:{}", ep.host, ep.port));
+  req.set(http::field::user_agent, "kvpersist");
+  if (!ep.api_key.empty()) req.set(http::field::authorization, "Bearer " + ep.api_key);
+  if (!body.empty() || method == http::verb::post) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::move(body);
+    req.prepare_payload();
+  }
+  req.keep_alive(false);
+  auto [wec, wn] = co_await http::async_write(stream, req);
+  if (wec) co_return fail(wec);
+
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> p;
+  p.body_limit(16 * 1024 * 1024);  // /slots of a big server is still far below this
+  auto [ren, rn] = co_await http::async_read(stream, buf, p);
+  if (ren) co_return fail(ren);
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  co_return http_reply{static_cast<int>(p.get().result_int()), std::move(p.get().body())};
+}
+
+}  // namespace kvp::backends

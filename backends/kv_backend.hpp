@@ -1,0 +1,39 @@
+// The KvBackend interface (spec §12): everything kvpersist asks of an inference server's
+// slot state. Only implementations know URLs; the coordinator sees these calls alone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backends/net.hpp"
+#include "core/backend_types.hpp"
+#include "core/result.hpp"
+
+namespace kvp::backends {
+
+struct slot_info {
+  int id = 0;
+  std::int64_t n_ctx = 0;
+  bool is_processing = false;
+  std::int64_t n_prompt_tokens = -1;  // -1: the server did not say (never-used slot)
+};
+
+// One inference server. Each call uses its own connection and its own deadline
+// (failure.managementTimeoutMs), independent of any inference request. Calls may run on any
+// executor; the coordinator serializes those that mutate a slot.
+class kv_backend {
+ public:
+  virtual ~kv_backend() = default;
+
+  // Runtime identity and whether slot actions work, without side effects on any slot.
+  virtual net::awaitable<core::result<core::server_probe>> probe() = 0;
+  virtual net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() = 0;
+  // `filename` is an opaque name produced by core::snapshot_filename.
+  virtual net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) = 0;
+  // Destructive on failure: llama-server clears the slot when a restore fails.
+  virtual net::awaitable<core::result<core::slot_restored>> restore(int slot,
+                                                                    std::string filename) = 0;
+  virtual net::awaitable<core::result<core::slot_erased>> erase(int slot) = 0;
+};
+
+}  // namespace kvp::backends

@@ -1,0 +1,201 @@
+#include "backends/llama_http_backend.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include "core/identity.hpp"
+#include "core/log.hpp"
+
+namespace kvp::backends {
+
+namespace {
+
+core::error bad_reply(std::string_view what) {
+  return core::error{core::errc::backend_unsupported, 0,
+                     fmt::format("unexpected reply from llama-server: {}", what)};
+}
+
+std::int64_t get_i64(const rapidjson::Value& v, const char* key, std::int64_t dflt) {
+  auto it = v.FindMember(key);
+  return it != v.MemberEnd() && it->value.IsInt64() ? it->value.GetInt64() : dflt;
+}
+
+std::uint64_t get_u64(const rapidjson::Value& v, const char* key) {
+  auto it = v.FindMember(key);
+  return it != v.MemberEnd() && it->value.IsUint64() ? it->value.GetUint64() : 0;
+}
+
+std::string get_str(const rapidjson::Value& v, const char* key) {
+  auto it = v.FindMember(key);
+  return it != v.MemberEnd() && it->value.IsString()
+             ? std::string(it->value.GetString(), it->value.GetStringLength())
+             : std::string();
+}
+
+double get_timing(const rapidjson::Value& v, const char* key) {
+  auto t = v.FindMember("timings");
+  if (t == v.MemberEnd() || !t->value.IsObject()) return 0;
+  auto it = t->value.FindMember(key);
+  return it != t->value.MemberEnd() && it->value.IsNumber() ? it->value.GetDouble() : 0;
+}
+
+std::string filename_body(const std::string& filename) {
+  rapidjson::StringBuffer sb;
+  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  w.StartObject();
+  w.Key("filename");
+  w.String(filename.c_str(), static_cast<rapidjson::SizeType>(filename.size()));
+  w.EndObject();
+  return sb.GetString();
+}
+
+}  // namespace
+
+std::string error_message(std::string_view body) {
+  rapidjson::Document d;
+  d.Parse(body.data(), body.size());
+  if (!d.HasParseError() && d.IsObject()) {
+    auto e = d.FindMember("error");
+    if (e != d.MemberEnd() && e->value.IsObject()) {
+      auto m = get_str(e->value, "message");
+      if (!m.empty()) return m;
+    }
+  }
+  return std::string(body.substr(0, 200));
+}
+
+core::result<core::runtime_info> parse_props(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsObject()) return bad_reply("/props is not a JSON object");
+  core::runtime_info rt;
+  rt.model_path = get_str(d, "model_path");
+  rt.build_info = get_str(d, "build_info");
+  rt.total_slots = get_i64(d, "total_slots", 0);
+  rt.media_marker = get_str(d, "media_marker");
+  if (auto g = d.FindMember("default_generation_settings");
+      g != d.MemberEnd() && g->value.IsObject())
+    rt.n_ctx = get_i64(g->value, "n_ctx", 0);
+  if (rt.total_slots <= 0) return bad_reply("/props has no total_slots (router mode?)");
+  return rt;
+}
+
+core::result<core::slot_saved> parse_save_reply(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsObject() || !d.HasMember("n_saved"))
+    return bad_reply("save reply without n_saved");
+  return core::slot_saved{get_u64(d, "n_saved"), get_u64(d, "n_written"),
+                          get_timing(d, "save_ms")};
+}
+
+core::result<core::slot_restored> parse_restore_reply(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsObject() || !d.HasMember("n_restored"))
+    return bad_reply("restore reply without n_restored");
+  return core::slot_restored{get_u64(d, "n_restored"), get_u64(d, "n_read"),
+                             get_timing(d, "restore_ms")};
+}
+
+core::result<core::slot_erased> parse_erase_reply(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsObject()) return bad_reply("erase reply is not an object");
+  return core::slot_erased{get_u64(d, "n_erased")};
+}
+
+core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsArray()) return bad_reply("/slots is not an array");
+  std::vector<slot_info> out;
+  for (const auto& s : d.GetArray()) {
+    if (!s.IsObject()) continue;
+    slot_info i;
+    i.id = static_cast<int>(get_i64(s, "id", 0));
+    i.n_ctx = get_i64(s, "n_ctx", 0);
+    auto p = s.FindMember("is_processing");
+    i.is_processing = p != s.MemberEnd() && p->value.IsBool() && p->value.GetBool();
+    i.n_prompt_tokens = get_i64(s, "n_prompt_tokens", -1);
+    out.push_back(i);
+  }
+  return out;
+}
+
+net::awaitable<core::result<http_reply>> llama_http_backend::slot_action(int slot,
+                                                                         const char* action,
+                                                                         std::string body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto target = fmt::format("/slots/{}?action={}", slot, action);
+  auto r = co_await http_call(ep_, http::verb::post, target, std::move(body), timeout_);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  core::log(core::log_level::debug, "kv.backend.call",
+            {{"action", action},
+             {"slot", std::to_string(slot)},
+             {"status", r ? std::to_string(r->status) : std::string("error")},
+             {"ms", fmt::format("{:.1f}", ms)}});
+  co_return r;
+}
+
+net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
+  auto props = co_await http_call(ep_, http::verb::get, "/props", "", timeout_);
+  if (!props) co_return props.err();
+  if (props->status != 200)
+    co_return core::error{props->status == 401 ? core::errc::backend_unsupported
+                                               : core::errc::backend_unavailable,
+                          props->status,
+                          fmt::format("GET /props: {} {}", props->status,
+                                      error_message(props->body))};
+  auto rt = parse_props(props->body);
+  if (!rt) co_return rt.err();
+  core::server_probe out;
+  out.runtime = std::move(rt.value());
+  // An unknown action is refused after the save-path check and before any slot is touched:
+  // 400 means slot actions are enabled, 501 means --slot-save-path is missing.
+  auto pr = co_await slot_action(0, "probe", "");
+  if (!pr) co_return pr.err();
+  out.slot_actions = pr->status == 400;
+  co_return out;
+}
+
+net::awaitable<core::result<std::vector<slot_info>>> llama_http_backend::inspect_slots() {
+  auto r = co_await http_call(ep_, http::verb::get, "/slots", "", timeout_);
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::backend_unsupported, r->status, error_message(r->body)};
+  co_return parse_slots(r->body);
+}
+
+net::awaitable<core::result<core::slot_saved>> llama_http_backend::save(int slot,
+                                                                         std::string filename) {
+  auto r = co_await slot_action(slot, "save", filename_body(filename));
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::save_failed, r->status, error_message(r->body)};
+  co_return parse_save_reply(r->body);
+}
+
+net::awaitable<core::result<core::slot_restored>> llama_http_backend::restore(
+    int slot, std::string filename) {
+  auto r = co_await slot_action(slot, "restore", filename_body(filename));
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::restore_failed, r->status, error_message(r->body)};
+  co_return parse_restore_reply(r->body);
+}
+
+net::awaitable<core::result<core::slot_erased>> llama_http_backend::erase(int slot) {
+  auto r = co_await slot_action(slot, "erase", "");
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::erase_failed, r->status, error_message(r->body)};
+  co_return parse_erase_reply(r->body);
+}
+
+}  // namespace kvp::backends

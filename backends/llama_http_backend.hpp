@@ -1,0 +1,40 @@
+// kv_backend for llama.cpp's llama-server: GET /props, GET /slots and
+// POST /slots/{id}?action=save|restore|erase (see shared/docs/llama-server.md §1-2, §7).
+#pragma once
+
+#include <chrono>
+
+#include "backends/http_client.hpp"
+#include "backends/kv_backend.hpp"
+
+namespace kvp::backends {
+
+class llama_http_backend final : public kv_backend {
+ public:
+  llama_http_backend(http_endpoint ep, std::chrono::milliseconds timeout)
+      : ep_(std::move(ep)), timeout_(timeout) {}
+
+  net::awaitable<core::result<core::server_probe>> probe() override;
+  net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() override;
+  net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) override;
+  net::awaitable<core::result<core::slot_restored>> restore(int slot,
+                                                            std::string filename) override;
+  net::awaitable<core::result<core::slot_erased>> erase(int slot) override;
+
+ private:
+  net::awaitable<core::result<http_reply>> slot_action(int slot, const char* action,
+                                                       std::string body);
+  http_endpoint ep_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Parsers for llama-server's replies, exposed for unit tests.
+core::result<core::runtime_info> parse_props(std::string_view json);
+core::result<core::slot_saved> parse_save_reply(std::string_view json);
+core::result<core::slot_restored> parse_restore_reply(std::string_view json);
+core::result<core::slot_erased> parse_erase_reply(std::string_view json);
+core::result<std::vector<slot_info>> parse_slots(std::string_view json);
+// The "message" of llama-server's {"error":{...}} body, or the body itself (truncated).
+std::string error_message(std::string_view body);
+
+}  // namespace kvp::backends

@@ -1,0 +1,187 @@
+// Configuration of kvpersist as plain structs with defaults.
+// load_yaml.hpp fills them from a file; nothing else in the program sees YAML.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvp::config {
+
+using std::chrono::milliseconds;
+
+// What happens to inference requests that carry no session header.
+enum class unmanaged_policy {
+  auxiliary,    // coordinated like an auxiliary call: the owner is saved first, the slot ends unowned
+  passthrough,  // forwarded without touching the coordinator (the slot's owner may be overwritten)
+};
+
+// Who owns the snapshot binaries (spec §42).
+enum class snapshot_management {
+  server_owned,       // only llama-server sees the files; kvpersist never deletes them
+  shared_filesystem,  // kvpersist sees llama-server's --slot-save-path at `snapshots.path`
+};
+
+enum class slot_mode { single_slot, managed_slots };
+
+enum class log_format { plain, json };
+
+struct upstream_config {
+  std::string url = "http://127.0.0.1:8080";  // llama-server base URL (http only)
+  std::string api_key;                        // used for management calls (/slots, /props)
+  milliseconds connect_timeout{5'000};
+  milliseconds idle_timeout{3'600'000};  // per read: tolerate long silent prefills
+  std::size_t max_idle_connections = 16;
+
+  bool operator==(const upstream_config&) const = default;
+};
+
+struct session_config {
+  // Ordered: the first header present wins.
+  std::vector<std::string> headers = {"X-Session-Id",        "x-claude-code-session-id",
+                                      "session-id",          "x-session-affinity",
+                                      "X-Amp-Thread-Id",     "x-litellm-session-id"};
+  std::string purpose_header = "X-Session-Purpose";
+  // Removed before forwarding, in addition to the session and purpose headers.
+  std::vector<std::string> strip_headers = {"X-Conversation-Id"};
+  unmanaged_policy unmanaged = unmanaged_policy::auxiliary;
+
+  bool operator==(const session_config&) const = default;
+};
+
+struct checkpoint_config {
+  bool on_switch = true;        // save a dirty owner before the slot is reassigned
+  bool on_shutdown = true;      // save the dirty owner on SIGTERM/SIGINT
+  bool on_turn_end = false;     // save after every completed request
+  milliseconds idle{30'000};    // save a dirty owner after this much idle time; 0 = off
+
+  bool operator==(const checkpoint_config&) const = default;
+};
+
+struct restore_config {
+  bool enabled = true;
+  bool verify = true;  // n_restored must equal the manifest's token count
+
+  bool operator==(const restore_config&) const = default;
+};
+
+struct snapshot_config {
+  snapshot_management management = snapshot_management::server_owned;
+  std::string path;  // llama-server's --slot-save-path as seen by kvpersist (shared-filesystem)
+
+  bool operator==(const snapshot_config&) const = default;
+};
+
+struct failure_config {
+  bool strict = false;  // persistence failures fail the request (503) instead of going cold
+  int max_consecutive_failures = 3;
+  milliseconds cooldown{60'000};
+  milliseconds management_timeout{15'000};  // save/restore/erase/probe, independent of inference
+
+  bool operator==(const failure_config&) const = default;
+};
+
+struct queue_config {
+  std::size_t max_waiting = 64;   // more waiting requests get 503 at once
+  milliseconds timeout{600'000};  // a request that waits longer gets 503 with Retry-After
+
+  bool operator==(const queue_config&) const = default;
+};
+
+struct limits_config {
+  std::size_t max_header_bytes = 64 * 1024;            // 431 beyond
+  std::size_t max_body_bytes = 64 * 1024 * 1024;       // 413 beyond
+  milliseconds header_timeout{30'000};                 // slowloris guard for request headers
+  milliseconds client_write_timeout{60'000};           // a stalled client is dropped
+
+  bool operator==(const limits_config&) const = default;
+};
+
+struct log_config {
+  std::string level = "info";  // error | warn | info | debug
+  log_format format = log_format::plain;
+
+  bool operator==(const log_config&) const = default;
+};
+
+struct config {
+  std::string listen = "127.0.0.1:8081";
+  upstream_config upstream;
+  std::string instance_key = "default";  // names this llama-server in snapshot identities
+  std::string runtime_key;  // change it when the model file, -ctk/-ctv, -fa or LoRA change
+  slot_mode mode = slot_mode::single_slot;
+  int slot_id = 0;
+  std::string state_dir;  // empty: $XDG_STATE_HOME/kvpersist or ~/.local/state/kvpersist
+  session_config sessions;
+  checkpoint_config checkpoint;
+  restore_config restore;
+  snapshot_config snapshots;
+  failure_config failure;
+  queue_config queue;
+  limits_config limits;
+  milliseconds shutdown_grace{30'000};  // in-flight streams get this long on SIGTERM
+  milliseconds epoch_probe_interval{10'000};  // background /props check for restarts; 0 = off
+  int threads = 1;  // io_context threads
+  log_config log;
+
+  bool operator==(const config&) const = default;
+};
+
+// The state directory after defaults: cfg.state_dir, else $XDG_STATE_HOME/kvpersist,
+// else $HOME/.local/state/kvpersist. Reads the environment; returns "" when neither variable
+// gives a usable (absolute) directory. Creates nothing.
+std::string resolve_state_dir(const config& cfg);
+
+// As above, with the two environment values passed in ("" = unset). A relative
+// XDG_STATE_HOME is ignored, as the XDG base directory spec requires. Pure; for tests.
+std::string resolve_state_dir(const config& cfg, std::string_view xdg_state_home,
+                              std::string_view home);
+
+// A field that fails validation. `key` is the YAML path of the offending value, e.g.
+// "upstream.url" or "sessions.headers[2]"; `message` says why, without the key.
+struct invalid_field {
+  std::string key;
+  std::string message;
+};
+
+// Range and cross-field checks of a complete config (after the YAML and any CLI overrides).
+// Returns the first problem found, or nullopt when `cfg` is usable.
+std::optional<invalid_field> find_invalid_field(const config& cfg);
+
+// find_invalid_field() as one line, "key: message"; nullopt when `cfg` is usable.
+std::optional<std::string> validate(const config& cfg);
+
+// Parses "host:port" or "[v6-address]:port" (the listen address). Port 0 is accepted (the
+// kernel picks one). On success sets `host` (without brackets) and `port` and returns true;
+// on failure returns false and leaves both unspecified.
+bool parse_host_port(std::string_view text, std::string& host, std::uint16_t& port);
+
+// Parses "http://host[:port][/path]" (scheme case-insensitive, port 1..65535, default 80,
+// IPv6 hosts in brackets). `base_path` gets the path without its trailing '/' ("" for none).
+// Returns false for https, user info, a query or a fragment, or anything malformed.
+bool parse_http_url(std::string_view text, std::string& host, std::uint16_t& port,
+                    std::string& base_path);
+
+// True when `name` is a non-empty RFC 9110 token, i.e. a valid HTTP header field name.
+bool is_http_token(std::string_view name);
+
+// Names of enum values as written in YAML ("single-slot", "shared-filesystem", ...).
+std::string_view to_string(slot_mode value);
+std::string_view to_string(unmanaged_policy value);
+std::string_view to_string(snapshot_management value);
+std::string_view to_string(log_format value);
+
+// Inverses of to_string(); exact, case-sensitive match. nullopt for anything else.
+std::optional<slot_mode> parse_slot_mode(std::string_view text);
+std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text);
+std::optional<snapshot_management> parse_snapshot_management(std::string_view text);
+std::optional<log_format> parse_log_format(std::string_view text);
+
+// True for the accepted log levels: "error", "warn", "info", "debug".
+bool is_log_level(std::string_view level);
+
+}  // namespace kvp::config

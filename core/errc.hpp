@@ -1,0 +1,46 @@
+// Stable error codes (spec §79). They appear in logs, manifests' invalidReason and metrics,
+// so never renumber or rename them.
+#pragma once
+
+#include <string_view>
+
+namespace kvp::core {
+
+enum class errc {
+  backend_unavailable,    // llama-server did not answer (connect, reset, timeout)
+  backend_unsupported,    // slot actions disabled (501) or wrong slot count
+  slot_busy,              // the slot could not be leased in time
+  snapshot_not_found,     // restore: the server could not read the file
+  snapshot_incompatible,  // runtime fingerprint differs from the running server's
+  snapshot_corrupt,       // restore reported fewer tokens than saved, or rejected the file
+  save_failed,            // the server failed to write the slot (5xx) or wrote nothing
+  save_empty,             // the server saved 0 tokens (slot was cleared behind our back)
+  restore_failed,         // restore answered an error status
+  erase_failed,
+  manifest_invalid,       // a manifest file that does not parse
+  metadata_io,            // a manifest could not be written
+  operation_timeout,      // a management call exceeded failure.managementTimeoutMs
+  invariant,              // a bug
+};
+
+constexpr std::string_view to_string(errc e) {
+  switch (e) {
+    case errc::backend_unavailable: return "KV_BACKEND_UNAVAILABLE";
+    case errc::backend_unsupported: return "KV_BACKEND_UNSUPPORTED";
+    case errc::slot_busy: return "KV_SLOT_BUSY";
+    case errc::snapshot_not_found: return "KV_SNAPSHOT_NOT_FOUND";
+    case errc::snapshot_incompatible: return "KV_SNAPSHOT_INCOMPATIBLE";
+    case errc::snapshot_corrupt: return "KV_SNAPSHOT_CORRUPT";
+    case errc::save_failed: return "KV_SAVE_FAILED";
+    case errc::save_empty: return "KV_SAVE_EMPTY";
+    case errc::restore_failed: return "KV_RESTORE_FAILED";
+    case errc::erase_failed: return "KV_ERASE_FAILED";
+    case errc::manifest_invalid: return "KV_MANIFEST_INVALID";
+    case errc::metadata_io: return "KV_METADATA_IO";
+    case errc::operation_timeout: return "KV_OPERATION_TIMEOUT";
+    case errc::invariant: return "KV_INVARIANT";
+  }
+  return "KV_INVARIANT";
+}
+
+}  // namespace kvp::core

@@ -1,0 +1,40 @@
+// Snapshot identity: who a snapshot belongs to and which runtime may restore it.
+// Filenames are hex SHA-256 digests, never raw session ids (spec §16, invariant 9).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvp::core {
+
+// Lower-case hex SHA-256 of `data`.
+std::string sha256_hex(std::string_view data);
+
+// What llama-server tells about itself in GET /props, plus the operator's runtimeKey.
+// KV types, flash attention and LoRA are invisible to /props: runtimeKey stands for them.
+struct runtime_info {
+  std::string model_path;
+  std::string build_info;
+  std::int64_t n_ctx = 0;
+  std::int64_t total_slots = 0;
+  std::string runtime_key;
+  std::string media_marker;  // per-process random: an epoch, never part of the fingerprint
+
+  // Hex SHA-256 over every field except media_marker.
+  std::string fingerprint() const;
+};
+
+// The session's snapshot key: hash of the server instance, the model and the session id.
+// One session talking to two models gets two independent snapshots (spec §56).
+std::string session_hash(std::string_view instance_key, std::string_view model_id,
+                         std::string_view session_id);
+
+// The name llama-server writes under --slot-save-path for generation 'a' or 'b' (70 bytes,
+// passes llama-server's fs_validate_filename).
+std::string snapshot_filename(std::string_view hash, char generation);
+
+// First 8 hex characters, for logs at info level.
+inline std::string_view abbrev(std::string_view hash) { return hash.substr(0, 8); }
+
+}  // namespace kvp::core

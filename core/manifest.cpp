@@ -1,0 +1,107 @@
+// Manifest JSON via RapidJSON. Strict on input: a manifest that does not parse is ignored,
+// which costs a cold prefill, never a wrong restore.
+#include "core/manifest.hpp"
+
+#include <rapidjson/document.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
+#include "core/identity.hpp"
+
+namespace kvp::core {
+
+std::string manifest::snapshot_file() const { return snapshot_filename(session_hash, generation); }
+
+std::string to_json(const manifest& m) {
+  rapidjson::StringBuffer sb;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(sb);
+  auto str = [&](const char* k, std::string_view v) {
+    w.Key(k);
+    w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
+  };
+  w.StartObject();
+  w.Key("schemaVersion");
+  w.Int(manifest::schema_version);
+  str("sessionId", m.session_id);
+  str("sessionHash", m.session_hash);
+  str("instanceKey", m.instance_key);
+  str("modelId", m.model_id);
+  str("runtimeFingerprint", m.runtime_fingerprint);
+  str("generation", std::string(1, m.generation));
+  str("snapshotFile", m.snapshot_file());
+  w.Key("tokens");
+  w.Uint64(m.tokens);
+  w.Key("bytes");
+  w.Uint64(m.bytes);
+  w.Key("revision");
+  w.Uint64(m.revision);
+  str("state", m.state == snapshot_state::ready ? "ready" : "invalid");
+  if (m.state == snapshot_state::invalid) str("invalidReason", m.invalid_reason);
+  str("compatibility", m.compatibility);
+  str("createdAt", m.created_at);
+  str("updatedAt", m.updated_at);
+  w.Key("saveMs");
+  w.Double(m.save_ms);
+  w.EndObject();
+  return std::string(sb.GetString(), sb.GetSize()) + "\n";
+}
+
+namespace {
+
+error invalid(std::string why) { return error{errc::manifest_invalid, 0, std::move(why)}; }
+
+bool is_hex64(std::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+}  // namespace
+
+result<manifest> parse_manifest(std::string_view json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  if (d.HasParseError() || !d.IsObject()) return invalid("not a JSON object");
+  auto get_str = [&](const char* k, std::string& out) {
+    auto it = d.FindMember(k);
+    if (it == d.MemberEnd() || !it->value.IsString()) return false;
+    out.assign(it->value.GetString(), it->value.GetStringLength());
+    return true;
+  };
+  auto get_u64 = [&](const char* k, std::uint64_t& out) {
+    auto it = d.FindMember(k);
+    if (it == d.MemberEnd() || !it->value.IsUint64()) return false;
+    out = it->value.GetUint64();
+    return true;
+  };
+  auto ver = d.FindMember("schemaVersion");
+  if (ver == d.MemberEnd() || !ver->value.IsInt() || ver->value.GetInt() != manifest::schema_version)
+    return invalid("unsupported schemaVersion");
+  manifest m;
+  std::string gen, state;
+  if (!get_str("sessionId", m.session_id) || !get_str("sessionHash", m.session_hash) ||
+      !get_str("instanceKey", m.instance_key) || !get_str("modelId", m.model_id) ||
+      !get_str("runtimeFingerprint", m.runtime_fingerprint) || !get_str("generation", gen) ||
+      !get_u64("tokens", m.tokens) || !get_u64("bytes", m.bytes) ||
+      !get_u64("revision", m.revision) || !get_str("state", state) ||
+      !get_str("createdAt", m.created_at) || !get_str("updatedAt", m.updated_at))
+    return invalid("missing or mistyped key");
+  if (!is_hex64(m.session_hash)) return invalid("sessionHash is not 64 hex digits");
+  if (gen != "a" && gen != "b") return invalid("generation must be \"a\" or \"b\"");
+  m.generation = gen[0];
+  if (state == "ready") {
+    m.state = snapshot_state::ready;
+  } else if (state == "invalid") {
+    m.state = snapshot_state::invalid;
+    get_str("invalidReason", m.invalid_reason);
+  } else {
+    return invalid("state must be \"ready\" or \"invalid\"");
+  }
+  get_str("compatibility", m.compatibility);
+  if (auto it = d.FindMember("saveMs"); it != d.MemberEnd() && it->value.IsNumber())
+    m.save_ms = it->value.GetDouble();
+  return m;
+}
+
+}  // namespace kvp::core

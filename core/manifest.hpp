@@ -1,0 +1,46 @@
+// The per-session manifest: kvpersist's own record of a snapshot that llama-server wrote.
+// Parse and serialize only; proxy/manifest_store writes it atomically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/result.hpp"
+
+namespace kvp::core {
+
+enum class snapshot_state { ready, invalid };
+
+struct manifest {
+  static constexpr int schema_version = 1;
+
+  std::string session_id;    // the harness's id; kept here (not in logs) for the admin API
+  std::string session_hash;  // hex SHA-256; names the files
+  std::string instance_key;
+  std::string model_id;
+  std::string runtime_fingerprint;
+  char generation = 'a';     // the file holding the last completed snapshot
+  std::uint64_t tokens = 0;  // n_saved reported by the server
+  std::uint64_t bytes = 0;   // n_written reported by the server
+  std::uint64_t revision = 0;
+  snapshot_state state = snapshot_state::ready;
+  std::string invalid_reason;                   // an errc name when state is invalid
+  std::string compatibility = "unknown";        // supported | experimental | broken | unknown
+  std::string created_at;                       // RFC 3339 UTC, from the caller's wall clock
+  std::string updated_at;
+  double save_ms = 0;
+
+  std::string snapshot_file() const;  // "<hash>.<generation>.bin"
+  // The generation the next save writes: never the one this manifest points at.
+  char next_generation() const { return generation == 'a' ? 'b' : 'a'; }
+};
+
+// Pretty-printed JSON with the keys documented in README (camelCase).
+std::string to_json(const manifest& m);
+
+// Parses what to_json wrote. Rejects unknown schema versions, missing or mistyped keys and
+// a hash that is not 64 hex digits (errc::manifest_invalid, with a reason).
+result<manifest> parse_manifest(std::string_view json);
+
+}  // namespace kvp::core

@@ -1,0 +1,26 @@
+// Which requests take the slot. Pure functions over the request target and header values.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kvp::core {
+
+enum class endpoint_kind {
+  inference,    // runs on a slot: goes through the coordinator
+  slots,        // /slots*: owned by kvpersist, refused for clients
+  passthrough,  // /health, /props, /v1/models, /tokenize, ...: forwarded without a lease
+};
+
+// Classifies by path (query string ignored). Exact paths only, so "/v1/chat/completions/x"
+// is passthrough (llama-server answers 404 to it anyway).
+endpoint_kind classify_target(std::string_view target);
+
+// The request's session: `session_id` empty means none was given.
+struct request_identity {
+  std::string session_id;
+  std::string purpose;  // non-empty marks an auxiliary call (session-title, compaction, ...)
+};
+
+}  // namespace kvp::core

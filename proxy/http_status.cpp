@@ -1,0 +1,57 @@
+#include "proxy/http_status.hpp"
+
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include "core/version.hpp"
+
+namespace kvp::proxy {
+
+namespace {
+
+std::string_view type_for(http::status s) {
+  switch (s) {
+    case http::status::unauthorized: return "authentication_error";
+    case http::status::forbidden: return "permission_error";
+    case http::status::not_found: return "not_found_error";
+    case http::status::service_unavailable: return "unavailable_error";
+    case http::status::gateway_timeout: return "timeout_error";
+    default: break;
+  }
+  return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
+}
+
+}  // namespace
+
+response error_response(http::status status, std::string_view message, unsigned version,
+                        bool keep_alive) {
+  rapidjson::StringBuffer sb;
+  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  w.StartObject();
+  w.Key("error");
+  w.StartObject();
+  w.Key("code");
+  w.Uint(static_cast<unsigned>(status));
+  w.Key("message");
+  w.String(message.data(), static_cast<rapidjson::SizeType>(message.size()));
+  w.Key("type");
+  auto t = type_for(status);
+  w.String(t.data(), static_cast<rapidjson::SizeType>(t.size()));
+  w.EndObject();
+  w.EndObject();
+  response res{status, version};
+  res.set(http::field::server, std::string("kvpersist/") + kvp::version);
+  res.set(http::field::content_type, "application/json");
+  res.keep_alive(keep_alive);
+  res.body() = sb.GetString();
+  res.prepare_payload();
+  return res;
+}
+
+response busy_response(std::string_view message, unsigned retry_after_s, unsigned version) {
+  auto res = error_response(http::status::service_unavailable, message, version, true);
+  res.set(http::field::retry_after, std::to_string(retry_after_s));
+  return res;
+}
+
+}  // namespace kvp::proxy

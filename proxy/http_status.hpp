@@ -1,0 +1,22 @@
+// Every error kvpersist itself answers is built here: a status, and a JSON body in the
+// OpenAI/llama-server error shape so harnesses parse it like any upstream error.
+#pragma once
+
+#include <string_view>
+
+#include "backends/net.hpp"
+
+namespace kvp::proxy {
+
+using response = http::response<http::string_body>;
+
+// {"error":{"code":<status>,"message":<message>,"type":<type>}}; `type` is derived from the
+// status (invalid_request_error, authentication_error, permission_error, not_found_error,
+// unavailable_error, server_error).
+response error_response(http::status status, std::string_view message, unsigned version,
+                        bool keep_alive);
+
+// 503 with Retry-After (seconds) for a full or timed-out slot queue.
+response busy_response(std::string_view message, unsigned retry_after_s, unsigned version);
+
+}  // namespace kvp::proxy

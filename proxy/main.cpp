@@ -1,0 +1,175 @@
+// kvpersist: command line, config loading, logging sink, signals, and the io_context.
+#include <signal.h>
+#include <unistd.h>
+
+#include <boost/asio/signal_set.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "config/load_yaml.hpp"
+#include "core/log.hpp"
+#include "core/version.hpp"
+#include "proxy/server.hpp"
+
+#ifdef KVP_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+namespace {
+
+using namespace kvp;
+
+constexpr const char* usage = R"(kvpersist - keeps llama-server sessions warm across switches and restarts
+
+Usage:
+  kvpersist serve [--config FILE] [options]
+  kvpersist --help | --version
+
+serve options (override the config file):
+  --config FILE        YAML configuration (see config/kvpersist.example.yaml)
+  --listen HOST:PORT   where harnesses connect (default 127.0.0.1:8081)
+  --upstream URL       llama-server base URL (default http://127.0.0.1:8080)
+  --state-dir DIR      manifests directory (default $XDG_STATE_HOME/kvpersist)
+  --runtime-key KEY    bump when model file, -ctk/-ctv, -fa or LoRA change
+  --log-level LEVEL    error | warn | info | debug
+  --log-format FORMAT  plain | json
+
+Clients send the session in X-Session-Id (or another configured header) and point
+their OpenAI base URL at the listen address.
+
+Exit codes:
+  0  clean shutdown (SIGTERM/SIGINT), after checkpointing the dirty slot
+  1  runtime failure (cannot listen)
+  2  usage or configuration error (the message names file:line)
+)";
+
+void stderr_sink(core::log_level, std::string_view line) {
+  std::string out(line);
+  out += '\n';
+  // One write per line so concurrent lines never interleave mid-line.
+  (void)!::write(STDERR_FILENO, out.data(), out.size());
+}
+
+int config_error(const std::string& msg) {
+  fmt::print(stderr, "kvpersist: {}\n", msg);
+  return 2;
+}
+
+int serve(const std::vector<std::string>& args) {
+  std::string config_path;
+  struct override_t { std::string key, value; };
+  std::vector<override_t> overrides;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    auto value = [&](std::string& out) {
+      if (i + 1 >= args.size()) return false;
+      out = args[++i];
+      return true;
+    };
+    std::string v;
+    if (a == "--config") {
+      if (!value(config_path)) return config_error("--config needs a file");
+    } else if (a == "--listen" || a == "--upstream" || a == "--state-dir" || a == "--runtime-key" ||
+               a == "--log-level" || a == "--log-format") {
+      if (!value(v)) return config_error(fmt::format("{} needs a value", a));
+      overrides.push_back({a, v});
+    } else if (a == "--help" || a == "-h") {
+      fmt::print("{}", usage);
+      return 0;
+    } else {
+      return config_error(fmt::format("unknown option '{}' (see --help)", a));
+    }
+  }
+  config::config cfg;
+  if (!config_path.empty()) {
+    auto loaded = config::load_yaml_file(config_path);
+    if (auto* err = std::get_if<config::config_error>(&loaded)) return config_error(err->to_string());
+    cfg = std::get<config::config>(std::move(loaded));
+  }
+  for (const auto& o : overrides) {
+    if (o.key == "--listen") cfg.listen = o.value;
+    else if (o.key == "--upstream") cfg.upstream.url = o.value;
+    else if (o.key == "--state-dir") cfg.state_dir = o.value;
+    else if (o.key == "--runtime-key") cfg.runtime_key = o.value;
+    else if (o.key == "--log-level") cfg.log.level = o.value;
+    else if (o.key == "--log-format") {
+      auto f = config::parse_log_format(o.value);
+      if (!f) return config_error("--log-format must be plain or json");
+      cfg.log.format = *f;
+    }
+  }
+  if (auto err = config::validate(cfg)) return config_error(*err);
+  if (config::resolve_state_dir(cfg).empty())
+    return config_error("no state directory: set stateDir, --state-dir or $HOME");
+  core::log_level lvl = core::log_level::info;
+  core::parse_log_level(cfg.log.level, lvl);
+  core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
+
+  ::signal(SIGPIPE, SIG_IGN);
+  net::io_context ioc;
+  proxy::server srv(ioc, cfg);
+  int exit_code = 0;
+  net::co_spawn(
+      ioc,
+      [](proxy::server& s, net::io_context& io, const config::config& c,
+         int& rc) -> net::awaitable<void> {
+        auto r = co_await s.start();
+        if (!r) {
+          core::log(core::log_level::error, "kv.proxy.listen_failed", {{"reason", r.err().message}});
+          rc = 1;
+          io.stop();
+          co_return;
+        }
+        core::log(core::log_level::info, "kv.proxy.listening",
+                  {{"address", r.value()}, {"upstream", c.upstream.url},
+                   {"state_dir", config::resolve_state_dir(c)}, {"version", kvp::version}});
+#ifdef KVP_HAVE_SYSTEMD
+        sd_notify(0, "READY=1");
+#endif
+        net::signal_set signals(io, SIGINT, SIGTERM);
+        auto [ec, sig] = co_await signals.async_wait(token);
+        if (ec) co_return;
+        core::log(core::log_level::info, "kv.proxy.stopping", {{"signal", std::to_string(sig)}});
+#ifdef KVP_HAVE_SYSTEMD
+        sd_notify(0, "STOPPING=1");
+#endif
+        co_await s.shutdown();
+        core::log(core::log_level::info, "kv.proxy.stopped");
+        io.stop();
+      }(srv, ioc, cfg, exit_code),
+      [](std::exception_ptr e) {
+        if (!e) return;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          core::log(core::log_level::error, "kv.internal.exception", {{"what", ex.what()}});
+        }
+      });
+  std::vector<std::thread> extra;
+  for (int i = 1; i < cfg.threads; ++i) extra.emplace_back([&ioc] { ioc.run(); });
+  ioc.run();
+  for (auto& t : extra) t.join();
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    fmt::print("{}", usage);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version" || args[0] == "version") {
+    fmt::print("kvpersist {}\n", kvp::version);
+    return 0;
+  }
+  if (args[0] == "serve") return serve({args.begin() + 1, args.end()});
+  fmt::print(stderr, "kvpersist: unknown command '{}' (see --help)\n", args[0]);
+  return 2;
+}

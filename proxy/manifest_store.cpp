@@ -1,0 +1,122 @@
+#include "proxy/manifest_store.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace kvp::proxy {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+core::error io_error(std::string_view what, const std::string& path, int err) {
+  return core::error{core::errc::metadata_io, 0,
+                     fmt::format("{} {}: {}", what, path, std::strerror(err))};
+}
+
+// write(2) until done, retrying on EINTR.
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+manifest_store::manifest_store(std::string state_dir)
+    : state_dir_(std::move(state_dir)), sessions_dir_(state_dir_ + "/sessions") {}
+
+std::string manifest_store::path_for(const std::string& hash) const {
+  return sessions_dir_ + "/" + hash + ".json";
+}
+
+core::result<core::unit> manifest_store::open() {
+  std::error_code ec;
+  fs::create_directories(sessions_dir_, ec);
+  if (ec)
+    return core::error{core::errc::metadata_io, 0,
+                       fmt::format("cannot create {}: {}", sessions_dir_, ec.message())};
+  ::chmod(state_dir_.c_str(), 0700);
+  ::chmod(sessions_dir_.c_str(), 0700);
+  if (::access(sessions_dir_.c_str(), W_OK) != 0)
+    return io_error("not writable", sessions_dir_, errno);
+  return core::unit{};
+}
+
+std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& skipped) const {
+  std::vector<core::manifest> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(sessions_dir_, ec)) {
+    const auto& p = entry.path();
+    if (p.extension() != ".json" || !entry.is_regular_file()) continue;
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto m = core::parse_manifest(ss.str());
+    if (!m) {
+      skipped.push_back(fmt::format("{}: {}", p.filename().string(), m.err().message));
+      continue;
+    }
+    if (p.stem().string() != m->session_hash) {
+      skipped.push_back(fmt::format("{}: sessionHash does not match the file name",
+                                    p.filename().string()));
+      continue;
+    }
+    out.push_back(std::move(m.value()));
+  }
+  return out;
+}
+
+core::result<core::unit> manifest_store::write(const core::manifest& m) const {
+  const std::string final_path = path_for(m.session_hash);
+  const std::string tmp = final_path + ".tmp";
+  const std::string data = core::to_json(m);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return io_error("open", tmp, errno);
+  if (!write_all(fd, data) || ::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error("write", tmp, err);
+  }
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("close", tmp, err);
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("rename", final_path, err);
+  }
+  // The rename is durable only once the directory entry is.
+  int dfd = ::open(sessions_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return core::unit{};
+}
+
+core::result<core::unit> manifest_store::remove(const std::string& hash) const {
+  const auto p = path_for(hash);
+  if (::unlink(p.c_str()) != 0 && errno != ENOENT) return io_error("unlink", p, errno);
+  return core::unit{};
+}
+
+}  // namespace kvp::proxy

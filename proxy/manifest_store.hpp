@@ -1,0 +1,36 @@
+// Manifests on disk: <state_dir>/sessions/<hash>.json, written atomically
+// (temp file, fsync, rename, fsync of the directory: spec §40). Blocking file I/O; called
+// only on the save/restore path, never for a resident request.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/manifest.hpp"
+#include "core/result.hpp"
+
+namespace kvp::proxy {
+
+class manifest_store {
+ public:
+  explicit manifest_store(std::string state_dir);
+
+  // Creates <state_dir>/sessions (mode 0700). Error: metadata_io with the reason.
+  core::result<core::unit> open();
+  // Every manifest that parses; the others are reported in `skipped` ("file: reason")
+  // and left in place (a cache problem costs a cold prefill, never a crash).
+  std::vector<core::manifest> load_all(std::vector<std::string>& skipped) const;
+  // Atomically replaces the session's manifest. On error the previous file is untouched.
+  core::result<core::unit> write(const core::manifest& m) const;
+  // Removes the session's manifest (purge). Missing is not an error.
+  core::result<core::unit> remove(const std::string& hash) const;
+
+  std::string path_for(const std::string& hash) const;
+  const std::string& dir() const { return sessions_dir_; }
+
+ private:
+  std::string state_dir_;
+  std::string sessions_dir_;
+};
+
+}  // namespace kvp::proxy

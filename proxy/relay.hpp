@@ -1,0 +1,153 @@
+// Streams one HTTP response from upstream to the client as it arrives (SSE included):
+// the header goes out first, then each body piece as soon as the parser yields it.
+// Follows Beast's relay recipe with the 1.81 pitfalls handled (style.md §3.2-3.3):
+// buffer_body, async_read_some, no body limit, the empty-chunk guard (beast#3032), and
+// per-read/per-write timeouts instead of one deadline.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <type_traits>
+
+#include <boost/beast/core/stream_traits.hpp>
+
+#include "backends/net.hpp"
+
+namespace kvp::proxy {
+
+struct relay_options {
+  std::chrono::milliseconds upstream_idle{3'600'000};  // per upstream read
+  std::chrono::milliseconds client_write{60'000};      // per client write
+  std::size_t chunk = 16 * 1024;
+};
+
+// What happened, for the caller to turn into a log line or a status. Filled in as the relay
+// progresses, so it stays meaningful when the relay is cancelled part-way.
+struct relay_state {
+  bool request_sent = false;     // the request reached upstream (set by the caller)
+  bool header_received = false;  // upstream answered (its status is `status`)
+  bool header_sent = false;      // the client has seen the status line
+  bool done = false;             // the whole body reached the client
+  bool upstream_failed = false;  // upstream broke mid-body or timed out
+  bool upstream_timeout = false;
+  bool client_failed = false;    // writing to the client failed
+  bool upstream_reusable = false;  // complete and keep-alive: may go back to the pool
+  unsigned status = 0;
+  std::size_t body_bytes = 0;
+};
+
+// Removes hop-by-hop fields (RFC 9110 §7.6.1), including any named in Connection.
+template <class Fields>
+void strip_hop_by_hop(Fields& f) {
+  std::vector<std::string> named;
+  for (auto tok : http::token_list{f[http::field::connection]}) named.emplace_back(tok);
+  for (const auto& n : named) f.erase(n);
+  for (auto fld : {http::field::connection, http::field::keep_alive, http::field::proxy_connection,
+                   http::field::te, http::field::trailer, http::field::transfer_encoding,
+                   http::field::upgrade, http::field::proxy_authenticate,
+                   http::field::proxy_authorization})
+    f.erase(fld);
+}
+
+namespace detail {
+template <class S>
+void expire(S& s, std::chrono::milliseconds d) {
+  if constexpr (requires { s.expires_after(d); }) s.expires_after(d);
+}
+}  // namespace detail
+
+// Reads the response header from `upstream` (the request was already written), rewrites it
+// for a client speaking HTTP/1.`client_version` with `client_keep_alive`, and streams the
+// body. `head_request`: the response has no body whatever its headers say.
+// Returns with `st` filled in; never throws for I/O errors.
+template <class Upstream, class Client>
+net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf, Client& client,
+                                    unsigned client_version, bool client_keep_alive,
+                                    bool head_request, relay_options opts, relay_state& st) {
+  static_assert(beast::is_async_read_stream<Upstream>::value, "Upstream must be readable");
+  static_assert(beast::is_async_write_stream<Client>::value, "Client must be writable");
+  http::response_parser<http::buffer_body> p;
+  p.body_limit(boost::none);  // an SSE stream has no natural bound
+  if (head_request) p.skip(true);
+  detail::expire(upstream, opts.upstream_idle);
+  auto [hec, hn] = co_await http::async_read_header(upstream, ubuf, p, token);
+  if (hec) {
+    st.upstream_failed = true;
+    st.upstream_timeout = hec == beast::error::timeout;
+    co_return;
+  }
+  st.header_received = true;
+  p.eager(true);
+  auto& res = p.get();
+  st.status = res.result_int();
+  const bool upstream_keep = res.keep_alive();
+  const auto length = p.content_length();
+  const bool chunked_in = p.chunked();
+  strip_hop_by_hop(res.base());
+  res.version(client_version);
+  bool keep = client_keep_alive;
+  if (length) {
+    res.content_length(*length);
+  } else if (chunked_in || !p.is_done()) {
+    if (client_version >= 11) {
+      res.chunked(true);
+    } else {
+      keep = false;  // HTTP/1.0 has no chunked encoding: the close ends the body
+    }
+  }
+  res.keep_alive(keep);
+
+  http::response_serializer<http::buffer_body> sr{res};
+  detail::expire(client, opts.client_write);
+  auto [whe, whn] = co_await http::async_write_header(client, sr, token);
+  if (whe) {
+    st.client_failed = true;
+    co_return;
+  }
+  st.header_sent = true;
+
+  std::vector<char> buf(opts.chunk);
+  while (!p.is_done()) {
+    res.body().data = buf.data();
+    res.body().size = buf.size();
+    detail::expire(upstream, opts.upstream_idle);
+    auto [rec, rn] = co_await http::async_read_some(upstream, ubuf, p, token);
+    if (rec == http::error::need_buffer) rec = {};
+    if (rec) {
+      // Ending the client's response cleanly would make a truncated answer look complete;
+      // the caller closes the connection instead (design note 12).
+      st.upstream_failed = true;
+      st.upstream_timeout = rec == beast::error::timeout;
+      co_return;
+    }
+    const std::size_t got = buf.size() - res.body().size;
+    // beast#3032: {ptr, 0} would be serialized as the last-chunk and end the stream early.
+    if (got == 0 && !p.is_done()) continue;
+    res.body().data = got ? buf.data() : nullptr;
+    res.body().size = got;
+    res.body().more = !p.is_done();
+    st.body_bytes += got;
+    detail::expire(client, opts.client_write);
+    auto [wec, wn] = co_await http::async_write(client, sr, token);
+    if (wec == http::error::need_buffer) wec = {};
+    if (wec) {
+      st.client_failed = true;
+      co_return;
+    }
+  }
+  if (!sr.is_done()) {
+    res.body().data = nullptr;
+    res.body().size = 0;
+    res.body().more = false;
+    detail::expire(client, opts.client_write);
+    auto [fec, fn] = co_await http::async_write(client, sr, token);
+    if (fec && fec != http::error::need_buffer) {
+      st.client_failed = true;
+      co_return;
+    }
+  }
+  st.done = true;
+  st.upstream_reusable = upstream_keep;
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,447 @@
+#include "proxy/server.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/string.hpp>
+#include <cerrno>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "backends/llama_http_backend.hpp"
+#include "core/log.hpp"
+#include "proxy/http_status.hpp"
+
+namespace kvp::proxy {
+
+using namespace net::experimental::awaitable_operators;
+using core::log;
+using core::log_level;
+
+struct server::client_conn {
+  explicit client_conn(tcp_stream s) : stream(std::move(s)) {}
+  tcp_stream stream;
+  beast::flat_buffer buf;
+  bool busy = false;  // guarded by conns_mu_
+};
+
+namespace {
+
+void log_exception(std::exception_ptr e) {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    log(log_level::error, "kv.internal.exception", {{"what", ex.what()}});
+  }
+}
+
+// Completes when the client hangs up (EOF or reset) while we wait on something else.
+// Consumes no bytes: a pipelined next request is left in the socket, and then the watcher
+// simply waits until it is cancelled.
+using client_socket = tcp_stream::socket_type;
+
+net::awaitable<bool> client_gone(client_socket& sock) {
+  auto [ec] = co_await sock.async_wait(tcp::socket::wait_read, token);
+  if (ec) co_return true;
+  char c;
+  ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return true;
+  steady_timer forever(co_await net::this_coro::executor);
+  forever.expires_at(steady_timer::time_point::max());
+  co_await forever.async_wait(token);
+  co_return false;
+}
+
+// Releases a lease if the request coroutine leaves by an exception (a bug): the slot must
+// never stay leased to a request that is gone.
+class lease_guard {
+ public:
+  lease_guard(coordinator& c, std::shared_ptr<lease_ticket> t) : c_(&c), t_(std::move(t)) {}
+  lease_guard(const lease_guard&) = delete;
+  lease_guard& operator=(const lease_guard&) = delete;
+  ~lease_guard() {
+    if (c_) net::co_spawn(c_->strand(), c_->release(t_), log_exception);
+  }
+  void dismiss() { c_ = nullptr; }
+
+ private:
+  coordinator* c_;
+  std::shared_ptr<lease_ticket> t_;
+};
+
+}  // namespace
+
+server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::move(cfg)) {
+  backends::http_endpoint ep;
+  config::parse_http_url(cfg_.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = cfg_.upstream.api_key;
+  pool_ = std::make_unique<upstream_pool>(ep, cfg_.upstream.max_idle_connections,
+                                          cfg_.upstream.connect_timeout);
+  coordinator_options co;
+  co.core.instance_key = cfg_.instance_key;
+  co.core.runtime_key = cfg_.runtime_key;
+  co.core.slot_id = cfg_.slot_id;
+  co.core.save_on_switch = cfg_.checkpoint.on_switch;
+  co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
+  co.core.idle_checkpoint = cfg_.checkpoint.idle;
+  co.core.restore_enabled = cfg_.restore.enabled;
+  co.core.verify_restore = cfg_.restore.verify;
+  co.core.strict = cfg_.failure.strict;
+  co.core.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
+  co.core.cooldown = cfg_.failure.cooldown;
+  co.strict = cfg_.failure.strict;
+  co.max_waiting = cfg_.queue.max_waiting;
+  co.queue_timeout = cfg_.queue.timeout;
+  co.epoch_probe_interval = cfg_.epoch_probe_interval;
+  co.single_slot = cfg_.mode == config::slot_mode::single_slot;
+  coord_ = std::make_unique<coordinator>(
+      ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
+      manifest_store(config::resolve_state_dir(cfg_)), co);
+  relay_opts_.upstream_idle = cfg_.upstream.idle_timeout;
+  relay_opts_.client_write = cfg_.limits.client_write_timeout;
+}
+
+server::~server() = default;
+
+net::awaitable<core::result<std::string>> server::start() {
+  std::string host;
+  std::uint16_t port = 0;
+  config::parse_host_port(cfg_.listen, host, port);
+  beast::error_code ec;
+  auto addr = net::ip::make_address(host, ec);
+  if (ec) co_return core::error{core::errc::invariant, 0, fmt::format("listen: bad address {}", host)};
+  tcp::endpoint ep{addr, port};
+  acceptor_ = std::make_unique<acceptor>(ioc_);
+  acceptor_->open(ep.protocol(), ec);
+  if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(ep, ec);
+  if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    co_return core::error{core::errc::invariant, 0,
+                          fmt::format("cannot listen on {}: {}", cfg_.listen, ec.message())};
+  co_await net::co_spawn(coord_->strand(), coord_->start(), net::use_awaitable);
+  auto local = acceptor_->local_endpoint();
+  net::co_spawn(ioc_, accept_loop(), log_exception);
+  const auto a = local.address().is_v6() ? fmt::format("[{}]:{}", local.address().to_string(), local.port())
+                                          : fmt::format("{}:{}", local.address().to_string(), local.port());
+  co_return a;
+}
+
+net::awaitable<void> server::accept_loop() {
+  for (;;) {
+    tcp::socket sock(net::make_strand(ioc_));
+    auto [ec] = co_await acceptor_->async_accept(sock);
+    if (ec) {
+      if (draining_ || ec == net::error::operation_aborted) co_return;
+      log(log_level::warn, "kv.proxy.accept_failed", {{"reason", ec.message()}});
+      continue;
+    }
+    beast::error_code ignored;
+    sock.set_option(tcp::no_delay(true), ignored);
+    auto ex = sock.get_executor();
+    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), log_exception);
+  }
+}
+
+net::awaitable<bool> server::send(client_conn& c, response res) {
+  const bool keep = res.keep_alive();
+  c.stream.expires_after(cfg_.limits.client_write_timeout);
+  auto [ec, n] = co_await http::async_write(c.stream, res);
+  co_return keep && !ec;
+}
+
+net::awaitable<void> server::run_session(tcp_stream stream) {
+  auto c = std::make_shared<client_conn>(std::move(stream));
+  {
+    std::lock_guard lk(conns_mu_);
+    conns_.insert(c.get());
+  }
+  for (;;) {
+    if (draining_) break;
+    http::request_parser<http::string_body> p;
+    p.header_limit(static_cast<std::uint32_t>(cfg_.limits.max_header_bytes));
+    p.body_limit(cfg_.limits.max_body_bytes);
+    c->stream.expires_after(cfg_.limits.header_timeout);  // idle keep-alive and slowloris
+    auto [ec, n] = co_await http::async_read_header(c->stream, c->buf, p);
+    if (ec) {
+      if (ec == http::error::header_limit) {
+        co_await send(*c, error_response(http::status::request_header_fields_too_large,
+                                         "request header too large", 11, false));
+      } else if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
+                 ec != net::error::operation_aborted && ec != net::error::connection_reset &&
+                 ec != net::error::eof && ec != net::error::bad_descriptor) {
+        co_await send(*c, error_response(http::status::bad_request,
+                                         fmt::format("malformed request: {}", ec.message()), 11,
+                                         false));
+      }
+      break;
+    }
+    {
+      std::lock_guard lk(conns_mu_);
+      c->busy = true;
+    }
+    ++active_;
+    auto& h = p.get();
+    bool keep = true;
+    bool ok = true;
+    if (!p.is_done()) {
+      if (beast::iequals(h[http::field::expect], "100-continue")) {
+        http::response<http::empty_body> cont{http::status::continue_, h.version()};
+        auto [cec, cn] = co_await http::async_write(c->stream, cont);
+        ok = !cec;
+      }
+      if (ok) {
+        c->stream.expires_after(cfg_.limits.client_write_timeout);
+        auto [bec, bn] = co_await http::async_read(c->stream, c->buf, p);
+        if (bec == http::error::body_limit) {
+          co_await send(*c, error_response(http::status::payload_too_large,
+                                           "request body too large", h.version(), false));
+          ok = false;
+        } else if (bec) {
+          ok = false;
+        }
+      }
+    }
+    if (ok) {
+      c->stream.expires_never();
+      keep = co_await handle(*c, p.release());
+    }
+    --active_;
+    {
+      std::lock_guard lk(conns_mu_);
+      c->busy = false;
+    }
+    if (!ok || !keep) break;
+  }
+  beast::error_code ignored;
+  c->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  c->stream.close();
+  std::lock_guard lk(conns_mu_);
+  conns_.erase(c.get());
+}
+
+core::request_identity server::identity_of(const http::request<http::string_body>& req) const {
+  core::request_identity id;
+  for (const auto& name : cfg_.sessions.headers) {
+    auto it = req.find(name);
+    if (it != req.end() && !it->value().empty()) {
+      id.session_id = std::string(it->value());
+      break;
+    }
+  }
+  if (auto it = req.find(cfg_.sessions.purpose_header); it != req.end())
+    id.purpose = std::string(it->value());
+  return id;
+}
+
+void server::prepare_upstream_request(http::request<http::string_body>& req) const {
+  for (const auto& name : cfg_.sessions.headers) req.erase(name);
+  req.erase(cfg_.sessions.purpose_header);
+  for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
+  strip_hop_by_hop(req.base());
+  req.erase(http::field::expect);
+  req.set(http::field::host, pool_->host_header());
+  const auto& base = pool_->endpoint().base_path;
+  if (!base.empty()) req.target(base + std::string(req.target()));
+  req.version(11);
+  req.keep_alive(true);
+  req.prepare_payload();
+}
+
+net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_body>& req,
+                                     std::optional<upstream_conn> pre, relay_state& st) {
+  const unsigned version = req.version();
+  const bool client_keep = req.keep_alive();
+  const bool head = req.method() == http::verb::head;
+  auto ex = c.stream.get_executor();
+  prepare_upstream_request(req);
+  std::optional<upstream_conn> conn = std::move(pre);
+  for (int attempt = 0;; ++attempt) {
+    if (!conn) {
+      auto r = co_await pool_->acquire(ex);
+      if (!r) {
+        coord_->note_upstream_trouble();
+        log(log_level::warn, "kv.upstream.unavailable", {{"reason", r.err().message}});
+        co_return co_await send(c, error_response(r.err().code == core::errc::operation_timeout
+                                                      ? http::status::gateway_timeout
+                                                      : http::status::bad_gateway,
+                                                  "upstream llama-server is unreachable",
+                                                  version, client_keep));
+      }
+      conn = std::move(r.value());
+    }
+    st = relay_state{};
+    conn->stream->expires_after(relay_opts_.upstream_idle);
+    auto [wec, wn] = co_await http::async_write(*conn->stream, req);
+    st.request_sent = !wec;
+    if (!wec) {
+      beast::flat_buffer ubuf;
+      auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head,
+                                        relay_opts_, st) ||
+                         client_gone(c.stream.socket()));
+      if (r.index() == 1) {
+        // Closing the upstream connection is the only portable cancel: llama-server notices
+        // within about a second and frees the slot (llama-server.md §9).
+        st.client_failed = true;
+        conn->stream->close();
+        co_return false;
+      }
+    }
+    // A pooled connection the server had already closed: retry once on a new one. The
+    // server never saw the request, so nothing ran twice.
+    if (!st.header_received && !st.upstream_timeout && !conn->fresh && attempt == 0) {
+      coord_->note_upstream_trouble();
+      conn.reset();
+      continue;
+    }
+    break;
+  }
+  if (st.done) {
+    if (st.upstream_reusable)
+      pool_->release(std::move(conn->stream));
+    else
+      conn->stream->close();
+    co_return client_keep && !(version < 11 && !client_keep);
+  }
+  conn->stream->close();
+  if (st.client_failed) co_return false;
+  coord_->note_upstream_trouble();
+  if (!st.header_sent) {
+    co_return co_await send(
+        c, error_response(st.upstream_timeout ? http::status::gateway_timeout
+                                              : http::status::bad_gateway,
+                          st.upstream_timeout ? "upstream llama-server timed out"
+                                              : "upstream llama-server closed the connection",
+                          version, client_keep));
+  }
+  log(log_level::warn, "kv.upstream.broken_stream",
+      {{"status", std::to_string(st.status)}, {"bytes", std::to_string(st.body_bytes)}});
+  co_return false;  // mid-body: close so the client sees a truncated response, not a clean end
+}
+
+net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
+  const unsigned version = req.version();
+  const bool keep = req.keep_alive();
+  const auto kind = core::classify_target(req.target());
+  if (kind == core::endpoint_kind::slots)
+    co_return co_await send(
+        c, error_response(http::status::forbidden,
+                          "kvpersist manages llama-server's slots; /slots is not forwarded",
+                          version, keep));
+  const auto who = identity_of(req);
+  relay_state st;
+  const bool managed = kind == core::endpoint_kind::inference &&
+                       (!who.session_id.empty() ||
+                        cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
+  if (!managed) co_return co_await forward(c, req, std::nullopt, st);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ex = c.stream.get_executor();
+  auto t = std::make_shared<lease_ticket>(ex);
+  t->wakeup.expires_after(cfg_.queue.timeout);
+  const bool queued =
+      co_await net::co_spawn(coord_->strand(), coord_->enqueue(t), net::use_awaitable);
+  if (!queued)
+    co_return co_await send(c, busy_response("too many requests are waiting for the slot", 2,
+                                             version));
+  auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
+  const bool gone = w.index() == 1;
+  const bool granted =
+      co_await net::co_spawn(coord_->strand(), coord_->settle(t), net::use_awaitable);
+  if (!granted) {
+    if (gone) co_return false;
+    co_return co_await send(c, busy_response("timed out waiting for the slot", 2, version));
+  }
+  lease_guard guard(*coord_, t);
+  if (gone) {
+    guard.dismiss();
+    co_await net::co_spawn(coord_->strand(), coord_->release(t), net::use_awaitable);
+    co_return false;
+  }
+  auto conn = co_await pool_->acquire(ex);
+  if (!conn) {
+    coord_->note_upstream_trouble();
+    guard.dismiss();
+    co_await net::co_spawn(coord_->strand(), coord_->release(t), net::use_awaitable);
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server is unreachable", version,
+                                              keep));
+  }
+  auto pr = co_await net::co_spawn(coord_->strand(),
+                                   coord_->prepare(t, who, conn->fresh), net::use_awaitable);
+  if (!pr.ok) {
+    guard.dismiss();  // prepare released the lease
+    pool_->release(std::move(conn->stream));
+    co_return co_await send(
+        c, error_response(http::status::service_unavailable,
+                          fmt::format("KV persistence failed in strict mode: {}", pr.message),
+                          version, keep));
+  }
+  const bool keep_after = co_await forward(c, req, std::move(conn.value()), st);
+  co_await net::co_spawn(coord_->strand(), coord_->finish(t, st.request_sent),
+                         net::use_awaitable);
+  guard.dismiss();
+  if (core::log_enabled(log_level::debug)) {
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - t0).count();
+    log(log_level::debug, "kv.request.done",
+        {{"prepare", std::string(core::to_string(pr.kind))},
+         {"status", std::to_string(st.status)},
+         {"ms", fmt::format("{:.1f}", ms)},
+         {"client_gone", st.client_failed ? "1" : "0"}});
+  }
+  co_return keep_after;
+}
+
+net::awaitable<void> server::shutdown() {
+  draining_ = true;
+  log(log_level::info, "kv.proxy.draining",
+      {{"in_flight", std::to_string(active_.load())},
+       {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
+  beast::error_code ignored;
+  if (acceptor_) acceptor_->close(ignored);
+  auto close_conns = [this](bool only_idle) {
+    std::lock_guard lk(conns_mu_);
+    for (auto* c : conns_) {
+      if (only_idle && c->busy) continue;
+      // Closing from the connection's own strand: its pending read or write completes with
+      // an error and the session ends.
+      net::post(c->stream.get_executor(), [c] { c->stream.socket().cancel(); });
+    }
+  };
+  close_conns(true);
+  steady_timer tick(co_await net::this_coro::executor);
+  const auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
+  while (active_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    tick.expires_after(std::chrono::milliseconds(20));
+    co_await tick.async_wait(token);
+    close_conns(true);
+  }
+  if (active_.load() > 0) {
+    log(log_level::warn, "kv.proxy.grace_expired", {{"cancelled", std::to_string(active_.load())}});
+    close_conns(false);
+    const auto hard = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (active_.load() > 0 && std::chrono::steady_clock::now() < hard) {
+      tick.expires_after(std::chrono::milliseconds(20));
+      co_await tick.async_wait(token);
+    }
+  }
+  co_await net::co_spawn(coord_->strand(),
+                         [](coordinator* co) -> net::awaitable<void> {
+                           co->stop();
+                           co_return;
+                         }(coord_.get()),
+                         net::use_awaitable);
+  if (cfg_.checkpoint.on_shutdown) {
+    const bool ok =
+        co_await net::co_spawn(coord_->strand(), coord_->checkpoint(), net::use_awaitable);
+    log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
+        {{"result", ok ? "ok" : "failed"}});
+  }
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,60 @@
+// The proxy: accepts client connections, reads requests, refuses /slots, sends inference
+// requests through the coordinator's lease and relays every response as it streams.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "backends/net.hpp"
+#include "config/config.hpp"
+#include "proxy/coordinator.hpp"
+#include "proxy/http_status.hpp"
+#include "proxy/relay.hpp"
+#include "proxy/upstream_pool.hpp"
+
+namespace kvp::proxy {
+
+class server {
+ public:
+  // REQUIRES: cfg passed config::validate.
+  server(net::io_context& ioc, config::config cfg);
+  ~server();
+
+  // Binds the listener (port 0 picks one), starts the coordinator. Returns the bound
+  // address as "host:port", or an error message.
+  net::awaitable<core::result<std::string>> start();
+
+  // Graceful stop (spec §58, design note 9): stop accepting, let in-flight requests finish
+  // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
+  net::awaitable<void> shutdown();
+
+  coordinator& coord() { return *coord_; }
+
+ private:
+  struct client_conn;
+  net::awaitable<void> accept_loop();
+  net::awaitable<void> run_session(tcp_stream stream);
+  net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
+  net::awaitable<bool> forward(client_conn& c, http::request<http::string_body>& req,
+                               std::optional<upstream_conn> pre, relay_state& st);
+  core::request_identity identity_of(const http::request<http::string_body>& req) const;
+  void prepare_upstream_request(http::request<http::string_body>& req) const;
+  net::awaitable<bool> send(client_conn& c, response res);
+
+  net::io_context& ioc_;
+  config::config cfg_;
+  std::unique_ptr<acceptor> acceptor_;
+  std::unique_ptr<upstream_pool> pool_;
+  std::unique_ptr<coordinator> coord_;
+  relay_options relay_opts_;
+
+  std::mutex conns_mu_;
+  std::set<client_conn*> conns_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_{0};
+};
+
+}  // namespace kvp::proxy

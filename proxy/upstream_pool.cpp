@@ -1,0 +1,66 @@
+#include "proxy/upstream_pool.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+namespace kvp::proxy {
+
+namespace {
+
+// True if the peer has not closed the connection and sent nothing unexpected: a
+// non-blocking peek finds no data and no EOF.
+bool still_open(tcp_stream& s) {
+  char c;
+  ssize_t n = ::recv(s.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+}  // namespace
+
+std::string upstream_pool::host_header() const {
+  return ep_.port == 80 ? ep_.host : fmt::format("{}:{}", ep_.host, ep_.port);
+}
+
+net::awaitable<core::result<upstream_conn>> upstream_pool::acquire(net::any_io_executor ex) {
+  for (;;) {
+    std::unique_ptr<tcp_stream> s;
+    {
+      std::lock_guard lk(mu_);
+      if (idle_.empty()) break;
+      s = std::move(idle_.back());
+      idle_.pop_back();
+    }
+    if (still_open(*s)) {
+      // Rebind to the caller's executor: the stream object moves, its socket stays open.
+      auto sock = s->release_socket();
+      auto fresh = std::make_unique<tcp_stream>(tcp::socket(ex, tcp::v4(), sock.release()));
+      co_return upstream_conn{std::move(fresh), false};
+    }
+  }
+  resolver res(ex);
+  auto [rec, eps] = co_await res.async_resolve(ep_.host, std::to_string(ep_.port));
+  if (rec)
+    co_return core::error{core::errc::backend_unavailable, 0,
+                          fmt::format("resolve {}: {}", ep_.host, rec.message())};
+  auto s = std::make_unique<tcp_stream>(ex);
+  s->expires_after(connect_timeout_);
+  auto [cec, ep] = co_await s->async_connect(eps);
+  if (cec)
+    co_return core::error{cec == beast::error::timeout ? core::errc::operation_timeout
+                                                       : core::errc::backend_unavailable,
+                          0, fmt::format("connect {}:{}: {}", ep_.host, ep_.port, cec.message())};
+  s->expires_never();
+  s->socket().set_option(tcp::no_delay(true));
+  co_return upstream_conn{std::move(s), true};
+}
+
+void upstream_pool::release(std::unique_ptr<tcp_stream> s) {
+  s->expires_never();
+  std::lock_guard lk(mu_);
+  if (idle_.size() < max_idle_) idle_.push_back(std::move(s));
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,489 @@
+// Tests for config/load_yaml.hpp and the YAML-free helpers in config/config.hpp: defaults,
+// every key, strict errors with file:line, the example file, address parsing.
+#include "config/load_yaml.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace {
+
+using namespace std::chrono_literals;
+using kvp::config::config;
+using kvp::config::config_error;
+using kvp::config::load_yaml_file;
+using kvp::config::load_yaml_string;
+
+// Loads `text` and requires success.
+config load_ok(std::string_view text) {
+  auto result = load_yaml_string(text, "tests.yaml");
+  if (auto* error = std::get_if<config_error>(&result)) {
+    FAIL("unexpected error: " << error->to_string());
+  }
+  return std::get<config>(result);
+}
+
+// Loads `text` and requires failure.
+config_error load_error(std::string_view text) {
+  auto result = load_yaml_string(text, "tests.yaml");
+  REQUIRE(std::holds_alternative<config_error>(result));
+  return std::get<config_error>(result);
+}
+
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("an empty or null document gives the defaults", "[config][load_yaml]") {
+  const config defaults;
+  CHECK(load_ok("") == defaults);
+  CHECK(load_ok("\n# only a comment\n") == defaults);
+  CHECK(load_ok("null") == defaults);
+  CHECK(load_ok("~\n") == defaults);
+  CHECK(load_ok("---\n") == defaults);
+  CHECK(load_ok("{}") == defaults);
+}
+
+TEST_CASE("a null section keeps its defaults", "[config][load_yaml]") {
+  CHECK(load_ok("checkpoint:\nupstream: ~\n") == config{});
+}
+
+TEST_CASE("every key round-trips", "[config][load_yaml]") {
+  const config cfg = load_ok(R"(
+listen: "[::1]:9000"
+upstream:
+  url: http://10.0.0.2:8090/
+  apiKey: secret
+  connectTimeoutMs: 1234
+  idleTimeoutMs: 99
+  maxIdleConnections: 2
+instanceKey: box-a
+runtimeKey: qwen-q4kv
+mode: managed-slots
+slotId: 3
+stateDir: /var/lib/kvpersist
+sessions:
+  headers: [X-A, x-b]
+  purposeHeader: X-Why
+  stripHeaders: []
+  unmanaged: passthrough
+checkpoint:
+  onSwitch: false
+  onShutdown: false
+  onTurnEnd: true
+  idleMs: 0
+restore:
+  enabled: false
+  verify: false
+snapshots:
+  management: shared-filesystem
+  path: /srv/slots
+failure:
+  strict: true
+  maxConsecutiveFailures: 7
+  cooldownMs: 5
+  managementTimeoutMs: 6
+queue:
+  maxWaiting: 1
+  timeoutMs: 8
+limits:
+  maxHeaderBytes: 1024
+  maxBodyBytes: 2048
+  headerTimeoutMs: 9
+  clientWriteTimeoutMs: 10
+shutdownGraceMs: 11
+epochProbeIntervalMs: 0
+threads: 4
+log:
+  level: debug
+  format: json
+)");
+  using namespace kvp::config;
+  CHECK(cfg.listen == "[::1]:9000");
+  CHECK(cfg.upstream.url == "http://10.0.0.2:8090/");
+  CHECK(cfg.upstream.api_key == "secret");
+  CHECK(cfg.upstream.connect_timeout == 1234ms);
+  CHECK(cfg.upstream.idle_timeout == 99ms);
+  CHECK(cfg.upstream.max_idle_connections == 2);
+  CHECK(cfg.instance_key == "box-a");
+  CHECK(cfg.runtime_key == "qwen-q4kv");
+  CHECK(cfg.mode == slot_mode::managed_slots);
+  CHECK(cfg.slot_id == 3);
+  CHECK(cfg.state_dir == "/var/lib/kvpersist");
+  CHECK(cfg.sessions.headers == std::vector<std::string>{"X-A", "x-b"});
+  CHECK(cfg.sessions.purpose_header == "X-Why");
+  CHECK(cfg.sessions.strip_headers.empty());
+  CHECK(cfg.sessions.unmanaged == unmanaged_policy::passthrough);
+  CHECK_FALSE(cfg.checkpoint.on_switch);
+  CHECK_FALSE(cfg.checkpoint.on_shutdown);
+  CHECK(cfg.checkpoint.on_turn_end);
+  CHECK(cfg.checkpoint.idle == 0ms);
+  CHECK_FALSE(cfg.restore.enabled);
+  CHECK_FALSE(cfg.restore.verify);
+  CHECK(cfg.snapshots.management == snapshot_management::shared_filesystem);
+  CHECK(cfg.snapshots.path == "/srv/slots");
+  CHECK(cfg.failure.strict);
+  CHECK(cfg.failure.max_consecutive_failures == 7);
+  CHECK(cfg.failure.cooldown == 5ms);
+  CHECK(cfg.failure.management_timeout == 6ms);
+  CHECK(cfg.queue.max_waiting == 1);
+  CHECK(cfg.queue.timeout == 8ms);
+  CHECK(cfg.limits.max_header_bytes == 1024);
+  CHECK(cfg.limits.max_body_bytes == 2048);
+  CHECK(cfg.limits.header_timeout == 9ms);
+  CHECK(cfg.limits.client_write_timeout == 10ms);
+  CHECK(cfg.shutdown_grace == 11ms);
+  CHECK(cfg.epoch_probe_interval == 0ms);
+  CHECK(cfg.threads == 4);
+  CHECK(cfg.log.level == "debug");
+  CHECK(cfg.log.format == log_format::json);
+}
+
+TEST_CASE("keys left out keep their defaults", "[config][load_yaml]") {
+  const config cfg = load_ok("upstream:\n  apiKey: k\nthreads: 2\n");
+  config expected;
+  expected.upstream.api_key = "k";
+  expected.threads = 2;
+  CHECK(cfg == expected);
+}
+
+TEST_CASE("an unknown key is an error at its line", "[config][load_yaml]") {
+  SECTION("top level") {
+    auto error = load_error("listen: \"127.0.0.1:1\"\nthreads: 1\nthread: 2\n");
+    CHECK(error.to_string().rfind("tests.yaml:3:1: ", 0) == 0);
+    CHECK(contains(error.message, "unknown key 'thread'"));
+    CHECK(contains(error.message, "did you mean 'threads'"));
+  }
+  SECTION("nested") {
+    auto error = load_error("upstream:\n  url: http://h:1\n  apikey: x\n");
+    CHECK(error.line == 3);
+    CHECK(error.column == 3);
+    CHECK(contains(error.message, "unknown key 'upstream.apikey'"));
+    CHECK(contains(error.message, "did you mean 'apiKey'"));
+    CHECK(contains(error.message, "in upstream"));
+  }
+  SECTION("nothing close: lists the known keys") {
+    auto error = load_error("restore:\n  zzzzzzzz: true\n");
+    CHECK(error.line == 2);
+    CHECK_FALSE(contains(error.message, "did you mean"));
+    CHECK(contains(error.message, "enabled, verify"));
+  }
+}
+
+TEST_CASE("a duplicate key is an error", "[config][load_yaml]") {
+  auto error = load_error("threads: 1\nthreads: 2\n");
+  CHECK(error.line == 2);
+  CHECK(contains(error.message, "duplicate key 'threads'"));
+}
+
+TEST_CASE("a wrong type is an error at its line", "[config][load_yaml]") {
+  SECTION("integer") {
+    auto error = load_error("listen: \"127.0.0.1:1\"\n\nthreads: many\n");
+    CHECK(error.to_string() == "tests.yaml:3:10: threads: expected an integer, got 'many'");
+  }
+  SECTION("fractional integer") {
+    auto error = load_error("queue:\n  timeoutMs: 1.5\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "queue.timeoutMs: expected an integer"));
+  }
+  SECTION("integer too large") {
+    auto error = load_error("slotId: 99999999999\n");
+    CHECK(error.line == 1);
+    CHECK(contains(error.message, "out of range"));
+  }
+  SECTION("boolean") {
+    auto error = load_error("checkpoint:\n  onSwitch: sometimes\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "checkpoint.onSwitch: expected true or false"));
+  }
+  SECTION("string given a list") {
+    auto error = load_error("instanceKey: [a, b]\n");
+    CHECK(error.line == 1);
+    CHECK(contains(error.message, "instanceKey: expected a string, got a list"));
+  }
+  SECTION("section given a scalar") {
+    auto error = load_error("threads: 1\nupstream: http://h:1\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "upstream: expected a map"));
+  }
+  SECTION("list given a scalar") {
+    auto error = load_error("sessions:\n  headers: X-Session-Id\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "expected a list of strings"));
+  }
+  SECTION("negative size") {
+    auto error = load_error("limits:\n  maxBodyBytes: -1\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "limits.maxBodyBytes: must be >= 0"));
+  }
+}
+
+TEST_CASE("a second YAML document is an error, not silently ignored", "[config][load_yaml]") {
+  auto error = load_error("threads: 2\n---\nthreads: 3\n");
+  CHECK(error.line == 3);
+  CHECK(contains(error.message, "more than one YAML document"));
+}
+
+TEST_CASE("a top level that is not a map is an error", "[config][load_yaml]") {
+  CHECK(contains(load_error("just a string\n").message, "expected a map"));
+  CHECK(contains(load_error("- a\n- b\n").message, "expected a map"));
+}
+
+TEST_CASE("a bad enum value lists the allowed values", "[config][load_yaml]") {
+  auto error = load_error("mode: multi-slot\n");
+  CHECK(error.line == 1);
+  CHECK(contains(error.message, "'multi-slot' is not one of: single-slot, managed-slots"));
+  CHECK(contains(load_error("sessions:\n  unmanaged: drop\n").message,
+                 "auxiliary, passthrough"));
+  CHECK(contains(load_error("snapshots:\n  management: s3\n").message,
+                 "server-owned, shared-filesystem"));
+  CHECK(contains(load_error("log:\n  format: xml\n").message, "plain, json"));
+  CHECK(contains(load_error("log:\n  level: trace\n").message, "error, warn, info, debug"));
+}
+
+TEST_CASE("validation errors point at the offending key", "[config][load_yaml]") {
+  SECTION("https upstream is refused") {
+    auto error = load_error("threads: 1\nupstream:\n  url: https://example.com\n");
+    CHECK(error.line == 3);
+    CHECK(error.column == 8);
+    CHECK(contains(error.message, "upstream.url"));
+    CHECK(contains(error.message, "https is not supported"));
+  }
+  SECTION("malformed upstream") {
+    CHECK(load_error("upstream:\n  url: 127.0.0.1:8080\n").line == 2);
+    CHECK(contains(load_error("upstream:\n  url: http://h:0\n").message, "upstream.url"));
+    CHECK(contains(load_error("upstream:\n  url: http://h:1/v1\n").message, "path"));
+  }
+  SECTION("shared-filesystem without a path") {
+    auto error = load_error("snapshots:\n  management: shared-filesystem\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "requires snapshots.path"));
+    CHECK(load_ok("snapshots:\n  management: shared-filesystem\n  path: /x\n")
+              .snapshots.path == "/x");
+  }
+  SECTION("bad listen address") {
+    auto error = load_error("\nlisten: localhost\n");
+    CHECK(error.line == 2);
+    CHECK(contains(error.message, "listen: 'localhost' is not host:port"));
+    CHECK(load_ok("listen: 127.0.0.1:0\n").listen == "127.0.0.1:0");
+  }
+  SECTION("ranges") {
+    CHECK(contains(load_error("threads: 0\n").message, "threads: must be between 1 and 64"));
+    CHECK(contains(load_error("threads: 65\n").message, "between 1 and 64"));
+    CHECK(contains(load_error("slotId: -1\n").message, "slotId: must be >= 0"));
+    CHECK(contains(load_error("upstream:\n  connectTimeoutMs: 0\n").message,
+                   "upstream.connectTimeoutMs: must be >= 1"));
+    CHECK(contains(load_error("upstream:\n  idleTimeoutMs: 0\n").message, "idleTimeoutMs"));
+    CHECK(contains(load_error("failure:\n  managementTimeoutMs: 0\n").message,
+                   "managementTimeoutMs"));
+    CHECK(contains(load_error("failure:\n  maxConsecutiveFailures: 0\n").message,
+                   "maxConsecutiveFailures: must be >= 1"));
+    CHECK(contains(load_error("checkpoint:\n  idleMs: -5\n").message, "checkpoint.idleMs"));
+    CHECK(contains(load_error("shutdownGraceMs: -1\n").message, "shutdownGraceMs"));
+    CHECK(contains(load_error("queue:\n  maxWaiting: 0\n").message, "queue.maxWaiting"));
+    CHECK(contains(load_error("limits:\n  maxHeaderBytes: 1023\n").message,
+                   "limits.maxHeaderBytes: must be >= 1024"));
+    CHECK(contains(load_error("limits:\n  maxBodyBytes: 10\n").message, "maxBodyBytes"));
+    CHECK(contains(load_error("instanceKey: \"\"\n").message, "instanceKey: must not be empty"));
+  }
+  SECTION("header names") {
+    CHECK(contains(load_error("sessions:\n  headers: []\n").message,
+                   "sessions.headers: must list at least one"));
+    auto error = load_error("sessions:\n  headers:\n    - X-Ok\n    - \"Bad Header\"\n");
+    CHECK(error.line == 4);
+    CHECK(contains(error.message, "sessions.headers[1]: 'Bad Header' is not a valid HTTP header"));
+    CHECK(contains(load_error("sessions:\n  purposeHeader: \"a:b\"\n").message, "purposeHeader"));
+    CHECK(load_error("sessions:\n  stripHeaders: [ok, \"x y\"]\n").line == 2);
+  }
+}
+
+TEST_CASE("malformed YAML reports a line", "[config][load_yaml]") {
+  auto error = load_error("threads: 1\nsessions:\n  headers: [X-A, X-B\nlog:\n  level: info\n");
+  CHECK(error.file == "tests.yaml");
+  CHECK(error.line >= 3);
+  CHECK(error.column >= 1);
+  CHECK_FALSE(error.message.empty());
+  CHECK(error.to_string().rfind("tests.yaml:", 0) == 0);
+
+  auto tab = load_error("upstream:\n\turl: x\n");
+  CHECK(tab.line >= 1);
+}
+
+TEST_CASE("a missing file is an error without a line", "[config][load_yaml]") {
+  auto result = load_yaml_file("/nonexistent/kvpersist.yaml");
+  REQUIRE(std::holds_alternative<config_error>(result));
+  const auto& error = std::get<config_error>(result);
+  CHECK(error.line == 0);
+  CHECK(error.file == "/nonexistent/kvpersist.yaml");
+  CHECK(contains(error.message, "No such file"));
+  CHECK(error.to_string() == "/nonexistent/kvpersist.yaml: " + error.message);
+
+  auto dir = load_yaml_file("/");
+  REQUIRE(std::holds_alternative<config_error>(dir));
+  CHECK(std::get<config_error>(dir).line == 0);
+}
+
+TEST_CASE("config_error formats like a compiler", "[config][load_yaml]") {
+  CHECK(config_error{"f.yaml", 3, 7, "bad"}.to_string() == "f.yaml:3:7: bad");
+  CHECK(config_error{"f.yaml", 3, 0, "bad"}.to_string() == "f.yaml:3: bad");
+  CHECK(config_error{"f.yaml", 0, 0, "bad"}.to_string() == "f.yaml: bad");
+}
+
+TEST_CASE("the example file loads to exactly the defaults", "[config][load_yaml]") {
+#ifndef KVP_SOURCE_DIR
+  WARN("KVP_SOURCE_DIR not defined; skipping");
+#else
+  const std::string path = std::string(KVP_SOURCE_DIR) + "/config/kvpersist.example.yaml";
+  auto result = load_yaml_file(path);
+  if (auto* error = std::get_if<config_error>(&result)) FAIL(error->to_string());
+  const config& cfg = std::get<config>(result);
+  const config defaults;
+  // Section by section, so a drift names the section.
+  CHECK(cfg.listen == defaults.listen);
+  CHECK(cfg.upstream == defaults.upstream);
+  CHECK(cfg.instance_key == defaults.instance_key);
+  CHECK(cfg.runtime_key == defaults.runtime_key);
+  CHECK(cfg.mode == defaults.mode);
+  CHECK(cfg.slot_id == defaults.slot_id);
+  CHECK(cfg.state_dir == defaults.state_dir);
+  CHECK(cfg.sessions == defaults.sessions);
+  CHECK(cfg.checkpoint == defaults.checkpoint);
+  CHECK(cfg.restore == defaults.restore);
+  CHECK(cfg.snapshots == defaults.snapshots);
+  CHECK(cfg.failure == defaults.failure);
+  CHECK(cfg.queue == defaults.queue);
+  CHECK(cfg.limits == defaults.limits);
+  CHECK(cfg.shutdown_grace == defaults.shutdown_grace);
+  CHECK(cfg.epoch_probe_interval == defaults.epoch_probe_interval);
+  CHECK(cfg.threads == defaults.threads);
+  CHECK(cfg.log == defaults.log);
+  CHECK(cfg == defaults);
+#endif
+}
+
+TEST_CASE("validate accepts the defaults and names the key", "[config]") {
+  using kvp::config::validate;
+  CHECK_FALSE(validate(config{}).has_value());
+  config cfg;
+  cfg.upstream.url = "https://x";
+  auto message = validate(cfg);
+  REQUIRE(message.has_value());
+  CHECK(message->rfind("upstream.url: ", 0) == 0);
+  cfg = config{};
+  cfg.snapshots.management = kvp::config::snapshot_management::shared_filesystem;
+  REQUIRE(validate(cfg).has_value());
+  CHECK(contains(*validate(cfg), "snapshots.path"));
+  cfg.snapshots.path = "/srv";
+  CHECK_FALSE(validate(cfg).has_value());
+}
+
+TEST_CASE("parse_host_port", "[config]") {
+  using kvp::config::parse_host_port;
+  std::string host;
+  std::uint16_t port = 1;
+  CHECK(parse_host_port("127.0.0.1:8081", host, port));
+  CHECK(host == "127.0.0.1");
+  CHECK(port == 8081);
+  CHECK(parse_host_port("[::1]:8081", host, port));
+  CHECK(host == "::1");
+  CHECK(port == 8081);
+  CHECK(parse_host_port("localhost:0", host, port));
+  CHECK(host == "localhost");
+  CHECK(port == 0);
+  CHECK(parse_host_port("0.0.0.0:65535", host, port));
+  CHECK(port == 65535);
+  CHECK(parse_host_port("[fe80::1%eth0]:1", host, port));
+  CHECK(host == "fe80::1%eth0");
+
+  CHECK_FALSE(parse_host_port("127.0.0.1:70000", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1:65536", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1:x", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1:-1", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1:+1", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1: 1", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1:", host, port));
+  CHECK_FALSE(parse_host_port("127.0.0.1", host, port));
+  CHECK_FALSE(parse_host_port("[::1]", host, port));
+  CHECK_FALSE(parse_host_port(":8081", host, port));
+  CHECK_FALSE(parse_host_port("::1:8081", host, port));
+  CHECK_FALSE(parse_host_port("[::1:8081", host, port));
+  CHECK_FALSE(parse_host_port("[]:8081", host, port));
+  CHECK_FALSE(parse_host_port("[::1]8081", host, port));
+  CHECK_FALSE(parse_host_port("host name:1", host, port));
+  CHECK_FALSE(parse_host_port("", host, port));
+}
+
+TEST_CASE("parse_http_url", "[config]") {
+  using kvp::config::parse_http_url;
+  std::string host;
+  std::uint16_t port = 0;
+  std::string path;
+  CHECK(parse_http_url("http://127.0.0.1:8080", host, port, path));
+  CHECK(host == "127.0.0.1");
+  CHECK(port == 8080);
+  CHECK(path.empty());
+  CHECK(parse_http_url("http://llama/", host, port, path));
+  CHECK(host == "llama");
+  CHECK(port == 80);
+  CHECK(path.empty());
+  CHECK(parse_http_url("HTTP://[::1]:9/", host, port, path));
+  CHECK(host == "::1");
+  CHECK(port == 9);
+  CHECK(parse_http_url("http://[::1]", host, port, path));
+  CHECK(port == 80);
+  CHECK(parse_http_url("http://h:1/base/", host, port, path));
+  CHECK(path == "/base");
+
+  CHECK_FALSE(parse_http_url("https://h:1", host, port, path));
+  CHECK_FALSE(parse_http_url("h:1", host, port, path));
+  CHECK_FALSE(parse_http_url("http://", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:0", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:70000", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:x", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:", host, port, path));
+  CHECK_FALSE(parse_http_url("http://user@h:1", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:1/?q=1", host, port, path));
+  CHECK_FALSE(parse_http_url("http://h:1/#f", host, port, path));
+  CHECK_FALSE(parse_http_url("http://::1:8080", host, port, path));
+}
+
+TEST_CASE("header names are RFC 9110 tokens", "[config]") {
+  using kvp::config::is_http_token;
+  CHECK(is_http_token("X-Session-Id"));
+  CHECK(is_http_token("x_y.z~!#$%&'*+^`|"));
+  CHECK_FALSE(is_http_token(""));
+  CHECK_FALSE(is_http_token("a b"));
+  CHECK_FALSE(is_http_token("a:b"));
+  CHECK_FALSE(is_http_token("a\"b"));
+}
+
+TEST_CASE("enum names round-trip", "[config]") {
+  using namespace kvp::config;
+  for (auto v : {slot_mode::single_slot, slot_mode::managed_slots}) {
+    CHECK(parse_slot_mode(to_string(v)) == v);
+  }
+  for (auto v : {unmanaged_policy::auxiliary, unmanaged_policy::passthrough}) {
+    CHECK(parse_unmanaged_policy(to_string(v)) == v);
+  }
+  for (auto v : {snapshot_management::server_owned, snapshot_management::shared_filesystem}) {
+    CHECK(parse_snapshot_management(to_string(v)) == v);
+  }
+  for (auto v : {log_format::plain, log_format::json}) {
+    CHECK(parse_log_format(to_string(v)) == v);
+  }
+  CHECK_FALSE(parse_slot_mode("Single-Slot").has_value());
+}
+
+TEST_CASE("resolve_state_dir", "[config]") {
+  using kvp::config::resolve_state_dir;
+  config cfg;
+  CHECK(resolve_state_dir(cfg, "/xdg", "/home/u") == "/xdg/kvpersist");
+  CHECK(resolve_state_dir(cfg, "", "/home/u") == "/home/u/.local/state/kvpersist");
+  CHECK(resolve_state_dir(cfg, "relative", "/home/u") == "/home/u/.local/state/kvpersist");
+  CHECK(resolve_state_dir(cfg, "", "").empty());
+  cfg.state_dir = "/explicit";
+  CHECK(resolve_state_dir(cfg, "/xdg", "/home/u") == "/explicit");
+  CHECK(resolve_state_dir(cfg) == "/explicit");
+}
