@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's test command: sets up, builds, and runs every test suite.
+#   unit        Catch2: core decisions, config, coordinator on a fake backend, relay bytes
+#   integration pytest: the kvpersist binary against an in-test fake llama-server
+#   real        pytest: the kvpersist binary against a real llama-server (built offline
+#               from the npm package node-llama-cpp, cached in ~/.cache/kvpersist)
+# Usage: scripts/test.sh [ctest args...]     e.g. scripts/test.sh -L unit
+# Env:   LLAMA_SERVER=/path  use an existing llama-server instead of building one
+#        KVP_BUILD_DIR       build directory (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+build=${KVP_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_WERROR="${KVP_WERROR:-OFF}" >/dev/null
+ninja -C "$build"
+
+# The real-server suite needs llama-server and the test model; fetching and building them
+# happens once per machine (about 4 to 15 minutes on 2 cores), then they come from the cache.
+KVP_LLAMA_SERVER=$(scripts/llama-server.sh)
+KVP_TEST_MODEL=$(scripts/test-model.sh ci)
+export KVP_LLAMA_SERVER KVP_TEST_MODEL
+
+ctest --test-dir "$build" --output-on-failure --timeout 900 "$@"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# core/ is sans-I/O: no Asio, Beast, yaml-cpp or sockets. config/ sees yaml-cpp only in
+# load_yaml.cpp. Debian puts Boost in /usr/include, so CMake alone cannot enforce this.
+set -euo pipefail
+root=${1:-.}
+fail=0
+if grep -rnE '#include *[<"](boost/(asio|beast)|yaml-cpp|sys/socket|netinet|arpa/)' "$root/core"; then
+  echo "layering: core/ must not include I/O libraries (see style.md §4.1)" >&2
+  fail=1
+fi
+if grep -rlE '#include *[<"]yaml-cpp' "$root/config" | grep -v 'load_yaml.cpp$'; then
+  echo "layering: only config/load_yaml.cpp may include yaml-cpp" >&2
+  fail=1
+fi
+if grep -rnE '#include *"proxy/' "$root/core" "$root/backends" "$root/config"; then
+  echo "layering: core/, backends/ and config/ must not depend on proxy/" >&2
+  fail=1
+fi
+if grep -rnE '/slots' "$root/core" "$root/proxy" --include='*.cpp' --include='*.hpp' | grep -v 'classify_target\|starts_with("/slots/")\|path == "/slots"\|/slots\* \|/slots is not forwarded\|//'; then
+  echo "layering: only backends/ may know a /slots URL" >&2
+  fail=1
+fi
+((fail == 0)) && echo "layering: ok"
+exit $fail
