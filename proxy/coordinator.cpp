@@ -115,15 +115,23 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   }
 }
 
-// Reads /props again when there is a reason to believe the server changed.
+// Reads the runtime again when there is a reason to believe the server changed. While
+// persistence is on, GET /props alone tells a restart (media_marker is random per process);
+// the full probe (slot actions) runs only when something did change.
 net::awaitable<void> coordinator::refresh_runtime() {
   if (pending_probe_) {
     auto p = std::move(*pending_probe_);
     pending_probe_.reset();
     apply_probe(p);
-    if (!upstream_trouble_.load()) co_return;
   }
   if (!upstream_trouble_.exchange(false)) co_return;
+  if (core_.persistence_enabled()) {
+    auto rt = co_await backend_->read_runtime();
+    if (rt && rt->media_marker == core_.runtime().media_marker &&
+        rt->model_path == core_.runtime().model_path &&
+        rt->build_info == core_.runtime().build_info)
+      co_return;
+  }
   auto p = co_await backend_->probe();
   apply_probe(p);
 }
@@ -133,16 +141,17 @@ net::awaitable<void> coordinator::probe_loop() {
     probe_timer_.expires_after(opts_.epoch_probe_interval);
     auto [ec] = co_await probe_timer_.async_wait(token);
     if (ec || stopped_) co_return;
-    // Off the request path: only compare. Changes are applied by the next lease holder.
+    // Off the request path: only compare. Changes are applied now if the slot is free,
+    // else by the next lease holder.
+    if (core_.persistence_enabled()) {
+      auto rt = co_await backend_->read_runtime();
+      if (rt && rt->media_marker == core_.runtime().media_marker) continue;
+    }
     auto p = co_await backend_->probe();
-    const bool changed = !p || !core_.persistence_enabled() ||
-                         p->runtime.media_marker != core_.runtime().media_marker;
-    if (changed) {
-      if (!holder_) {
-        apply_probe(p);
-      } else {
-        pending_probe_ = std::move(p);
-      }
+    if (!holder_) {
+      apply_probe(p);
+    } else {
+      pending_probe_ = std::move(p);
     }
   }
 }

@@ -158,7 +158,7 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
   auto c = std::make_shared<client_conn>(std::move(stream));
   {
     std::lock_guard lk(conns_mu_);
-    conns_.insert(c.get());
+    conns_.insert(c);
   }
   for (;;) {
     if (draining_) break;
@@ -221,7 +221,7 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
   c->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
   c->stream.close();
   std::lock_guard lk(conns_mu_);
-  conns_.erase(c.get());
+  conns_.erase(c);
 }
 
 core::request_identity server::identity_of(const http::request<http::string_body>& req) const {
@@ -406,7 +406,7 @@ net::awaitable<void> server::shutdown() {
   if (acceptor_) acceptor_->close(ignored);
   auto close_conns = [this](bool only_idle) {
     std::lock_guard lk(conns_mu_);
-    for (auto* c : conns_) {
+    for (const auto& c : conns_) {
       if (only_idle && c->busy) continue;
       // Closing from the connection's own strand: its pending read or write completes with
       // an error and the session ends.

@@ -52,7 +52,7 @@ class server {
   relay_options relay_opts_;
 
   std::mutex conns_mu_;
-  std::set<client_conn*> conns_;
+  std::set<std::shared_ptr<client_conn>> conns_;  // guarded by conns_mu_
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
 };
