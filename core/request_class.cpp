@@ -15,10 +15,39 @@ constexpr std::array<std::string_view, 21> inference_paths = {
     "/api/chat",       "/api/generate",    "/v1/audio/transcriptions",
     "/audio/transcriptions", "/v1/infill"};
 
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 }  // namespace
 
+std::string decode_path(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 2 < path.size()) {
+      const int hi = hex_value(path[i + 1]);
+      const int lo = hex_value(path[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out += static_cast<char>(hi * 16 + lo);
+        i += 2;
+        continue;
+      }
+    }
+    out += path[i];
+  }
+  return out;
+}
+
 endpoint_kind classify_target(std::string_view target) {
-  std::string_view path = target.substr(0, target.find_first_of("?#"));
+  // llama-server's HTTP library percent-decodes the path before routing, so classify what
+  // it will route, or "/%73lots/0" would reach the slot API and "/v1/chat/%63ompletions"
+  // would run on the slot without a lease.
+  const std::string decoded = decode_path(target.substr(0, target.find_first_of("?#")));
+  std::string_view path = decoded;
   // Collapse a trailing slash so "/v1/chat/completions/" is not a way around the lease.
   while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
   if (path == "/slots" || path.starts_with("/slots/")) return endpoint_kind::slots;

@@ -13,7 +13,11 @@ enum class endpoint_kind {
   passthrough,  // /health, /props, /v1/models, /tokenize, ...: forwarded without a lease
 };
 
-// Classifies by path (query string ignored). Exact paths only, so "/v1/chat/completions/x"
+// Percent-decodes a URL path the way llama-server's cpp-httplib does before routing
+// (%2F becomes '/'); malformed escapes are kept as they are.
+std::string decode_path(std::string_view path);
+
+// Classifies by the decoded path (query string ignored). Exact paths only, so "/v1/chat/completions/x"
 // is passthrough (llama-server answers 404 to it anyway).
 endpoint_kind classify_target(std::string_view target);
 

@@ -18,7 +18,7 @@ ninja -C "$build"
 # The real-server suite needs llama-server and the test model; fetching and building them
 # happens once per machine (about 4 to 15 minutes on 2 cores), then they come from the cache.
 KVP_LLAMA_SERVER=$(scripts/llama-server.sh)
-KVP_TEST_MODEL=$(scripts/test-model.sh ci)
-export KVP_LLAMA_SERVER KVP_TEST_MODEL
+KVP_MODEL=$(scripts/test-model.sh ci)
+export KVP_LLAMA_SERVER KVP_MODEL
 
 ctest --test-dir "$build" --output-on-failure --timeout 900 "$@"

@@ -1,0 +1,96 @@
+"""Fixtures for kvpersist's integration tests.
+
+Run:  cd <repo> && KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration
+Upstream: --upstream=fake (default) or real, or env KVP_UPSTREAM. Tests marked
+`fake_only` need fault injection and are skipped against a real llama-server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import fake_llama  # noqa: E402
+import harness  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--upstream", default=os.environ.get("KVP_UPSTREAM", "fake"), choices=("fake", "real"),
+                     help="upstream under kvpersist: the in-process fake (default) or a real llama-server "
+                          "(KVP_LLAMA_SERVER, KVP_MODEL)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fake_only: needs the fake upstream's fault injection")
+
+
+TEST_TIME_LIMIT_S = int(os.environ.get("KVP_TEST_TIME_LIMIT_S", "90"))
+
+
+@pytest.fixture(autouse=True)
+def _time_limit():
+    """Every wait in the tests has its own timeout; this is the backstop for one test."""
+    def expired(signum, frame):
+        raise TimeoutError("test exceeded %d s (KVP_TEST_TIME_LIMIT_S)" % TEST_TIME_LIMIT_S)
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TEST_TIME_LIMIT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--upstream") == "real":
+        skip = pytest.mark.skip(reason="needs the fake upstream (fault injection or fake-only records)")
+        for item in items:
+            if "fake_only" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _upstream_defaults(request):
+    if request.config.getoption("--upstream") == "real":
+        harness.DEFAULT_MAX_TOKENS = 8
+
+
+@pytest.fixture
+def upstream_kind(request) -> str:
+    return request.config.getoption("--upstream")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def stack(request, tmp_path, upstream_kind):
+    """A fresh world per test: call stack.start(config=..., **fake_kwargs)."""
+    s = harness.Stack(str(tmp_path), upstream_kind)
+    yield s
+    try:
+        failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+        if failed and (s.proxies or s.upstream):
+            print("\n==== diagnostics for %s ====\n%s" % (request.node.name, s.dump()))
+        if isinstance(s.upstream, harness.FakeUpstream) and not failed:
+            # kvpersist must never run a slot action while an inference it forwarded is running
+            assert s.fake.violations == [], s.fake.violations
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """A bare fake llama-server with slot actions enabled (for the fake's own tests)."""
+    d = tmp_path / "slots"
+    d.mkdir()
+    f = fake_llama.FakeLlamaServer(str(d)).start()
+    yield f
+    f.stop()

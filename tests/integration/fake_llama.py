@@ -1,0 +1,924 @@
+#!/usr/bin/python3
+"""A fake llama-server for kvpersist's integration tests.
+
+It models the parts of llama-server that a session-aware proxy depends on (see
+shared/docs/llama-server.md): one slot holding a token list, prompt-prefix reuse
+(`cache_n`), slot save/restore/erase with llama-server's response shapes and
+error semantics (a failed restore clears the slot), `/props` with a per-process
+random `media_marker`, SSE streaming with chunked transfer, and cancellation
+when the client connection drops.
+
+Tokens are whitespace-split words. A chat prompt is rendered as
+`<|role|> words... <|role|> words... <|assistant|>` (a stand-in chat template),
+so a client that echoes the assistant's reply back gets full prefix reuse on
+the next turn, as with a real template.
+
+Use it in-process (FakeLlamaServer(...).start()/stop()/restart()) or as a script:
+
+    /usr/bin/python3 fake_llama.py --port 8080 --slot-save-path /tmp/slots
+
+Everything is recorded (requests, management calls, stream events with their
+send times, aborted streams) under a lock, for tests to assert on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import signal
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MAGIC = b"ggsq"
+FILE_VERSION = 3
+POLL_S = 0.02  # how often a busy handler checks whether its client went away
+
+INFERENCE_PATHS = {
+    "/v1/chat/completions", "/chat/completions",
+    "/v1/completions", "/completions", "/completion",
+    "/v1/embeddings", "/embeddings", "/embedding",
+    "/infill", "/v1/responses", "/v1/messages", "/rerank", "/v1/rerank",
+}
+
+
+def now() -> float:
+    """The clock shared by the fake's records and the test client (same process)."""
+    return time.monotonic()
+
+
+def tokenize(text: str) -> list[str]:
+    return text.split()
+
+
+def content_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                parts.append(p["text"])
+            elif isinstance(p, str):
+                parts.append(p)
+        return " ".join(parts)
+    return str(content)
+
+
+def chat_tokens(messages) -> list[str]:
+    toks: list[str] = []
+    for m in messages or []:
+        if not isinstance(m, dict):
+            continue
+        toks.append("<|%s|>" % m.get("role", "user"))
+        toks.extend(tokenize(content_text(m.get("content"))))
+    toks.append("<|assistant|>")
+    return toks
+
+
+def common_prefix(a: list[str], b: list[str]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """True when the peer has closed (EOF or error), without consuming data."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    if not r:
+        return False
+    try:
+        data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    return data == b""
+
+
+def err_body(code: int, message: str, typ: str) -> dict:
+    return {"error": {"code": code, "message": message, "type": typ}}
+
+
+def validate_filename(name: str) -> bool:
+    """A subset of llama.cpp's fs_validate_filename (allow_subdirs=false)."""
+    if not name or len(name.encode("utf-8")) > 255:
+        return False
+    if any(c in name for c in ':*?"<>|/\\'):
+        return False
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        return False
+    if name[0] == " " or name[-1] in " .":
+        return False
+    if ".." in name or name == ".":
+        return False
+    return True
+
+
+class _Aborted(Exception):
+    pass
+
+
+class FakeLlamaServer:
+    def __init__(self, slot_save_path: str | None = None, *, port: int = 0, host: str = "127.0.0.1",
+                 total_slots: int = 1, n_ctx: int = 8192,
+                 model_path: str = "/models/fake-model-Q8_0.gguf", build_info: str = "b1-fake0001",
+                 n_predict: int = 4, event_delay: float = 0.0, prefill_delay: float = 0.0,
+                 kv_bytes_per_token: int = 64):
+        self.host = host
+        self.port = port
+        self.slot_save_path = slot_save_path
+        self.slot_actions_disabled = slot_save_path is None
+        self.total_slots = total_slots
+        self.n_ctx = n_ctx
+        self.model_path = model_path
+        self.build_info = build_info
+        self.n_predict = n_predict          # default tokens generated per request
+        self.event_delay = event_delay      # seconds between SSE events
+        self.prefill_delay = prefill_delay  # seconds between headers and the first event
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.media_marker = ""
+        self.epoch = 0
+
+        self._lock = threading.RLock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: dict[int, socket.socket] = {}
+        self._conn_seq = 0
+        self._req_seq = 0
+        self._stopping = threading.Event()
+        self._reset_slot()
+
+        # records
+        self.requests: list[dict] = []       # every request, in arrival order
+        self.management: list[dict] = []     # every POST /slots/..., with outcome
+        self.violations: list[str] = []      # management calls while an inference ran
+        self.connections_closed: list[dict] = []
+
+        # fault controls (one-shot unless said otherwise)
+        self._fail_save: list[tuple[int, str]] = []
+        self._fail_restore: list[tuple[int, str]] = []
+        self._delay_restore: list[float] = []
+        self._delay_save: list[float] = []
+        self.management_delay = 0.0          # persistent delay for save/restore/erase
+        self.management_fault = None         # None | int status | "drop" (save/restore/erase)
+        self.restore_n_delta = 0             # added to the reported n_restored
+        self._fail_inference: list[tuple[int, dict]] = []
+        self.stream_error_after: int | None = None  # send a data: {"error"} after N events
+        self.stream_kill_after: int | None = None   # drop the connection after N events
+
+    # ------------------------------------------------------------------ lifecycle
+    def _reset_slot(self):
+        self.slot_tokens: list[str] = []
+        self._slot_lock = threading.Lock()
+        self._active: dict[int, socket.socket] = {}  # request id -> client socket
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d" % (self.host, self.port)
+
+    def start(self):
+        self._stopping.clear()
+        with self._lock:
+            self._reset_slot()
+            self.epoch += 1
+            self.media_marker = "<__media_%016x__>" % random.getrandbits(64)
+        httpd = ThreadingHTTPServer((self.host, self.port), _Handler, bind_and_activate=False)
+        httpd.allow_reuse_address = True
+        httpd.daemon_threads = True
+        httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        httpd.server_bind()
+        httpd.server_activate()
+        httpd.fake = self  # type: ignore[attr-defined]
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-llama-%d" % self.port, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Stops listening and drops every open connection (like a killed process)."""
+        self._stopping.set()
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        with self._lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                s.close()
+            except OSError:
+                pass
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def restart(self):
+        """A new process on the same port: empty slot, new media_marker. Files stay."""
+        self.stop()
+        deadline = now() + 5
+        while True:
+            try:
+                return self.start()
+            except OSError:
+                if now() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------------ fault controls
+    def fail_next_save(self, status: int = 500, message: str = "Unable to save slot"):
+        with self._lock:
+            self._fail_save.append((status, message))
+
+    def fail_next_restore(self, status: int = 400,
+                          message: str = "Unable to restore slot: No available space in KV cache or invalid slot save file"):
+        with self._lock:
+            self._fail_restore.append((status, message))
+
+    def delay_next_restore(self, ms: float):
+        with self._lock:
+            self._delay_restore.append(ms / 1000.0)
+
+    def delay_next_save(self, ms: float):
+        with self._lock:
+            self._delay_save.append(ms / 1000.0)
+
+    def fail_next_inference(self, status: int = 500, body: dict | None = None):
+        with self._lock:
+            self._fail_inference.append(
+                (status, body or err_body(status, "fake inference failure", "server_error")))
+
+    # ------------------------------------------------------------------ queries
+    def snapshot_path(self, filename: str) -> str:
+        assert self.slot_save_path
+        return os.path.join(self.slot_save_path, filename)
+
+    def management_calls(self, include_all: bool = False) -> list[dict]:
+        """save/restore/erase calls in order (probe and other actions only with include_all)."""
+        with self._lock:
+            return [dict(m) for m in self.management
+                    if include_all or m["action"] in ("save", "restore", "erase")]
+
+    def inference_requests(self) -> list[dict]:
+        with self._lock:
+            return [r for r in self.requests if r["path"] in INFERENCE_PATHS]
+
+    def requests_to(self, path: str) -> list[dict]:
+        with self._lock:
+            return [r for r in self.requests if r["path"] == path]
+
+    def aborted(self) -> list[dict]:
+        with self._lock:
+            return [r for r in self.requests if r.get("aborted")]
+
+    def wait_for(self, predicate, timeout: float = 5.0, interval: float = 0.01):
+        deadline = now() + timeout
+        while True:
+            with self._lock:
+                v = predicate()
+            if v:
+                return v
+            if now() > deadline:
+                return v
+            time.sleep(interval)
+
+    # ------------------------------------------------------------------ internals
+    def _register_conn(self, sock) -> int:
+        with self._lock:
+            self._conn_seq += 1
+            self._conns[self._conn_seq] = sock
+            return self._conn_seq
+
+    def _unregister_conn(self, cid: int):
+        with self._lock:
+            self._conns.pop(cid, None)
+            self.connections_closed.append({"conn": cid, "time": now()})
+
+    def _record(self, rec: dict) -> dict:
+        with self._lock:
+            self._req_seq += 1
+            rec["id"] = self._req_seq
+            self.requests.append(rec)
+        return rec
+
+    def write_snapshot(self, path: str, tokens: list[str]) -> int:
+        blob = "\n".join(tokens).encode("utf-8")
+        kv = bytes((i * 31 + 7) & 0xFF for i in range(len(tokens) * self.kv_bytes_per_token))
+        payload = struct.pack("<I", len(tokens)) + struct.pack("<I", len(blob)) + blob + kv
+        data = MAGIC + struct.pack("<I", FILE_VERSION) + payload + struct.pack("<I", zlib.crc32(payload))
+        with open(path, "wb") as f:  # in place, not atomic: like llama-server
+            f.write(data)
+        return len(data)
+
+    @staticmethod
+    def read_snapshot(path: str) -> tuple[list[str], int]:
+        """Returns (tokens, bytes read); raises ValueError on any inconsistency."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ValueError("cannot open: %s" % e)
+        if len(data) < 16 or data[:4] != MAGIC:
+            raise ValueError("bad magic")
+        (version,) = struct.unpack_from("<I", data, 4)
+        if version != FILE_VERSION:
+            raise ValueError("bad version")
+        payload, crc = data[8:-4], data[-4:]
+        if struct.unpack("<I", crc)[0] != zlib.crc32(payload):
+            raise ValueError("checksum mismatch")
+        n, blen = struct.unpack_from("<II", payload, 0)
+        blob = payload[8:8 + blen]
+        tokens = blob.decode("utf-8").split("\n") if blen else []
+        if len(tokens) != n:
+            raise ValueError("token count mismatch")
+        return tokens, len(data)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llama.cpp"
+    sys_version = ""
+
+    # --- plumbing --------------------------------------------------------------
+    @property
+    def fake(self) -> FakeLlamaServer:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    def setup(self):
+        super().setup()
+        # no Nagle: each write (a JSON answer, an SSE chunk) leaves at once
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn_id = self.fake._register_conn(self.connection)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            self.fake._unregister_conn(self.conn_id)
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def handle_one_request(self):
+        try:
+            super().handle_one_request()
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout, OSError):
+            self.close_connection = True
+
+    def _read_body(self) -> bytes:
+        te = (self.headers.get("Transfer-Encoding") or "").lower()
+        if "chunked" in te:
+            out = bytearray()
+            while True:
+                line = self.rfile.readline(65537)
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline(65537)
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _send_json(self, status: int, obj, extra: dict | None = None):
+        data = json.dumps(obj).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Keep-Alive", "timeout=5, max=100")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        # header and body in one write, as llama-server (cpp-httplib) does for small bodies
+        self._headers_buffer.append(b"\r\n")
+        if self.command != "HEAD":
+            self._headers_buffer.append(data)
+        self.wfile.write(b"".join(self._headers_buffer))
+        self._headers_buffer = []
+        self.rec["status"] = status
+
+    def _dispatch(self):
+        f = self.fake
+        raw_path = self.path
+        parsed = urllib.parse.urlsplit(raw_path)
+        # cpp-httplib decodes %XX in the path before routing
+        path = urllib.parse.unquote(parsed.path)
+        query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
+        try:
+            body = self._read_body()
+        except (ValueError, OSError):
+            self.close_connection = True
+            return
+        body_json = None
+        if body:
+            try:
+                body_json = json.loads(body)
+            except ValueError:
+                body_json = None
+        self.rec = f._record({
+            "time": now(), "method": self.command, "raw_path": raw_path, "path": path,
+            "query": query, "headers": list(self.headers.items()),
+            "headers_lower": {k.lower(): v for k, v in self.headers.items()},
+            "body": body, "json": body_json, "conn": self.conn_id, "epoch": f.epoch,
+            "status": None, "events": [], "aborted": False,
+        })
+        try:
+            self._route(path, query, body_json, body)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = lambda self: self._dispatch()  # noqa: E731
+
+    # --- routing ---------------------------------------------------------------
+    def _route(self, path, query, body_json, body):
+        f = self.fake
+        m = self.command
+        if m == "GET" and path in ("/health", "/v1/health"):
+            return self._send_json(200, {"status": "ok"})
+        if m == "GET" and path == "/props":
+            return self._send_json(200, self._props())
+        if m == "GET" and path in ("/v1/models", "/models"):
+            return self._send_json(200, self._models())
+        if m == "GET" and path == "/slots":
+            with f._lock:
+                n = len(f.slot_tokens)
+            slots = [{"id": i, "n_ctx": f.n_ctx, "speculative": False, "is_processing": False}
+                     for i in range(f.total_slots)]
+            if n:
+                slots[0]["n_prompt_tokens"] = n
+            return self._send_json(200, slots)
+        if m == "POST" and path.startswith("/slots/"):
+            return self._slot_action(path[len("/slots/"):], query, body_json, body)
+        if m == "POST" and path == "/tokenize":
+            content = (body_json or {}).get("content", "")
+            toks = tokenize(content if isinstance(content, str) else "")
+            return self._send_json(200, {"tokens": [zlib.crc32(t.encode()) % 32000 for t in toks]})
+        if m == "POST" and path in INFERENCE_PATHS:
+            return self._inference(path, body_json)
+        return self._send_json(404, {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})
+
+    def _props(self):
+        f = self.fake
+        return {
+            "default_generation_settings": {"params": {"n_predict": -1, "temperature": 0.8}, "n_ctx": f.n_ctx},
+            "total_slots": f.total_slots,
+            "model_alias": os.path.basename(f.model_path),
+            "model_ftype": "Q8_0",
+            "model_path": f.model_path,
+            "modalities": {"vision": False, "audio": False},
+            "media_marker": f.media_marker,
+            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": False,
+            "chat_template": "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>",
+            "bos_token": "<s>", "eos_token": "</s>",
+            "build_info": f.build_info,
+            "is_sleeping": False,
+        }
+
+    def _models(self):
+        f = self.fake
+        name = os.path.basename(f.model_path)
+        return {
+            "models": [{"name": name, "model": name}],
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp",
+                      "meta": {"n_ctx": f.n_ctx, "n_vocab": 32000}}],
+        }
+
+    # --- slot actions ----------------------------------------------------------
+    def _slot_action(self, id_text, query, body_json, body):
+        f = self.fake
+        action = query.get("action", "")
+        mrec = {"time": now(), "action": action or "(none)", "slot_text": id_text, "filename": None,
+                "status": None, "response": None, "epoch": f.epoch, "request_id": self.rec["id"]}
+        with f._lock:
+            f.management.append(mrec)
+            if action in ("save", "restore", "erase"):
+                for rid, s in f._active.items():
+                    if not peer_closed(s):
+                        f.violations.append("%s arrived while inference request %d was running" % (action, rid))
+
+        def reply(status, obj):
+            mrec["status"] = status
+            mrec["response"] = obj
+            mrec["done"] = now()
+            self._send_json(status, obj)
+
+        if f.slot_actions_disabled:
+            return reply(501, err_body(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                                       "not_supported_error"))
+        try:
+            id_slot = int(id_text.strip().split("/")[0] or "x")
+        except ValueError:
+            return reply(400, err_body(400, "Invalid slot ID", "invalid_request_error"))
+        mrec["slot"] = id_slot
+        if action not in ("save", "restore", "erase"):
+            return reply(400, err_body(400, "Invalid action", "invalid_request_error"))
+
+        filename = None
+        if action in ("save", "restore"):
+            if not isinstance(body_json, dict) or not isinstance(body_json.get("filename"), str):
+                return reply(500, err_body(500, "[json.exception.type_error.302] type must be string", "server_error"))
+            filename = body_json["filename"]
+            mrec["filename"] = filename
+            if not validate_filename(filename):
+                return reply(400, err_body(400, "Invalid filename", "invalid_request_error"))
+        if id_slot < 0:
+            return reply(400, err_body(400, "Invalid slot ID", "invalid_request_error"))
+
+        fault = f.management_fault
+        if fault == "drop":
+            mrec["status"] = "dropped"
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if isinstance(fault, int):
+            return reply(fault, err_body(fault, "fake management fault", "server_error"))
+
+        # slot actions run on the main loop: they wait while the slot is busy (deferred)
+        if not f._slot_lock.acquire(timeout=30):
+            return reply(503, err_body(503, "fake: slot busy for 30 s", "unavailable_error"))
+        try:
+            with f._lock:
+                extra = f.management_delay
+                if action == "save" and f._delay_save:
+                    extra += f._delay_save.pop(0)
+                if action == "restore" and f._delay_restore:
+                    extra += f._delay_restore.pop(0)
+            if extra:
+                time.sleep(extra)
+            t0 = now()
+            if action == "erase":
+                with f._lock:
+                    n = len(f.slot_tokens)
+                    f.slot_tokens = []
+                return reply(200, {"id_slot": id_slot, "n_erased": n})
+            path = os.path.join(f.slot_save_path, filename)
+            if action == "save":
+                with f._lock:
+                    failure = f._fail_save.pop(0) if f._fail_save else None
+                    tokens = list(f.slot_tokens)
+                if failure:
+                    return reply(failure[0], err_body(failure[0], failure[1],
+                                                      "server_error" if failure[0] >= 500 else "invalid_request_error"))
+                n_written = f.write_snapshot(path, tokens)
+                mrec["n"] = len(tokens)
+                return reply(200, {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
+                                   "n_written": n_written, "timings": {"save_ms": (now() - t0) * 1000.0}})
+            # restore
+            with f._lock:
+                failure = f._fail_restore.pop(0) if f._fail_restore else None
+            if failure:
+                with f._lock:
+                    f.slot_tokens = []  # a failed restore clears the slot
+                return reply(failure[0], err_body(failure[0], failure[1],
+                                                  "server_error" if failure[0] >= 500 else "invalid_request_error"))
+            try:
+                tokens, n_read = f.read_snapshot(path)
+                if len(tokens) > f.n_ctx:
+                    raise ValueError("Restored prompt does not fit in the slot context")
+            except ValueError:
+                with f._lock:
+                    f.slot_tokens = []
+                return reply(400, err_body(400, "Unable to restore slot: No available space in KV cache or invalid slot save file",
+                                           "invalid_request_error"))
+            with f._lock:
+                f.slot_tokens = tokens
+                delta = f.restore_n_delta
+            mrec["n"] = len(tokens)
+            return reply(200, {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens) + delta,
+                               "n_read": n_read, "timings": {"restore_ms": (now() - t0) * 1000.0}})
+        finally:
+            f._slot_lock.release()
+
+    # --- inference ---------------------------------------------------------------
+    def _prompt_tokens(self, path, j) -> list[str]:
+        if path in ("/v1/chat/completions", "/chat/completions", "/v1/messages"):
+            msgs = list(j.get("messages") or [])
+            if path == "/v1/messages" and j.get("system"):
+                msgs.insert(0, {"role": "system", "content": j.get("system")})
+            return chat_tokens(msgs)
+        if path == "/v1/responses":
+            inp = j.get("input")
+            if isinstance(inp, list):
+                return chat_tokens(inp)
+            return chat_tokens([{"role": "user", "content": inp}])
+        for key in ("prompt", "input", "content", "query", "input_prefix"):
+            v = j.get(key)
+            if isinstance(v, str):
+                return tokenize(v)
+            if isinstance(v, list):
+                return tokenize(" ".join(x for x in v if isinstance(x, str)))
+        return []
+
+    def _check_abort(self):
+        if self.fake._stopping.is_set() or peer_closed(self.connection):
+            raise _Aborted()
+
+    def _sleep_watching(self, seconds: float):
+        end = now() + seconds
+        while True:
+            self._check_abort()
+            left = end - now()
+            if left <= 0:
+                return
+            time.sleep(min(POLL_S, left))
+
+    def _write_chunk(self, data: bytes):
+        self.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+
+    def _inference(self, path, j):
+        f = self.fake
+        if not isinstance(j, dict):
+            return self._send_json(400, err_body(400, "invalid JSON body", "invalid_request_error"))
+        with f._lock:
+            failure = f._fail_inference.pop(0) if f._fail_inference else None
+        if failure:
+            return self._send_json(failure[0], failure[1])
+        prompt = self._prompt_tokens(path, j)
+        if len(prompt) > f.n_ctx:
+            return self._send_json(400, {"error": {"code": 400, "message": "the request exceeds the available context size",
+                                                   "type": "exceed_context_size_error", "n_prompt_tokens": len(prompt),
+                                                   "n_ctx": f.n_ctx}})
+        stream = bool(j.get("stream"))
+        n_predict = j.get("max_tokens", j.get("n_predict", f.n_predict))
+        if not isinstance(n_predict, int) or n_predict < 0:
+            n_predict = f.n_predict
+        is_embed = "embed" in path or "rerank" in path
+        rid = self.rec["id"]
+
+        # wait for the slot (a request for a busy slot is deferred, without headers)
+        slot_lock = f._slot_lock
+        while not slot_lock.acquire(timeout=POLL_S):
+            if peer_closed(self.connection) or f._stopping.is_set():
+                self._mark_abort("queued", 0)
+                return
+        released = []
+
+        def finish():
+            # The slot is released when the task ends, before the last bytes go out (as in
+            # llama-server), so a proxy that reacts to the end of the response never races it.
+            if not released:
+                released.append(True)
+                with f._lock:
+                    f._active.pop(rid, None)
+                slot_lock.release()
+
+        self._finish_inference = finish
+        try:
+            with f._lock:
+                f._active[rid] = self.connection
+                before = list(f.slot_tokens)
+            cache_n = common_prefix(before, prompt)
+            if cache_n >= len(prompt) and prompt:
+                cache_n = len(prompt) - 1  # llama-server re-evaluates at least one token
+            prompt_n = len(prompt) - cache_n
+            self.rec.update({"prompt_tokens": len(prompt), "cache_n": cache_n, "prompt_n": prompt_n,
+                             "slot_before": len(before)})
+            with f._lock:
+                f.slot_tokens = prompt[:cache_n]  # the rest is being processed
+            t_start = now()
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("X-Accel-Buffering", "no")
+                self.send_header("Keep-Alive", "timeout=5, max=100")
+                self.end_headers()
+                self.rec["status"] = 200
+            phase = "prefill"
+            try:
+                if f.prefill_delay:
+                    self._sleep_watching(f.prefill_delay)
+                with f._lock:
+                    f.slot_tokens = list(prompt)  # prompt processed (even if cancelled later)
+                t_prompt = now()
+                phase = "generate"
+                if is_embed:
+                    return self._embedding_response(path, j, prompt)
+                gen = ["tok%d" % (len(prompt) + i) for i in range(n_predict)]
+                if stream:
+                    self._stream(path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt)
+                else:
+                    with f._lock:
+                        f.slot_tokens = list(prompt) + gen
+                        self.rec["completed"] = now()
+                    self._final_json(path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt)
+            except _Aborted:
+                self._mark_abort(phase, len(self.rec["events"]))
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                self._mark_abort(phase, len(self.rec["events"]))
+        finally:
+            finish()
+
+    def _mark_abort(self, phase, events):
+        with self.fake._lock:
+            self.rec["aborted"] = True
+            self.rec["abort_phase"] = phase
+            self.rec["abort_time"] = now()
+            self.rec["abort_after_events"] = events
+        self.close_connection = True
+
+    def _timings(self, cache_n, prompt_n, n_gen, t_start, t_prompt):
+        prompt_ms = (t_prompt - t_start) * 1000.0
+        pred_ms = max((now() - t_prompt) * 1000.0, 0.001)
+        return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / max(prompt_n, 1),
+                "prompt_per_second": 1000.0 * prompt_n / max(prompt_ms, 0.001),
+                "predicted_n": n_gen, "predicted_ms": pred_ms,
+                "predicted_per_token_ms": pred_ms / max(n_gen, 1),
+                "predicted_per_second": 1000.0 * n_gen / pred_ms}
+
+    def _final_json(self, path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt):
+        f = self.fake
+        text = " ".join(gen)
+        timings = self._timings(cache_n, prompt_n, len(gen), t_start, t_prompt)
+        usage = {"completion_tokens": len(gen), "prompt_tokens": len(prompt),
+                 "total_tokens": len(prompt) + len(gen), "prompt_tokens_details": {"cached_tokens": cache_n}}
+        created = int(time.time())
+        if path in ("/v1/chat/completions", "/chat/completions"):
+            obj = {"choices": [{"finish_reason": "length", "index": 0,
+                                "message": {"role": "assistant", "content": text}}],
+                   "created": created, "model": j.get("model") or "fake", "system_fingerprint": f.build_info,
+                   "object": "chat.completion", "usage": usage, "id": "chatcmpl-%d" % self.rec["id"],
+                   "timings": timings}
+        elif path in ("/v1/completions", "/completions"):
+            obj = {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": "length"}],
+                   "created": created, "model": j.get("model") or "fake", "system_fingerprint": f.build_info,
+                   "object": "text_completion", "usage": usage, "id": "cmpl-%d" % self.rec["id"],
+                   "timings": timings}
+        elif path == "/v1/messages":
+            obj = {"id": "msg_%d" % self.rec["id"], "type": "message", "role": "assistant",
+                   "content": [{"type": "text", "text": text}], "model": j.get("model") or "fake",
+                   "stop_reason": "max_tokens", "stop_sequence": None,
+                   "usage": {"input_tokens": prompt_n, "output_tokens": len(gen), "cache_read_input_tokens": cache_n}}
+        elif path == "/v1/responses":
+            obj = {"id": "resp_%d" % self.rec["id"], "object": "response", "status": "completed",
+                   "output": [{"type": "message", "role": "assistant",
+                               "content": [{"type": "output_text", "text": text}]}],
+                   "usage": {"input_tokens": len(prompt), "output_tokens": len(gen),
+                             "input_tokens_details": {"cached_tokens": cache_n}}}
+        else:  # native /completion, /infill
+            obj = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+                   "model": "fake", "tokens_predicted": len(gen), "tokens_evaluated": len(prompt),
+                   "generation_settings": {}, "prompt": " ".join(prompt), "has_new_line": False,
+                   "truncated": False, "stop_type": "limit", "stopping_word": "",
+                   "tokens_cached": len(prompt) + len(gen), "timings": timings}
+        self._finish_inference()
+        self._send_json(200, obj)
+
+    def _embedding_response(self, path, j, prompt):
+        vec = [((zlib.crc32(" ".join(prompt).encode()) >> (i % 24)) & 0xFF) / 255.0 for i in range(8)]
+        if path.startswith("/v1/"):
+            obj = {"model": "fake", "object": "list", "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt)},
+                   "data": [{"embedding": vec, "index": 0, "object": "embedding"}]}
+        else:
+            obj = [{"index": 0, "embedding": [vec]}]
+        self._finish_inference()
+        self._send_json(200, obj)
+
+    def _stream(self, path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt):
+        f = self.fake
+        chat = path in ("/v1/chat/completions", "/chat/completions")
+        oai = chat or path in ("/v1/completions", "/completions")
+        created = int(time.time())
+        cid = "chatcmpl-%d" % self.rec["id"]
+        events: list[bytes] = []
+
+        def chunk_obj(delta_text, finish=None, timings=None):
+            if chat:
+                o = {"choices": [{"finish_reason": finish, "index": 0,
+                                  "delta": ({"content": delta_text} if delta_text is not None else {})}],
+                     "created": created, "id": cid, "model": j.get("model") or "fake",
+                     "system_fingerprint": f.build_info, "object": "chat.completion.chunk"}
+            elif oai:
+                o = {"choices": [{"text": delta_text or "", "index": 0, "logprobs": None, "finish_reason": finish}],
+                     "created": created, "id": cid, "model": j.get("model") or "fake",
+                     "system_fingerprint": f.build_info, "object": "text_completion"}
+            else:
+                o = {"index": 0, "content": delta_text or "", "tokens": [], "stop": finish is not None,
+                     "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": len(prompt)}
+                if finish is not None:
+                    o.update({"id_slot": 0, "tokens_cached": len(prompt) + len(gen), "stop_type": "limit",
+                              "tokens_predicted": len(gen)})
+            if timings is not None:
+                o["timings"] = timings
+            return o
+
+        for i, word in enumerate(gen):
+            events.append(b"data: " + json.dumps(chunk_obj((" " if i else "") + word)).encode() + b"\n\n")
+        final = chunk_obj(None if chat else "", finish="length")
+        events.append(None)  # placeholder: the final chunk carries timings computed at the end
+        done = [b"data: [DONE]\n\n"] if oai else []
+
+        sent_tokens = 0
+        for i in range(len(events)):
+            if i > 0 and f.event_delay:
+                self._sleep_watching(f.event_delay)
+            else:
+                self._check_abort()
+            if f.stream_kill_after is not None and i >= f.stream_kill_after:
+                with f._lock:
+                    self.rec["killed"] = True
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if f.stream_error_after is not None and i >= f.stream_error_after:
+                ev = b"data: " + json.dumps(err_body(500, "fake mid-stream failure", "server_error")).encode() + b"\n\n"
+                self._send_event(ev)
+                self.close_connection = True
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            ev = events[i]
+            if ev is None:
+                with f._lock:
+                    f.slot_tokens = list(prompt) + gen
+                timings = self._timings(cache_n, prompt_n, len(gen), t_start, t_prompt)
+                final["timings"] = timings
+                if oai:
+                    final["usage"] = {"completion_tokens": len(gen), "prompt_tokens": len(prompt),
+                                      "total_tokens": len(prompt) + len(gen),
+                                      "prompt_tokens_details": {"cached_tokens": cache_n}}
+                ev = b"data: " + json.dumps(final).encode() + b"\n\n"
+                if not done:
+                    self._finish_inference()
+            else:
+                sent_tokens += 1
+                with f._lock:
+                    f.slot_tokens = list(prompt) + gen[:sent_tokens]
+            self._send_event(ev)
+        for ev in done:
+            if f.event_delay:
+                self._sleep_watching(f.event_delay)
+            self._finish_inference()
+            self._send_event(ev)
+        self._finish_inference()
+        with f._lock:
+            self.rec["completed"] = now()
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _send_event(self, ev: bytes):
+        t = now()
+        with self.fake._lock:
+            self.rec["events"].append((t, ev))
+        self._write_chunk(ev)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--slot-save-path", default=None)
+    ap.add_argument("--total-slots", type=int, default=1)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--n-predict", type=int, default=4)
+    ap.add_argument("--event-delay-ms", type=float, default=0.0)
+    ap.add_argument("--prefill-delay-ms", type=float, default=0.0)
+    a = ap.parse_args()
+    if a.slot_save_path:
+        os.makedirs(a.slot_save_path, exist_ok=True)
+    f = FakeLlamaServer(a.slot_save_path, port=a.port, host=a.host, total_slots=a.total_slots, n_ctx=a.n_ctx,
+                        n_predict=a.n_predict, event_delay=a.event_delay_ms / 1000.0,
+                        prefill_delay=a.prefill_delay_ms / 1000.0)
+    f.start()
+    print("fake llama-server listening on %s (slot actions %s)" %
+          (f.url, "disabled" if f.slot_actions_disabled else "enabled"), flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.2):
+        pass
+    f.stop()
+
+
+if __name__ == "__main__":
+    main()

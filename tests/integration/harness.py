@@ -1,0 +1,870 @@
+"""Integration-test harness for kvpersist.
+
+* KvPersist: starts the binary (env KVPERSIST_BIN, default <repo>/build/kvpersist),
+  reads its stderr/stdout in threads into lists, parses the listening port, stops it.
+* http_request(): a small HTTP/1.1 client on raw sockets, so tests control every
+  byte (Expect: 100-continue, dropping the connection mid-stream) and see each SSE
+  event with its client-side arrival time (time.monotonic, the fake's clock too).
+* Upstreams: FakeUpstream (the in-process fake_llama.FakeLlamaServer) and RealUpstream
+  (a real llama-server; management calls parsed from kvpersist's debug log), behind
+  one interface: start/stop/restart/url/management_calls()/take_calls().
+* Conversation: a chat client that keeps history per session, like an agent harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+
+import fake_llama
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+HOST = "127.0.0.1"
+now = fake_llama.now
+
+
+def kvpersist_bin() -> str:
+    return os.environ.get("KVPERSIST_BIN") or os.path.join(REPO_ROOT, "build", "kvpersist")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01):
+    deadline = now() + timeout
+    while True:
+        v = predicate()
+        if v or now() > deadline:
+            return v
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------------- YAML
+def to_yaml(obj, indent: int = 0) -> str:
+    """Enough YAML for kvpersist's config: nested maps, lists, scalars."""
+    pad = "  " * indent
+    out = []
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            out.append("%s%s:\n%s" % (pad, k, to_yaml(v, indent + 1)))
+        elif isinstance(v, list):
+            out.append("%s%s:\n" % (pad, k) + "".join("%s  - %s\n" % (pad, _scalar(x)) for x in v))
+        else:
+            out.append("%s%s: %s\n" % (pad, k, _scalar(v)))
+    return "".join(out)
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(str(v))  # a JSON string is a valid YAML double-quoted scalar
+
+
+# ----------------------------------------------------------------------------- logs
+LOG_RE = re.compile(r"^(\S+)\s+(ERROR|WARN|INFO|DEBUG)\s+(\S+)(.*)$")
+FIELD_RE = re.compile(r'([A-Za-z_][\w.\-]*)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+@dataclass
+class LogLine:
+    raw: str
+    time: float            # monotonic time the harness read it
+    level: str = ""
+    event: str = ""
+    fields: dict = field(default_factory=dict)
+
+
+def parse_log_line(raw: str, t: float = 0.0) -> LogLine:
+    line = LogLine(raw=raw, time=t)
+    s = raw.strip()
+    if s.startswith("{"):
+        try:
+            j = json.loads(s)
+            line.level = str(j.get("level", "")).upper()
+            line.event = str(j.get("event", ""))
+            line.fields = {k: str(v) for k, v in j.items() if k not in ("ts", "level", "event")}
+            return line
+        except ValueError:
+            pass
+    m = LOG_RE.match(s)
+    if not m:
+        return line
+    line.level, line.event = m.group(2), m.group(3)
+    for k, v in FIELD_RE.findall(m.group(4)):
+        if v.startswith('"'):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                v = v[1:-1]
+        line.fields[k] = v
+    return line
+
+
+# ----------------------------------------------------------------------------- kvpersist
+class KvPersist:
+    def __init__(self, upstream_url: str, state_dir: str, config: dict | None = None,
+                 runtime_key: str | None = "test-runtime", log_level: str = "debug",
+                 extra_args: list[str] | None = None, binary: str | None = None,
+                 work_dir: str | None = None):
+        self.binary = binary or kvpersist_bin()
+        self.upstream_url = upstream_url
+        self.state_dir = state_dir
+        self.config = config
+        self.runtime_key = runtime_key
+        self.log_level = log_level
+        self.extra_args = extra_args or []
+        self.work_dir = work_dir or state_dir
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.lines: list[LogLine] = []
+        self.stdout: list[str] = []
+        self._lock = threading.Lock()
+        self._listening = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.returncode: int | None = None
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d" % (HOST, self.port)
+
+    def command(self) -> list[str]:
+        cmd = [self.binary, "serve", "--listen", "%s:0" % HOST, "--upstream", self.upstream_url,
+               "--state-dir", self.state_dir]
+        if self.config:
+            path = os.path.join(self.work_dir, "kvpersist-%s.yaml" % uuid.uuid4().hex[:8])
+            with open(path, "w") as f:
+                f.write(to_yaml(self.config))
+            self.config_path = path
+            cmd += ["--config", path]
+        if self.runtime_key:
+            cmd += ["--runtime-key", self.runtime_key]
+        if self.log_level:
+            cmd += ["--log-level", self.log_level]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 15.0) -> "KvPersist":
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.cmd = self.command()
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, cwd=self.work_dir)
+        for stream, sink in ((self.proc.stderr, None), (self.proc.stdout, self.stdout)):
+            t = threading.Thread(target=self._reader, args=(stream, sink), daemon=True)
+            t.start()
+            self._threads.append(t)
+        deadline = now() + timeout
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None or now() > deadline:
+                time.sleep(0.1)
+                rc = self.proc.poll()
+                if rc is None:
+                    self.proc.kill()
+                    self.proc.wait(5)
+                raise RuntimeError("kvpersist did not report kv.proxy.listening (rc=%s)\ncmd: %s\n%s"
+                                   % (rc, " ".join(self.cmd), self.log_text()))
+        return self
+
+    def _reader(self, stream, sink):
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            t = now()
+            with self._lock:
+                if sink is not None:
+                    sink.append(text)
+                line = parse_log_line(text, t)
+                self.lines.append(line)
+            if "kv.proxy.listening" in text and not self._listening.is_set():
+                m = re.search(r'address="?(?:\[[^\]]*\]|[\d.]+|[\w.\-]+):(\d+)', text)
+                if m:
+                    self.port = int(m.group(1))
+                    self._listening.set()
+        stream.close()
+
+    def send_signal(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 15.0) -> int | None:
+        try:
+            self.returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for t in self._threads:
+            t.join(2)
+        return self.returncode
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Signals, waits; on timeout kills and returns -9 (a test should treat that as a failure)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.wait(timeout)
+        if rc is None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.returncode = -9
+            return -9
+        return rc
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # logs
+    def log_lines(self) -> list[LogLine]:
+        with self._lock:
+            return list(self.lines)
+
+    def log_text(self) -> str:
+        return "\n".join(l.raw for l in self.log_lines())
+
+    def events(self, name: str | None = None, level: str | None = None) -> list[LogLine]:
+        return [l for l in self.log_lines()
+                if (name is None or l.event == name or l.event.startswith(name + "."))
+                and (level is None or l.level == level)]
+
+    def wait_for_log(self, pattern: str, timeout: float = 5.0) -> LogLine | None:
+        rx = re.compile(pattern)
+        return wait_until(lambda: next((l for l in self.log_lines() if rx.search(l.raw)), None), timeout)
+
+    def request(self, method, path, **kw) -> "Response":
+        return http_request(self.port, method, path, **kw)
+
+
+# ----------------------------------------------------------------------------- HTTP client
+@dataclass
+class Event:
+    time: float
+    data: bytes
+
+    @property
+    def json(self):
+        for line in self.data.split(b"\n"):
+            if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
+                return json.loads(line[6:])
+        return None
+
+
+@dataclass
+class Response:
+    status: int = 0
+    reason: str = ""
+    headers: list = field(default_factory=list)
+    body: bytes = b""
+    events: list = field(default_factory=list)   # SSE events (each "...\n\n") with arrival times
+    got_continue: bool = False                    # a "100 Continue" arrived before the body was sent
+    sent_at: float = 0.0
+    headers_at: float = 0.0
+    done_at: float = 0.0
+    complete: bool = False                        # the body ended by its framing (not a dropped connection)
+    aborted_by_client: bool = False
+    error: str = ""
+
+    def header(self, name: str, default=None):
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return default
+
+    @property
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def text(self):
+        return self.body.decode("utf-8", "replace")
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket, deadline: float, abort_at: float | None):
+        self.sock = sock
+        self.buf = bytearray()
+        self.deadline = deadline
+        self.abort_at = abort_at
+        self.last_t = 0.0
+        self.eof = False
+
+    def _fill(self):
+        if self.eof:
+            raise EOFError
+        limit = self.deadline if self.abort_at is None else min(self.deadline, self.abort_at)
+        left = limit - now()
+        if left <= 0:
+            raise _ClientAbort() if self.abort_at is not None and now() >= self.abort_at else socket.timeout("deadline")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            if self.abort_at is not None and now() >= self.abort_at:
+                raise _ClientAbort()
+            raise
+        self.last_t = now()
+        if not data:
+            self.eof = True
+            raise EOFError
+        self.buf += data
+
+    def line(self) -> bytes:
+        while True:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                out = bytes(self.buf[:i + 1])
+                del self.buf[:i + 1]
+                return out
+            self._fill()
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def some(self) -> bytes:
+        if not self.buf:
+            self._fill()
+        out = bytes(self.buf)
+        self.buf.clear()
+        return out
+
+
+class _ClientAbort(Exception):
+    pass
+
+
+def http_request(port: int, method: str, path: str, headers=None, body: bytes | str | dict | None = None,
+                 timeout: float = 15.0, expect_continue: bool = False, continue_wait: float = 1.0,
+                 close_after_events: int | None = None, close_after_s: float | None = None,
+                 host: str = HOST, sock: socket.socket | None = None) -> Response:
+    """One request, on a fresh connection or on `sock` (kept open afterwards: keep-alive).
+    Reads the whole response unless told to drop it: close_after_events=N closes the socket
+    after N SSE events; close_after_s closes it that long after sending (e.g. while the
+    server is still in prefill)."""
+    if isinstance(body, dict) or isinstance(body, list):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    hdrs = list((headers or {}).items()) if isinstance(headers, dict) else list(headers or [])
+    names = {k.lower() for k, _ in hdrs}
+    if "host" not in names:
+        hdrs.insert(0, ("Host", "%s:%d" % (host, port)))
+    if body is not None and "content-length" not in names and "transfer-encoding" not in names:
+        hdrs.append(("Content-Length", str(len(body))))
+    if body is not None and "content-type" not in names:
+        hdrs.append(("Content-Type", "application/json"))
+    if expect_continue:
+        hdrs.append(("Expect", "100-continue"))
+    head = "%s %s HTTP/1.1\r\n" % (method, path) + "".join("%s: %s\r\n" % kv for kv in hdrs) + "\r\n"
+
+    resp = Response()
+    deadline = now() + timeout
+    keep = sock is not None
+    if sock is None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    resp.sent_at = now()
+    abort_at = resp.sent_at + close_after_s if close_after_s is not None else None
+    rd = _Reader(sock, deadline, abort_at)
+    try:
+        sock.sendall(head.encode("latin-1"))
+        body_sent = body is None
+        if expect_continue and body is not None:
+            # like curl: wait up to continue_wait for "100 Continue", then send anyway
+            sock.settimeout(continue_wait)
+            try:
+                rd._fill()
+            except socket.timeout:
+                pass
+            if rd.buf.startswith(b"HTTP/1.1 100") or rd.buf.startswith(b"HTTP/1.0 100"):
+                resp.got_continue = True
+            if not rd.buf or resp.got_continue:
+                sock.sendall(body)
+                body_sent = True
+        if not body_sent:
+            sock.sendall(body)
+        # status line, skipping 1xx
+        while True:
+            status_line = rd.line().decode("latin-1").rstrip("\r\n")
+            parts = status_line.split(" ", 2)
+            status = int(parts[1])
+            resp.reason = parts[2] if len(parts) > 2 else ""
+            hl = []
+            while True:
+                l = rd.line().decode("latin-1").rstrip("\r\n")
+                if not l:
+                    break
+                k, _, v = l.partition(":")
+                hl.append((k.strip(), v.strip()))
+            if 100 <= status < 200 and status != 101:
+                if status == 100:
+                    resp.got_continue = True
+                continue
+            resp.status, resp.headers = status, hl
+            break
+        resp.headers_at = rd.last_t or now()
+        te = (resp.header("transfer-encoding") or "").lower()
+        clen = resp.header("content-length")
+        body_buf = bytearray()
+        pending = bytearray()
+
+        def feed(data: bytes, t: float):
+            body_buf.extend(data)
+            pending.extend(data)
+            while True:
+                i = pending.find(b"\n\n")
+                if i < 0:
+                    break
+                resp.events.append(Event(t, bytes(pending[:i + 2])))
+                del pending[:i + 2]
+                if close_after_events is not None and len(resp.events) >= close_after_events:
+                    raise _ClientAbort()
+
+        if method == "HEAD" or resp.status in (204, 304):
+            resp.complete = True
+        elif "chunked" in te:
+            while True:
+                size_line = rd.line()
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+                if size == 0:
+                    while rd.line() not in (b"\r\n", b"\n"):
+                        pass
+                    resp.complete = True
+                    break
+                data = rd.exact(size)
+                t = rd.last_t
+                rd.exact(2)
+                feed(data, t)
+        elif clen is not None:
+            n = int(clen)
+            while n > 0:
+                if not rd.buf:
+                    rd._fill()
+                data = rd.exact(min(n, len(rd.buf)))
+                n -= len(data)
+                feed(data, rd.last_t)
+            resp.complete = True
+        else:
+            try:
+                while True:
+                    feed(rd.some(), rd.last_t)
+            except EOFError:
+                resp.complete = True
+        resp.body = bytes(body_buf)
+    except _ClientAbort:
+        resp.aborted_by_client = True
+        resp.body = bytes(locals().get("body_buf") or b"")
+    except (EOFError, ConnectionError, socket.timeout, OSError, ValueError, IndexError) as e:
+        resp.error = "%s: %s" % (type(e).__name__, e)
+        resp.body = bytes(locals().get("body_buf") or b"")
+    finally:
+        resp.done_at = now()
+        if not keep or resp.aborted_by_client or resp.error:
+            try:
+                sock.close()
+            except OSError:
+                pass
+    return resp
+
+
+class KeepAliveClient:
+    """Several requests on one connection, like an SDK's connection pool."""
+
+    def __init__(self, port: int, host: str = HOST):
+        self.port = port
+        self.sock = socket.create_connection((host, port), timeout=15)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def request(self, method, path, **kw) -> Response:
+        return http_request(self.port, method, path, sock=self.sock, **kw)
+
+    def close(self):
+        self.sock.close()
+
+
+class Async:
+    """Runs a callable in a thread; .result(timeout) returns its value or re-raises."""
+
+    def __init__(self, fn, *args, **kw):
+        self._value = None
+        self._exc = None
+        self._done = threading.Event()
+
+        def run():
+            try:
+                self._value = fn(*args, **kw)
+            except BaseException as e:  # noqa: BLE001
+                self._exc = e
+            finally:
+                self._done.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float = 30.0):
+        if not self._done.wait(timeout):
+            raise TimeoutError("async request did not finish in %.1f s" % timeout)
+        if self._exc:
+            raise self._exc
+        return self._value
+
+
+# ----------------------------------------------------------------------------- chat client
+# Sent as max_tokens when set (a real model would otherwise generate up to its context).
+DEFAULT_MAX_TOKENS: int | None = None
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+         "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def words(n: int, seed: str) -> str:
+    h = zlib.crc32(seed.encode()) % 1000
+    return " ".join("%s%d" % (WORDS[(h + i) % len(WORDS)], (h + i) % 97) for i in range(n))
+
+
+class Conversation:
+    """An agent-style conversation: the whole history is resent on every turn."""
+
+    def __init__(self, session: str | None, system_words: int = 60, header: str = "X-Session-Id"):
+        self.session = session
+        self.header = header
+        self.messages = [{"role": "system", "content": "You are agent %s. %s" % (session, words(system_words, str(session)))}]
+        self.turns = 0
+        self.slot_tokens: int | None = None
+
+    def headers(self, extra=None) -> dict:
+        h = {}
+        if self.session is not None:
+            h[self.header] = self.session
+        h.update(extra or {})
+        return h
+
+    def body(self, text: str, stream: bool = False, **extra) -> dict:
+        b = {"model": "fake", "messages": self.messages + [{"role": "user", "content": text}], "stream": stream}
+        if DEFAULT_MAX_TOKENS is not None:
+            b["max_tokens"] = DEFAULT_MAX_TOKENS
+        b.update(extra)
+        return b
+
+    def turn(self, port: int, text: str | None = None, stream: bool = False, headers=None, commit: bool = True,
+             path: str = "/v1/chat/completions", **kw) -> Response:
+        self.turns += 1
+        text = text or "turn %d of %s: %s" % (self.turns, self.session, words(20, "%s/%d" % (self.session, self.turns)))
+        body = self.body(text, stream=stream)
+        r = http_request(port, "POST", path, headers=self.headers(headers), body=body, **kw)
+        r.before_tokens = self.slot_tokens  # what the slot held after this session's last turn
+        if commit and r.status == 200 and r.complete:
+            reply = assistant_text(r, stream)
+            self.messages.append({"role": "user", "content": text})
+            self.messages.append({"role": "assistant", "content": reply})
+            self.slot_tokens = total_tokens(r)
+        return r
+
+
+def assistant_text(r: Response, stream: bool) -> str:
+    if not stream:
+        j = r.json
+        return j["choices"][0]["message"]["content"]
+    out = []
+    for e in r.events:
+        j = e.json
+        if j and j.get("choices"):
+            out.append(j["choices"][0].get("delta", {}).get("content") or "")
+    return "".join(out)
+
+
+def total_tokens(r: Response) -> int | None:
+    try:
+        if r.events:
+            for e in reversed(r.events):
+                j = e.json
+                if j and "usage" in j:
+                    return j["usage"]["total_tokens"]
+            return None
+        return r.json["usage"]["total_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def is_warm(r: Response) -> bool:
+    """The turn reused (at least half of) what its session's previous turn left in the slot,
+    so it did not share only a few template tokens with another session."""
+    c = cached_tokens(r)
+    before = getattr(r, "before_tokens", None)
+    if c is None:
+        return False
+    return c >= max(1, (before or 2) // 2)
+
+
+def cached_tokens(r: Response) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens of a chat response (stream or not)."""
+    if r.events:
+        for e in reversed(r.events):
+            j = e.json
+            if j and "usage" in j:
+                return j["usage"]["prompt_tokens_details"]["cached_tokens"]
+            if j and "timings" in j:
+                return j["timings"]["cache_n"]
+        return None
+    return r.json["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+# ----------------------------------------------------------------------------- manifests
+def manifests(state_dir: str) -> list[dict]:
+    out = []
+    d = os.path.join(state_dir, "sessions")
+    if not os.path.isdir(d):
+        return out
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    j = json.load(f)
+            except (OSError, ValueError):
+                continue
+            j["_file"] = name
+            out.append(j)
+    return out
+
+
+def manifest_for(state_dir: str, session: str) -> dict | None:
+    for m in manifests(state_dir):
+        if m.get("sessionId") == session:
+            return m
+    return None
+
+
+# ----------------------------------------------------------------------------- upstreams
+@dataclass
+class Call:
+    action: str
+    filename: str | None
+    status: object
+    n: int | None = None
+
+    def __repr__(self):
+        return "%s(%s,%s)" % (self.action, (self.filename or "")[:10], self.status)
+
+
+class Upstream:
+    """The interface scenario tests use; subclasses: FakeUpstream, RealUpstream."""
+    kind = "abstract"
+    supports_faults = False
+
+    def __init__(self):
+        self.proxy: KvPersist | None = None
+        self.proxies: list[KvPersist] = []
+        self._taken = 0
+
+    def attach(self, proxy: KvPersist):
+        self.proxy = proxy
+        if proxy not in self.proxies:
+            self.proxies.append(proxy)
+
+    def management_calls(self) -> list[Call]:
+        raise NotImplementedError
+
+    def take_calls(self) -> list[Call]:
+        """Management calls since the previous take_calls()."""
+        calls = self.management_calls()
+        new = calls[self._taken:]
+        self._taken = len(calls)
+        return new
+
+    def settle(self, quiet: float = 0.15, timeout: float = 3.0):
+        """Waits until no new management call has appeared for `quiet` seconds."""
+        deadline = now() + timeout
+        last = len(self.management_calls())
+        last_change = now()
+        while now() < deadline:
+            time.sleep(0.03)
+            n = len(self.management_calls())
+            if n != last:
+                last, last_change = n, now()
+            elif now() - last_change >= quiet:
+                return
+
+
+class FakeUpstream(Upstream):
+    kind = "fake"
+    supports_faults = True
+
+    def __init__(self, workdir: str, slot_actions: bool = True, **kw):
+        super().__init__()
+        self.save_dir = os.path.join(workdir, "slots")
+        os.makedirs(self.save_dir, exist_ok=True)
+        self.fake = fake_llama.FakeLlamaServer(self.save_dir if slot_actions else None, **kw)
+
+    @property
+    def url(self):
+        return self.fake.url
+
+    def start(self):
+        self.fake.start()
+        return self
+
+    def stop(self):
+        self.fake.stop()
+
+    def restart(self):
+        self.fake.restart()
+
+    def management_calls(self) -> list[Call]:
+        return [Call(m["action"], m.get("filename"), m.get("status"), m.get("n"))
+                for m in self.fake.management_calls()]
+
+
+class RealUpstream(Upstream):
+    """A real llama-server (env KVP_LLAMA_SERVER = binary, KVP_MODEL = gguf). Management calls
+    come from kvpersist's debug log: `kv.backend.call action=save slot=0 status=200 ...`."""
+    kind = "real"
+
+    def __init__(self, workdir: str, port: int | None = None, n_ctx: int = 4096, extra_args=None, **_ignored):
+        super().__init__()
+        self.binary = os.environ.get("KVP_LLAMA_SERVER", "llama-server")
+        self.model = os.environ.get("KVP_MODEL", "")
+        self.save_dir = os.path.join(workdir, "slots")
+        os.makedirs(self.save_dir, exist_ok=True)
+        self.port = port or free_port()
+        self.n_ctx = n_ctx
+        self.extra_args = extra_args or []
+        self.proc = None
+        self.log = open(os.path.join(workdir, "llama-server.log"), "ab")
+
+    @property
+    def url(self):
+        return "http://%s:%d" % (HOST, self.port)
+
+    def start(self, timeout: float = 120.0):
+        cmd = [self.binary, "-m", self.model, "--host", HOST, "--port", str(self.port), "-c", str(self.n_ctx),
+               "-np", "1", "--slot-save-path", self.save_dir, "--no-cache-idle-slots", "-t", "2"] + self.extra_args
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        ok = wait_until(lambda: self._healthy(), timeout, 0.2)
+        if not ok:
+            self.stop()
+            raise RuntimeError("llama-server did not become healthy: %s" % " ".join(cmd))
+        return self
+
+    def _healthy(self):
+        try:
+            return http_request(self.port, "GET", "/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def management_calls(self) -> list[Call]:
+        """From every kvpersist started in this test (a restarted proxy appends). The file name
+        comes from the call line itself or from the preceding kv.session.<action>.start line."""
+        out = []
+        for proxy in self.proxies:
+            last_file = {}
+            for l in proxy.log_lines():
+                if l.event.endswith(".start") and ("file" in l.fields or "filename" in l.fields):
+                    for action in ("save", "restore"):
+                        if ".%s." % action in l.event:
+                            last_file[action] = l.fields.get("file") or l.fields.get("filename")
+                if l.event == "kv.backend.call" and l.fields.get("action") in ("save", "restore", "erase"):
+                    action = l.fields["action"]
+                    st = l.fields.get("status")
+                    out.append(Call(action, l.fields.get("filename") or l.fields.get("file") or last_file.get(action),
+                                    int(st) if st and st.isdigit() else st,
+                                    int(l.fields["tokens"]) if l.fields.get("tokens", "").isdigit() else None))
+        return out
+
+
+# ----------------------------------------------------------------------------- a test's world
+class Stack:
+    """One upstream + one kvpersist + temp dirs, torn down by close()."""
+
+    def __init__(self, workdir: str, upstream_kind: str = "fake"):
+        self.workdir = workdir
+        self.kind = upstream_kind
+        self.state_dir = os.path.join(workdir, "state")
+        self.upstream: Upstream | None = None
+        self.proxies: list[KvPersist] = []
+
+    @property
+    def proxy(self) -> KvPersist:
+        return self.proxies[-1]
+
+    @property
+    def fake(self) -> fake_llama.FakeLlamaServer:
+        assert isinstance(self.upstream, FakeUpstream), "this test needs the fake upstream"
+        return self.upstream.fake
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    def start_upstream(self, **kw) -> Upstream:
+        cls = FakeUpstream if self.kind == "fake" else RealUpstream
+        self.upstream = cls(self.workdir, **kw).start()
+        return self.upstream
+
+    def start_proxy(self, config: dict | None = None, upstream_url: str | None = None, **kw) -> KvPersist:
+        binary = kvpersist_bin()
+        if not os.access(binary, os.X_OK):
+            import pytest
+            pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % binary)
+        p = KvPersist(upstream_url or self.upstream.url, self.state_dir, config=config,
+                      work_dir=self.workdir, **kw)
+        self.proxies.append(p)
+        p.start()
+        if self.upstream:
+            self.upstream.attach(p)
+        return p
+
+    def start(self, config: dict | None = None, proxy_kw: dict | None = None, **upstream_kw) -> "Stack":
+        self.start_upstream(**upstream_kw)
+        self.start_proxy(config, **(proxy_kw or {}))
+        return self
+
+    def close(self):
+        for p in self.proxies:
+            if p.alive():
+                p.stop(signal.SIGKILL, timeout=5)
+        if self.upstream:
+            self.upstream.stop()
+
+    def dump(self) -> str:
+        out = []
+        for i, p in enumerate(self.proxies):
+            out.append("---- kvpersist #%d: %s\n%s" % (i, " ".join(getattr(p, "cmd", [])), p.log_text()))
+        if isinstance(self.upstream, FakeUpstream):
+            out.append("---- fake management calls:\n" + "\n".join(
+                "%s %s %s %s" % (m["action"], m.get("filename"), m.get("status"), m.get("response"))
+                for m in self.fake.management_calls(include_all=True)))
+            out.append("---- fake requests:\n" + "\n".join(
+                "%s %s status=%s aborted=%s" % (r["method"], r["raw_path"], r["status"], r["aborted"])
+                for r in self.fake.requests))
+        return "\n".join(out)
