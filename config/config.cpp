@@ -317,11 +317,31 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
   if (cfg.threads < 1 || cfg.threads > 64) {
     return problem("threads", fmt::format("must be between 1 and 64 (got {})", cfg.threads));
   }
+  if (!cfg.admin.listen.empty()) {
+    std::string ahost;
+    std::uint16_t aport = 0;
+    if (!parse_host_port(cfg.admin.listen, ahost, aport)) {
+      return problem("admin.listen",
+                     fmt::format("'{}' is not host:port (\"\" disables the admin API)",
+                                 cfg.admin.listen));
+    }
+    if (!is_loopback_host(ahost) && cfg.admin.token.empty()) {
+      return problem("admin.token",
+                     "an admin listener off loopback requires admin.token (a bearer token)");
+    }
+  }
+  if (cfg.retention.max_age_days < 0) return problem("retention.maxAgeDays", "must be >= 0");
+  if (auto p = check_ms("retention.intervalMs", cfg.retention.interval, false)) return p;
   if (!is_log_level(cfg.log.level)) {
     return problem("log.level",
                    fmt::format("'{}' is not one of: error, warn, info, debug", cfg.log.level));
   }
   return std::nullopt;
+}
+
+bool is_loopback_host(std::string_view host) {
+  if (host == "localhost" || host == "::1") return true;
+  return host.starts_with("127.");
 }
 
 std::optional<std::string> validate(const config& cfg) {

@@ -101,6 +101,25 @@ struct limits_config {
   bool operator==(const limits_config&) const = default;
 };
 
+// The admin API (status, sessions, flush, gc, metrics) on its own listener, so clients'
+// Authorization headers never mix with admin auth.
+struct admin_config {
+  std::string listen = "127.0.0.1:8082";  // "" disables the admin listener
+  std::string token;  // bearer token; required when `listen` is not a loopback address
+  bool operator==(const admin_config&) const = default;
+};
+
+// Disk retention (spec §42-43). Enforced only with snapshots.management shared-filesystem;
+// 0 means no limit. Invalid snapshots go first, then the least recently used; the session
+// that owns the slot is never evicted.
+struct retention_config {
+  std::uint64_t max_total_bytes = 0;
+  std::size_t max_sessions = 0;
+  int max_age_days = 0;
+  milliseconds interval{3'600'000};  // gc timer; 0 = only on demand (POST /kv/gc)
+  bool operator==(const retention_config&) const = default;
+};
+
 struct log_config {
   std::string level = "info";  // error | warn | info | debug
   log_format format = log_format::plain;
@@ -127,6 +146,8 @@ struct config {
   milliseconds epoch_probe_interval{10'000};  // background /props check for restarts; 0 = off
   int threads = 1;  // io_context threads
   log_config log;
+  admin_config admin;
+  retention_config retention;
 
   bool operator==(const config&) const = default;
 };
@@ -135,6 +156,9 @@ struct config {
 // else $HOME/.local/state/kvpersist. Reads the environment; returns "" when neither variable
 // gives a usable (absolute) directory. Creates nothing.
 std::string resolve_state_dir(const config& cfg);
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_host(std::string_view host);
 
 // As above, with the two environment values passed in ("" = unset). A relative
 // XDG_STATE_HOME is ignored, as the XDG base directory spec requires. Pure; for tests.

@@ -356,6 +356,20 @@ config reader::read_document(const YAML::Node& root) {
     {"shutdownGraceMs", [&](V v, P p) { c.shutdown_grace = read_ms(v, p); }},
     {"epochProbeIntervalMs", [&](V v, P p) { c.epoch_probe_interval = read_ms(v, p); }},
     {"threads", [&](V v, P p) { c.threads = read_int(v, p); }},
+    {"admin", [&](V v, P p) {
+      read_section(v, p, {
+        {"listen", [&](V v2, P p2) { c.admin.listen = read_string(v2, p2); }},
+        {"token", [&](V v2, P p2) { c.admin.token = read_string(v2, p2); }},
+      });
+    }},
+    {"retention", [&](V v, P p) {
+      read_section(v, p, {
+        {"maxTotalBytes", [&](V v2, P p2) { c.retention.max_total_bytes = read_size(v2, p2); }},
+        {"maxSessions", [&](V v2, P p2) { c.retention.max_sessions = read_size(v2, p2); }},
+        {"maxAgeDays", [&](V v2, P p2) { c.retention.max_age_days = read_int(v2, p2); }},
+        {"intervalMs", [&](V v2, P p2) { c.retention.interval = read_ms(v2, p2); }},
+      });
+    }},
     {"log", [&](V v, P p) {
       read_section(v, p, {
         {"level", [&](V v2, P p2) { c.log.level = read_log_level(v2, p2); }},

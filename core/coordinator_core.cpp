@@ -222,6 +222,7 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
   m.invalid_reason.clear();
   m.updated_at = std::string(wall_now);
   m.save_ms = r->save_ms;
+  m.compatibility = compatibility_;
   if (owned && state_ == slot_state::saving) state_ = slot_state::dirty;  // clean once stored
   d.ok = true;
   d.write = std::move(m);
@@ -278,7 +279,13 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
   }
   ++stats_.restore_failures;
   const auto& e = r.err();
-  if (e.http_status >= 400 && e.http_status < 500) {
+  if (e.code == errc::snapshot_not_found && e.http_status == 0) {
+    // Checked before calling the server (shared-filesystem mode): the file is gone, the
+    // slot was not touched and still holds someone else's state, so erase it.
+    invalidate(errc::snapshot_not_found, e.message);
+    d.need_erase = true;
+    state_ = slot_state::unknown;
+  } else if (e.http_status >= 400 && e.http_status < 500) {
     // The server rejected the file (missing, truncated, foreign layout) and, as it does on
     // every failed restore, cleared the slot (llama-server.md §1.3). Never retry this file.
     record_backend_success();
@@ -368,6 +375,60 @@ std::optional<save_step> coordinator_core::checkpoint_owner(steady_time now) {
   if (!breaker_.allow(now)) return std::nullopt;
   idle_deadline_.reset();
   return make_save(owner_);
+}
+
+}  // namespace kvp::core
+
+namespace kvp::core {
+
+std::optional<manifest> coordinator_core::invalidate(const std::string& hash, errc reason,
+                                                     std::string_view wall_now) {
+  auto it = sessions_.find(hash);
+  if (it == sessions_.end() || !it->second.snapshot) return std::nullopt;
+  auto& m = *it->second.snapshot;
+  m.state = snapshot_state::invalid;
+  m.invalid_reason = std::string(to_string(reason));
+  m.updated_at = std::string(wall_now);
+  ++stats_.invalidations;
+  return m;
+}
+
+bool coordinator_core::forget(const std::string& hash) {
+  const bool known = sessions_.erase(hash) > 0;
+  if (owner_ == hash) {
+    owner_.clear();
+    state_ = slot_state::unknown;
+    idle_deadline_.reset();
+  }
+  return known;
+}
+
+std::optional<save_step> coordinator_core::checkpoint_session(const std::string& hash,
+                                                              steady_time now) {
+  if (owner_ != hash) return std::nullopt;
+  return checkpoint_owner(now);
+}
+
+std::vector<coordinator_core::session_view> coordinator_core::sessions() const {
+  std::vector<session_view> out;
+  for (const auto& [h, r] : sessions_) {
+    auto v = session(h);
+    if (v) out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+std::optional<coordinator_core::session_view> coordinator_core::session(
+    const std::string& hash) const {
+  auto it = sessions_.find(hash);
+  if (it == sessions_.end()) return std::nullopt;
+  session_view v;
+  v.hash = hash;
+  v.session_id = it->second.session_id;
+  v.resident = owner_ == hash && state_ != slot_state::unknown;
+  v.dirty = it->second.dirty_rev > it->second.saved_rev && v.resident;
+  v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
+  return v;
 }
 
 }  // namespace kvp::core

@@ -145,7 +145,29 @@ class coordinator_core {
   // Flush/shutdown/admin: a save of the owner if it is dirty (nothing if clean: coalesced).
   std::optional<save_step> checkpoint_owner(steady_time now);
 
+  // Admin operations. REQUIRES: slot lease held (they change what later plans decide).
+  // Marks the session's snapshot invalid (reason: an errc name); returns the manifest to
+  // write, or nothing if the session has no snapshot.
+  std::optional<manifest> invalidate(const std::string& hash, errc reason,
+                                     std::string_view wall_now);
+  // Forgets the session (purge): its record and, if it owns the slot, the ownership.
+  // Returns whether anything was known about it.
+  bool forget(const std::string& hash);
+  // A save of `hash` if it owns the slot and is dirty (flush of one session).
+  std::optional<save_step> checkpoint_session(const std::string& hash, steady_time now);
+  // The verdict of the last `doctor --verify` for this runtime; new manifests carry it.
+  void set_compatibility(std::string verdict) { compatibility_ = std::move(verdict); }
+
   // Queries for status and tests.
+  struct session_view {
+    std::string hash;
+    std::string session_id;
+    bool resident = false;
+    bool dirty = false;
+    const manifest* snapshot = nullptr;
+  };
+  std::vector<session_view> sessions() const;
+  std::optional<session_view> session(const std::string& hash) const;
   const std::string& owner() const { return owner_; }
   slot_state state() const { return state_; }
   bool owner_dirty() const;
@@ -187,6 +209,7 @@ class coordinator_core {
   prepare_kind pending_kind_ = prepare_kind::none;
 
   core_stats stats_;
+  std::string compatibility_ = "unknown";
 };
 
 }  // namespace kvp::core

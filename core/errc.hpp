@@ -20,6 +20,7 @@ enum class errc {
   manifest_invalid,       // a manifest file that does not parse
   metadata_io,            // a manifest could not be written
   operation_timeout,      // a management call exceeded failure.managementTimeoutMs
+  operator_invalidated,   // invalidated through the admin API or CLI
   invariant,              // a bug
 };
 
@@ -38,6 +39,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::manifest_invalid: return "KV_MANIFEST_INVALID";
     case errc::metadata_io: return "KV_METADATA_IO";
     case errc::operation_timeout: return "KV_OPERATION_TIMEOUT";
+    case errc::operator_invalidated: return "KV_OPERATOR_INVALIDATED";
     case errc::invariant: return "KV_INVARIANT";
   }
   return "KV_INVARIANT";

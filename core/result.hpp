@@ -22,6 +22,7 @@ struct error {
 template <class T>
 class [[nodiscard]] result {
  public:
+  result() : v_(error{}) {}                         // an unset error (for futures)
   result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   result(error err) : v_(std::move(err)) {}         // NOLINT
   bool ok() const { return v_.index() == 0; }

@@ -1,9 +1,17 @@
 #include "proxy/coordinator.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
+#include <algorithm>
 #include <chrono>
 #include <ctime>
+
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include <fmt/format.h>
 
@@ -49,7 +57,8 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       opts_(std::move(opts)),
       core_(opts_.core),
       idle_timer_(strand_),
-      probe_timer_(strand_) {}
+      probe_timer_(strand_),
+      gc_timer_(strand_) {}
 
 net::awaitable<void> coordinator::start() {
   if (auto r = store_.open(); !r) {
@@ -68,12 +77,15 @@ net::awaitable<void> coordinator::start() {
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
+  if (!opts_.snapshot_dir.empty() && opts_.retention_interval.count() > 0)
+    net::co_spawn(strand_, gc_loop(), log_exception);
 }
 
 void coordinator::stop() {
   stopped_ = true;
   idle_timer_.cancel();
   probe_timer_.cancel();
+  gc_timer_.cancel();
 }
 
 void coordinator::apply_probe(const core::result<core::server_probe>& p) {
@@ -103,6 +115,7 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   const bool was_enabled = core_.persistence_enabled();
   const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
   core_.set_runtime(rt);
+  core_.set_compatibility(store_.read_compatibility(core_.runtime().fingerprint()));
   if (restarted) {
     core_.on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
@@ -217,6 +230,13 @@ net::awaitable<bool> coordinator::run_save(const core::save_step& s) {
   log(log_level::debug, "kv.session.save.start",
       {{"session", sess}, {"slot", std::to_string(s.slot)}, {"file", s.filename}});
   auto r = co_await backend_->save(s.slot, s.filename);
+  if (r && r->n_saved > 0 && !verify_snapshot_file(s.filename, r->n_written))
+    r = core::error{core::errc::save_failed, 0,
+                    "snapshot file size differs from n_written (or fsync failed)"};
+  if (r) {
+    save_ms_.observe(r->save_ms);
+    save_bytes_.observe(static_cast<double>(r->n_written));
+  }
   auto d = core_.on_save(s, r, steady_clock::now(), wall_now());
   if (d.ok) {
     write_manifest(*d.write);
@@ -268,7 +288,19 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     const auto& rs = *plan.restore;
     const auto sess = std::string(core::abbrev(rs.hash));
     log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
-    auto r = co_await backend_->restore(rs.slot, rs.filename);
+    core::result<core::slot_restored> r = core::error{};
+    struct stat st {};
+    if (!opts_.snapshot_dir.empty() &&
+        ::stat((opts_.snapshot_dir + "/" + rs.filename).c_str(), &st) != 0) {
+      // A failed restore clears the slot on the server; don't ask for a file we know is gone.
+      r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
+    } else {
+      r = co_await backend_->restore(rs.slot, rs.filename);
+    }
+    if (r) {
+      restore_ms_.observe(r->restore_ms);
+      restore_bytes_.observe(static_cast<double>(r->n_read));
+    }
     auto d = core_.on_restore(rs, r, steady_clock::now(), wall_now());
     if (d.write) {
       write_manifest(*d.write);
@@ -283,7 +315,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     } else {
       log(log_level::warn, "kv.session.restore.failed",
           {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
-           {"status", std::to_string(r ? 200 : r.err().http_status)}, {"reason", d.err.message},
+           {"status", std::to_string(r ? 200 : r.err().http_status)},
+           {"reason", r ? d.err.message : r.err().message},
            {"effect", "cold prefill"}});
       if (opts_.strict) co_return fail("restoring the session's snapshot failed");
       need_erase = d.need_erase;
@@ -353,25 +386,554 @@ net::awaitable<void> coordinator::idle_loop() {
   idle_loop_running_ = false;
 }
 
-net::awaitable<bool> coordinator::checkpoint() {
+// The lease for kvpersist's own work (flush, shutdown, admin): the same FIFO as requests,
+// without the bound, since these must not be refused.
+net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
   auto t = std::make_shared<lease_ticket>(strand_);
-  // Same FIFO as requests, without the bound: flush and shutdown must not be refused.
   t->id = next_id_++;
   if (!holder_ && queue_.empty()) {
     holder_ = t;
     t->granted = true;
-  } else {
-    queue_.push_back(t);
-    t->wakeup.expires_at(steady_timer::time_point::max());
-    while (!t->granted) {
-      auto [ec] = co_await t->wakeup.async_wait(token);
-      (void)ec;
-    }
+    co_return t;
   }
+  queue_.push_back(t);
+  t->wakeup.expires_at(steady_timer::time_point::max());
+  while (!t->granted) {
+    auto [ec] = co_await t->wakeup.async_wait(token);
+    (void)ec;
+  }
+  co_return t;
+}
+
+net::awaitable<bool> coordinator::checkpoint() {
+  auto t = co_await acquire_internal();
   bool ok = true;
-  if (auto s = core_.checkpoint_owner(steady_clock::now())) ok = co_await run_save(*s);
+  if (auto s = core_.checkpoint_owner(steady_clock::now())) {
+    const bool saved = co_await run_save(*s);
+    ok = saved;
+  }
   release_and_wake();
   co_return ok;
+}
+
+bool coordinator::verify_snapshot_file(const std::string& filename,
+                                       std::uint64_t n_written) const {
+  if (opts_.snapshot_dir.empty()) return true;  // server-owned: the rotation is the safety net
+  const std::string path = opts_.snapshot_dir + "/" + filename;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == n_written;
+  // llama-server does not fsync; make the generation durable before the manifest points at it.
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+void coordinator::record_response(core::prepare_kind kind, response_timings t) {
+  if (t.cache_n < 0) return;
+  if (kind == core::prepare_kind::restored) {
+    reused_tokens_ += static_cast<std::uint64_t>(t.cache_n);
+    if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
+  } else if ((kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback) &&
+             t.prompt_n >= 64 && t.prompt_ms > 0) {
+    const double speed = t.prompt_n / (t.prompt_ms / 1000.0);
+    prompt_tokens_per_s_ =
+        prompt_tokens_per_s_ > 0 ? 0.7 * prompt_tokens_per_s_ + 0.3 * speed : speed;
+  }
+}
+
+std::string coordinator::resolve_hash(const std::string& hash_or_id) const {
+  if (core_.session(hash_or_id)) return hash_or_id;
+  return core_.hash_for(hash_or_id);
+}
+
+namespace {
+
+using json_writer = rapidjson::Writer<rapidjson::StringBuffer>;
+
+void jstr(json_writer& w, std::string_view v) {
+  w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
+}
+
+void write_session(json_writer& w, const core::coordinator_core::session_view& v) {
+  w.StartObject();
+  w.Key("sessionId");
+  jstr(w, v.session_id);
+  w.Key("sessionHash");
+  jstr(w, v.hash);
+  w.Key("resident");
+  w.Bool(v.resident);
+  w.Key("dirty");
+  w.Bool(v.dirty);
+  w.Key("snapshot");
+  if (!v.snapshot) {
+    w.Null();
+  } else {
+    const auto& m = *v.snapshot;
+    w.StartObject();
+    w.Key("state");
+    jstr(w, m.state == core::snapshot_state::ready ? "ready" : "invalid");
+    if (m.state == core::snapshot_state::invalid) {
+      w.Key("invalidReason");
+      jstr(w, m.invalid_reason);
+    }
+    w.Key("file");
+    jstr(w, m.snapshot_file());
+    w.Key("tokens");
+    w.Uint64(m.tokens);
+    w.Key("bytes");
+    w.Uint64(m.bytes);
+    w.Key("compatibility");
+    jstr(w, m.compatibility);
+    w.Key("updatedAt");
+    jstr(w, m.updated_at);
+    w.EndObject();
+  }
+  w.EndObject();
+}
+
+admin_reply json_reply(unsigned status, std::string_view key, std::string_view value) {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+  jstr(w, value);
+  w.EndObject();
+  return admin_reply{status, sb.GetString()};
+}
+
+admin_reply error_reply(unsigned status, std::string_view message) {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key("error");
+  w.StartObject();
+  w.Key("code");
+  w.Uint(status);
+  w.Key("message");
+  jstr(w, message);
+  w.EndObject();
+  w.EndObject();
+  return admin_reply{status, sb.GetString()};
+}
+
+}  // namespace
+
+std::string coordinator::status_json() const {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  const auto& st = core_.stats();
+  std::uint64_t valid = 0, invalid = 0, bytes = 0;
+  for (const auto& m : core_.manifests()) {
+    if (m.state == core::snapshot_state::ready) {
+      ++valid;
+      bytes += m.bytes;
+    } else {
+      ++invalid;
+    }
+  }
+  std::string backend_state = "unavailable";
+  if (core_.persistence_enabled()) {
+    switch (core_.circuit().current()) {
+      case core::breaker::state::closed:
+        backend_state = core_.circuit().consecutive_failures() > 0 ? "degraded" : "healthy";
+        break;
+      case core::breaker::state::open: backend_state = "open"; break;
+      case core::breaker::state::half_open: backend_state = "half_open"; break;
+    }
+  }
+  w.StartObject();
+  w.Key("name");
+  jstr(w, opts_.server_name);
+  w.Key("enabled");
+  w.Bool(core_.persistence_enabled());
+  w.Key("backend");
+  w.StartObject();
+  w.Key("kind");
+  jstr(w, "llama.cpp");
+  w.Key("state");
+  jstr(w, backend_state);
+  w.Key("endpoint");
+  jstr(w, opts_.endpoint);
+  w.Key("model");
+  jstr(w, core_.runtime().model_path);
+  w.Key("build");
+  jstr(w, core_.runtime().build_info);
+  w.EndObject();
+  w.Key("mode");
+  jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
+  w.Key("slots");
+  w.StartArray();
+  w.StartObject();
+  w.Key("id");
+  w.Int(core_.options().slot_id);
+  w.Key("owner");
+  if (core_.owner().empty())
+    w.Null();
+  else
+    jstr(w, core::abbrev(core_.owner()));
+  w.Key("state");
+  jstr(w, core::to_string(core_.state()));
+  w.Key("leased");
+  w.Bool(holder_ != nullptr);
+  w.EndObject();
+  w.EndArray();
+  w.Key("queue");
+  w.StartObject();
+  w.Key("waiting");
+  w.Uint64(queue_.size());
+  w.EndObject();
+  w.Key("snapshots");
+  w.StartObject();
+  w.Key("known");
+  w.Uint64(valid + invalid);
+  w.Key("valid");
+  w.Uint64(valid);
+  w.Key("invalid");
+  w.Uint64(invalid);
+  w.Key("bytes");
+  w.Uint64(bytes);
+  w.EndObject();
+  w.Key("stats");
+  w.StartObject();
+  w.Key("restores");
+  w.Uint64(st.restores);
+  w.Key("restoreHits");
+  w.Uint64(st.restore_hits);
+  w.Key("restoreFailures");
+  w.Uint64(st.restore_failures);
+  w.Key("coldStarts");
+  w.Uint64(st.cold_starts);
+  w.Key("saves");
+  w.Uint64(st.saves);
+  w.Key("saveFailures");
+  w.Uint64(st.save_failures);
+  w.Key("emptySaves");
+  w.Uint64(st.empty_saves);
+  w.Key("switches");
+  w.Uint64(st.switches);
+  w.Key("invalidations");
+  w.Uint64(st.invalidations);
+  w.Key("reusedTokens");
+  w.Uint64(reused_tokens_);
+  w.Key("prefillSecondsSaved");
+  w.Double(prefill_seconds_saved_);
+  w.EndObject();
+  w.EndObject();
+  return sb.GetString();
+}
+
+std::string coordinator::sessions_json() const {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  auto all = core_.sessions();
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    const std::string ua = a.snapshot ? a.snapshot->updated_at : "";
+    const std::string ub = b.snapshot ? b.snapshot->updated_at : "";
+    return ua != ub ? ua > ub : a.hash < b.hash;
+  });
+  w.StartObject();
+  w.Key("server");
+  jstr(w, opts_.server_name);
+  w.Key("sessions");
+  w.StartArray();
+  for (const auto& v : all) write_session(w, v);
+  w.EndArray();
+  w.EndObject();
+  return sb.GetString();
+}
+
+admin_reply coordinator::session_json(const std::string& hash_or_id) const {
+  auto v = core_.session(resolve_hash(hash_or_id));
+  if (!v) return error_reply(404, "unknown session");
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  write_session(w, *v);
+  return admin_reply{200, sb.GetString()};
+}
+
+net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_hash(hash_or_id);
+  admin_reply out;
+  if (!core_.session(hash)) {
+    out = error_reply(404, "unknown session");
+  } else if (core_.owner() != hash) {
+    out = json_reply(200, "result", "not resident: its last snapshot is current");
+  } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
+    const bool ok = co_await run_save(*s);
+    out = ok ? json_reply(200, "result", "saved") : error_reply(502, "save failed");
+  } else {
+    out = json_reply(200, "result", "clean: nothing to save");
+  }
+  release_and_wake();
+  co_return out;
+}
+
+net::awaitable<admin_reply> coordinator::admin_restore(std::string session_id) {
+  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+  auto t = co_await acquire_internal();
+  // An eager restore (spec §51 prefers lazy ones): the same plan a request would get, then
+  // the slot is left to the session without running anything on it.
+  core::request_identity who{session_id, ""};
+  auto plan = core_.prepare(who, steady_clock::now(), wall_now());
+  for (const auto& m : plan.manifest_writes) write_manifest(m);
+  admin_reply out = json_reply(200, "result", "resident");
+  if (plan.fail) {
+    core_.abort_prepare();
+    out = error_reply(503, "persistence unavailable (circuit open)");
+  } else if (!plan.resident) {
+    if (plan.save) co_await run_save(*plan.save);
+    bool need_erase = plan.erase;
+    out = json_reply(200, "result", "cold: no usable snapshot");
+    if (plan.restore) {
+      auto r = co_await backend_->restore(plan.restore->slot, plan.restore->filename);
+      auto d = core_.on_restore(*plan.restore, r, steady_clock::now(), wall_now());
+      if (d.write) write_manifest(*d.write);
+      need_erase = !d.restored && d.need_erase;
+      out = d.restored ? json_reply(200, "result", "restored")
+                       : json_reply(200, "result", "restore failed: cold");
+    }
+    if (need_erase) {
+      auto er = co_await backend_->erase(plan.slot);
+      core_.on_erase(er, steady_clock::now());
+    }
+    core_.start_inference(who);
+    core_.end_inference(false, steady_clock::now());
+  } else {
+    core_.start_inference(who);
+    core_.end_inference(false, steady_clock::now());
+  }
+  release_and_wake();
+  co_return out;
+}
+
+net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id) {
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_hash(hash_or_id);
+  admin_reply out;
+  if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now())) {
+    write_manifest(*m);
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
+    out = json_reply(200, "result", "invalidated");
+  } else {
+    out = error_reply(404, "no snapshot for that session");
+  }
+  release_and_wake();
+  co_return out;
+}
+
+net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_hash(hash_or_id);
+  std::uint64_t freed = 0;
+  const bool known = core_.forget(hash);
+  if (auto r = store_.remove(hash); !r)
+    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
+  if (!opts_.snapshot_dir.empty()) {
+    for (char g : {'a', 'b'}) {
+      const auto path = opts_.snapshot_dir + "/" + core::snapshot_filename(hash, g);
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) == 0) freed += st.st_size;
+    }
+  }
+  release_and_wake();
+  if (!known) co_return error_reply(404, "unknown session");
+  log(log_level::info, "kv.session.purged",
+      {{"session", std::string(core::abbrev(hash))}, {"freed_bytes", std::to_string(freed)}});
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key("result");
+  jstr(w, "purged");
+  w.Key("freedBytes");
+  w.Uint64(freed);
+  w.Key("filesDeleted");
+  w.Bool(!opts_.snapshot_dir.empty());
+  w.EndObject();
+  co_return admin_reply{200, sb.GetString()};
+}
+
+net::awaitable<admin_reply> coordinator::admin_flush() {
+  const bool ok = co_await checkpoint();
+  co_return ok ? json_reply(200, "result", "flushed") : error_reply(502, "save failed");
+}
+
+namespace {
+// Seconds since the epoch of an RFC 3339 UTC time "YYYY-MM-DDTHH:MM:SSZ"; 0 if malformed.
+std::int64_t parse_utc(const std::string& s) {
+  std::tm tm{};
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6)
+    return 0;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<std::int64_t>(timegm(&tm));
+}
+}  // namespace
+
+std::string coordinator::run_gc() {
+  // REQUIRES: lease held (we may forget sessions).
+  struct entry {
+    std::string hash;
+    bool invalid;
+    std::int64_t updated;
+    std::uint64_t bytes;  // both generations on disk
+  };
+  std::vector<entry> all;
+  std::uint64_t total = 0;
+  for (const auto& v : core_.sessions()) {
+    if (!v.snapshot) continue;
+    entry e{v.hash, v.snapshot->state == core::snapshot_state::invalid,
+            parse_utc(v.snapshot->updated_at), 0};
+    for (char g : {'a', 'b'}) {
+      struct stat st {};
+      if (::stat((opts_.snapshot_dir + "/" + core::snapshot_filename(v.hash, g)).c_str(), &st) == 0)
+        e.bytes += st.st_size;
+    }
+    total += e.bytes;
+    all.push_back(std::move(e));
+  }
+  // Spec §43: invalid first, then least recently used.
+  std::sort(all.begin(), all.end(), [](const entry& a, const entry& b) {
+    return a.invalid != b.invalid ? a.invalid : a.updated < b.updated;
+  });
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                               std::chrono::system_clock::now().time_since_epoch()).count();
+  std::size_t count = all.size();
+  std::uint64_t freed = 0, evicted = 0;
+  for (const auto& e : all) {
+    if (e.hash == core_.owner()) continue;  // never the session that owns the slot
+    const bool too_old = opts_.retention_max_age_days > 0 &&
+                         now - e.updated > std::int64_t{opts_.retention_max_age_days} * 86400;
+    const bool too_many = opts_.retention_max_sessions > 0 && count > opts_.retention_max_sessions;
+    const bool too_big = opts_.retention_max_bytes > 0 && total > opts_.retention_max_bytes;
+    if (!too_old && !too_many && !too_big) continue;
+    for (char g : {'a', 'b'})
+      ::unlink((opts_.snapshot_dir + "/" + core::snapshot_filename(e.hash, g)).c_str());
+    (void)store_.remove(e.hash);
+    core_.forget(e.hash);
+    total -= e.bytes;
+    freed += e.bytes;
+    --count;
+    ++evicted;
+    log(log_level::info, "kv.gc.evicted",
+        {{"session", std::string(core::abbrev(e.hash))}, {"bytes", std::to_string(e.bytes)},
+         {"why", too_old ? "age" : too_many ? "sessions" : "bytes"}});
+  }
+  gc_freed_bytes_ += freed;
+  gc_evicted_ += evicted;
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key("evicted");
+  w.Uint64(evicted);
+  w.Key("freedBytes");
+  w.Uint64(freed);
+  w.Key("remainingSessions");
+  w.Uint64(count);
+  w.Key("remainingBytes");
+  w.Uint64(total);
+  w.EndObject();
+  return sb.GetString();
+}
+
+net::awaitable<admin_reply> coordinator::admin_gc() {
+  if (opts_.snapshot_dir.empty())
+    co_return admin_reply{200,
+                          R"({"evicted":0,"freedBytes":0,"note":"server-owned snapshots: )"
+                          R"(kvpersist deletes nothing; two rotating files per session bound growth"})"};
+  auto t = co_await acquire_internal();
+  auto body = run_gc();
+  release_and_wake();
+  co_return admin_reply{200, std::move(body)};
+}
+
+net::awaitable<void> coordinator::gc_loop() {
+  while (!stopped_) {
+    gc_timer_.expires_after(opts_.retention_interval);
+    auto [ec] = co_await gc_timer_.async_wait(token);
+    if (ec || stopped_) co_return;
+    auto t = co_await acquire_internal();
+    run_gc();
+    release_and_wake();
+  }
+}
+
+void coordinator::write_metrics(core::prom_writer& w) const {
+  const auto& st = core_.stats();
+  const std::string lbl = fmt::format("server=\"{}\"", core::escape_label(opts_.server_name));
+  auto counter = [&](const char* name, const char* help, double v) {
+    w.family(name, "counter", help);
+    w.sample(name, lbl, v);
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    w.family(name, "gauge", help);
+    w.sample(name, lbl, v);
+  };
+  counter("kvpersist_restore_total", "Snapshot restores attempted.", st.restores);
+  counter("kvpersist_restore_hit_total", "Restores that loaded a verified snapshot.", st.restore_hits);
+  counter("kvpersist_restore_miss_total", "Session requests with no usable snapshot (cold starts).",
+          st.cold_starts);
+  counter("kvpersist_restore_failure_total", "Restores that failed or did not verify.",
+          st.restore_failures);
+  counter("kvpersist_save_total", "Snapshots saved.", st.saves);
+  counter("kvpersist_save_failure_total", "Saves that failed.", st.save_failures);
+  counter("kvpersist_save_empty_total", "Saves that wrote 0 tokens (previous snapshot kept).",
+          st.empty_saves);
+  counter("kvpersist_restore_bytes_total", "Bytes read by restores.", st.restore_bytes);
+  counter("kvpersist_save_bytes_total", "Bytes written by saves.", st.save_bytes);
+  counter("kvpersist_cold_prefill_total", "Session requests that ran without cached state.",
+          st.cold_starts);
+  counter("kvpersist_slot_switch_total", "Times the slot changed hands.", st.switches);
+  counter("kvpersist_snapshot_invalidated_total", "Snapshots marked invalid.", st.invalidations);
+  counter("kvpersist_reused_prompt_tokens_total",
+          "Prompt tokens llama-server reused (timings.cache_n) on requests right after a restore.",
+          static_cast<double>(reused_tokens_));
+  counter("kvpersist_prefill_seconds_saved_total",
+          "Estimated prefill time saved by restores, from the server's measured prompt speed.",
+          prefill_seconds_saved_);
+  counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
+  counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
+  w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
+  w.histo("kvpersist_save_duration_ms", lbl, save_ms_);
+  w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");
+  w.histo("kvpersist_restore_duration_ms", lbl, restore_ms_);
+  w.family("kvpersist_save_bytes", "histogram", "Snapshot size per save.");
+  w.histo("kvpersist_save_bytes", lbl, save_bytes_);
+  w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
+  w.histo("kvpersist_restore_bytes", lbl, restore_bytes_);
+  std::uint64_t valid = 0, bytes = 0;
+  for (const auto& m : core_.manifests())
+    if (m.state == core::snapshot_state::ready) {
+      ++valid;
+      bytes += m.bytes;
+    }
+  gauge("kvpersist_snapshot_count", "Valid snapshots known.", valid);
+  gauge("kvpersist_snapshot_bytes", "Bytes of the valid snapshots' current generations.", bytes);
+  gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
+  gauge("kvpersist_persistence_enabled", "1 when slot persistence is active.",
+        core_.persistence_enabled() ? 1 : 0);
+  w.family("kvpersist_circuit_state", "gauge", "Circuit breaker state (1 for the current one).");
+  for (auto s : {core::breaker::state::closed, core::breaker::state::open,
+                 core::breaker::state::half_open})
+    w.sample("kvpersist_circuit_state",
+             fmt::format("{},state=\"{}\"", lbl, core::to_string(s)),
+             core_.circuit().current() == s ? 1 : 0);
+  w.family("kvpersist_slot_state", "gauge", "Slot state (1 for the current one).");
+  for (auto s : {core::slot_state::unknown, core::slot_state::idle, core::slot_state::saving,
+                 core::slot_state::restoring, core::slot_state::ready, core::slot_state::inference,
+                 core::slot_state::dirty})
+    w.sample("kvpersist_slot_state",
+             fmt::format("{},slot=\"{}\",state=\"{}\"", lbl, core_.options().slot_id,
+                         core::to_string(s)),
+             core_.state() == s ? 1 : 0);
+  w.family("kvpersist_slot_owned", "gauge", "1 when a session owns the slot.");
+  w.sample("kvpersist_slot_owned", fmt::format("{},slot=\"{}\"", lbl, core_.options().slot_id),
+           core_.owner().empty() ? 0 : 1);
 }
 
 }  // namespace kvp::proxy

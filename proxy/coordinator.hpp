@@ -15,6 +15,7 @@
 #include "backends/kv_backend.hpp"
 #include "backends/net.hpp"
 #include "core/coordinator_core.hpp"
+#include "core/metrics.hpp"
 #include "proxy/manifest_store.hpp"
 
 namespace kvp::proxy {
@@ -26,6 +27,27 @@ struct coordinator_options {
   std::chrono::milliseconds queue_timeout{600'000};
   std::chrono::milliseconds epoch_probe_interval{10'000};
   bool single_slot = true;
+  std::string server_name = "default";
+  std::string endpoint;  // for status output
+  // shared-filesystem mode: llama-server's --slot-save-path as kvpersist sees it ("" if not)
+  std::string snapshot_dir;
+  std::uint64_t retention_max_bytes = 0;
+  std::size_t retention_max_sessions = 0;
+  int retention_max_age_days = 0;
+  std::chrono::milliseconds retention_interval{0};
+};
+
+// What a response told about the prompt cache (timings of llama-server's final event).
+struct response_timings {
+  std::int64_t cache_n = -1;
+  std::int64_t prompt_n = -1;
+  double prompt_ms = -1;
+};
+
+// Result of an admin operation: an HTTP status and a JSON body.
+struct admin_reply {
+  unsigned status = 200;
+  std::string body;
 };
 
 // A place in the lease queue. Created by the client session with its own executor; the
@@ -82,6 +104,23 @@ class coordinator {
   // Stops timers (idle checkpoint, background probe). Call on shutdown.
   void stop();
 
+  // After a prepared request completed: what its response said about cache reuse. Feeds
+  // the reuse metrics (tokens reused after restores, prefill seconds saved). Strand-only.
+  void record_response(core::prepare_kind kind, response_timings t);
+
+  // Admin API (spec §47, §50), each on the strand. Session operations take the harness's
+  // session id; `hash_or_id` also accepts a 64-hex session hash.
+  std::string status_json() const;
+  std::string sessions_json() const;
+  admin_reply session_json(const std::string& hash_or_id) const;
+  net::awaitable<admin_reply> admin_save(std::string hash_or_id);
+  net::awaitable<admin_reply> admin_restore(std::string session_id);
+  net::awaitable<admin_reply> admin_invalidate(std::string hash_or_id);
+  net::awaitable<admin_reply> admin_purge(std::string hash_or_id);
+  net::awaitable<admin_reply> admin_flush();
+  net::awaitable<admin_reply> admin_gc();
+  void write_metrics(core::prom_writer& w) const;
+
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
@@ -101,6 +140,11 @@ class coordinator {
   void apply_probe(const core::result<core::server_probe>& p);
   net::awaitable<bool> run_save(const core::save_step& s);
   void write_manifest(const core::manifest& m);
+  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();
+  std::string resolve_hash(const std::string& hash_or_id) const;
+  bool verify_snapshot_file(const std::string& filename, std::uint64_t n_written) const;
+  net::awaitable<void> gc_loop();
+  std::string run_gc();
 
   net::io_context& ioc_;
   net::strand<net::io_context::executor_type> strand_;
@@ -120,6 +164,18 @@ class coordinator {
   std::atomic<bool> upstream_trouble_{false};
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
+  net::steady_timer gc_timer_;
+
+  // Metrics not kept by the core.
+  core::histogram save_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
+  core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
+  core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
+  core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
+  std::uint64_t reused_tokens_ = 0;       // sum of cache_n on requests right after a restore
+  double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
+  double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  std::uint64_t gc_freed_bytes_ = 0;
+  std::uint64_t gc_evicted_ = 0;
 };
 
 }  // namespace kvp::proxy

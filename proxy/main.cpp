@@ -4,6 +4,7 @@
 
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "config/load_yaml.hpp"
 #include "core/log.hpp"
 #include "core/version.hpp"
+#include "proxy/cli.hpp"
 #include "proxy/server.hpp"
 
 #ifdef KVP_HAVE_SYSTEMD
@@ -27,8 +29,18 @@ using namespace kvp;
 constexpr const char* usage = R"(kvpersist - keeps llama-server sessions warm across switches and restarts
 
 Usage:
-  kvpersist serve [--config FILE] [options]
+  kvpersist serve [--config FILE] [options]      run the proxy
+  kvpersist status | list [--json]               what the daemon knows (admin API)
+  kvpersist save | restore | invalidate | purge SESSION
+  kvpersist flush | gc                           checkpoint the dirty slot; apply retention
+  kvpersist doctor [--config FILE] [--upstream URL] [--verify] [--json]
   kvpersist --help | --version
+
+Admin commands take --admin HOST:PORT (default: admin.listen from --config, else
+127.0.0.1:8082) and --token TOKEN (or $KVP_ADMIN_TOKEN, or admin.token).
+doctor checks llama-server and the state directory directly; --verify runs cold prompt,
+save, erase, restore, same prompt on the loaded model and records the verdict
+(supported | experimental | broken) for new manifests.
 
 serve options (override the config file):
   --config FILE        YAML configuration (see config/kvpersist.example.yaml)
@@ -38,14 +50,16 @@ serve options (override the config file):
   --runtime-key KEY    bump when model file, -ctk/-ctv, -fa or LoRA change
   --log-level LEVEL    error | warn | info | debug
   --log-format FORMAT  plain | json
+  --admin-listen H:P   admin API address (default 127.0.0.1:8082; "" disables it)
 
 Clients send the session in X-Session-Id (or another configured header) and point
 their OpenAI base URL at the listen address.
 
 Exit codes:
-  0  clean shutdown (SIGTERM/SIGINT), after checkpointing the dirty slot
-  1  runtime failure (cannot listen)
-  2  usage or configuration error (the message names file:line)
+  0  success; for serve, a clean shutdown (SIGTERM/SIGINT) after checkpointing the dirty slot
+  1  failure: serve cannot listen; an admin operation was refused; doctor found a problem
+  2  usage or configuration error (config errors name file:line:column)
+  3  the admin API (admin commands) or llama-server (doctor) is unreachable
 )";
 
 void stderr_sink(core::log_level, std::string_view line) {
@@ -75,7 +89,7 @@ int serve(const std::vector<std::string>& args) {
     if (a == "--config") {
       if (!value(config_path)) return config_error("--config needs a file");
     } else if (a == "--listen" || a == "--upstream" || a == "--state-dir" || a == "--runtime-key" ||
-               a == "--log-level" || a == "--log-format") {
+               a == "--log-level" || a == "--log-format" || a == "--admin-listen") {
       if (!value(v)) return config_error(fmt::format("{} needs a value", a));
       overrides.push_back({a, v});
     } else if (a == "--help" || a == "-h") {
@@ -96,6 +110,7 @@ int serve(const std::vector<std::string>& args) {
     else if (o.key == "--upstream") cfg.upstream.url = o.value;
     else if (o.key == "--state-dir") cfg.state_dir = o.value;
     else if (o.key == "--runtime-key") cfg.runtime_key = o.value;
+    else if (o.key == "--admin-listen") cfg.admin.listen = o.value;
     else if (o.key == "--log-level") cfg.log.level = o.value;
     else if (o.key == "--log-format") {
       auto f = config::parse_log_format(o.value);
@@ -103,6 +118,8 @@ int serve(const std::vector<std::string>& args) {
       cfg.log.format = *f;
     }
   }
+  if (const char* t = std::getenv("KVP_ADMIN_TOKEN"); t && *t && cfg.admin.token.empty())
+    cfg.admin.token = t;
   if (auto err = config::validate(cfg)) return config_error(*err);
   if (config::resolve_state_dir(cfg).empty())
     return config_error("no state directory: set stateDir, --state-dir or $HOME");
@@ -126,7 +143,7 @@ int serve(const std::vector<std::string>& args) {
           co_return;
         }
         core::log(core::log_level::info, "kv.proxy.listening",
-                  {{"address", r.value()}, {"upstream", c.upstream.url},
+                  {{"address", r.value()}, {"admin", s.admin_address()}, {"upstream", c.upstream.url},
                    {"state_dir", config::resolve_state_dir(c)}, {"version", kvp::version}});
 #ifdef KVP_HAVE_SYSTEMD
         sd_notify(0, "READY=1");
@@ -169,7 +186,11 @@ int main(int argc, char** argv) {
     fmt::print("kvpersist {}\n", kvp::version);
     return 0;
   }
-  if (args[0] == "serve") return serve({args.begin() + 1, args.end()});
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "serve") return serve(rest);
+  if (args[0] == "doctor") return proxy::run_doctor(rest);
+  for (const char* c : {"status", "list", "save", "restore", "invalidate", "purge", "flush", "gc"})
+    if (args[0] == c) return proxy::run_admin_command(args[0], rest);
   fmt::print(stderr, "kvpersist: unknown command '{}' (see --help)\n", args[0]);
   return 2;
 }

@@ -82,10 +82,12 @@ std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& s
   return out;
 }
 
-core::result<core::unit> manifest_store::write(const core::manifest& m) const {
-  const std::string final_path = path_for(m.session_hash);
+namespace {
+
+// temp file, fsync, rename, fsync of the directory (spec §40).
+core::result<core::unit> write_atomic(const std::string& dir, const std::string& final_path,
+                                      const std::string& data) {
   const std::string tmp = final_path + ".tmp";
-  const std::string data = core::to_json(m);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return io_error("open", tmp, errno);
   if (!write_all(fd, data) || ::fsync(fd) != 0) {
@@ -105,12 +107,42 @@ core::result<core::unit> manifest_store::write(const core::manifest& m) const {
     return io_error("rename", final_path, err);
   }
   // The rename is durable only once the directory entry is.
-  int dfd = ::open(sessions_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
   return core::unit{};
+}
+
+}  // namespace
+
+core::result<core::unit> manifest_store::write(const core::manifest& m) const {
+  return write_atomic(sessions_dir_, path_for(m.session_hash), core::to_json(m));
+}
+
+core::result<core::unit> manifest_store::write_compatibility(const std::string& fingerprint,
+                                                             const std::string& verdict,
+                                                             const std::string& checked_at) const {
+  std::error_code ec;
+  fs::create_directories(state_dir_, ec);
+  return write_atomic(state_dir_, state_dir_ + "/compatibility.json",
+                      fmt::format("{{\"runtimeFingerprint\":\"{}\",\"verdict\":\"{}\","
+                                  "\"checkedAt\":\"{}\"}}\n",
+                                  fingerprint, verdict, checked_at));
+}
+
+std::string manifest_store::read_compatibility(const std::string& fingerprint) const {
+  std::ifstream in(state_dir_ + "/compatibility.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  // Written by write_compatibility above; a tiny fixed shape, so a search is enough.
+  if (text.find("\"runtimeFingerprint\":\"" + fingerprint + "\"") == std::string::npos)
+    return "unknown";
+  for (const char* v : {"supported", "experimental", "broken"})
+    if (text.find(std::string("\"verdict\":\"") + v + "\"") != std::string::npos) return v;
+  return "unknown";
 }
 
 core::result<core::unit> manifest_store::remove(const std::string& hash) const {

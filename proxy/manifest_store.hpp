@@ -25,6 +25,13 @@ class manifest_store {
   // Removes the session's manifest (purge). Missing is not an error.
   core::result<core::unit> remove(const std::string& hash) const;
 
+  // `doctor --verify`'s verdict for a runtime fingerprint (<state_dir>/compatibility.json).
+  core::result<core::unit> write_compatibility(const std::string& fingerprint,
+                                               const std::string& verdict,
+                                               const std::string& checked_at) const;
+  // The verdict recorded for `fingerprint`, or "unknown".
+  std::string read_compatibility(const std::string& fingerprint) const;
+
   std::string path_for(const std::string& hash) const;
   const std::string& dir() const { return sessions_dir_; }
 

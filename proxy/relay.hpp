@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <optional>
+#include <string>
+#include <vector>
 #include <type_traits>
 
 #include <boost/beast/core/stream_traits.hpp>
@@ -59,11 +61,14 @@ void expire(S& s, std::chrono::milliseconds d) {
 // Reads the response header from `upstream` (the request was already written), rewrites it
 // for a client speaking HTTP/1.`client_version` with `client_keep_alive`, and streams the
 // body. `head_request`: the response has no body whatever its headers say.
-// Returns with `st` filled in; never throws for I/O errors.
+// Returns with `st` filled in; never throws for I/O errors. With `tail`, the last few KiB of
+// the body are kept there (llama-server puts `timings` in its final event), for the reuse
+// metrics of non-resident requests; resident requests pass nullptr and copy nothing.
 template <class Upstream, class Client>
 net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf, Client& client,
                                     unsigned client_version, bool client_keep_alive,
-                                    bool head_request, relay_options opts, relay_state& st) {
+                                    bool head_request, relay_options opts, relay_state& st,
+                                    std::string* tail = nullptr) {
   static_assert(beast::is_async_read_stream<Upstream>::value, "Upstream must be readable");
   static_assert(beast::is_async_write_stream<Client>::value, "Client must be writable");
   http::response_parser<http::buffer_body> p;
@@ -130,6 +135,10 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = !p.is_done();
     st.body_bytes += got;
+    if (tail && got) {
+      tail->append(buf.data(), got);
+      if (tail->size() > 16 * 1024) tail->erase(0, tail->size() - 8 * 1024);
+    }
     detail::expire(client, opts.client_write);
     auto [wec, wn] = co_await http::async_write(client, sr, token);
     if (wec == http::error::need_buffer) wec = {};

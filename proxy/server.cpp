@@ -6,6 +6,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/string.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 
@@ -75,6 +76,32 @@ class lease_guard {
 
 }  // namespace
 
+response_timings parse_timings(std::string_view tail) {
+  // The last occurrence wins: in a stream, the final event carries the request's totals.
+  auto number_after = [&](std::string_view key) -> std::optional<double> {
+    auto pos = tail.rfind(key);
+    if (pos == std::string_view::npos) return std::nullopt;
+    pos += key.size();
+    while (pos < tail.size() && (tail[pos] == ' ' || tail[pos] == ':')) ++pos;
+    std::size_t end = pos;
+    while (end < tail.size() && (std::isdigit(static_cast<unsigned char>(tail[end])) ||
+                                 tail[end] == '.' || tail[end] == '-' || tail[end] == 'e' ||
+                                 tail[end] == 'E' || tail[end] == '+'))
+      ++end;
+    if (end == pos) return std::nullopt;
+    try {
+      return std::stod(std::string(tail.substr(pos, end - pos)));
+    } catch (...) {
+      return std::nullopt;
+    }
+  };
+  response_timings t;
+  if (auto v = number_after("\"cache_n\"")) t.cache_n = static_cast<std::int64_t>(*v);
+  if (auto v = number_after("\"prompt_n\"")) t.prompt_n = static_cast<std::int64_t>(*v);
+  if (auto v = number_after("\"prompt_ms\"")) t.prompt_ms = *v;
+  return t;
+}
+
 server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::move(cfg)) {
   backends::http_endpoint ep;
   config::parse_http_url(cfg_.upstream.url, ep.host, ep.port, ep.base_path);
@@ -98,6 +125,14 @@ server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::
   co.queue_timeout = cfg_.queue.timeout;
   co.epoch_probe_interval = cfg_.epoch_probe_interval;
   co.single_slot = cfg_.mode == config::slot_mode::single_slot;
+  co.server_name = cfg_.instance_key;
+  co.endpoint = cfg_.upstream.url;
+  if (cfg_.snapshots.management == config::snapshot_management::shared_filesystem)
+    co.snapshot_dir = cfg_.snapshots.path;
+  co.retention_max_bytes = cfg_.retention.max_total_bytes;
+  co.retention_max_sessions = cfg_.retention.max_sessions;
+  co.retention_max_age_days = cfg_.retention.max_age_days;
+  co.retention_interval = cfg_.retention.interval;
   coord_ = std::make_unique<coordinator>(
       ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
       manifest_store(config::resolve_state_dir(cfg_)), co);
@@ -124,6 +159,12 @@ net::awaitable<core::result<std::string>> server::start() {
     co_return core::error{core::errc::invariant, 0,
                           fmt::format("cannot listen on {}: {}", cfg_.listen, ec.message())};
   co_await net::co_spawn(coord_->strand(), coord_->start(), net::use_awaitable);
+  if (!cfg_.admin.listen.empty()) {
+    admin_ = std::make_unique<admin_server>(ioc_, *coord_, cfg_.admin.listen, cfg_.admin.token);
+    auto a = admin_->start();
+    if (!a) co_return a.err();
+    admin_address_ = a.value();
+  }
   auto local = acceptor_->local_endpoint();
   net::co_spawn(ioc_, accept_loop(), log_exception);
   const auto a = local.address().is_v6() ? fmt::format("[{}]:{}", local.address().to_string(), local.port())
@@ -169,14 +210,16 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
     auto [ec, n] = co_await http::async_read_header(c->stream, c->buf, p);
     if (ec) {
       if (ec == http::error::header_limit) {
-        co_await send(*c, error_response(http::status::request_header_fields_too_large,
-                                         "request header too large", 11, false));
+        auto res = error_response(http::status::request_header_fields_too_large,
+                                         "request header too large", 11, false);
+        co_await send(*c, std::move(res));
       } else if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
                  ec != net::error::operation_aborted && ec != net::error::connection_reset &&
                  ec != net::error::eof && ec != net::error::bad_descriptor) {
-        co_await send(*c, error_response(http::status::bad_request,
+        auto res = error_response(http::status::bad_request,
                                          fmt::format("malformed request: {}", ec.message()), 11,
-                                         false));
+                                         false);
+        co_await send(*c, std::move(res));
       }
       break;
     }
@@ -198,8 +241,9 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
         c->stream.expires_after(cfg_.limits.client_write_timeout);
         auto [bec, bn] = co_await http::async_read(c->stream, c->buf, p);
         if (bec == http::error::body_limit) {
-          co_await send(*c, error_response(http::status::payload_too_large,
-                                           "request body too large", h.version(), false));
+          auto res = error_response(http::status::payload_too_large,
+                                           "request body too large", h.version(), false);
+          co_await send(*c, std::move(res));
           ok = false;
         } else if (bec) {
           ok = false;
@@ -253,7 +297,8 @@ void server::prepare_upstream_request(http::request<http::string_body>& req) con
 }
 
 net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_body>& req,
-                                     std::optional<upstream_conn> pre, relay_state& st) {
+                                     std::optional<upstream_conn> pre, relay_state& st,
+                                     std::string* tail) {
   const unsigned version = req.version();
   const bool client_keep = req.keep_alive();
   const bool head = req.method() == http::verb::head;
@@ -266,11 +311,12 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
       if (!r) {
         coord_->note_upstream_trouble();
         log(log_level::warn, "kv.upstream.unavailable", {{"reason", r.err().message}});
-        co_return co_await send(c, error_response(r.err().code == core::errc::operation_timeout
+        auto res = error_response(r.err().code == core::errc::operation_timeout
                                                       ? http::status::gateway_timeout
                                                       : http::status::bad_gateway,
                                                   "upstream llama-server is unreachable",
-                                                  version, client_keep));
+                                                  version, client_keep);
+        co_return co_await send(c, std::move(res));
       }
       conn = std::move(r.value());
     }
@@ -280,8 +326,9 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
     st.request_sent = !wec;
     if (!wec) {
       beast::flat_buffer ubuf;
+      if (tail) tail->clear();
       auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head,
-                                        relay_opts_, st) ||
+                                        relay_opts_, st, tail) ||
                          client_gone(c.stream.socket()));
       if (r.index() == 1) {
         // Closing the upstream connection is the only portable cancel: llama-server notices
@@ -311,12 +358,12 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
   if (st.client_failed) co_return false;
   coord_->note_upstream_trouble();
   if (!st.header_sent) {
-    co_return co_await send(
-        c, error_response(st.upstream_timeout ? http::status::gateway_timeout
-                                              : http::status::bad_gateway,
-                          st.upstream_timeout ? "upstream llama-server timed out"
-                                              : "upstream llama-server closed the connection",
-                          version, client_keep));
+    auto res = error_response(st.upstream_timeout ? http::status::gateway_timeout
+                                                  : http::status::bad_gateway,
+                              st.upstream_timeout ? "upstream llama-server timed out"
+                                                  : "upstream llama-server closed the connection",
+                              version, client_keep);
+    co_return co_await send(c, std::move(res));
   }
   log(log_level::warn, "kv.upstream.broken_stream",
       {{"status", std::to_string(st.status)}, {"bytes", std::to_string(st.body_bytes)}});
@@ -327,11 +374,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
   const auto kind = core::classify_target(req.target());
-  if (kind == core::endpoint_kind::slots)
-    co_return co_await send(
-        c, error_response(http::status::forbidden,
-                          "kvpersist manages llama-server's slots; /slots is not forwarded",
-                          version, keep));
+  if (kind == core::endpoint_kind::slots) {
+    auto res = error_response(http::status::forbidden,
+                              "kvpersist manages llama-server's slots; /slots is not forwarded",
+                              version, keep);
+    co_return co_await send(c, std::move(res));
+  }
   const auto who = identity_of(req);
   relay_state st;
   const bool managed = kind == core::endpoint_kind::inference &&
@@ -345,16 +393,18 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   t->wakeup.expires_after(cfg_.queue.timeout);
   const bool queued =
       co_await net::co_spawn(coord_->strand(), coord_->enqueue(t), net::use_awaitable);
-  if (!queued)
-    co_return co_await send(c, busy_response("too many requests are waiting for the slot", 2,
-                                             version));
+  if (!queued) {
+    auto res = busy_response("too many requests are waiting for the slot", 2, version);
+    co_return co_await send(c, std::move(res));
+  }
   auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
   const bool gone = w.index() == 1;
   const bool granted =
       co_await net::co_spawn(coord_->strand(), coord_->settle(t), net::use_awaitable);
   if (!granted) {
     if (gone) co_return false;
-    co_return co_await send(c, busy_response("timed out waiting for the slot", 2, version));
+    auto res = busy_response("timed out waiting for the slot", 2, version);
+    co_return co_await send(c, std::move(res));
   }
   lease_guard guard(*coord_, t);
   if (gone) {
@@ -367,21 +417,38 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     coord_->note_upstream_trouble();
     guard.dismiss();
     co_await net::co_spawn(coord_->strand(), coord_->release(t), net::use_awaitable);
-    co_return co_await send(c, error_response(http::status::bad_gateway,
+    auto res = error_response(http::status::bad_gateway,
                                               "upstream llama-server is unreachable", version,
-                                              keep));
+                                              keep);
+    co_return co_await send(c, std::move(res));
   }
-  auto pr = co_await net::co_spawn(coord_->strand(),
-                                   coord_->prepare(t, who, conn->fresh), net::use_awaitable);
+  auto prepare_op = coord_->prepare(t, who, conn->fresh);
+  auto pr = co_await net::co_spawn(coord_->strand(), std::move(prepare_op), net::use_awaitable);
   if (!pr.ok) {
     guard.dismiss();  // prepare released the lease
     pool_->release(std::move(conn->stream));
-    co_return co_await send(
-        c, error_response(http::status::service_unavailable,
-                          fmt::format("KV persistence failed in strict mode: {}", pr.message),
-                          version, keep));
+    auto res = error_response(http::status::service_unavailable,
+                              fmt::format("KV persistence failed in strict mode: {}", pr.message),
+                              version, keep);
+    co_return co_await send(c, std::move(res));
   }
-  const bool keep_after = co_await forward(c, req, std::move(conn.value()), st);
+  // Only requests that were not resident pay for reading llama-server's timings back.
+  const bool watch = pr.kind == core::prepare_kind::restored ||
+                     pr.kind == core::prepare_kind::cold ||
+                     pr.kind == core::prepare_kind::cold_fallback;
+  std::string tail;
+  const bool keep_after = co_await forward(c, req, std::move(conn.value()), st,
+                                           watch ? &tail : nullptr);
+  if (watch && st.done) {
+    auto timings = parse_timings(tail);
+    co_await net::co_spawn(
+        coord_->strand(),
+        [](coordinator* co, core::prepare_kind k, response_timings tm) -> net::awaitable<void> {
+          co->record_response(k, tm);
+          co_return;
+        }(coord_.get(), pr.kind, timings),
+        net::use_awaitable);
+  }
   co_await net::co_spawn(coord_->strand(), coord_->finish(t, st.request_sent),
                          net::use_awaitable);
   guard.dismiss();
@@ -404,6 +471,7 @@ net::awaitable<void> server::shutdown() {
        {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
   beast::error_code ignored;
   if (acceptor_) acceptor_->close(ignored);
+  if (admin_) admin_->stop();
   auto close_conns = [this](bool only_idle) {
     std::lock_guard lk(conns_mu_);
     for (const auto& c : conns_) {

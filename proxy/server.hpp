@@ -10,6 +10,7 @@
 
 #include "backends/net.hpp"
 #include "config/config.hpp"
+#include "proxy/admin.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/relay.hpp"
@@ -17,15 +18,21 @@
 
 namespace kvp::proxy {
 
+// Reads llama-server's `timings` (cache_n, prompt_n, prompt_ms) from the end of a response
+// body: the final SSE event or the JSON object. Missing values stay negative.
+response_timings parse_timings(std::string_view tail);
+
 class server {
  public:
   // REQUIRES: cfg passed config::validate.
   server(net::io_context& ioc, config::config cfg);
   ~server();
 
-  // Binds the listener (port 0 picks one), starts the coordinator. Returns the bound
-  // address as "host:port", or an error message.
+  // Binds the listener (port 0 picks one), starts the coordinator and the admin API.
+  // Returns the bound address as "host:port", or an error message.
   net::awaitable<core::result<std::string>> start();
+  // The admin listener's bound address ("" when disabled). Valid after start().
+  const std::string& admin_address() const { return admin_address_; }
 
   // Graceful stop (spec §58, design note 9): stop accepting, let in-flight requests finish
   // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
@@ -39,7 +46,8 @@ class server {
   net::awaitable<void> run_session(tcp_stream stream);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
   net::awaitable<bool> forward(client_conn& c, http::request<http::string_body>& req,
-                               std::optional<upstream_conn> pre, relay_state& st);
+                               std::optional<upstream_conn> pre, relay_state& st,
+                               std::string* tail = nullptr);
   core::request_identity identity_of(const http::request<http::string_body>& req) const;
   void prepare_upstream_request(http::request<http::string_body>& req) const;
   net::awaitable<bool> send(client_conn& c, response res);
@@ -49,6 +57,8 @@ class server {
   std::unique_ptr<acceptor> acceptor_;
   std::unique_ptr<upstream_pool> pool_;
   std::unique_ptr<coordinator> coord_;
+  std::unique_ptr<admin_server> admin_;
+  std::string admin_address_;
   relay_options relay_opts_;
 
   std::mutex conns_mu_;

@@ -1,0 +1,222 @@
+#include "proxy/admin.hpp"
+
+#include <openssl/crypto.h>
+
+#include <fmt/format.h>
+
+#include "config/config.hpp"
+#include "core/log.hpp"
+#include "core/metrics.hpp"
+#include "core/request_class.hpp"
+#include "core/version.hpp"
+#include "proxy/http_status.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+
+namespace {
+
+void log_exception(std::exception_ptr e) {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    log(log_level::error, "kv.internal.exception", {{"what", ex.what()}});
+  }
+}
+
+http::response<http::string_body> json(unsigned status, std::string body, unsigned version) {
+  http::response<http::string_body> res{static_cast<http::status>(status), version};
+  res.set(http::field::server, std::string("kvpersist/") + kvp::version);
+  res.set(http::field::content_type, "application/json");
+  res.set(http::field::cache_control, "no-store");
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+// Constant-time comparison so the token cannot be guessed byte by byte from timings.
+bool token_matches(std::string_view header, const std::string& token) {
+  constexpr std::string_view prefix = "Bearer ";
+  if (header.size() != prefix.size() + token.size() || !header.starts_with(prefix)) return false;
+  return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
+}
+
+// Coroutines that read coordinator state on its strand (plain functions, not capturing
+// lambdas: CP.51).
+net::awaitable<std::string> metrics_of(coordinator* c) {
+  core::prom_writer w;
+  c->write_metrics(w);
+  co_return w.text();
+}
+net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json(); }
+net::awaitable<std::string> sessions_of(coordinator* c) { co_return c->sessions_json(); }
+net::awaitable<admin_reply> session_of(coordinator* c, std::string id) {
+  co_return c->session_json(id);
+}
+
+}  // namespace
+
+admin_server::admin_server(net::io_context& ioc, coordinator& coord, std::string listen,
+                           std::string token)
+    : ioc_(ioc), coord_(coord), listen_(std::move(listen)), token_(std::move(token)) {}
+
+core::result<std::string> admin_server::start() {
+  std::string host;
+  std::uint16_t port = 0;
+  config::parse_host_port(listen_, host, port);
+  beast::error_code ec;
+  auto addr = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) return core::error{core::errc::invariant, 0, fmt::format("admin: bad address {}", host)};
+  tcp::endpoint ep{addr, port};
+  acceptor_ = std::make_unique<acceptor>(ioc_);
+  acceptor_->open(ep.protocol(), ec);
+  if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(ep, ec);
+  if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    return core::error{core::errc::invariant, 0,
+                       fmt::format("cannot listen on {} (admin): {}", listen_, ec.message())};
+  auto local = acceptor_->local_endpoint();
+  net::co_spawn(ioc_, accept_loop(), log_exception);
+  return local.address().is_v6()
+             ? fmt::format("[{}]:{}", local.address().to_string(), local.port())
+             : fmt::format("{}:{}", local.address().to_string(), local.port());
+}
+
+void admin_server::stop() {
+  beast::error_code ignored;
+  if (acceptor_) acceptor_->close(ignored);
+}
+
+net::awaitable<void> admin_server::accept_loop() {
+  for (;;) {
+    tcp::socket sock(net::make_strand(ioc_));
+    auto [ec] = co_await acceptor_->async_accept(sock);
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor_->is_open()) co_return;
+      continue;
+    }
+    auto ex = sock.get_executor();
+    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), log_exception);
+  }
+}
+
+net::awaitable<void> admin_server::run_session(tcp_stream s) {
+  beast::flat_buffer buf;
+  for (;;) {
+    http::request_parser<http::string_body> p;
+    p.header_limit(16 * 1024);
+    p.body_limit(64 * 1024);
+    s.expires_after(std::chrono::seconds(30));
+    auto [ec, n] = co_await http::async_read(s, buf, p);
+    if (ec) {
+      if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
+          ec != net::error::connection_reset && ec != net::error::operation_aborted) {
+        auto res = json(400, R"({"error":{"code":400,"message":"malformed request"}})", 11);
+        res.keep_alive(false);
+        co_await http::async_write(s, res);
+      }
+      break;
+    }
+    auto req = p.release();
+    const bool keep = req.keep_alive();
+    auto res = co_await route(std::move(req));
+    res.keep_alive(keep);
+    s.expires_after(std::chrono::seconds(30));
+    auto [wec, wn] = co_await http::async_write(s, res);
+    if (wec || !keep) break;
+  }
+  beast::error_code ignored;
+  s.socket().shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+net::awaitable<http::response<http::string_body>> admin_server::route(
+    http::request<http::string_body> req) {
+  const unsigned v = req.version();
+  const std::string target(req.target());
+  const std::string path = core::decode_path(target.substr(0, target.find('?')));
+  auto err = [&](unsigned status, std::string_view msg) {
+    return json(status,
+                fmt::format(R"({{"error":{{"code":{},"message":"{}"}}}})", status, msg), v);
+  };
+  const auto method = req.method();
+  if (path == "/healthz") {
+    if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET");
+    co_return json(200, R"({"status":"ok"})", v);
+  }
+  if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
+    auto res = err(401, "missing or wrong bearer token");
+    res.set(http::field::www_authenticate, "Bearer");
+    co_return res;
+  }
+  auto on_strand = [&](auto fn) {
+    return net::co_spawn(coord_.strand(), std::move(fn), net::use_awaitable);
+  };
+  if (path == "/metrics") {
+    if (method != http::verb::get) co_return err(405, "use GET");
+    auto text = co_await on_strand(metrics_of(&coord_));
+    http::response<http::string_body> res{http::status::ok, v};
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.body() = std::move(text);
+    res.prepare_payload();
+    co_return res;
+  }
+  if (path == "/kv/status") {
+    if (method != http::verb::get) co_return err(405, "use GET");
+    auto s = co_await on_strand(status_of(&coord_));
+    co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, s), v);
+  }
+  if (path == "/kv/sessions") {
+    if (method != http::verb::get) co_return err(405, "use GET");
+    auto s = co_await on_strand(sessions_of(&coord_));
+    co_return json(200, std::move(s), v);
+  }
+  if (path == "/kv/flush" || path == "/kv/gc") {
+    if (method != http::verb::post) co_return err(405, "use POST");
+    // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
+    admin_reply r;
+    if (path == "/kv/flush") {
+      r = co_await on_strand(coord_.admin_flush());
+    } else {
+      r = co_await on_strand(coord_.admin_gc());
+    }
+    co_return json(r.status, std::move(r.body), v);
+  }
+  constexpr std::string_view prefix = "/kv/sessions/";
+  if (path.starts_with(prefix)) {
+    std::string rest = path.substr(prefix.size());
+    std::string action;
+    if (auto slash = rest.rfind('/'); slash != std::string::npos) {
+      action = rest.substr(slash + 1);
+      rest.resize(slash);
+    }
+    if (rest.empty()) co_return err(404, "no session id in the path");
+    admin_reply r;
+    if (action.empty()) {
+      if (method == http::verb::get) {
+        r = co_await on_strand(session_of(&coord_, rest));
+      } else if (method == http::verb::delete_) {
+        r = co_await on_strand(coord_.admin_purge(rest));
+      } else {
+        co_return err(405, "use GET or DELETE");
+      }
+    } else {
+      if (method != http::verb::post) co_return err(405, "use POST");
+      if (action == "save" || action == "flush")
+        r = co_await on_strand(coord_.admin_save(rest));
+      else if (action == "restore")
+        r = co_await on_strand(coord_.admin_restore(rest));
+      else if (action == "invalidate")
+        r = co_await on_strand(coord_.admin_invalidate(rest));
+      else
+        co_return err(404, "unknown action (save, flush, restore, invalidate)");
+    }
+    co_return json(r.status, std::move(r.body), v);
+  }
+  co_return err(404, "not found");
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,37 @@
+// The admin API on its own listener (default 127.0.0.1:8082): status, sessions, lifecycle
+// hints from harnesses (flush, dispose), gc, Prometheus /metrics and /healthz.
+// With admin.token set, every route except /healthz needs "Authorization: Bearer <token>".
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/net.hpp"
+#include "core/result.hpp"
+#include "proxy/coordinator.hpp"
+
+namespace kvp::proxy {
+
+class admin_server {
+ public:
+  admin_server(net::io_context& ioc, coordinator& coord, std::string listen, std::string token);
+
+  // Binds and starts accepting. Returns the bound "host:port".
+  core::result<std::string> start();
+  void stop();
+
+  // Routes one request (exposed for tests): method, target, Authorization header value.
+  net::awaitable<http::response<http::string_body>> route(http::request<http::string_body> req);
+
+ private:
+  net::awaitable<void> accept_loop();
+  net::awaitable<void> run_session(tcp_stream s);
+
+  net::io_context& ioc_;
+  coordinator& coord_;
+  std::string listen_;
+  std::string token_;
+  std::unique_ptr<acceptor> acceptor_;
+};
+
+}  // namespace kvp::proxy

@@ -1,0 +1,326 @@
+// `kvpersist doctor [--verify]` (spec §48, §61): checks llama-server and the state directory
+// the way the daemon would use them, and with --verify runs the cycle cold prompt, save,
+// erase, restore, same prompt on the loaded model to tell whether restores really reuse.
+#include <unistd.h>
+
+#include <boost/asio/use_future.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include "backends/llama_http_backend.hpp"
+#include "config/load_yaml.hpp"
+#include "core/identity.hpp"
+#include "proxy/cli.hpp"
+#include "proxy/manifest_store.hpp"
+
+namespace kvp::proxy {
+
+namespace {
+
+template <class T>
+T run_sync(net::awaitable<T> aw) {
+  net::io_context ioc;
+  auto fut = net::co_spawn(ioc, std::move(aw), net::use_future);
+  ioc.run();
+  return fut.get();
+}
+
+struct report {
+  bool json = false;
+  int problems = 0;
+  std::vector<std::pair<std::string, std::string>> lines;  // label, text
+  void ok(std::string label, std::string text) { lines.emplace_back(std::move(label), std::move(text)); }
+  void bad(std::string label, std::string text) {
+    ++problems;
+    lines.emplace_back(std::move(label), "PROBLEM: " + text);
+  }
+  void warn(std::string label, std::string text) {
+    lines.emplace_back(std::move(label), "warning: " + text);
+  }
+};
+
+// A deterministic ~600-token prompt for the verification cycle.
+std::string verify_prompt() {
+  std::string p;
+  for (int i = 0; i < 150; ++i) p += fmt::format("kvpersist doctor verification line {} ", i);
+  return p;
+}
+
+struct completion_timings {
+  std::int64_t cache_n = -1, prompt_n = -1;
+};
+
+net::awaitable<core::result<completion_timings>> complete(backends::http_endpoint ep,
+                                                          std::string prompt, int slot,
+                                                          std::chrono::milliseconds timeout) {
+  rapidjson::StringBuffer sb;
+  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  w.StartObject();
+  w.Key("prompt");
+  w.String(prompt.c_str(), static_cast<rapidjson::SizeType>(prompt.size()));
+  w.Key("n_predict");
+  w.Int(1);
+  w.Key("cache_prompt");
+  w.Bool(true);
+  w.Key("id_slot");
+  w.Int(slot);
+  w.Key("temperature");
+  w.Double(0.0);
+  w.EndObject();
+  auto r = co_await backends::http_call(ep, http::verb::post, "/completion", sb.GetString(), timeout);
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::backend_unavailable, r->status,
+                          backends::error_message(r->body)};
+  rapidjson::Document d;
+  d.Parse(r->body.c_str());
+  completion_timings t;
+  if (!d.HasParseError() && d.IsObject() && d.HasMember("timings") && d["timings"].IsObject()) {
+    const auto& tm = d["timings"];
+    if (tm.HasMember("cache_n") && tm["cache_n"].IsInt64()) t.cache_n = tm["cache_n"].GetInt64();
+    if (tm.HasMember("prompt_n") && tm["prompt_n"].IsInt64()) t.prompt_n = tm["prompt_n"].GetInt64();
+  }
+  co_return t;
+}
+
+struct verify_result {
+  std::string verdict = "broken";
+  std::string detail;
+};
+
+// The opt-in cycle. Saves slot 0 to a backup first and puts it back at the end, so a
+// running kvpersist's idea of the slot stays true; still, run it while no request is active.
+net::awaitable<verify_result> verify_cycle(backends::llama_http_backend& be,
+                                           backends::http_endpoint ep, int slot,
+                                           std::chrono::milliseconds timeout) {
+  verify_result out;
+  const std::string backup = "kvpersist-doctor-backup.bin", probe = "kvpersist-doctor-probe.bin";
+  auto saved_backup = co_await be.save(slot, backup);
+  const bool have_backup = saved_backup && saved_backup->n_saved > 0;
+  auto finish = [&]() -> net::awaitable<void> {
+    if (have_backup)
+      (void)co_await be.restore(slot, backup);
+    else
+      (void)co_await be.erase(slot);
+  };
+  (void)co_await be.erase(slot);
+  const std::string prompt = verify_prompt();
+  auto cold = co_await complete(ep, prompt, slot, timeout);
+  if (!cold || cold->prompt_n <= 0) {
+    out.detail = fmt::format("cold completion failed: {}", cold ? "no timings" : cold.err().message);
+    co_await finish();
+    co_return out;
+  }
+  const auto total = cold->prompt_n + std::max<std::int64_t>(cold->cache_n, 0);
+  auto sv = co_await be.save(slot, probe);
+  if (!sv || sv->n_saved == 0) {
+    out.detail = sv ? "save wrote 0 tokens" : "save failed: " + sv.err().message;
+    co_await finish();
+    co_return out;
+  }
+  (void)co_await be.erase(slot);
+  auto rs = co_await be.restore(slot, probe);
+  if (!rs || rs->n_restored != sv->n_saved) {
+    out.detail = rs ? fmt::format("restored {} of {} tokens", rs->n_restored, sv->n_saved)
+                    : "restore failed: " + rs.err().message;
+    co_await finish();
+    co_return out;
+  }
+  auto warm = co_await complete(ep, prompt, slot, timeout);
+  co_await finish();
+  if (!warm || warm->cache_n < 0) {
+    out.detail = "completion after restore failed";
+    co_return out;
+  }
+  const double ratio = static_cast<double>(warm->cache_n) / static_cast<double>(total);
+  out.detail = fmt::format("{} of {} prompt tokens reused after save, erase, restore "
+                           "(save {} tokens, {} bytes)",
+                           warm->cache_n, total, sv->n_saved, sv->n_written);
+  if (ratio >= 0.9) {
+    out.verdict = "supported";
+  } else if (ratio > 0) {
+    out.verdict = "experimental";
+  } else {
+    out.verdict = "broken";
+    out.detail += ". The restore loaded, but llama-server reprocessed the whole prompt: hybrid "
+                  "(recurrent) and sliding-window models lose reuse after a restore in current "
+                  "llama.cpp (llama.cpp issues #25913, #28194), so kvpersist cannot help them yet";
+  }
+  co_return out;
+}
+
+std::string wall_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+}  // namespace
+
+int run_doctor(const std::vector<std::string>& args) {
+  config::config cfg;
+  bool verify = false, json = false;
+  std::string config_path, upstream, state_dir;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    auto need = [&](std::string& out) {
+      if (i + 1 >= args.size()) return false;
+      out = args[++i];
+      return true;
+    };
+    if (a == "--verify") verify = true;
+    else if (a == "--json") json = true;
+    else if (a == "--config" && need(config_path)) {}
+    else if (a == "--upstream" && need(upstream)) {}
+    else if (a == "--state-dir" && need(state_dir)) {}
+    else {
+      fmt::print(stderr, "kvpersist: doctor: unexpected '{}' (see --help)\n", a);
+      return 2;
+    }
+  }
+  if (!config_path.empty()) {
+    auto loaded = config::load_yaml_file(config_path);
+    if (auto* err = std::get_if<config::config_error>(&loaded)) {
+      fmt::print(stderr, "kvpersist: {}\n", err->to_string());
+      return 2;
+    }
+    cfg = std::get<config::config>(std::move(loaded));
+  }
+  if (!upstream.empty()) cfg.upstream.url = upstream;
+  if (!state_dir.empty()) cfg.state_dir = state_dir;
+  if (auto err = config::validate(cfg)) {
+    fmt::print(stderr, "kvpersist: {}\n", *err);
+    return 2;
+  }
+  report rep;
+  backends::http_endpoint ep;
+  config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = cfg.upstream.api_key;
+  const auto timeout = cfg.failure.management_timeout;
+  backends::llama_http_backend be(ep, timeout);
+  int unreachable = 0;
+
+  rep.ok("Backend", "llama.cpp");
+  rep.ok("Endpoint", cfg.upstream.url);
+  auto health = run_sync(backends::http_call(ep, http::verb::get, "/health", "", timeout));
+  std::optional<core::runtime_info> rt;
+  if (!health) {
+    rep.bad("Reachable", health.err().message + " (is llama-server running? upstream.url)");
+    unreachable = 1;
+  } else if (health->status != 200) {
+    rep.bad("Reachable", fmt::format("/health answered {} {}", health->status,
+                                     backends::error_message(health->body)));
+  } else {
+    rep.ok("Reachable", "yes");
+    auto r = run_sync(be.read_runtime());
+    if (!r) {
+      if (r.err().http_status == 401)
+        rep.bad("API key", "llama-server answered 401: upstream.apiKey does not match its --api-key");
+      else
+        rep.bad("Props", r.err().message);
+    } else {
+      rt = r.value();
+      rep.ok("Model", rt->model_path);
+      rep.ok("Build", rt->build_info);
+      rep.ok("Context", fmt::format("{} tokens per slot", rt->n_ctx));
+      const bool single = cfg.mode == config::slot_mode::single_slot;
+      if (single && rt->total_slots != 1)
+        rep.bad("Slots", fmt::format("{} slots, but single-slot mode needs llama-server -np 1",
+                                     rt->total_slots));
+      else
+        rep.ok("Slots", fmt::format("{} (mode {})", rt->total_slots, config::to_string(cfg.mode)));
+      if (!single && cfg.slot_id >= rt->total_slots)
+        rep.bad("Slot id", fmt::format("slotId {} >= total_slots {}: llama-server would silently "
+                                       "wrap it to slot {}",
+                                       cfg.slot_id, rt->total_slots, cfg.slot_id % rt->total_slots));
+      auto p = run_sync(be.probe());
+      if (p && p->slot_actions)
+        rep.ok("Slot API", "save/restore/erase enabled (--slot-save-path is set)");
+      else if (p)
+        rep.bad("Slot API", "disabled: start llama-server with --slot-save-path DIR");
+      else
+        rep.bad("Slot API", p.err().message);
+    }
+  }
+  // State directory: manifests must be writable.
+  const std::string dir = config::resolve_state_dir(cfg);
+  {
+    manifest_store store(dir);
+    auto o = store.open();
+    if (!o) {
+      rep.bad("State dir", fmt::format("{}: {}", dir, o.err().message));
+    } else {
+      const std::string probe_path = dir + "/.doctor-write-test";
+      std::ofstream f(probe_path);
+      f << "ok";
+      f.close();
+      if (!f) rep.bad("State dir", dir + " is not writable");
+      else rep.ok("State dir", dir + " (writable)");
+      ::unlink(probe_path.c_str());
+    }
+  }
+  if (cfg.snapshots.management == config::snapshot_management::shared_filesystem) {
+    if (::access(cfg.snapshots.path.c_str(), W_OK) != 0)
+      rep.bad("Snapshot dir", cfg.snapshots.path + " (snapshots.path) is not writable by kvpersist");
+    else
+      rep.ok("Snapshot dir", cfg.snapshots.path + " (shared-filesystem: retention and fsync on)");
+  }
+  rep.warn("Idle slots", "llama-server's API does not show --cache-idle-slots; run it with "
+                         "--no-cache-idle-slots or saves may find the slot cleared (0 tokens)");
+  if (cfg.runtime_key.empty())
+    rep.warn("Runtime key", "runtimeKey is empty: set one and change it whenever the model file, "
+                            "-ctk/-ctv, -fa or LoRA change (llama-server restores foreign KV silently)");
+
+  std::string verdict = "unverified";
+  if (verify) {
+    if (!rt || rep.problems > 0) {
+      rep.bad("Restore verification", "skipped: fix the problems above first");
+    } else {
+      auto v = run_sync(verify_cycle(be, ep, cfg.slot_id, std::chrono::minutes(5)));
+      verdict = v.verdict;
+      if (v.verdict == "broken")
+        rep.bad("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
+      else
+        rep.ok("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
+      core::runtime_info fp_rt = *rt;
+      fp_rt.runtime_key = cfg.runtime_key;
+      manifest_store store(dir);
+      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, wall_now()); !w)
+        rep.warn("Verdict", "not recorded: " + w.err().message);
+      else
+        rep.ok("Verdict", "recorded in " + dir + "/compatibility.json (new manifests carry it)");
+    }
+  } else {
+    rep.ok("Restore verification", "not run (kvpersist doctor --verify uses slot 0 for a moment)");
+  }
+  const std::string result = rep.problems == 0 ? "READY" : "NOT READY";
+  if (json) {
+    fmt::print("{{\"result\":\"{}\",\"problems\":{},\"compatibility\":\"{}\",\"checks\":[", result,
+               rep.problems, verdict);
+    for (std::size_t i = 0; i < rep.lines.size(); ++i) {
+      std::string text;
+      for (char c : rep.lines[i].second) {
+        if (c == '"' || c == '\\') text += '\\';
+        text += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
+      }
+      fmt::print("{}{{\"check\":\"{}\",\"result\":\"{}\"}}", i ? "," : "", rep.lines[i].first, text);
+    }
+    fmt::print("]}}\n");
+  } else {
+    for (const auto& [label, text] : rep.lines) fmt::print("{:<21} {}\n", label + ":", text);
+    fmt::print("{:<21} {}\n", "Result:", result);
+  }
+  if (unreachable) return 3;
+  return rep.problems == 0 ? 0 : 1;
+}
+
+}  // namespace kvp::proxy
