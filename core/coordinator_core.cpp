@@ -315,6 +315,23 @@ bool coordinator_core::on_erase(const result<slot_erased>& r, steady_time now) {
 
 void coordinator_core::abort_prepare() {
   if (!enabled_) return;
+  if (state_ == slot_state::inference) {
+    // Released without end_inference (the request coroutine failed after prepare): the
+    // request may have reached the slot, so count it as a new revision (design note 3)
+    // and leave the owner checkpointable.
+    if (!pending_aux_ && !owner_.empty()) {
+      auto& r = sessions_[owner_];
+      ++r.dirty_rev;
+      state_ = slot_state::dirty;
+    } else {
+      owner_.clear();
+      state_ = slot_state::unknown;
+    }
+    pending_hash_.clear();
+    pending_aux_ = false;
+    pending_kind_ = prepare_kind::none;
+    return;
+  }
   if (state_ == slot_state::saving || state_ == slot_state::restoring) state_ = slot_state::unknown;
   if (state_ == slot_state::unknown || state_ == slot_state::idle) owner_.clear();
   pending_hash_.clear();

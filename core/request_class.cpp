@@ -28,6 +28,30 @@ std::string decode_path(std::string_view path) {
   std::string out;
   out.reserve(path.size());
   for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 5 < path.size() && path[i + 1] == 'u') {
+      // cpp-httplib also decodes the non-standard %uXXXX form (to UTF-8).
+      int cp = 0;
+      bool ok = true;
+      for (std::size_t k = 2; k < 6; ++k) {
+        const int h = hex_value(path[i + k]);
+        if (h < 0) ok = false;
+        cp = cp * 16 + (h < 0 ? 0 : h);
+      }
+      if (ok) {
+        if (cp < 0x80) {
+          out += static_cast<char>(cp);
+        } else if (cp < 0x800) {
+          out += static_cast<char>(0xC0 | (cp >> 6));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        } else {
+          out += static_cast<char>(0xE0 | (cp >> 12));
+          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+          out += static_cast<char>(0x80 | (cp & 0x3F));
+        }
+        i += 5;
+        continue;
+      }
+    }
     if (path[i] == '%' && i + 2 < path.size()) {
       const int hi = hex_value(path[i + 1]);
       const int lo = hex_value(path[i + 2]);

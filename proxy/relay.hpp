@@ -34,6 +34,7 @@ struct relay_state {
   bool upstream_timeout = false;
   bool client_failed = false;    // writing to the client failed
   bool upstream_reusable = false;  // complete and keep-alive: may go back to the pool
+  bool client_keep_alive = false;  // what the client was told (HTTP/1.0 streams must close)
   unsigned status = 0;
   std::size_t body_bytes = 0;
 };
@@ -104,6 +105,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     }
   }
   res.keep_alive(keep);
+  st.client_keep_alive = keep;
 
   http::response_serializer<http::buffer_body> sr{res};
   detail::expire(client, opts.client_write);
@@ -129,7 +131,9 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
       co_return;
     }
     const std::size_t got = buf.size() - res.body().size;
-    // beast#3032: {ptr, 0} would be serialized as the last-chunk and end the stream early.
+    // beast#3032: {ptr, 0} would be serialized as the last-chunk and end the stream early,
+    // so a read that produced no body bytes (a chunk header alone) writes nothing, and the
+    // final flush hands the serializer nullptr.
     if (got == 0 && !p.is_done()) continue;
     res.body().data = got ? buf.data() : nullptr;
     res.body().size = got;

@@ -352,7 +352,7 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
       pool_->release(std::move(conn->stream));
     else
       conn->stream->close();
-    co_return client_keep && !(version < 11 && !client_keep);
+    co_return st.client_keep_alive;
   }
   conn->stream->close();
   if (st.client_failed) co_return false;

@@ -2,7 +2,9 @@
 
 Run:  cd <repo> && KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration
 Upstream: --upstream=fake (default) or real, or env KVP_UPSTREAM. Tests marked
-`fake_only` need fault injection and are skipped against a real llama-server.
+`fake_only` need fault injection and are skipped against a real llama-server; tests
+marked `real_only` (test_acceptance_real.py) need a real llama-server and are skipped
+with the fake.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "fake_only: needs the fake upstream's fault injection")
+    config.addinivalue_line("markers", "real_only: needs a real llama-server (--upstream=real)")
 
 
 TEST_TIME_LIMIT_S = int(os.environ.get("KVP_TEST_TIME_LIMIT_S", "90"))
@@ -50,12 +53,28 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "fake_only" in item.keywords:
                 item.add_marker(skip)
+    else:
+        skip = pytest.mark.skip(reason="needs a real llama-server: run with --upstream=real "
+                                       "(KVP_LLAMA_SERVER, KVP_MODEL)")
+        for item in items:
+            if "real_only" in item.keywords:
+                item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _upstream_defaults(request):
-    if request.config.getoption("--upstream") == "real":
-        harness.DEFAULT_MAX_TOKENS = 8
+    """With a real llama-server, Conversation requests from `stack` tests get max_tokens 8 and
+    deterministic, byte-token-free sampling (harness.REAL_MODEL_BODY). Only for those tests:
+    the fake's own tests (test_fake_llama.py) count the fake's default number of tokens."""
+    if request.config.getoption("--upstream") != "real" or "stack" not in request.fixturenames:
+        yield
+        return
+    saved = harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA
+    harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA = 8, dict(harness.REAL_MODEL_BODY)
+    try:
+        yield
+    finally:
+        harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA = saved
 
 
 @pytest.fixture

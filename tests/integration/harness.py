@@ -117,6 +117,24 @@ def parse_log_line(raw: str, t: float = 0.0) -> LogLine:
 
 
 # ----------------------------------------------------------------------------- kvpersist
+_HELP_CACHE: dict[str, str] = {}
+
+
+def binary_has_flag(binary: str, flag: str) -> bool:
+    """Whether `binary --help` mentions `flag` (cached per binary and mtime)."""
+    try:
+        key = "%s@%s" % (binary, os.stat(binary).st_mtime_ns)
+    except OSError:
+        return False
+    if key not in _HELP_CACHE:
+        try:
+            r = subprocess.run([binary, "--help"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            _HELP_CACHE[key] = (r.stdout + r.stderr).decode("utf-8", "replace")
+        except (OSError, subprocess.TimeoutExpired):
+            _HELP_CACHE[key] = ""
+    return flag in _HELP_CACHE[key]
+
+
 class KvPersist:
     def __init__(self, upstream_url: str, state_dir: str, config: dict | None = None,
                  runtime_key: str | None = "test-runtime", log_level: str = "debug",
@@ -156,6 +174,11 @@ class KvPersist:
             cmd += ["--runtime-key", self.runtime_key]
         if self.log_level:
             cmd += ["--log-level", self.log_level]
+        if ("--admin-listen" not in self.extra_args and not (self.config and "admin" in self.config)
+                and binary_has_flag(self.binary, "--admin-listen")):
+            # the admin API's default port (8082) is fixed: two kvpersist at once (a restart
+            # test, a concurrent run) would collide, and the second exits with code 1
+            cmd += ["--admin-listen", "%s:0" % HOST]
         return cmd + self.extra_args
 
     def start(self, timeout: float = 15.0) -> "KvPersist":
@@ -530,6 +553,15 @@ class Async:
 # ----------------------------------------------------------------------------- chat client
 # Sent as max_tokens when set (a real model would otherwise generate up to its context).
 DEFAULT_MAX_TOKENS: int | None = None
+# Merged into every Conversation request body (conftest sets REAL_MODEL_BODY with a real server).
+DEFAULT_EXTRA: dict = {}
+
+# The random-weight test models can end a reply on a lone byte-fallback token (<0x00>..<0xFF>,
+# ids 3..258 of the llama SPM vocabulary); llama-server then answers 500 "The model produced
+# output that does not match the expected peg-native format". Banning them keeps replies valid
+# text (the same form as scripts/demo.py). Temperature 0 and a seed make them deterministic.
+BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
+REAL_MODEL_BODY = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -561,6 +593,7 @@ class Conversation:
         b = {"model": "fake", "messages": self.messages + [{"role": "user", "content": text}], "stream": stream}
         if DEFAULT_MAX_TOKENS is not None:
             b["max_tokens"] = DEFAULT_MAX_TOKENS
+        b.update(DEFAULT_EXTRA)
         b.update(extra)
         return b
 
@@ -747,7 +780,8 @@ class RealUpstream(Upstream):
         self.n_ctx = n_ctx
         self.extra_args = extra_args or []
         self.proc = None
-        self.log = open(os.path.join(workdir, "llama-server.log"), "ab")
+        self.log_path = os.path.join(workdir, "llama-server.log")
+        self.log = open(self.log_path, "ab")
 
     @property
     def url(self):
@@ -782,6 +816,37 @@ class RealUpstream(Upstream):
         self.stop()
         self.start()
 
+    def kill(self):
+        """SIGKILL, like a crash: nothing is flushed or saved."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        """llama-server's own log (stdout and stderr) from byte `offset` (see log_size())."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def slots(self, timeout: float = 5.0) -> list:
+        """GET /slots straight from llama-server (kvpersist answers 403 to clients)."""
+        r = http_request(self.port, "GET", "/slots", timeout=timeout)
+        if r.status != 200:
+            raise RuntimeError("GET /slots on llama-server: %s %r" % (r.status, r.body[:200]))
+        return r.json
+
     def management_calls(self) -> list[Call]:
         """From every kvpersist started in this test (a restarted proxy appends). The file name
         comes from the call line itself or from the preceding kv.session.<action>.start line."""
@@ -800,6 +865,36 @@ class RealUpstream(Upstream):
                                     int(st) if st and st.isdigit() else st,
                                     int(l.fields["tokens"]) if l.fields.get("tokens", "").isdigit() else None))
         return out
+
+
+class RealUpstreamView(RealUpstream):
+    """One test's view of a llama-server shared by several tests (a module-scoped fixture): the
+    process, port and save dir are the shared server's; management calls come only from the
+    kvpersist processes this test attached; stop() leaves the shared server running."""
+
+    def __init__(self, server: RealUpstream):
+        Upstream.__init__(self)
+        self.server = server
+
+    port = property(lambda self: self.server.port)
+    save_dir = property(lambda self: self.server.save_dir)
+    log_path = property(lambda self: self.server.log_path)
+    n_ctx = property(lambda self: self.server.n_ctx)
+    proc = property(lambda self: self.server.proc)
+
+    def start(self, timeout: float = 120.0):
+        if not self.server.alive():
+            self.server.start(timeout)
+        return self
+
+    def stop(self):
+        pass
+
+    def restart(self):
+        self.server.restart()
+
+    def kill(self):
+        self.server.kill()
 
 
 # ----------------------------------------------------------------------------- a test's world

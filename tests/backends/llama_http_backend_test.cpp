@@ -1,0 +1,169 @@
+// Tests for the reply parsers of backends/llama_http_backend.hpp, on bodies llama-server
+// actually sends (shared/docs/llama-server.md §1.3, §2, §7).
+#include "backends/llama_http_backend.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace {
+
+using namespace kvp::backends;
+using kvp::core::errc;
+
+// GET /props of a single-model llama-server (abridged: chat_template and params trimmed).
+constexpr std::string_view props_body = R"({
+  "default_generation_settings": {
+    "id": 0, "id_task": -1, "n_ctx": 8192, "speculative": false, "is_processing": false,
+    "params": {"n_predict": -1, "seed": 4294967295, "temperature": 0.8, "top_k": 40}
+  },
+  "total_slots": 1,
+  "model_alias": "qwen2.5-7b-instruct",
+  "model_path": "/models/qwen2.5-7b-instruct-q4_k_m.gguf",
+  "modalities": {"vision": false, "audio": false},
+  "media_marker": "<__media_Zx81Qa__>",
+  "endpoint_slots": true, "endpoint_props": false, "endpoint_metrics": false,
+  "webui": true,
+  "chat_template": "{%- for message in messages %}{{ message.content }}{%- endfor %}",
+  "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+  "build_info": "b6123-80fb11a",
+  "is_sleeping": false
+})";
+
+}  // namespace
+
+TEST_CASE("parse_props reads the runtime identity from /props", "[backends][llama_http]") {
+  auto r = parse_props(props_body);
+  REQUIRE(r.ok());
+  CHECK(r->model_path == "/models/qwen2.5-7b-instruct-q4_k_m.gguf");
+  CHECK(r->build_info == "b6123-80fb11a");
+  CHECK(r->n_ctx == 8192);
+  CHECK(r->total_slots == 1);
+  CHECK(r->media_marker == "<__media_Zx81Qa__>");
+  CHECK(r->runtime_key.empty());  // the operator's, never the server's
+}
+
+TEST_CASE("parse_props refuses bodies without total_slots", "[backends][llama_http]") {
+  SECTION("router mode") {
+    auto r = parse_props(
+        R"({"role":"router","max_instances":4,"models_autoload":true,"build_info":"b6123-80fb11a"})");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::backend_unsupported);
+    CHECK(r.err().message.find("total_slots") != std::string::npos);
+  }
+  SECTION("zero slots") {
+    auto r = parse_props(R"({"total_slots":0,"model_path":"/m.gguf"})");
+    REQUIRE_FALSE(r.ok());
+  }
+  SECTION("mistyped") {
+    auto r = parse_props(R"({"total_slots":"1","model_path":"/m.gguf"})");
+    REQUIRE_FALSE(r.ok());
+  }
+  SECTION("not an object") {
+    CHECK_FALSE(parse_props("[]").ok());
+    CHECK_FALSE(parse_props("<html>502 Bad Gateway</html>").ok());
+    CHECK_FALSE(parse_props("").ok());
+  }
+}
+
+TEST_CASE("parse_save_reply reads n_saved, n_written and save_ms", "[backends][llama_http]") {
+  auto r = parse_save_reply(
+      R"({"id_slot":0,"filename":"p2k.bin","n_saved":2124,"n_written":4384076,"timings":{"save_ms":1.011}})");
+  REQUIRE(r.ok());
+  CHECK(r->n_saved == 2124);
+  CHECK(r->n_written == 4384076);
+  CHECK(r->save_ms == Approx(1.011));
+
+  SECTION("an empty slot saves 0 tokens, which is not a parse error") {
+    auto e = parse_save_reply(
+        R"({"id_slot":0,"filename":"e.bin","n_saved":0,"n_written":24,"timings":{"save_ms":0.2}})");
+    REQUIRE(e.ok());
+    CHECK(e->n_saved == 0);
+    CHECK(e->n_written == 24);
+  }
+  SECTION("no timings") {
+    auto e = parse_save_reply(R"({"n_saved":5,"n_written":10})");
+    REQUIRE(e.ok());
+    CHECK(e->save_ms == 0);
+  }
+  SECTION("an error body is not a save") {
+    auto e = parse_save_reply(
+        R"({"error":{"code":500,"message":"Unable to save slot","type":"server_error"}})");
+    REQUIRE_FALSE(e.ok());
+    CHECK(e.err().code == errc::backend_unsupported);
+  }
+  SECTION("garbage") {
+    CHECK_FALSE(parse_save_reply("").ok());
+    CHECK_FALSE(parse_save_reply("{\"n_saved\":").ok());
+  }
+}
+
+TEST_CASE("parse_restore_reply reads n_restored, n_read and restore_ms", "[backends][llama_http]") {
+  auto r = parse_restore_reply(
+      R"({"id_slot":0,"filename":"p2k.bin","n_restored":2124,"n_read":4384076,"timings":{"restore_ms":0.913}})");
+  REQUIRE(r.ok());
+  CHECK(r->n_restored == 2124);
+  CHECK(r->n_read == 4384076);
+  CHECK(r->restore_ms == Approx(0.913));
+
+  auto e = parse_restore_reply(
+      R"({"error":{"code":400,"message":"Unable to restore slot: No available space in KV cache or invalid slot save file","type":"invalid_request_error"}})");
+  REQUIRE_FALSE(e.ok());
+  CHECK_FALSE(parse_restore_reply("[]").ok());
+}
+
+TEST_CASE("parse_erase_reply reads n_erased", "[backends][llama_http]") {
+  auto r = parse_erase_reply(R"({"id_slot":0,"n_erased":2124})");
+  REQUIRE(r.ok());
+  CHECK(r->n_erased == 2124);
+  CHECK_FALSE(parse_erase_reply("nope").ok());
+}
+
+TEST_CASE("error_message extracts llama-server's message", "[backends][llama_http]") {
+  CHECK(
+      error_message(
+          R"({"error":{"code":400,"message":"Unable to restore slot: No available space in KV cache or invalid slot save file","type":"invalid_request_error"}})") ==
+      "Unable to restore slot: No available space in KV cache or invalid slot save file");
+  CHECK(
+      error_message(
+          R"({"error":{"code":501,"message":"This server does not support slots action. Start it with `--slot-save-path`","type":"not_supported_error"}})") ==
+      "This server does not support slots action. Start it with `--slot-save-path`");
+  SECTION("other bodies come back as they are, truncated to 200 bytes") {
+    CHECK(error_message("Bad Gateway") == "Bad Gateway");
+    CHECK(error_message(R"({"error":"plain string"})") == R"({"error":"plain string"})");
+    const std::string long_body(1000, 'x');
+    CHECK(error_message(long_body) == std::string(200, 'x'));
+    CHECK(error_message("").empty());
+  }
+}
+
+TEST_CASE("parse_slots reads GET /slots", "[backends][llama_http]") {
+  auto r = parse_slots(R"([
+    {"id":0,"id_task":42,"n_ctx":8192,"speculative":false,"is_processing":false,
+     "n_prompt_tokens":2124,"n_prompt_tokens_processed":0,"n_prompt_tokens_cache":0,
+     "params":{"n_predict":-1},"next_token":[{"has_next_token":false,"has_new_line":false,"n_remain":-1,"n_decoded":12}]},
+    {"id":1,"n_ctx":8192,"speculative":false,"is_processing":true}
+  ])");
+  REQUIRE(r.ok());
+  const auto& slots = r.value();
+  REQUIRE(slots.size() == 2);
+  CHECK(slots[0].id == 0);
+  CHECK(slots[0].n_ctx == 8192);
+  CHECK_FALSE(slots[0].is_processing);
+  CHECK(slots[0].n_prompt_tokens == 2124);
+  CHECK(slots[1].id == 1);
+  CHECK(slots[1].is_processing);
+  CHECK(slots[1].n_prompt_tokens == -1);  // never-used slot: the field is absent
+
+  SECTION("an error object is not a slot list") {
+    auto e = parse_slots(
+        R"({"error":{"code":501,"message":"This server does not support slots endpoint. Start it with `--slots`","type":"not_supported_error"}})");
+    REQUIRE_FALSE(e.ok());
+    CHECK(e.err().code == errc::backend_unsupported);
+  }
+  SECTION("an empty list") {
+    auto e = parse_slots("[]");
+    REQUIRE(e.ok());
+    CHECK(e->empty());
+  }
+}

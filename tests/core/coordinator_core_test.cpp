@@ -1,0 +1,989 @@
+// Tests for core/coordinator_core.hpp (spec §18-§33, §69-§72, §76, §84, invariants §85).
+// The core is driven the way proxy/coordinator drives it: plans in, hand-made backend
+// results back, with a fake monotonic clock built from steady_time values. No I/O.
+#include "core/coordinator_core.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "tests/support/core_strings.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace kvp::core;
+
+// The fake clock: any fixed point will do, the core only compares and adds.
+const steady_time t0 = steady_time{} + std::chrono::hours(24);
+constexpr std::string_view wall = "2025-06-01T12:00:00Z";
+
+runtime_info test_runtime() {
+  runtime_info rt;
+  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
+  rt.build_info = "b6123-80fb11a";
+  rt.n_ctx = 8192;
+  rt.total_slots = 1;
+  rt.media_marker = "<__media_1__>";
+  return rt;
+}
+
+core_options test_options() {
+  core_options o;
+  o.instance_key = "test-instance";
+  o.runtime_key = "qwen7b-f16kv";
+  o.idle_checkpoint = 30s;
+  return o;
+}
+
+// What the core must compute as the fingerprint: the runtime plus the configured runtimeKey.
+std::string expected_fingerprint(const core_options& o = test_options(),
+                                 runtime_info rt = test_runtime()) {
+  rt.runtime_key = o.runtime_key;
+  return rt.fingerprint();
+}
+
+coordinator_core make_core(core_options o = test_options()) {
+  coordinator_core c(std::move(o));
+  c.set_runtime(test_runtime());
+  return c;
+}
+
+request_identity session(std::string id) { return request_identity{std::move(id), ""}; }
+request_identity auxiliary(std::string id, std::string purpose) {
+  return request_identity{std::move(id), std::move(purpose)};
+}
+
+result<slot_saved> saved(std::uint64_t tokens) {
+  return slot_saved{tokens, 24 + tokens * 1024, 2.5};
+}
+result<slot_restored> restored(std::uint64_t tokens) {
+  return slot_restored{tokens, 24 + tokens * 1024, 1.5};
+}
+result<slot_erased> erased(std::uint64_t n = 0) { return slot_erased{n}; }
+error transport() { return error{errc::backend_unavailable, 0, "connect: Connection refused"}; }
+
+// A manifest as an earlier process would have written it for `id` under the test runtime.
+manifest ready_manifest(const coordinator_core& c, const std::string& id, char gen,
+                        std::uint64_t tokens, std::uint64_t revision = 3,
+                        std::string fingerprint = expected_fingerprint()) {
+  manifest m;
+  m.session_id = id;
+  m.session_hash = c.hash_for(id);
+  m.instance_key = "test-instance";
+  m.model_id = test_runtime().model_path;
+  m.runtime_fingerprint = std::move(fingerprint);
+  m.generation = gen;
+  m.tokens = tokens;
+  m.bytes = 24 + tokens * 1024;
+  m.revision = revision;
+  m.created_at = m.updated_at = std::string(wall);
+  return m;
+}
+
+// Carries out a request whose every management call succeeds, as proxy/coordinator would:
+// save (and store the manifest), restore (reporting the expected tokens) or erase, then the
+// inference, which reaches the slot. Saves report `saved_tokens`.
+prepare_kind run_request(coordinator_core& c, const request_identity& who, steady_time now,
+                         std::uint64_t saved_tokens = 100) {
+  auto plan = c.prepare(who, now, wall);
+  REQUIRE_FALSE(plan.fail);
+  for (const auto& m : plan.manifest_writes) c.store_manifest(m);
+  if (plan.save) {
+    auto d = c.on_save(*plan.save, saved(saved_tokens), now, wall);
+    REQUIRE(d.ok);
+    c.store_manifest(*d.write);
+  }
+  bool erase = plan.erase;
+  if (plan.restore) {
+    auto d = c.on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
+    REQUIRE(d.restored);
+    erase = erase || d.need_erase;
+  }
+  if (erase) REQUIRE(c.on_erase(erased(), now));
+  const auto kind = c.start_inference(who);
+  if (auto s = c.end_inference(true, now)) {
+    auto d = c.on_save(*s, saved(saved_tokens), now, wall);
+    REQUIRE(d.ok);
+    c.store_manifest(*d.write);
+  }
+  return kind;
+}
+
+// Saves the dirty owner through checkpoint_owner and stores its manifest.
+void checkpoint(coordinator_core& c, steady_time now, std::uint64_t tokens) {
+  auto s = c.checkpoint_owner(now);
+  REQUIRE(s);
+  auto d = c.on_save(*s, saved(tokens), now, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+}
+
+}  // namespace
+
+TEST_CASE("a session goes cold, dirty, saving and clean (spec §18)", "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  CHECK(c.state() == slot_state::unknown);
+  CHECK(c.owner().empty());
+
+  auto p = c.prepare(session("A"), t0, wall);
+  CHECK(p.erase);
+  CHECK_FALSE(p.save);
+  CHECK_FALSE(p.restore);
+  CHECK_FALSE(p.resident);
+  CHECK(p.manifest_writes.empty());
+  CHECK(c.on_erase(erased(), t0));
+  CHECK(c.state() == slot_state::idle);
+
+  CHECK(c.start_inference(session("A")) == prepare_kind::cold);
+  CHECK(c.owner() == a);
+  CHECK(c.state() == slot_state::inference);
+
+  CHECK_FALSE(c.end_inference(true, t0 + 1s));
+  CHECK(c.state() == slot_state::dirty);
+  CHECK(c.owner_dirty());
+
+  auto s = c.checkpoint_owner(t0 + 2s);
+  REQUIRE(s);
+  CHECK(c.state() == slot_state::saving);
+  CHECK(s->hash == a);
+  CHECK(s->slot == 0);
+  CHECK(s->revision == 1);
+
+  auto d = c.on_save(*s, saved(2124), t0 + 3s, wall);
+  REQUIRE(d.ok);
+  REQUIRE(d.write);
+  // Not clean until the manifest is durable.
+  CHECK(c.owner_dirty());
+  c.store_manifest(*d.write);
+  CHECK_FALSE(c.owner_dirty());
+  CHECK(c.state() == slot_state::ready);
+  CHECK(c.owner() == a);
+
+  CHECK(c.stats().cold_starts == 1);
+  CHECK(c.stats().saves == 1);
+  CHECK(c.stats().save_bytes == 24 + 2124 * 1024);
+}
+
+TEST_CASE("request A, A, B, A plans exactly the milestone's calls (spec §84)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  const auto b = c.hash_for("B");
+  REQUIRE(a != b);
+
+  // A #1: erase only.
+  auto p1 = c.prepare(session("A"), t0, wall);
+  CHECK(p1.erase);
+  CHECK_FALSE(p1.save);
+  CHECK_FALSE(p1.restore);
+  CHECK_FALSE(p1.resident);
+  REQUIRE(c.on_erase(erased(), t0));
+  CHECK(c.start_inference(session("A")) == prepare_kind::cold);
+  CHECK_FALSE(c.end_inference(true, t0 + 1s));
+
+  // A #2: resident, no calls at all.
+  auto p2 = c.prepare(session("A"), t0 + 2s, wall);
+  CHECK(p2.resident);
+  CHECK_FALSE(p2.erase);
+  CHECK_FALSE(p2.save);
+  CHECK_FALSE(p2.restore);
+  CHECK(c.start_inference(session("A")) == prepare_kind::resident);
+  CHECK_FALSE(c.end_inference(true, t0 + 3s));
+
+  // B: save A into generation 'a', then erase for B's cold start.
+  auto p3 = c.prepare(session("B"), t0 + 4s, wall);
+  CHECK_FALSE(p3.resident);
+  REQUIRE(p3.save);
+  CHECK(p3.save->hash == a);
+  CHECK(p3.save->generation == 'a');
+  CHECK(p3.save->filename == a + ".a.bin");
+  CHECK(p3.save->revision == 2);
+  CHECK(p3.erase);
+  CHECK_FALSE(p3.restore);
+  CHECK(c.state() == slot_state::saving);
+
+  auto d3 = c.on_save(*p3.save, saved(1500), t0 + 5s, wall);
+  REQUIRE(d3.ok);
+  REQUIRE(d3.write);
+  CHECK(d3.write->session_id == "A");
+  CHECK(d3.write->session_hash == a);
+  CHECK(d3.write->generation == 'a');
+  CHECK(d3.write->snapshot_file() == a + ".a.bin");
+  CHECK(d3.write->tokens == 1500);
+  CHECK(d3.write->bytes == 24 + 1500 * 1024);
+  CHECK(d3.write->revision == 2);
+  CHECK(d3.write->state == snapshot_state::ready);
+  CHECK(d3.write->instance_key == "test-instance");
+  CHECK(d3.write->model_id == test_runtime().model_path);
+  CHECK(d3.write->runtime_fingerprint == expected_fingerprint());
+  CHECK(d3.write->created_at == wall);
+  c.store_manifest(*d3.write);
+  REQUIRE(c.on_erase(erased(1500), t0 + 5s));
+  CHECK(c.start_inference(session("B")) == prepare_kind::cold);
+  CHECK(c.owner() == b);
+  CHECK_FALSE(c.end_inference(true, t0 + 6s));
+
+  // A #3: save B, restore A with A's token count.
+  auto p4 = c.prepare(session("A"), t0 + 7s, wall);
+  CHECK_FALSE(p4.resident);
+  REQUIRE(p4.save);
+  CHECK(p4.save->hash == b);
+  CHECK(p4.save->generation == 'a');
+  CHECK(p4.save->filename == b + ".a.bin");
+  CHECK(p4.save->revision == 1);
+  REQUIRE(p4.restore);
+  CHECK(p4.restore->hash == a);
+  CHECK(p4.restore->filename == a + ".a.bin");
+  CHECK(p4.restore->expected_tokens == 1500);
+  CHECK_FALSE(p4.erase);
+
+  auto d4 = c.on_save(*p4.save, saved(900), t0 + 8s, wall);
+  REQUIRE(d4.ok);
+  c.store_manifest(*d4.write);
+  auto r4 = c.on_restore(*p4.restore, restored(1500), t0 + 8s, wall);
+  CHECK(r4.restored);
+  CHECK_FALSE(r4.need_erase);
+  CHECK_FALSE(r4.write);
+  CHECK(c.state() == slot_state::ready);
+  CHECK(c.start_inference(session("A")) == prepare_kind::restored);
+  CHECK(c.owner() == a);
+
+  CHECK(c.stats().switches == 2);
+  CHECK(c.stats().saves == 2);
+  CHECK(c.stats().restores == 1);
+  CHECK(c.stats().restore_hits == 1);
+  CHECK(c.stats().cold_starts == 2);
+}
+
+TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (design note 5)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+
+  run_request(c, session("A"), t0);
+  auto s1 = c.checkpoint_owner(t0 + 1s);
+  REQUIRE(s1);
+  CHECK(s1->generation == 'a');
+  CHECK(s1->filename == a + ".a.bin");
+  auto d1 = c.on_save(*s1, saved(100), t0 + 1s, wall);
+  REQUIRE(d1.ok);
+  c.store_manifest(*d1.write);
+  CHECK(c.find_manifest(a)->generation == 'a');
+
+  run_request(c, session("A"), t0 + 2s);
+  auto s2 = c.checkpoint_owner(t0 + 3s);
+  REQUIRE(s2);
+  CHECK(s2->generation == 'b');
+  CHECK(s2->filename == a + ".b.bin");
+
+  SECTION("a stored save switches the manifest to the new generation") {
+    auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
+    REQUIRE(d2.ok);
+    CHECK(d2.write->generation == 'b');
+    CHECK(d2.write->created_at == wall);
+    c.store_manifest(*d2.write);
+    CHECK(c.find_manifest(a)->generation == 'b');
+    CHECK(c.find_manifest(a)->tokens == 200);
+
+    run_request(c, session("A"), t0 + 4s);
+    auto s3 = c.checkpoint_owner(t0 + 5s);
+    REQUIRE(s3);
+    CHECK(s3->generation == 'a');
+    CHECK(s3->filename == a + ".a.bin");
+    auto d3 = c.on_save(*s3, saved(300), t0 + 5s, wall);
+    c.store_manifest(*d3.write);
+
+    // A restore reads the generation the manifest points at.
+    run_request(c, session("B"), t0 + 6s);
+    auto p = c.prepare(session("A"), t0 + 7s, wall);
+    REQUIRE(p.restore);
+    CHECK(p.restore->filename == a + ".a.bin");
+    CHECK(p.restore->expected_tokens == 300);
+  }
+
+  SECTION("a save whose manifest was never stored does not rotate") {
+    // The server wrote b, but the manifest write failed: the manifest still points at a,
+    // and the next save targets b again, never the last good file.
+    auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
+    REQUIRE(d2.ok);
+    CHECK(c.find_manifest(a)->generation == 'a');
+    CHECK(c.owner_dirty());
+    auto again = c.checkpoint_owner(t0 + 4s);
+    REQUIRE(again);
+    CHECK(again->generation == 'b');
+    CHECK(again->filename == a + ".b.bin");
+  }
+}
+
+TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty (spec §28)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  run_request(c, session("A"), t0);
+  auto s = c.checkpoint_owner(t0 + 1s);
+  REQUIRE(s);
+  CHECK(s->revision == 1);
+
+  // Another turn of A completes before the save's result is in.
+  auto p = c.prepare(session("A"), t0 + 2s, wall);
+  CHECK(p.resident);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 3s);
+
+  auto d = c.on_save(*s, saved(100), t0 + 4s, wall);
+  REQUIRE(d.ok);
+  CHECK(d.write->revision == 1);
+  c.store_manifest(*d.write);
+  CHECK(c.owner_dirty());
+  CHECK(c.state() == slot_state::dirty);
+
+  auto s2 = c.checkpoint_owner(t0 + 5s);
+  REQUIRE(s2);
+  CHECK(s2->revision == 2);
+  auto d2 = c.on_save(*s2, saved(180), t0 + 6s, wall);
+  c.store_manifest(*d2.write);
+  CHECK_FALSE(c.owner_dirty());
+  CHECK(c.state() == slot_state::ready);
+}
+
+TEST_CASE("checkpoint requests for the same revision coalesce (spec §27)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  CHECK_FALSE(c.checkpoint_owner(t0));  // nobody owns the slot
+
+  run_request(c, session("A"), t0);
+  auto s = c.checkpoint_owner(t0 + 1s);
+  REQUIRE(s);
+  CHECK_FALSE(c.checkpoint_owner(t0 + 1s));  // one is in flight for this revision
+  auto d = c.on_save(*s, saved(100), t0 + 2s, wall);
+  c.store_manifest(*d.write);
+  CHECK_FALSE(c.checkpoint_owner(t0 + 3s));  // clean: nothing to do
+  CHECK_FALSE(c.idle_deadline());            // the flush superseded the idle timer
+  CHECK_FALSE(c.idle_checkpoint(t0 + 1h));
+  CHECK(c.stats().saves == 1);
+}
+
+TEST_CASE(
+    "the idle checkpoint fires once, at its deadline, for the same owner and revision "
+    "(spec §71)",
+    "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  const auto b = c.hash_for("B");
+  run_request(c, session("A"), t0);
+  REQUIRE(c.idle_deadline());
+  CHECK(*c.idle_deadline() == t0 + 30s);
+
+  SECTION("not before the deadline, once at it") {
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s - 1ms));
+    CHECK(c.idle_deadline() == t0 + 30s);  // still armed
+    auto s = c.idle_checkpoint(t0 + 30s);
+    REQUIRE(s);
+    CHECK(s->hash == a);
+    CHECK(s->revision == 1);
+    CHECK(c.state() == slot_state::saving);
+    CHECK_FALSE(c.idle_deadline());
+    CHECK_FALSE(c.idle_checkpoint(t0 + 31s));
+    auto d = c.on_save(*s, saved(100), t0 + 31s, wall);
+    c.store_manifest(*d.write);
+    CHECK_FALSE(c.idle_checkpoint(t0 + 1h));
+  }
+
+  SECTION("a newer revision moves the deadline; the old one does nothing") {
+    run_request(c, session("A"), t0 + 10s);
+    CHECK(c.idle_deadline() == t0 + 40s);
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s));
+    auto s = c.idle_checkpoint(t0 + 40s);
+    REQUIRE(s);
+    CHECK(s->revision == 2);
+  }
+
+  SECTION("a request that starts before the deadline cancels it") {
+    auto p = c.prepare(session("A"), t0 + 29s, wall);
+    CHECK(p.resident);
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s));
+  }
+
+  SECTION("an owner change: the old timer does not save the new owner early") {
+    run_request(c, session("B"), t0 + 5s);  // saves A, B now owns the slot
+    CHECK(c.owner() == b);
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s));
+    auto s = c.idle_checkpoint(t0 + 35s);
+    REQUIRE(s);
+    CHECK(s->hash == b);
+  }
+
+  SECTION("after an auxiliary request nobody owns the slot: no idle save") {
+    run_request(c, auxiliary("A", "session-title"), t0 + 1s);
+    CHECK(c.owner().empty());
+    CHECK_FALSE(c.idle_deadline());
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s));
+    CHECK_FALSE(c.idle_checkpoint(t0 + 31s));
+  }
+
+  SECTION("after an epoch change the slot is empty: no idle save") {
+    c.on_epoch_change();
+    CHECK_FALSE(c.idle_checkpoint(t0 + 30s));
+  }
+}
+
+TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
+          "[core][coordinator_core]") {
+  SECTION("idle 0") {
+    auto o = test_options();
+    o.idle_checkpoint = 0ms;
+    auto c = make_core(o);
+    run_request(c, session("A"), t0);
+    CHECK(c.owner_dirty());
+    CHECK_FALSE(c.idle_deadline());
+    CHECK_FALSE(c.idle_checkpoint(t0 + 1h));
+  }
+  SECTION("a restored session whose request never reached the slot stays clean") {
+    auto c = make_core();
+    c.add_manifest(ready_manifest(c, "A", 'a', 100));
+    auto p = c.prepare(session("A"), t0, wall);
+    REQUIRE(p.restore);
+    REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
+    c.start_inference(session("A"));
+    CHECK_FALSE(c.end_inference(false, t0 + 1s));
+    CHECK_FALSE(c.owner_dirty());
+    CHECK(c.state() == slot_state::ready);
+    CHECK_FALSE(c.idle_deadline());
+  }
+}
+
+TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  c.add_manifest(ready_manifest(c, "A", 'a', 100));
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(p.restore);
+  REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 1s);
+  CHECK(c.owner_dirty());
+  auto s = c.checkpoint_owner(t0 + 2s);
+  REQUIRE(s);
+  CHECK(s->revision == 4);  // the loaded manifest was revision 3
+  CHECK(s->generation == 'b');
+}
+
+TEST_CASE(
+    "a save of an emptied slot keeps the previous manifest and ends ownership "
+    "(design note 4)",
+    "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+  checkpoint(c, t0 + 1s, 2124);
+  run_request(c, session("A"), t0 + 2s);  // dirty again
+
+  auto p = c.prepare(session("B"), t0 + 3s, wall);
+  REQUIRE(p.save);
+  CHECK(p.save->generation == 'b');
+  auto d = c.on_save(*p.save, slot_saved{0, 24, 0.1}, t0 + 3s, wall);
+  CHECK_FALSE(d.ok);
+  CHECK_FALSE(d.write);
+  CHECK(d.err.code == errc::save_empty);
+  CHECK(c.owner().empty());
+  CHECK(c.state() == slot_state::unknown);
+  const manifest* m = c.find_manifest(a);
+  REQUIRE(m);
+  CHECK(m->generation == 'a');
+  CHECK(m->tokens == 2124);
+  CHECK(m->state == snapshot_state::ready);
+  CHECK(c.stats().empty_saves == 1);
+  CHECK(c.stats().saves == 1);
+  CHECK(c.circuit().consecutive_failures() == 0);
+
+  // B continues cold; A later restores the last good generation.
+  REQUIRE(p.erase);
+  REQUIRE(c.on_erase(erased(), t0 + 3s));
+  CHECK(c.start_inference(session("B")) == prepare_kind::cold);
+  c.end_inference(true, t0 + 4s);
+  auto p2 = c.prepare(session("A"), t0 + 5s, wall);
+  REQUIRE(p2.restore);
+  CHECK(p2.restore->filename == a + ".a.bin");
+  CHECK(p2.restore->expected_tokens == 2124);
+}
+
+TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][coordinator_core]") {
+  auto c = make_core();
+  run_request(c, session("A"), t0);
+  auto s = c.checkpoint_owner(t0 + 1s);
+  REQUIRE(s);
+  auto d = c.on_save(*s, slot_saved{100, 0, 0.1}, t0 + 1s, wall);
+  CHECK_FALSE(d.ok);
+  CHECK_FALSE(d.write);
+  CHECK(d.err.code == errc::save_failed);
+  CHECK(c.owner_dirty());
+  CHECK(c.state() == slot_state::dirty);
+  CHECK(c.stats().save_failures == 1);
+}
+
+TEST_CASE(
+    "a failed save on a switch keeps the old snapshot and lets the new session run "
+    "(spec §32)",
+    "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+  checkpoint(c, t0 + 1s, 100);
+  run_request(c, session("A"), t0 + 2s);
+
+  auto p = c.prepare(session("B"), t0 + 3s, wall);
+  REQUIRE(p.save);
+  auto d = c.on_save(*p.save, error{errc::save_failed, 500, "Unable to save slot"}, t0 + 3s, wall);
+  CHECK_FALSE(d.ok);
+  CHECK(d.err.code == errc::save_failed);
+  CHECK(d.err.http_status == 500);
+  CHECK(c.circuit().consecutive_failures() == 1);  // a 5xx is the server's fault
+  CHECK(c.state() == slot_state::dirty);
+  REQUIRE(p.erase);
+  REQUIRE(c.on_erase(erased(), t0 + 3s));
+  CHECK(c.start_inference(session("B")) == prepare_kind::cold);
+  CHECK(c.find_manifest(a)->generation == 'a');
+  CHECK(c.find_manifest(a)->tokens == 100);
+  CHECK(c.stats().save_failures == 1);
+}
+
+TEST_CASE("restore outcomes are verified (spec §24, invariant 10)", "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  c.add_manifest(ready_manifest(c, "A", 'b', 2124));
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(p.restore);
+  CHECK(p.restore->filename == a + ".b.bin");
+  CHECK(p.restore->expected_tokens == 2124);
+  CHECK_FALSE(p.erase);
+  CHECK_FALSE(p.save);
+  CHECK(c.state() == slot_state::restoring);
+
+  SECTION("the token count matches: restored") {
+    auto d = c.on_restore(*p.restore, restored(2124), t0, wall);
+    CHECK(d.restored);
+    CHECK_FALSE(d.need_erase);
+    CHECK_FALSE(d.write);
+    CHECK(c.start_inference(session("A")) == prepare_kind::restored);
+    CHECK(c.stats().restore_bytes == 24 + 2124 * 1024);
+  }
+
+  SECTION("200 with fewer tokens: invalid, erase, cold, never retried") {
+    auto d = c.on_restore(*p.restore, restored(2000), t0, wall);
+    CHECK_FALSE(d.restored);
+    CHECK(d.need_erase);
+    CHECK(d.err.code == errc::snapshot_corrupt);
+    REQUIRE(d.write);
+    CHECK(d.write->state == snapshot_state::invalid);
+    CHECK(d.write->invalid_reason == "KV_SNAPSHOT_CORRUPT");
+    CHECK(d.write->generation == 'b');  // marked, not deleted or moved
+    CHECK(d.write->session_hash == a);
+    CHECK(c.state() == slot_state::unknown);
+    c.store_manifest(*d.write);
+    REQUIRE(c.on_erase(erased(2000), t0));
+    CHECK(c.start_inference(session("A")) == prepare_kind::cold_fallback);
+    CHECK(c.stats().restore_failures == 1);
+    CHECK(c.stats().invalidations == 1);
+    CHECK(c.stats().cold_starts == 1);
+    CHECK(c.circuit().consecutive_failures() == 0);
+
+    c.end_inference(true, t0 + 1s);
+    c.on_epoch_change();
+    auto p2 = c.prepare(session("A"), t0 + 2s, wall);
+    CHECK_FALSE(p2.restore);
+    CHECK(p2.erase);
+  }
+
+  SECTION("200 with zero tokens is not a restore") {
+    auto d = c.on_restore(*p.restore, restored(0), t0, wall);
+    CHECK_FALSE(d.restored);
+    CHECK(d.need_erase);
+    REQUIRE(d.write);
+    CHECK(d.write->invalid_reason == "KV_SNAPSHOT_CORRUPT");
+  }
+
+  SECTION("HTTP 400: invalid, the server already cleared the slot, no erase") {
+    auto d = c.on_restore(
+        *p.restore,
+        error{errc::restore_failed, 400,
+              "Unable to restore slot: No available space in KV cache or invalid slot save file"},
+        t0, wall);
+    CHECK_FALSE(d.restored);
+    CHECK_FALSE(d.need_erase);
+    REQUIRE(d.write);
+    CHECK(d.write->state == snapshot_state::invalid);
+    CHECK(d.write->invalid_reason == "KV_RESTORE_FAILED");
+    CHECK(d.err.code == errc::restore_failed);
+    CHECK(c.state() == slot_state::idle);
+    CHECK(c.circuit().consecutive_failures() == 0);  // the file's fault, not the server's
+    c.store_manifest(*d.write);
+    CHECK(c.find_manifest(a)->state == snapshot_state::invalid);
+    CHECK(c.start_inference(session("A")) == prepare_kind::cold_fallback);
+    CHECK(c.owner() == a);
+  }
+
+  SECTION("transport failure: the snapshot stays valid, the breaker counts") {
+    auto d = c.on_restore(*p.restore, transport(), t0, wall);
+    CHECK_FALSE(d.restored);
+    CHECK_FALSE(d.need_erase);
+    CHECK_FALSE(d.write);
+    CHECK(d.err.code == errc::backend_unavailable);
+    CHECK(c.state() == slot_state::unknown);
+    CHECK(c.circuit().consecutive_failures() == 1);
+    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
+    CHECK(c.start_inference(session("A")) == prepare_kind::cold_fallback);
+    c.end_inference(true, t0 + 1s);
+    c.on_epoch_change();
+    auto p2 = c.prepare(session("A"), t0 + 2s, wall);
+    REQUIRE(p2.restore);
+    CHECK(p2.restore->filename == a + ".b.bin");
+  }
+
+  SECTION("HTTP 500: a server problem, not the file's") {
+    auto d = c.on_restore(*p.restore, error{errc::restore_failed, 500, "boom"}, t0, wall);
+    CHECK_FALSE(d.restored);
+    CHECK_FALSE(d.write);
+    CHECK(c.circuit().consecutive_failures() == 1);
+    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
+  }
+}
+
+TEST_CASE("restore verification can be relaxed, and restores turned off",
+          "[core][coordinator_core]") {
+  SECTION("verify_restore off accepts any non-zero count") {
+    auto o = test_options();
+    o.verify_restore = false;
+    auto c = make_core(o);
+    c.add_manifest(ready_manifest(c, "A", 'a', 2124));
+    auto p = c.prepare(session("A"), t0, wall);
+    REQUIRE(p.restore);
+    auto d = c.on_restore(*p.restore, restored(2000), t0, wall);
+    CHECK(d.restored);
+    CHECK_FALSE(d.write);
+    CHECK(c.start_inference(session("A")) == prepare_kind::restored);
+  }
+  SECTION("restore_enabled off goes cold and leaves the manifest alone") {
+    auto o = test_options();
+    o.restore_enabled = false;
+    auto c = make_core(o);
+    c.add_manifest(ready_manifest(c, "A", 'a', 2124));
+    auto p = c.prepare(session("A"), t0, wall);
+    CHECK_FALSE(p.restore);
+    CHECK(p.erase);
+    CHECK(p.manifest_writes.empty());
+    CHECK(c.find_manifest(c.hash_for("A"))->state == snapshot_state::ready);
+  }
+}
+
+TEST_CASE("a snapshot from another runtime is invalidated, never restored (spec §31)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+
+  SECTION("a foreign fingerprint") {
+    c.add_manifest(ready_manifest(c, "A", 'a', 500, 3, std::string(64, '0')));
+  }
+  SECTION("a different build") {
+    auto rt = test_runtime();
+    rt.build_info = "b5000-0000000";
+    c.add_manifest(ready_manifest(c, "A", 'a', 500, 3, expected_fingerprint(test_options(), rt)));
+  }
+  SECTION("a different context size") {
+    auto rt = test_runtime();
+    rt.n_ctx = 4096;
+    c.add_manifest(ready_manifest(c, "A", 'a', 500, 3, expected_fingerprint(test_options(), rt)));
+  }
+  SECTION("a different runtimeKey (KV types, -fa, LoRA)") {
+    auto o = test_options();
+    o.runtime_key = "qwen7b-q8kv";
+    c.add_manifest(ready_manifest(c, "A", 'a', 500, 3, expected_fingerprint(o)));
+  }
+
+  auto p = c.prepare(session("A"), t0, wall);
+  CHECK_FALSE(p.restore);
+  CHECK(p.erase);
+  REQUIRE(p.manifest_writes.size() == 1);
+  const auto& m = p.manifest_writes[0];
+  CHECK(m.session_hash == a);
+  CHECK(m.state == snapshot_state::invalid);
+  CHECK(m.invalid_reason == "KV_SNAPSHOT_INCOMPATIBLE");
+  CHECK(m.generation == 'a');
+  CHECK(m.updated_at == wall);
+  CHECK(c.find_manifest(a)->state == snapshot_state::invalid);
+  CHECK(c.stats().invalidations == 1);
+  REQUIRE(c.on_erase(erased(), t0));
+  CHECK(c.start_inference(session("A")) == prepare_kind::cold);
+}
+
+TEST_CASE("a snapshot from the same runtime in an earlier process restores",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  c.add_manifest(ready_manifest(c, "A", 'b', 777, 9));
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(p.restore);
+  CHECK(p.manifest_writes.empty());
+  CHECK(p.restore->filename == c.hash_for("A") + ".b.bin");
+  CHECK(p.restore->expected_tokens == 777);
+}
+
+TEST_CASE("auxiliary requests save the owner and leave the slot unowned (spec §22, §72)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+  REQUIRE(c.owner_dirty());
+
+  request_identity aux;
+  SECTION("a purpose marks it, even with the session's id") {
+    aux = auxiliary("A", "session-title");
+  }
+  SECTION("no session id at all") { aux = request_identity{}; }
+
+  auto p = c.prepare(aux, t0 + 1s, wall);
+  CHECK_FALSE(p.resident);
+  REQUIRE(p.save);
+  CHECK(p.save->hash == a);
+  CHECK(p.save->generation == 'a');
+  CHECK_FALSE(p.restore);
+  CHECK_FALSE(p.erase);
+  auto d = c.on_save(*p.save, saved(800), t0 + 1s, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+
+  CHECK(c.start_inference(aux) == prepare_kind::auxiliary);
+  CHECK(c.owner().empty());
+  CHECK_FALSE(c.end_inference(true, t0 + 2s));
+  CHECK(c.owner().empty());
+  CHECK(c.state() == slot_state::unknown);
+  CHECK_FALSE(c.idle_deadline());
+  CHECK_FALSE(c.checkpoint_owner(t0 + 3s));  // auxiliary content is never saved
+  CHECK(c.find_manifest(a)->revision == 1);  // and never counted as A's progress
+
+  // The next session request restores A.
+  auto p2 = c.prepare(session("A"), t0 + 4s, wall);
+  CHECK_FALSE(p2.resident);
+  CHECK_FALSE(p2.save);
+  REQUIRE(p2.restore);
+  CHECK(p2.restore->filename == a + ".a.bin");
+  CHECK(p2.restore->expected_tokens == 800);
+}
+
+TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][coordinator_core]") {
+  auto c = make_core();
+  SECTION("unowned slot") {}
+  SECTION("clean owner") {
+    run_request(c, session("A"), t0);
+    checkpoint(c, t0 + 1s, 100);
+  }
+  auto p = c.prepare(auxiliary("", "compaction"), t0 + 2s, wall);
+  CHECK_FALSE(p.save);
+  CHECK_FALSE(p.restore);
+  CHECK_FALSE(p.erase);
+  CHECK_FALSE(p.resident);
+  CHECK(c.start_inference(auxiliary("", "compaction")) == prepare_kind::auxiliary);
+  CHECK(c.owner().empty());
+}
+
+TEST_CASE("switch-only saving can be turned off", "[core][coordinator_core]") {
+  auto o = test_options();
+  o.save_on_switch = false;
+  auto c = make_core(o);
+  run_request(c, session("A"), t0);
+  auto p = c.prepare(session("B"), t0 + 1s, wall);
+  CHECK_FALSE(p.save);
+  CHECK(p.erase);
+}
+
+TEST_CASE("checkpoint.onTurnEnd saves when the request ends", "[core][coordinator_core]") {
+  auto o = test_options();
+  o.save_on_turn_end = true;
+  auto c = make_core(o);
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(c.on_erase(erased(), t0));
+  c.start_inference(session("A"));
+  auto s = c.end_inference(true, t0 + 1s);
+  REQUIRE(s);
+  CHECK(s->hash == c.hash_for("A"));
+  CHECK(s->revision == 1);
+  CHECK(s->generation == 'a');
+  CHECK(c.state() == slot_state::saving);
+  (void)p;
+}
+
+namespace {
+
+// Three transport failures in a row: erase (A), save of A and erase (B). B owns the slot,
+// dirty, and the breaker is open until t0 + 1s + 60s.
+void open_breaker(coordinator_core& c) {
+  auto p1 = c.prepare(session("A"), t0, wall);
+  REQUIRE(p1.erase);
+  CHECK_FALSE(c.on_erase(transport(), t0));
+  c.start_inference(session("A"));
+  c.end_inference(true, t0);
+  auto p2 = c.prepare(session("B"), t0 + 1s, wall);
+  REQUIRE(p2.save);
+  REQUIRE(p2.erase);
+  CHECK_FALSE(c.on_save(*p2.save, transport(), t0 + 1s, wall).ok);
+  CHECK(c.circuit().current() == breaker::state::closed);
+  CHECK_FALSE(c.on_erase(transport(), t0 + 1s));
+  REQUIRE(c.circuit().current() == breaker::state::open);
+  c.start_inference(session("B"));
+  c.end_inference(true, t0 + 1s);
+  REQUIRE(c.owner() == c.hash_for("B"));
+}
+
+}  // namespace
+
+TEST_CASE("an open circuit skips persistence, and inference goes on (spec §33)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  const auto b = c.hash_for("B");
+  open_breaker(c);
+
+  auto p = c.prepare(session("A"), t0 + 2s, wall);
+  CHECK_FALSE(p.fail);
+  CHECK_FALSE(p.save);
+  CHECK_FALSE(p.restore);
+  CHECK_FALSE(p.erase);
+  CHECK_FALSE(p.resident);
+  CHECK(c.start_inference(session("A")) == prepare_kind::cold);
+  CHECK(c.owner() == a);
+  c.end_inference(true, t0 + 2s);
+
+  // A resident session is not affected by the open circuit.
+  CHECK(c.prepare(session("A"), t0 + 3s, wall).resident);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 3s);
+
+  // Idle and flush checkpoints are paused too.
+  CHECK_FALSE(c.checkpoint_owner(t0 + 4s));
+
+  // After the cooldown one half-open trial runs the calls again.
+  auto trial = c.prepare(session("B"), t0 + 61s, wall);
+  CHECK(c.circuit().current() == breaker::state::half_open);
+  REQUIRE(trial.save);
+  CHECK(trial.save->hash == a);
+  CHECK(trial.erase);
+  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok);
+  CHECK(c.circuit().current() == breaker::state::closed);
+  CHECK(c.circuit().consecutive_failures() == 0);
+  (void)b;
+}
+
+TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinator_core]") {
+  auto o = test_options();
+  o.strict = true;
+  auto c = make_core(o);
+  const auto b = c.hash_for("B");
+  open_breaker(c);
+
+  auto p = c.prepare(session("A"), t0 + 2s, wall);
+  CHECK(p.fail);
+  CHECK_FALSE(p.save);
+  CHECK_FALSE(p.restore);
+  CHECK_FALSE(p.erase);
+  c.abort_prepare();
+  CHECK(c.owner() == b);  // B's dirty content is still in the slot
+  CHECK(c.owner_dirty());
+  CHECK(c.prepare(session("B"), t0 + 3s, wall).resident);
+  c.start_inference(session("B"));
+  c.end_inference(true, t0 + 3s);
+
+  // The half-open trial fails: open again with a doubled cooldown.
+  auto trial = c.prepare(session("A"), t0 + 61s, wall);
+  CHECK_FALSE(trial.fail);
+  REQUIRE(trial.save);
+  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok);
+  CHECK(c.circuit().current() == breaker::state::open);
+  c.abort_prepare();
+  CHECK(c.prepare(session("A"), t0 + 62s, wall).fail);
+  c.abort_prepare();
+  CHECK(c.prepare(session("A"), t0 + 61s + 119s, wall).fail);
+  c.abort_prepare();
+  CHECK_FALSE(c.prepare(session("A"), t0 + 61s + 120s, wall).fail);
+}
+
+TEST_CASE("a server epoch change ends residency, and the session restores (design note 2)",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+  checkpoint(c, t0 + 1s, 100);
+  run_request(c, session("A"), t0 + 2s);  // dirty again, never saved
+
+  c.on_epoch_change();
+  CHECK(c.owner().empty());
+  CHECK(c.state() == slot_state::unknown);
+  CHECK_FALSE(c.owner_dirty());
+  CHECK_FALSE(c.idle_deadline());
+
+  auto p = c.prepare(session("A"), t0 + 3s, wall);
+  CHECK_FALSE(p.resident);
+  CHECK_FALSE(p.save);  // the old process's slot is gone: nothing to save
+  REQUIRE(p.restore);
+  CHECK(p.restore->filename == a + ".a.bin");
+  CHECK(p.restore->expected_tokens == 100);
+  CHECK(c.stats().switches == 0);
+}
+
+TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch and a new key",
+          "[core][coordinator_core]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+
+  SECTION("re-probe of the same server") {
+    c.set_runtime(test_runtime());
+    CHECK(c.owner() == a);
+    CHECK(c.prepare(session("A"), t0 + 1s, wall).resident);
+  }
+  SECTION("a different model file (spec §56)") {
+    auto rt = test_runtime();
+    rt.model_path = "/models/llama-3.1-8b-instruct-q4_k_m.gguf";
+    c.set_runtime(rt);
+    CHECK(c.owner().empty());
+    const auto a2 = c.hash_for("A");
+    CHECK(a2 != a);
+    auto p = c.prepare(session("A"), t0 + 1s, wall);
+    CHECK_FALSE(p.resident);
+    CHECK_FALSE(p.save);
+    CHECK(p.erase);
+    CHECK(c.find_manifest(a2) == nullptr);
+  }
+}
+
+TEST_CASE("without persistence every plan is empty", "[core][coordinator_core]") {
+  SECTION("before the first successful probe") {
+    coordinator_core c(test_options());
+    CHECK_FALSE(c.persistence_enabled());
+    CHECK(c.hash_for("A").empty());
+    auto p = c.prepare(session("A"), t0, wall);
+    CHECK_FALSE(p.save);
+    CHECK_FALSE(p.restore);
+    CHECK_FALSE(p.erase);
+    CHECK_FALSE(p.resident);
+    CHECK_FALSE(p.fail);
+    CHECK(c.start_inference(session("A")) == prepare_kind::none);
+    CHECK_FALSE(c.end_inference(true, t0));
+    CHECK_FALSE(c.checkpoint_owner(t0));
+    CHECK_FALSE(c.idle_deadline());
+    CHECK(c.owner().empty());
+  }
+  SECTION("after disable_persistence (slot actions turned off)") {
+    auto c = make_core();
+    run_request(c, session("A"), t0);
+    c.disable_persistence();
+    CHECK_FALSE(c.persistence_enabled());
+    CHECK(c.owner().empty());
+    auto p = c.prepare(session("B"), t0 + 1s, wall);
+    CHECK_FALSE(p.save);
+    CHECK_FALSE(p.restore);
+    CHECK_FALSE(p.erase);
+    CHECK(c.start_inference(session("B")) == prepare_kind::none);
+    CHECK_FALSE(c.end_inference(true, t0 + 2s));
+    CHECK_FALSE(c.checkpoint_owner(t0 + 3s));
+  }
+}

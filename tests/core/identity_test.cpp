@@ -1,0 +1,136 @@
+// Tests for core/identity.hpp: SHA-256, session keys, snapshot filenames (spec §13, §16,
+// invariant 9) and the runtime fingerprint (spec §15, design note 8).
+#include "core/identity.hpp"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+#include <iterator>
+#include <set>
+#include <string>
+
+namespace {
+
+using namespace kvp::core;
+
+bool is_lower_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+runtime_info base_runtime() {
+  runtime_info rt;
+  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
+  rt.build_info = "b6123-80fb11a";
+  rt.n_ctx = 8192;
+  rt.total_slots = 1;
+  rt.runtime_key = "qwen7b-f16kv";
+  rt.media_marker = "<__media_1__>";
+  return rt;
+}
+
+}  // namespace
+
+TEST_CASE("sha256_hex matches the FIPS 180-2 test vectors", "[core][identity]") {
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // Embedded NUL bytes are data, not terminators.
+  CHECK(sha256_hex(std::string_view("a\0b", 3)) != sha256_hex("a"));
+}
+
+TEST_CASE("session_hash is stable and separates instance, model and session", "[core][identity]") {
+  const auto h = session_hash("default", "/models/m.gguf", "conv-1");
+  CHECK(h.size() == 64);
+  CHECK(is_lower_hex(h));
+  CHECK(h == session_hash("default", "/models/m.gguf", "conv-1"));
+  CHECK(h != session_hash("other", "/models/m.gguf", "conv-1"));
+  CHECK(h != session_hash("default", "/models/n.gguf", "conv-1"));
+  CHECK(h != session_hash("default", "/models/m.gguf", "conv-2"));
+  CHECK(h != sha256_hex("conv-1"));  // not a bare hash of the id
+
+  SECTION("length-prefixed fields: moving a boundary changes the key") {
+    CHECK(session_hash("ab", "c", "x") != session_hash("a", "bc", "x"));
+    CHECK(session_hash("i", "ab", "c") != session_hash("i", "a", "bc"));
+    CHECK(session_hash("i", "m", "") != session_hash("i", "", "m"));
+    // Separator look-alikes inside values cannot forge another field layout.
+    CHECK(session_hash("a;1:b", "c", "d") != session_hash("a", "b", "c;1:d"));
+    CHECK(session_hash("", "", "") != session_hash("", "", ";"));
+  }
+}
+
+TEST_CASE("snapshot filenames are 64 hex digits and a generation, never the raw id",
+          "[core][identity]") {
+  const std::string hostile[] = {
+      "conv-1",
+      "../../etc/passwd",
+      "..",
+      "a/b\\c",
+      std::string("nul\0inside", 10),
+      " leading and trailing ",
+      std::string(10 * 1024, 'x'),
+      "\xff\xfe\r\n",
+  };
+  std::set<std::string> names;
+  for (const auto& id : hostile) {
+    CAPTURE(id.size());
+    const auto h = session_hash("default", "/models/m.gguf", id);
+    for (char gen : {'a', 'b'}) {
+      const auto f = snapshot_filename(h, gen);
+      CHECK(f.size() == 70);
+      CHECK(is_lower_hex(std::string_view(f).substr(0, 64)));
+      CHECK(std::string_view(f).substr(64) == std::string(".") + gen + ".bin");
+      CHECK(f.find('/') == std::string::npos);
+      CHECK(f.find("..") == std::string::npos);
+      CHECK(f.find('\0') == std::string::npos);
+      if (id.size() >= 3) CHECK(f.find(id) == std::string::npos);
+      names.insert(f);
+    }
+  }
+  CHECK(names.size() == 2 * std::size(hostile));  // all distinct
+  CHECK(abbrev(session_hash("default", "/models/m.gguf", "conv-1")).size() == 8);
+}
+
+TEST_CASE("the runtime fingerprint ignores the epoch marker and nothing else", "[core][identity]") {
+  const auto base = base_runtime();
+  const auto fp = base.fingerprint();
+  CHECK(fp.size() == 64);
+  CHECK(is_lower_hex(fp));
+  CHECK(fp == base_runtime().fingerprint());
+
+  auto rt = base;
+  SECTION("media_marker is an epoch, not identity") {
+    rt.media_marker = "<__media_2__>";
+    CHECK(rt.fingerprint() == fp);
+  }
+  SECTION("runtime_key") {
+    rt.runtime_key = "qwen7b-q8kv";
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("build") {
+    rt.build_info = "b6124-1234567";
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("model") {
+    rt.model_path = "/models/other.gguf";
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("n_ctx") {
+    rt.n_ctx = 4096;
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("slots") {
+    rt.total_slots = 2;
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("fields cannot be traded against each other") {
+    auto x = base;
+    auto y = base;
+    x.model_path = "m1";
+    x.build_info = "b";
+    y.model_path = "m";
+    y.build_info = "1b";
+    CHECK(x.fingerprint() != y.fingerprint());
+  }
+}

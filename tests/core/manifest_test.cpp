@@ -1,0 +1,203 @@
+// Tests for core/manifest.hpp: the JSON written per session and the strict parser that
+// guards restores (spec §14, §31: a manifest that does not parse costs a cold prefill).
+#include "core/manifest.hpp"
+
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "core/identity.hpp"
+
+namespace {
+
+using namespace kvp::core;
+
+manifest sample() {
+  manifest m;
+  m.session_id = "sess \"quoted\"\n\xc3\xbc";
+  m.session_hash = session_hash("default", "/models/m.gguf", m.session_id);
+  m.instance_key = "default";
+  m.model_id = "/models/m.gguf";
+  m.runtime_fingerprint = sha256_hex("runtime");
+  m.generation = 'b';
+  m.tokens = 2124;
+  m.bytes = 4384076;
+  m.revision = 17;
+  m.compatibility = "supported";
+  m.created_at = "2025-06-01T12:00:00Z";
+  m.updated_at = "2025-06-01T12:34:56Z";
+  m.save_ms = 1.011;
+  return m;
+}
+
+rapidjson::Document dom(const std::string& json) {
+  rapidjson::Document d;
+  d.Parse(json.data(), json.size());
+  REQUIRE_FALSE(d.HasParseError());
+  return d;
+}
+
+std::string serialize(const rapidjson::Document& d) {
+  rapidjson::StringBuffer sb;
+  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  d.Accept(w);
+  return std::string(sb.GetString(), sb.GetSize());
+}
+
+// The sample's JSON with one member replaced by `value` (a JSON literal) or removed.
+std::string with_member(const char* key, const char* value_json) {
+  auto d = dom(to_json(sample()));
+  d.RemoveMember(key);
+  if (value_json) {
+    rapidjson::Document v(&d.GetAllocator());
+    v.Parse(value_json);
+    REQUIRE_FALSE(v.HasParseError());
+    d.AddMember(rapidjson::Value(key, d.GetAllocator()), rapidjson::Value(v, d.GetAllocator()),
+                d.GetAllocator());
+  }
+  return serialize(d);
+}
+
+void require_rejected(const std::string& json) {
+  CAPTURE(json);
+  auto r = parse_manifest(json);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::manifest_invalid);
+  CHECK_FALSE(r.err().message.empty());
+}
+
+}  // namespace
+
+TEST_CASE("a manifest survives a JSON round trip", "[core][manifest]") {
+  const auto m = sample();
+  const auto json = to_json(m);
+  CHECK(json.back() == '\n');
+
+  auto d = dom(json);
+  CHECK(d["schemaVersion"].GetInt() == 1);
+  CHECK(std::string(d["snapshotFile"].GetString()) == m.session_hash + ".b.bin");
+  CHECK(std::string(d["state"].GetString()) == "ready");
+  CHECK_FALSE(d.HasMember("invalidReason"));
+
+  auto r = parse_manifest(json);
+  REQUIRE(r.ok());
+  const auto& p = r.value();
+  CHECK(p.session_id == m.session_id);
+  CHECK(p.session_hash == m.session_hash);
+  CHECK(p.instance_key == m.instance_key);
+  CHECK(p.model_id == m.model_id);
+  CHECK(p.runtime_fingerprint == m.runtime_fingerprint);
+  CHECK(p.generation == 'b');
+  CHECK(p.tokens == 2124);
+  CHECK(p.bytes == 4384076);
+  CHECK(p.revision == 17);
+  CHECK(p.state == snapshot_state::ready);
+  CHECK(p.invalid_reason.empty());
+  CHECK(p.compatibility == "supported");
+  CHECK(p.created_at == m.created_at);
+  CHECK(p.updated_at == m.updated_at);
+  CHECK(p.save_ms == 1.011);
+  CHECK(p.snapshot_file() == m.snapshot_file());
+  CHECK(to_json(p) == json);
+}
+
+TEST_CASE("an invalid manifest keeps its reason", "[core][manifest]") {
+  auto m = sample();
+  m.state = snapshot_state::invalid;
+  m.invalid_reason = "KV_SNAPSHOT_CORRUPT";
+  const auto json = to_json(m);
+  CHECK(std::string(dom(json)["invalidReason"].GetString()) == "KV_SNAPSHOT_CORRUPT");
+  auto r = parse_manifest(json);
+  REQUIRE(r.ok());
+  CHECK(r->state == snapshot_state::invalid);
+  CHECK(r->invalid_reason == "KV_SNAPSHOT_CORRUPT");
+}
+
+TEST_CASE("next_generation alternates and never names the current file", "[core][manifest]") {
+  manifest m;
+  m.generation = 'a';
+  CHECK(m.next_generation() == 'b');
+  m.generation = 'b';
+  CHECK(m.next_generation() == 'a');
+}
+
+TEST_CASE("parse_manifest rejects what it did not write", "[core][manifest]") {
+  SECTION("another schema version") {
+    require_rejected(with_member("schemaVersion", "2"));
+    require_rejected(with_member("schemaVersion", "0"));
+    require_rejected(with_member("schemaVersion", "\"1\""));
+    require_rejected(with_member("schemaVersion", nullptr));
+  }
+  SECTION("a missing required key") {
+    for (const char* key :
+         {"sessionId", "sessionHash", "instanceKey", "modelId", "runtimeFingerprint", "generation",
+          "tokens", "bytes", "revision", "state", "createdAt", "updatedAt"}) {
+      CAPTURE(key);
+      require_rejected(with_member(key, nullptr));
+    }
+  }
+  SECTION("a mistyped key") {
+    require_rejected(with_member("tokens", "\"2124\""));
+    require_rejected(with_member("tokens", "-1"));
+    require_rejected(with_member("bytes", "1.5"));
+    require_rejected(with_member("revision", "null"));
+    require_rejected(with_member("sessionId", "42"));
+  }
+  SECTION("a hash that is not 64 lower-case hex digits") {
+    const auto h = sample().session_hash;
+    require_rejected(with_member("sessionHash", ("\"" + h.substr(1) + "\"").c_str()));
+    require_rejected(with_member("sessionHash", ("\"" + h + "0\"").c_str()));
+    require_rejected(with_member("sessionHash", ("\"" + std::string(64, 'A') + "\"").c_str()));
+    require_rejected(with_member("sessionHash", ("\"" + std::string(64, 'g') + "\"").c_str()));
+    require_rejected(
+        with_member("sessionHash", ("\"../../" + std::string(58, 'a') + "\"").c_str()));
+  }
+  SECTION("a generation other than a or b") {
+    require_rejected(with_member("generation", "\"c\""));
+    require_rejected(with_member("generation", "\"\""));
+    require_rejected(with_member("generation", "\"ab\""));
+    require_rejected(with_member("generation", "\"A\""));
+  }
+  SECTION("an unknown state") {
+    require_rejected(with_member("state", "\"READY\""));
+    require_rejected(with_member("state", "\"deleted\""));
+  }
+  SECTION("garbage") {
+    require_rejected("");
+    require_rejected("not json");
+    require_rejected("[]");
+    require_rejected("null");
+    require_rejected("{}");
+    require_rejected(std::string("\0\0\0\0", 4));
+  }
+  SECTION("every truncation of a valid manifest") {
+    const auto json = to_json(sample());
+    // The last byte is the trailing newline: without it the JSON is still complete.
+    const auto end = json.find_last_of('}');
+    for (std::size_t n = 0; n < end; ++n) {
+      auto r = parse_manifest(std::string_view(json).substr(0, n));
+      if (r.ok()) FAIL("a manifest truncated to " << n << " bytes parsed");
+    }
+    CHECK(parse_manifest(std::string_view(json).substr(0, end + 1)).ok());
+  }
+}
+
+TEST_CASE("parse_manifest tolerates what it does not need", "[core][manifest]") {
+  SECTION("no compatibility or saveMs") {
+    auto r = parse_manifest(with_member("compatibility", nullptr));
+    REQUIRE(r.ok());
+    CHECK(r->compatibility == "unknown");
+    auto r2 = parse_manifest(with_member("saveMs", nullptr));
+    REQUIRE(r2.ok());
+    CHECK(r2->save_ms == 0);
+  }
+  SECTION("an unknown extra key") {
+    auto r = parse_manifest(with_member("futureField", "{\"x\":1}"));
+    REQUIRE(r.ok());
+    CHECK(r->tokens == 2124);
+  }
+}

@@ -1,0 +1,108 @@
+// Tests for core/request_class.hpp: which request targets take the slot lease, which are
+// kvpersist's own (/slots, refused to clients) and which pass through untouched.
+#include "core/request_class.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tests/support/core_strings.hpp"
+
+namespace {
+using kvp::core::classify_target;
+using kind = kvp::core::endpoint_kind;
+}  // namespace
+
+TEST_CASE("every llama-server route that runs on a slot is inference", "[core][request_class]") {
+  for (const char* path : {"/completion",
+                           "/completions",
+                           "/v1/completions",
+                           "/chat/completions",
+                           "/v1/chat/completions",
+                           "/responses",
+                           "/v1/responses",
+                           "/infill",
+                           "/v1/infill",
+                           "/v1/messages",
+                           "/embedding",
+                           "/embeddings",
+                           "/v1/embeddings",
+                           "/rerank",
+                           "/reranking",
+                           "/v1/rerank",
+                           "/v1/reranking",
+                           "/api/chat",
+                           "/api/generate",
+                           "/audio/transcriptions",
+                           "/v1/audio/transcriptions"}) {
+    CAPTURE(path);
+    CHECK(classify_target(path) == kind::inference);
+  }
+}
+
+TEST_CASE("query strings, fragments and trailing slashes do not change the class",
+          "[core][request_class]") {
+  CHECK(classify_target("/v1/chat/completions?stream=true") == kind::inference);
+  CHECK(classify_target("/v1/chat/completions#x") == kind::inference);
+  CHECK(classify_target("/v1/chat/completions/") == kind::inference);
+  CHECK(classify_target("/v1/chat/completions//") == kind::inference);
+  CHECK(classify_target("/v1/chat/completions/?a=/slots") == kind::inference);
+  CHECK(classify_target("/health?x=/v1/chat/completions") == kind::passthrough);
+}
+
+TEST_CASE("/slots and everything under it belongs to kvpersist", "[core][request_class]") {
+  CHECK(classify_target("/slots") == kind::slots);
+  CHECK(classify_target("/slots/") == kind::slots);
+  CHECK(classify_target("/slots?fail_on_no_slot=1") == kind::slots);
+  CHECK(classify_target("/slots/0?action=save") == kind::slots);
+  CHECK(classify_target("/slots/0?action=restore") == kind::slots);
+  CHECK(classify_target("/slots/0?action=erase") == kind::slots);
+  CHECK(classify_target("/slots/17") == kind::slots);
+}
+
+TEST_CASE("everything else passes through without a lease", "[core][request_class]") {
+  for (const char* path :
+       {"/", "/health", "/v1/health", "/props", "/v1/models", "/models", "/metrics", "/tokenize",
+        "/detokenize", "/apply-template", "/lora-adapters", "/v1/chat/completions/x", "/slotsx",
+        "/v1/slots", "/V1/CHAT/COMPLETIONS", ""}) {
+    CAPTURE(path);
+    CHECK(classify_target(path) == kind::passthrough);
+  }
+}
+
+// llama-server's HTTP layer (cpp-httplib) percent-decodes the path before routing
+// (Server::parse_request_line: req.path = detail::decode_url(path, false)), so
+// "/%73lots/0?action=erase" reaches the slot API unless kvpersist decodes too.
+TEST_CASE("percent-encoded paths are classified as llama-server will route them",
+          "[core][request_class]") {
+  CHECK(classify_target("/%73lots/0?action=erase") == kind::slots);
+  CHECK(classify_target("/slots%2F0?action=save") == kind::slots);
+  CHECK(classify_target("/v1/chat/%63ompletions") == kind::inference);
+  CHECK(classify_target("/v1/chat/completions%2F") == kind::inference);
+  CHECK(classify_target("/%68ealth") == kind::passthrough);
+  // Malformed escapes stay as they are (httplib keeps them too).
+  CHECK(classify_target("/slots%") == kind::passthrough);
+  CHECK(classify_target("/slots%2") == kind::passthrough);
+  CHECK(classify_target("/%zzslots") == kind::passthrough);
+}
+
+TEST_CASE("decode_path decodes every valid escape once", "[core][request_class]") {
+  using kvp::core::decode_path;
+  CHECK(decode_path("/a%20b") == "/a b");
+  CHECK(decode_path("/%2f%2F") == "///");
+  CHECK(decode_path("/%252F") == "/%2F");  // one level only
+  CHECK(decode_path("/%") == "/%");
+  CHECK(decode_path("/%4") == "/%4");
+  CHECK(decode_path("/%g1") == "/%g1");
+  CHECK(decode_path("") == "");
+}
+
+// cpp-httplib's path decoding (decode_url, and decode_path_component in the versions
+// llama.cpp vendors) also accepts the non-standard "%uXXXX" form and turns it into UTF-8,
+// so "/%u0073lots/0?action=erase" is routed to the slot API just like "/slots/0".
+TEST_CASE("%uXXXX escapes are decoded as llama-server's HTTP library does",
+          "[core][request_class]") {
+  CHECK(kvp::core::decode_path("/%u0073lots") == "/slots");
+  CHECK(classify_target("/%u0073lots/0?action=erase") == kind::slots);
+  CHECK(classify_target("/v1/chat/%u0063ompletions") == kind::inference);
+}

@@ -1,0 +1,841 @@
+"""Spec §74 acceptance criteria for v0.1, end to end: kvpersist in front of a real llama-server.
+
+Runs only with a real upstream (marked `real_only`, skipped with the fake):
+
+    cd <repo>
+    KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \
+      KVP_MODEL=$(scripts/test-model.sh ci) \
+      /usr/bin/python3 -m pytest -q --upstream=real tests/integration/test_acceptance_real.py
+
+One llama-server (`-c 16384 -np 1 --slot-save-path DIR --no-cache-idle-slots -t 2`) is shared by
+the module (`llama` fixture); every test starts its own kvpersist with its own state dir and its
+own session ids (snapshot names are hashes of the session id, so tests never share a snapshot),
+and waits for the slot to be idle first, so the order of the tests does not matter. The restart
+test kills and restarts the shared server on the same port and save dir.
+
+Requests are deterministic: temperature 0, seed 1, and a logit_bias banning the byte tokens
+3..258 (harness.BAN_BYTE_TOKENS): the random-weight model otherwise sometimes ends on a byte
+token and llama-server answers 500 "does not match the expected peg-native format".
+
+Prompts are ~2K tokens (~4K in the TTFT report, 7-15K for the long prefill); the text is
+deterministic nonsense, different per session, sized with llama-server's own tokenizer.
+
+`test_report_ttft_cold_vs_restored` prints cold-vs-restored TTFT and cache_n at 2K and 4K prompt
+tokens (run with -s, or see the "ttft report" in the captured output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+
+import harness
+from harness import (BAN_BYTE_TOKENS, Async, RealUpstream, RealUpstreamView, Response, Stack, http_request,
+                     manifest_for, now, wait_until)
+
+pytestmark = pytest.mark.real_only
+
+N_CTX = 16384            # room for the long prefill on a fast machine (the KV cache is only ~32 MB)
+MAX_TOKENS = 8
+PROMPT = 2000            # tokens of a session's first prompt (the ci model prefills it in ~0.15-0.4 s)
+LONG_PROMPT = 7300       # first guess for the disconnect tests, grown until the prefill takes > 2 s
+MAX_LONG_PROMPT = 15000
+MIN_LONG_PREFILL_MS = 1500
+REUSE = 0.9              # a restored turn reuses at least this share of the session's first prompt
+SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_DIR = os.path.join(HERE, "openai_client")
+
+
+# ============================================================================ prompts
+SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
+             "da ve ni mo ta shi ku ra").split()
+
+
+def pseudo_text(seed: str, n_words: int) -> str:
+    """Deterministic nonsense prose (scripts/demo.py's), different per seed: no shared prefix."""
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
+    words = []
+    for i in range(n_words):
+        w = rng.choice(vocab)
+        if i % 11 == 0:
+            w = w.capitalize()
+        words.append(w + ("." if i % 11 == 10 else ""))
+    return " ".join(words)
+
+
+_TEXT_CACHE: dict = {}
+
+
+def count_tokens(server: RealUpstream, text: str) -> int:
+    r = http_request(server.port, "POST", "/tokenize", body={"content": text}, timeout=30)
+    assert r.status == 200, r.body[:200]
+    return len(r.json["tokens"])
+
+
+def make_text(server: RealUpstream, seed: str, target: int) -> str:
+    """About `target` tokens (by llama-server's tokenizer) of text for `seed`."""
+    key = (seed, target)
+    if key not in _TEXT_CACHE:
+        head = "Notes of %s. Read them and answer briefly.\n\n" % seed
+        n = target // 2
+        for _ in range(6):
+            text = head + pseudo_text(seed, n)
+            got = count_tokens(server, text)
+            if abs(got - target) <= max(3, target // 200):
+                break
+            n = max(10, int(n * target / max(got, 1)))
+        _TEXT_CACHE[key] = text
+    return _TEXT_CACHE[key]
+
+
+# ============================================================================ requests
+def chat_body(messages, stream=True, max_tokens=MAX_TOKENS, **extra) -> dict:
+    b = {"model": "test", "messages": messages, "stream": stream, "max_tokens": max_tokens,
+         "temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    b.update(extra)
+    return b
+
+
+@dataclass
+class Reply:
+    """A chat completion response, streamed or not, with what the tests assert on."""
+    resp: Response
+    stream: bool
+    content: str = ""
+    deltas: list = field(default_factory=list)   # content of each streamed delta, in order
+    chunks: list = field(default_factory=list)   # parsed JSON of each streamed event
+    finish_reason: str | None = None
+    usage: dict | None = None
+    timings: dict | None = None
+    ttft: float | None = None                    # seconds from sending to the first event with content
+    problems: list = field(default_factory=list)
+
+    @property
+    def status(self):
+        return self.resp.status
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def cache_n(self) -> int | None:
+        return None if self.timings is None else self.timings.get("cache_n")
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.get("prompt_tokens")
+
+    @property
+    def total_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.get("total_tokens")
+
+    def describe(self) -> str:
+        return "status=%s problems=%s cache_n=%s usage=%s error=%r body=%r" % (
+            self.status, self.problems, self.cache_n, self.usage, self.resp.error, self.resp.body[:300])
+
+
+def parse_reply(r: Response, stream: bool) -> Reply:
+    rep = Reply(r, stream)
+    p = rep.problems
+    if r.status != 200 or not r.complete:
+        p.append("status %s complete=%s error=%s" % (r.status, r.complete, r.error))
+        return rep
+    if not stream:
+        try:
+            j = r.json
+            choice = j["choices"][0]
+            rep.content = choice["message"]["content"]
+            rep.finish_reason = choice.get("finish_reason")
+            rep.usage, rep.timings = j.get("usage"), j.get("timings")
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            p.append("malformed completion: %s" % e)
+            return rep
+    else:
+        if (r.header("content-type") or "").split(";")[0].strip() != "text/event-stream":
+            p.append("content-type %r" % r.header("content-type"))
+        for i, e in enumerate(r.events):
+            lines = e.data.split(b"\n")
+            if not (e.data.endswith(b"\n\n") and len(lines) == 3 and lines[0].startswith(b"data: ")):
+                p.append("event %d is not one 'data: ' line: %r" % (i, e.data[:80]))
+                continue
+            payload = lines[0][6:]
+            if payload == b"[DONE]":
+                if i != len(r.events) - 1:
+                    p.append("[DONE] is event %d of %d" % (i, len(r.events)))
+                continue
+            try:
+                j = json.loads(payload)
+            except ValueError:
+                p.append("event %d is not JSON: %r" % (i, payload[:80]))
+                continue
+            rep.chunks.append(j)
+            if "error" in j:
+                p.append("error event: %r" % payload[:200])
+            for ch in j.get("choices") or []:
+                piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    rep.deltas.append(piece)
+                    if rep.ttft is None:
+                        rep.ttft = e.time - r.sent_at
+                if ch.get("finish_reason"):
+                    rep.finish_reason = ch["finish_reason"]
+            if j.get("usage"):
+                rep.usage = j["usage"]
+            if j.get("timings"):
+                rep.timings = j["timings"]
+        rep.content = "".join(rep.deltas)
+        if not r.events or r.events[-1].data != b"data: [DONE]\n\n":
+            p.append("no [DONE] terminator")
+    if not rep.content:
+        p.append("empty content")
+    if rep.finish_reason not in ("length", "stop"):
+        p.append("finish_reason %r" % rep.finish_reason)
+    if not rep.usage or not rep.timings or rep.timings.get("cache_n") is None:
+        p.append("no usage/timings")
+    return rep
+
+
+class Session:
+    """An agent-style conversation: a long system prompt, the whole history resent each turn."""
+
+    def __init__(self, server: RealUpstream, tag: str, tokens: int = PROMPT, text: str | None = None):
+        self.id = "acc-%s-%s" % (tag, uuid.uuid4().hex[:12])
+        self.system = text or make_text(server, "%s/%s" % (tag, self.id), tokens)
+        self.messages = [{"role": "system", "content": self.system}]
+        self.replies: list[Reply] = []
+
+    def ask(self, port: int, text: str | None = None, stream: bool = True, headers=None, body_extra=None,
+            timeout: float = 60.0, session_header: bool = True, **kw) -> Reply:
+        user = {"role": "user", "content": text or "Turn %d. Summarise the notes above." % (len(self.replies) + 1)}
+        h = {"X-Session-Id": self.id} if session_header else {}
+        h.update(headers or {})
+        r = http_request(port, "POST", "/v1/chat/completions", headers=h,
+                         body=chat_body(self.messages + [user], stream=stream, **(body_extra or {})),
+                         timeout=timeout, **kw)
+        rep = parse_reply(r, stream)
+        if rep.ok:
+            self.messages += [user, {"role": "assistant", "content": rep.content}]
+        self.replies.append(rep)
+        return rep
+
+    @property
+    def first_prompt(self) -> int:
+        return self.replies[0].prompt_tokens
+
+
+def ok(rep: Reply, what: str) -> Reply:
+    assert rep.ok, "%s: %s" % (what, rep.describe())
+    return rep
+
+
+def acts(calls) -> list[str]:
+    return [c.action for c in calls]
+
+
+def settled_calls(stack: Stack, quiet: float = 0.2):
+    stack.upstream.settle(quiet=quiet)
+    return stack.upstream.take_calls()
+
+
+def assert_restored(rep: Reply, session: Session, what: str):
+    need = REUSE * session.first_prompt
+    assert rep.cache_n is not None and rep.cache_n >= need, \
+        "%s: cache_n=%s < %.0f (%d%% of the session's first prompt, %d tokens); %s" % (
+            what, rep.cache_n, need, REUSE * 100, session.first_prompt, rep.describe())
+
+
+def assert_cold(rep: Reply, what: str):
+    limit = max(16, 0.1 * rep.prompt_tokens)
+    assert rep.cache_n is not None and rep.cache_n <= limit, \
+        "%s: expected a cold prefill, cache_n=%s (prompt %s)" % (what, rep.cache_n, rep.prompt_tokens)
+
+
+def snapshot_path(server: RealUpstream, manifest: dict) -> str:
+    return os.path.join(server.save_dir, manifest["snapshotFile"])
+
+
+def events_after(proxy, name: str, t0: float):
+    return [l for l in proxy.log_lines() if l.event == name and l.time >= t0]
+
+
+# ============================================================================ fixtures
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """One real llama-server for the module (restarted in place by the restart test)."""
+    if not os.environ.get("KVP_MODEL"):
+        pytest.skip("KVP_MODEL is not set (use $(scripts/test-model.sh ci))")
+    d = tmp_path_factory.mktemp("llama")
+    server = RealUpstream(str(d), n_ctx=N_CTX)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def world(request, llama, tmp_path):
+    """A Stack on the shared llama-server: start kvpersist with world.start_proxy(config)."""
+    ensure_llama(llama)
+    idle = wait_until(lambda: not llama.slots()[0]["is_processing"], 20, 0.05)
+    assert idle, "the shared llama-server is still busy from an earlier test"
+    s = Stack(str(tmp_path), "real")
+    s.upstream = RealUpstreamView(llama)
+    yield s
+    try:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print("\n==== diagnostics for %s ====\n%s" % (request.node.name, s.dump()))
+            print("---- management calls: %s" % s.upstream.management_calls())
+            print("---- llama-server log (tail):\n%s" % _tail(os.path.join(os.path.dirname(llama.save_dir),
+                                                                         "llama-server.log")))
+    finally:
+        s.close()
+
+
+def ensure_llama(llama: RealUpstream):
+    """(Re)starts the shared llama-server if an earlier test left it dead (a crash)."""
+    if llama.alive() and llama._healthy():
+        return
+    llama.kill()
+    llama.start()
+
+
+def _tail(path: str, n: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 32768))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# ============================================================================ §74 steps 3-7
+def test_resident_second_turn_makes_no_management_calls(world, llama):
+    """§74.3-7: A's large prompt takes the slot; A's next turn needs no save/restore/erase."""
+    proxy = world.start_proxy()
+    A = Session(llama, "A")
+    ok(A.ask(proxy.port), "A#1")
+    assert acts(settled_calls(world)) == ["erase"]
+    r2 = ok(A.ask(proxy.port), "A#2")
+    calls = settled_calls(world)
+    assert calls == [], "a resident turn made management calls: %s" % calls
+    assert_restored(r2, A, "resident A#2")
+    assert manifest_for(world.state_dir, A.id) is None, "a resident turn wrote a manifest"
+    assert not [l for l in proxy.log_lines() if l.event.startswith(("kv.session.save", "kv.session.restore"))]
+
+
+# ============================================================================ §74 steps 8-13
+def test_switch_saves_a_and_restores_it(world, llama):
+    """§74.8-13: B saves A (manifest ready, tokens = A's prompt + generated); A comes back with
+    a restore and reuses >= 90% of its prompt."""
+    proxy = world.start_proxy()
+    A, B = Session(llama, "A"), Session(llama, "B")
+    a1 = ok(A.ask(proxy.port), "A#1")
+    assert_cold(a1, "A#1")
+    assert acts(settled_calls(world)) == ["erase"]
+
+    ok(B.ask(proxy.port), "B#1")
+    calls = settled_calls(world)
+    assert acts(calls) == ["save", "erase"], calls
+    save_a = calls[0]
+    assert save_a.status == 200 and save_a.filename and SNAP_RE.match(save_a.filename), save_a
+    m = manifest_for(world.state_dir, A.id)
+    assert m and m["state"] == "ready", m
+    assert m["snapshotFile"] == save_a.filename
+    # the slot holds A's prompt and the generated tokens (the last sampled one is not decoded)
+    assert abs(m["tokens"] - a1.total_tokens) <= 2, (m["tokens"], a1.usage)
+    path = snapshot_path(llama, m)
+    assert os.path.isfile(path) and os.path.getsize(path) > 0, path
+    assert m.get("bytes") == os.path.getsize(path), (m.get("bytes"), os.path.getsize(path))
+
+    a2 = ok(A.ask(proxy.port), "A#2")
+    calls = settled_calls(world)
+    assert acts(calls) == ["save", "restore"], calls
+    assert calls[1].filename == save_a.filename and calls[1].status == 200, calls
+    assert_restored(a2, A, "A#2 after the switch back")
+    assert manifest_for(world.state_dir, B.id)["state"] == "ready"
+
+
+# ============================================================================ §74 steps 14-16, restarts
+def test_restarts_restore_from_disk(world, llama):
+    """§74.14-16: kvpersist restarted (SIGTERM, exit 0, same state dir): A restores from disk.
+    llama-server killed and restarted (same port, same save dir): A restores from disk again."""
+    p1 = world.start_proxy()
+    A = Session(llama, "A")
+    ok(A.ask(p1.port), "A#1")
+    rc = p1.stop(signal.SIGTERM, timeout=20)
+    assert rc == 0, "kvpersist exited %s on SIGTERM" % rc
+    calls = settled_calls(world)
+    assert acts(calls) == ["erase", "save"], "the dirty A should be saved on shutdown: %s" % calls
+    m = manifest_for(world.state_dir, A.id)
+    assert m and m["state"] == "ready" and m["snapshotFile"] == calls[1].filename
+
+    p2 = world.start_proxy()
+    a2 = ok(A.ask(p2.port), "A#2 after the kvpersist restart")
+    calls = settled_calls(world)
+    assert "restore" in acts(calls), "A was not restored after the kvpersist restart: %s" % calls
+    restore = [c for c in calls if c.action == "restore"][0]
+    assert restore.filename == m["snapshotFile"] and restore.status == 200, calls
+    assert_restored(a2, A, "A#2 after the kvpersist restart")
+
+    # llama-server crashes and comes back on the same port and save dir
+    t_kill = now()
+    llama.kill()
+    llama.start()
+    a3 = ok(A.ask(p2.port), "A#3 after the llama-server restart")
+    assert wait_until(lambda: events_after(p2, "kv.backend.restarted", t_kill), 5), \
+        "kvpersist did not log kv.backend.restarted"
+    calls = settled_calls(world)
+    restores = [c for c in calls if c.action == "restore"]
+    assert restores and restores[-1].status == 200, "A was not restored after the llama-server restart: %s" % calls
+    assert restores[-1].filename == manifest_for(world.state_dir, A.id)["snapshotFile"]
+    assert_restored(a3, A, "A#3 after the llama-server restart")
+
+
+# ============================================================================ §74 step 17-18, damaged snapshots
+def _damage(path: str, how: str):
+    if how == "deleted":
+        os.unlink(path)
+    elif how == "truncated":
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+    elif how == "random":
+        size = os.path.getsize(path)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+    else:
+        raise ValueError(how)
+
+
+def llama_crash_note(llama: RealUpstream, offset: int) -> str:
+    log = llama.log_since(offset)
+    asserts = [l for l in log.splitlines() if "GGML_ASSERT" in l or "Aborted" in l]
+    return "llama-server alive=%s; its log since the request: %s" % (
+        llama.alive() and llama._healthy(), asserts or "(no assertion)")
+
+
+MANAGEMENT = ["server-owned", "shared-filesystem"]
+
+
+def management_config(llama: RealUpstream, management: str) -> dict:
+    if management == "server-owned":
+        return {}
+    return {"snapshots": {"management": "shared-filesystem", "path": llama.save_dir}}
+
+
+@pytest.mark.parametrize("management", MANAGEMENT)
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "random"])
+def test_damaged_snapshot_answers_cold(world, llama, damage, management):
+    """§74.17-18: A's snapshot deleted / truncated to half / overwritten with random bytes: the
+    next A request gets a correct cold answer (a restore error from llama-server is not fatal),
+    the manifest is marked invalid with a reason, and that snapshot is never tried again.
+    With snapshots.management shared-filesystem kvpersist sees the files itself."""
+    proxy = world.start_proxy(management_config(llama, management))
+    A, B = Session(llama, "A"), Session(llama, "B")
+    ok(A.ask(proxy.port), "A#1")
+    ok(B.ask(proxy.port), "B#1")
+    settled_calls(world)
+    m = manifest_for(world.state_dir, A.id)
+    assert m and m["state"] == "ready", m
+    bad = m["snapshotFile"]
+    _damage(snapshot_path(llama, m), damage)
+
+    t0, log0 = now(), llama.log_size()
+    a2 = A.ask(proxy.port)
+    assert a2.ok, "A#2 with a %s snapshot: %s\n%s\nmanagement calls: %s" % (
+        damage, a2.describe(), llama_crash_note(llama, log0), world.upstream.management_calls())
+    assert_cold(a2, "A#2 with a %s snapshot" % damage)
+    calls = settled_calls(world)
+    tried = [c for c in calls if c.action == "restore"]
+    failed_logged = events_after(proxy, "kv.session.restore.failed", t0)
+    assert (tried and tried[0].status != 200) or failed_logged, \
+        "no failed restore for the %s snapshot: calls=%s" % (damage, calls)
+    if management == "shared-filesystem" and damage == "deleted":
+        assert not tried, "kvpersist can see that the file is gone, yet asked llama-server: %s" % calls
+    m2 = manifest_for(world.state_dir, A.id)
+    assert m2["state"] == "invalid" and m2.get("invalidReason"), m2
+    assert m2["snapshotFile"] == bad
+
+    # the following request: A is resident again (its cold prefill), nothing is tried
+    a3 = ok(A.ask(proxy.port), "A#3")
+    assert settled_calls(world) == []
+    assert a3.cache_n >= REUSE * a2.prompt_tokens, a3.describe()
+
+    # ... and a new kvpersist on the same state dir (no shutdown save: SIGKILL) does not try it either
+    proxy.stop(signal.SIGKILL, timeout=5)
+    p2 = world.start_proxy(management_config(llama, management))
+    ok(A.ask(p2.port), "A#4 after a kvpersist crash")
+    calls = settled_calls(world)
+    assert not [c for c in calls if c.action == "restore"], \
+        "the invalidated snapshot %s was tried again: %s" % (bad, calls)
+    assert manifest_for(world.state_dir, A.id)["state"] == "invalid"
+
+
+def test_snapshot_that_crashes_llama_is_not_retried(world, llama):
+    """A restore that kills llama-server (this build aborts on a snapshot truncated to half:
+    GGML_ASSERT(nread <= state_size) in llama_state_seq_load_file) must not be retried when
+    llama-server comes back (same port and save dir, as a supervisor restarts it): the next A
+    request is a correct cold answer, not the same crash again."""
+    proxy = world.start_proxy()
+    A, B = Session(llama, "A"), Session(llama, "B")
+    ok(A.ask(proxy.port), "A#1")
+    ok(B.ask(proxy.port), "B#1")
+    settled_calls(world)
+    m = manifest_for(world.state_dir, A.id)
+    bad = m["snapshotFile"]
+    _damage(snapshot_path(llama, m), "truncated")
+    log0 = llama.log_size()
+    a2 = A.ask(proxy.port)
+    crashed = wait_until(lambda: not llama.alive(), 10 if not a2.ok else 0.5)
+    first = settled_calls(world)
+    if not crashed:
+        pytest.skip("llama-server survived the truncated snapshot (A#2: %s); nothing to retry" % a2.describe())
+    print("llama-server crashed on the restore: %s; A#2 got %s" % (llama_crash_note(llama, log0), a2.status))
+    llama.start()                        # the supervisor brings it back: same port, same save dir
+    a3 = A.ask(proxy.port)
+    calls = settled_calls(world)
+    retried = [c for c in calls if c.action == "restore" and c.filename == bad]
+    m3 = manifest_for(world.state_dir, A.id)
+    assert not retried and a3.ok, (
+        "the snapshot that crashed llama-server was restored again after its restart: "
+        "A#3 %s; calls before: %s, after: %s; manifest state=%s invalidReason=%s; %s" % (
+            a3.describe(), first, calls, m3["state"], m3.get("invalidReason"), llama_crash_note(llama, log0)))
+    assert_cold(a3, "A#3")
+    assert m3["state"] == "invalid", m3
+
+
+# ============================================================================ §74 step 19, unmanaged
+@pytest.mark.parametrize("mode", ["auxiliary", "passthrough"])
+def test_unmanaged_request_is_unaffected(world, llama, mode):
+    """§74.19: a request without a session header gets the same answer as from llama-server
+    directly (and the owner's turn after it stays correct)."""
+    proxy = world.start_proxy({"sessions": {"unmanaged": mode}})
+    A = Session(llama, "A")
+    ok(A.ask(proxy.port), "A#1")
+    settled_calls(world)
+
+    text = make_text(llama, "unmanaged-%s" % uuid.uuid4().hex[:8], PROMPT)
+    body = chat_body([{"role": "user", "content": text}], stream=False, cache_prompt=False)
+    via = parse_reply(http_request(proxy.port, "POST", "/v1/chat/completions", body=body, timeout=60), False)
+    ok(via, "unmanaged request through kvpersist")
+    calls = settled_calls(world)
+    direct = parse_reply(http_request(llama.port, "POST", "/v1/chat/completions", body=body, timeout=60), False)
+    ok(direct, "the same request straight to llama-server")
+    assert via.content == direct.content, (via.content, direct.content)
+    assert via.usage["prompt_tokens"] == direct.usage["prompt_tokens"]
+    if mode == "passthrough":
+        assert calls == [], "passthrough made management calls: %s" % calls
+    else:
+        assert acts(calls) == ["save"], "an auxiliary call saves the dirty owner first: %s" % calls
+
+    a2 = ok(A.ask(proxy.port), "A#2 after the unmanaged request")
+    if mode == "auxiliary":
+        calls = settled_calls(world)
+        assert acts(calls) == ["restore"], calls
+        assert_restored(a2, A, "A#2 after an auxiliary request")
+
+
+def _mask_varying(body: bytes) -> bytes:
+    return re.sub(rb'"created"\s*:\s*\d+', b'"created":0', body)
+
+
+def test_non_inference_endpoints_byte_identical(world, llama):
+    """§74.19: non-inference endpoints pass straight through: same status, content type and
+    body bytes as a direct request (ignoring `created`, which is the time of the call)."""
+    proxy = world.start_proxy()
+    cases = [("GET", "/v1/models", None), ("GET", "/props", None), ("GET", "/health", None),
+             ("GET", "/models", None),
+             ("POST", "/tokenize", {"content": "Hello kvpersist, hello world.", "with_pieces": True}),
+             ("POST", "/detokenize", {"tokens": [15043, 3186, 29889]}),
+             ("POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})]
+    for method, path, body in cases:
+        direct = http_request(llama.port, method, path, body=body, timeout=10)
+        via = http_request(proxy.port, method, path, body=body, timeout=10)
+        what = "%s %s" % (method, path)
+        assert via.status == direct.status and via.complete, (what, via.status, direct.status, via.error)
+        assert via.header("content-type") == direct.header("content-type"), what
+        assert _mask_varying(via.body) == _mask_varying(direct.body), \
+            "%s differs:\n via   %r\n direct %r" % (what, via.body[:400], direct.body[:400])
+    assert settled_calls(world) == []
+
+
+# ============================================================================ shutdown
+def test_sigterm_saves_dirty_slot(world, llama):
+    """SIGTERM with a dirty owner: the slot is saved (manifest updated, snapshot non-empty), exit 0."""
+    proxy = world.start_proxy()
+    A, B = Session(llama, "A"), Session(llama, "B")
+    ok(A.ask(proxy.port), "A#1")
+    ok(B.ask(proxy.port), "B#1")
+    m1 = manifest_for(world.state_dir, A.id)
+    a2 = ok(A.ask(proxy.port), "A#2")   # restores A, then A is dirty again
+    settled_calls(world)
+    rc = proxy.stop(signal.SIGTERM, timeout=20)
+    assert rc == 0, "kvpersist exited %s on SIGTERM" % rc
+    calls = world.upstream.take_calls()
+    assert acts(calls) == ["save"] and calls[0].status == 200, calls
+    m2 = manifest_for(world.state_dir, A.id)
+    assert m2["state"] == "ready", m2
+    assert m2["snapshotFile"] == calls[0].filename != m1["snapshotFile"], (m1, m2)
+    assert m2["tokens"] > m1["tokens"] and abs(m2["tokens"] - a2.total_tokens) <= 2, (m1, m2, a2.usage)
+    assert (m2["revision"], m2["updatedAt"]) != (m1["revision"], m1["updatedAt"])
+    path = snapshot_path(llama, m2)
+    assert os.path.isfile(path) and os.path.getsize(path) > 0
+    assert [l for l in proxy.log_lines() if l.event == "kv.shutdown.checkpoint" and l.fields.get("result") == "ok"]
+
+
+# ============================================================================ cancellation
+@pytest.fixture(scope="module")
+def long_prompt(llama):
+    """A ~7.3K-token text, its cold prefill time straight on llama-server (the disconnect tests
+    need one well over 1.5 s), and the baseline: how long llama-server itself stays busy after
+    its own client drops a streamed request 300 ms in (no kvpersist involved)."""
+    ensure_llama(llama)
+    target = LONG_PROMPT
+    for attempt in range(2):
+        text = make_text(llama, "long-prefill-calibration", target)
+        body = chat_body([{"role": "user", "content": text}], stream=False, max_tokens=1, cache_prompt=False)
+        r = parse_reply(http_request(llama.port, "POST", "/v1/chat/completions", body=body, timeout=80), False)
+        assert r.status == 200 and r.timings, r.describe()
+        ms = r.timings["prompt_ms"]
+        if ms >= 2000 or target >= MAX_LONG_PROMPT:
+            break
+        # prefill cost grows faster than linearly with the prompt: aim at ~2.5 s
+        target = min(MAX_LONG_PROMPT, int(target * (2500.0 / max(ms, 1.0)) ** 0.7))
+    if ms < MIN_LONG_PREFILL_MS:
+        pytest.skip("a %d-token prefill takes only %.0f ms here (< %d ms): use a bigger model"
+                    % (r.timings["prompt_n"], ms, MIN_LONG_PREFILL_MS))
+    body = chat_body([{"role": "user", "content": text + " direct"}], stream=True, cache_prompt=False)
+    log0 = llama.log_size()
+    d = http_request(llama.port, "POST", "/v1/chat/completions", body=body, close_after_s=0.3, timeout=30)
+    assert d.aborted_by_client, d
+    wait_until(lambda: not llama.slots()[0]["is_processing"], 20, 0.02)
+    direct_idle = now() - d.done_at
+    cancelled = "cancel task" in llama.log_since(log0)
+    print("long prefill: %d tokens in %.0f ms; direct client drop at 300 ms: llama-server busy %.2f s longer "
+          "(cancel logged: %s)" % (r.timings["prompt_n"], ms, direct_idle, cancelled))
+    return {"text": text, "prefill_ms": ms, "direct_idle_s": direct_idle}
+
+
+def _first_management_start(proxy, t0: float) -> float | None:
+    """When the first management call kvpersist made after t0 began (log time minus its ms)."""
+    for l in proxy.log_lines():
+        if l.event == "kv.backend.call" and l.fields.get("action") in ("save", "restore", "erase"):
+            start = l.time - float(l.fields.get("ms") or 0) / 1000.0
+            if l.time >= t0:
+                return start
+    return None
+
+
+def test_disconnect_during_prefill_frees_llama(world, llama, long_prompt):
+    """Client drops ~300 ms into a long prefill: kvpersist closes its upstream request (llama-server
+    logs the cancel), llama-server is idle within 2 s (GET /slots straight on llama-server) and no
+    later than when its own client drops, and session B's request then runs at once. (This
+    llama-server build finishes the prompt before it notices a disconnect even without kvpersist:
+    then the 2 s bound is an expected failure, with both figures in the reason.)"""
+    proxy = world.start_proxy()
+    A = Session(llama, "A", text=long_prompt["text"] + " (%s)" % uuid.uuid4().hex[:6])
+    B = Session(llama, "B")
+    log0 = llama.log_size()
+    ra = A.ask(proxy.port, close_after_s=0.3, timeout=30)
+    assert ra.resp.aborted_by_client and not ra.deltas, "A was not dropped during prefill: %s" % ra.describe()
+    t_drop = ra.resp.done_at
+    idle = wait_until(lambda: not llama.slots()[0]["is_processing"], 20, 0.02)
+    t_idle = now()
+    busy = t_idle - t_drop
+    assert idle
+    # llama-server learnt that its client (kvpersist) went away: it cancels, it does not finish
+    assert wait_until(lambda: "cancel task" in llama.log_since(log0), 3), \
+        "llama-server did not log a cancel: kvpersist kept the upstream request open after the client left"
+    # B, sent once llama-server is idle, is not held up by anything A left behind (the queued
+    # case, B waiting while A's client leaves, is the next test)
+    t_b = now()
+    ok(B.ask(proxy.port, timeout=30), "B#1 after A's disconnect")
+    t_first = _first_management_start(proxy, t_b)
+    assert t_first is not None and t_first - t_b <= 0.5, \
+        "B's first management call started %s s after B was sent" % (
+            None if t_first is None else round(t_first - t_b, 3))
+    direct = long_prompt["direct_idle_s"]
+    print("disconnect: llama-server busy %.2f s after the drop through kvpersist (%.2f s direct, prefill %.0f ms); "
+          "B's first management call +%.0f ms after B was sent" % (busy, direct, long_prompt["prefill_ms"],
+                                                                   (t_first - t_b) * 1000))
+    assert busy <= direct + 1.0, "llama-server stayed busy %.2f s after the drop through kvpersist, %.2f s direct" % (
+        busy, direct)
+    if busy > 2.0:
+        if direct > 2.0:
+            pytest.xfail("llama-server itself keeps prefilling after its client disconnects (%.2f s after a "
+                         "direct drop, %.2f s through kvpersist; prefill %.0f ms): it only cancels when the "
+                         "prompt is done" % (direct, busy, long_prompt["prefill_ms"]))
+        pytest.fail("llama-server busy %.2f s after the drop through kvpersist (direct: %.2f s)" % (busy, direct))
+
+
+def test_disconnect_during_prefill_unblocks_queued_session(world, llama, long_prompt):
+    """B waits for the slot while A is in a long prefill; A's client drops: B's management calls
+    start within 2 s of the disconnect and B completes."""
+    prefill_ms = long_prompt["prefill_ms"]
+    proxy = world.start_proxy()
+    A = Session(llama, "A", text=long_prompt["text"] + " (%s)" % uuid.uuid4().hex[:6])
+    B = Session(llama, "B")
+    fa = Async(A.ask, proxy.port, close_after_s=0.3, timeout=30)
+    assert wait_until(lambda: proxy.wait_for_log(r"kv\.backend\.call.*action=erase", 0) or fa.done(), 5)
+    fb = Async(B.ask, proxy.port, timeout=40)   # queued behind A
+    ra = fa.result(10)
+    assert ra.resp.aborted_by_client and not ra.deltas, ra.describe()
+    t_drop = ra.resp.done_at
+    rb = ok(fb.result(40), "queued B after A's disconnect")
+    t_first = _first_management_start(proxy, t_drop)
+    assert t_first is not None and t_first - t_drop <= 2.0, \
+        "B's first management call started %s s after the disconnect (A's cold prefill: %.0f ms)" % (
+            None if t_first is None else round(t_first - t_drop, 3), prefill_ms)
+    assert rb.resp.done_at - t_drop < prefill_ms / 1000.0 + 2.0
+    print("queued B: first management call +%.0f ms after the drop, B done +%.0f ms"
+          % ((t_first - t_drop) * 1000, (rb.resp.done_at - t_drop) * 1000))
+
+
+# ============================================================================ streaming fidelity
+def _shape(v):
+    if isinstance(v, dict):
+        return {k: _shape(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_shape(x) for x in v]
+    return type(v).__name__ if not isinstance(v, (int, float)) or isinstance(v, bool) else "number"
+
+
+def _separate_share(events, gap: float = 0.001) -> float:
+    """Share of events that arrived on their own: more than `gap` after the previous one and
+    before the next one."""
+    n = len(events)
+    alone = 0
+    for i, e in enumerate(events):
+        before = i == 0 or e.time - events[i - 1].time > gap
+        after = i == n - 1 or events[i + 1].time - e.time > gap
+        alone += before and after
+    return alone / max(1, n)
+
+
+def test_streaming_matches_direct(world, llama):
+    """SSE through kvpersist: the same events as straight from llama-server (count, framing,
+    JSON keys, content deltas, [DONE]), each relayed as it is produced (>= 80% of events
+    arrive more than 1 ms apart from their neighbours, on both paths)."""
+    proxy = world.start_proxy()
+    text = make_text(llama, "stream-%s" % uuid.uuid4().hex[:8], PROMPT)
+    # 64 tokens, each with its top-N probabilities: ~2 ms or more per token on the ci model, so
+    # that separately sent events can be told from batched ones (plain greedy decoding takes
+    # ~0.7 ms per token); a larger N if llama-server's own events still come in bunches
+    for n_probs in (500, 1500):
+        body = chat_body([{"role": "user", "content": text}], stream=True, max_tokens=64,
+                         cache_prompt=False, n_probs=n_probs)
+        direct = parse_reply(http_request(llama.port, "POST", "/v1/chat/completions", body=body, timeout=60), True)
+        if direct.ok and _separate_share(direct.resp.events) >= 0.8:
+            break
+    via = parse_reply(http_request(proxy.port, "POST", "/v1/chat/completions", body=body, timeout=60,
+                                   headers={"X-Session-Id": "acc-stream-%s" % uuid.uuid4().hex[:8]}), True)
+    ok(direct, "direct stream")
+    ok(via, "stream through kvpersist")
+    de, ve = direct.resp.events, via.resp.events
+    assert len(ve) == len(de), (len(ve), len(de))
+    assert ve[-1].data == de[-1].data == b"data: [DONE]\n\n"
+    assert [_shape(j) for j in via.chunks] == [_shape(j) for j in direct.chunks]
+    assert via.deltas == direct.deltas, (via.deltas, direct.deltas)
+    assert via.resp.header("content-type") == direct.resp.header("content-type")
+    sd, sv = _separate_share(de), _separate_share(ve)
+    print("streaming: %d events (n_probs %d); arrived separately: direct %.0f%%, kvpersist %.0f%%"
+          % (len(de), n_probs, sd * 100, sv * 100))
+    assert sd >= 0.8, "direct: only %.0f%% of events arrived separately (the machine is too fast?)" % (sd * 100)
+    assert sv >= 0.8, "kvpersist batched events: only %.0f%% arrived separately (direct: %.0f%%)" % (sv * 100, sd * 100)
+
+
+# ============================================================================ OpenAI Node client
+def _npm_ready() -> str | None:
+    """Installs the locked openai package if needed; returns a reason to skip, or None."""
+    if os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")):
+        return None
+    npm = shutil.which("npm")
+    if not npm:
+        return "npm is not available (needed to install tests/integration/openai_client)"
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=75)
+    assert r.returncode == 0, "npm ci failed in %s:\n%s" % (NODE_DIR, (r.stdout + r.stderr).decode()[-2000:])
+    return None
+
+
+def test_openai_node_client_switch(world, llama, tmp_path):
+    """§74 with the official OpenAI Node client (defaultHeaders X-Session-Id): A, B, A streamed
+    with include_usage; the third turn is a restore reusing >= 90% of A's first prompt."""
+    if not shutil.which("node"):
+        pytest.skip("node is not available")
+    reason = _npm_ready()
+    if reason:
+        pytest.skip(reason)
+    proxy = world.start_proxy()
+    ids = {k: "acc-node-%s-%s" % (k, uuid.uuid4().hex[:10]) for k in "AB"}
+    scenario = {"baseURL": "%s/v1" % proxy.url, "sessions": ids,
+                "system": {k: make_text(llama, "node-" + ids[k], PROMPT) for k in "AB"},
+                "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    r = subprocess.run(["node", os.path.join(NODE_DIR, "switch.mjs"), str(path)], cwd=NODE_DIR,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
+    out = r.stdout.decode("utf-8", "replace").strip()
+    assert r.returncode == 0, "switch.mjs failed (rc %s):\n%s\n%s" % (r.returncode, out, r.stderr.decode()[-2000:])
+    res = json.loads(out.splitlines()[-1])
+    turns = res["turns"]
+    print("openai %s: %s" % (res["openai_version"], [(t["label"], t["prompt_tokens"], t["cache_n"], round(t["ttft_ms"] or 0))
+                                                     for t in turns]))
+    assert [t["label"] for t in turns] == ["A1", "B1", "A2"]
+    for t in turns:
+        assert t["content"] and t["finish_reason"] in ("length", "stop") and t["cache_n"] is not None, t
+    calls = settled_calls(world)
+    assert acts(calls) == ["erase", "save", "erase", "save", "restore"], calls
+    assert calls[4].filename == calls[1].filename and calls[4].status == 200, calls
+    a1, a2 = turns[0], turns[2]
+    assert a2["cache_n"] >= REUSE * a1["prompt_tokens"], (a1, a2)
+    assert turns[1]["cache_n"] <= max(16, 0.1 * turns[1]["prompt_tokens"]), turns[1]
+
+
+# ============================================================================ figures for the README
+def test_report_ttft_cold_vs_restored(world, llama, capsys):
+    """Cold vs restored TTFT (first streamed event with content, at the client) and cache_n at
+    2K and 4K prompt tokens through kvpersist. Prints a table; asserts the restore happened,
+    reused >= 90% and was faster than the cold prefill."""
+    proxy = world.start_proxy()
+    rows = []
+    for size in (2000, 4000):
+        A, B = Session(llama, "ttftA%d" % size, size), Session(llama, "ttftB%d" % size, size)
+        cold = ok(A.ask(proxy.port), "A cold %d" % size)
+        ok(B.ask(proxy.port), "B %d" % size)
+        world.upstream.settle()
+        world.upstream.take_calls()
+        t0 = now()
+        restored = ok(A.ask(proxy.port), "A restored %d" % size)
+        calls = settled_calls(world)
+        assert acts(calls) == ["save", "restore"] and calls[1].status == 200, calls
+        restore_ms = [float(l.fields.get("ms", 0)) for l in events_after(proxy, "kv.backend.call", t0)
+                      if l.fields.get("action") == "restore"]
+        resident = ok(A.ask(proxy.port), "A resident %d" % size)
+        assert_restored(restored, A, "A restored %d" % size)
+        rows.append((size, cold.prompt_tokens, cold.ttft, cold.cache_n, restored.prompt_tokens, restored.ttft,
+                     restored.cache_n, restore_ms[0] if restore_ms else None, resident.ttft, resident.cache_n))
+    with capsys.disabled():
+        print("\n---- ttft report (kvpersist + llama-server, ci model, %s) ----" % os.path.basename(os.environ.get("KVP_MODEL", "")))
+        print("%-6s | %-26s | %-40s | %-22s" % ("target", "cold: prompt / TTFT / cache_n",
+                                                  "restored: prompt / TTFT / cache_n / restore", "resident: TTFT / cache_n"))
+        for (size, cp, ct, cc, rp, rt, rc, rms, st, sc) in rows:
+            print("%-6d | %5d / %6.0f ms / %5d   | %5d / %6.0f ms / %5d / %5.1f ms       | %6.0f ms / %5d"
+                  % (size, cp, ct * 1000, cc, rp, rt * 1000, rc, rms or -1, st * 1000, sc))
+    for (size, cp, ct, cc, rp, rt, rc, rms, st, sc) in rows:
+        assert rt < ct, "restored TTFT %.0f ms is not below cold %.0f ms at %d tokens" % (rt * 1000, ct * 1000, size)

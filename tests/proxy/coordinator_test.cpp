@@ -1,0 +1,741 @@
+// Tests for proxy/coordinator.hpp driven with FakeBackend on an io_context (spec §75, §77,
+// §84): the lease protocol (enqueue -> settle -> prepare -> finish) with the exact
+// management calls, manifests in a temporary state directory, idle and shutdown
+// checkpoints, the FIFO queue and its bound. No sockets.
+#include "proxy/coordinator.hpp"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/support/core_strings.hpp"
+#include "tests/support/fake_backend.hpp"
+#include "tests/support/run.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using kvp::core::prepare_kind;
+using kvp::net::io_context;
+using kvp::proxy::coordinator;
+using kvp::proxy::coordinator_options;
+using kvp::proxy::lease_ticket;
+using kvp::proxy::prepare_result;
+using kvp::testing::backend_call;
+using kvp::testing::drive_until;
+using kvp::testing::erase_call;
+using kvp::testing::failure;
+using kvp::testing::FakeBackend;
+using kvp::testing::is_ready;
+using kvp::testing::restore_call;
+using kvp::testing::save_call;
+using kvp::testing::temp_dir;
+using calls = std::vector<backend_call>;
+
+coordinator_options test_options() {
+  coordinator_options o;
+  o.core.instance_key = "test";
+  o.core.runtime_key = "qwen7b-f16kv";
+  o.core.idle_checkpoint = 0ms;  // tests that want it turn it on
+  o.epoch_probe_interval = 0ms;  // no background probe loop
+  return o;
+}
+
+coordinator_options strict_options() {
+  auto o = test_options();
+  o.strict = true;
+  o.core.strict = true;
+  return o;
+}
+
+// One coordinator with a FakeBackend and a state directory, driven from the test thread.
+struct harness {
+  io_context ioc;
+  std::string state_dir;
+  FakeBackend* fake = nullptr;  // owned by coord
+  std::unique_ptr<coordinator> coord;
+
+  explicit harness(const std::string& dir, coordinator_options o = test_options())
+      : state_dir(dir) {
+    auto fb = std::make_unique<FakeBackend>();
+    fake = fb.get();
+    coord = std::make_unique<coordinator>(ioc, std::move(fb), kvp::proxy::manifest_store(dir),
+                                          std::move(o));
+  }
+  ~harness() {
+    // Stop the timers and let every coroutine that waits on them finish before the
+    // coordinator goes away.
+    coord->stop();
+    kvp::testing::run_for(ioc, 50ms);
+  }
+  harness(const harness&) = delete;
+  harness& operator=(const harness&) = delete;
+
+  template <class T>
+  T run(kvp::net::awaitable<T> a) {
+    return kvp::testing::run_on(ioc, coord->strand(), std::move(a));
+  }
+  template <class T>
+  std::future<T> spawn(kvp::net::awaitable<T> a) {
+    return kvp::testing::spawn(coord->strand(), std::move(a));
+  }
+
+  void start() { run(coord->start()); }
+
+  std::shared_ptr<lease_ticket> ticket() {
+    auto t = std::make_shared<lease_ticket>(ioc.get_executor());
+    t->wakeup.expires_after(1h);
+    return t;
+  }
+  // Enqueues and requires the lease at once (the slot is free).
+  std::shared_ptr<lease_ticket> acquire() {
+    auto t = ticket();
+    REQUIRE(run(coord->enqueue(t)));
+    REQUIRE(t->granted);
+    REQUIRE(run(coord->settle(t)));
+    return t;
+  }
+  // One whole request: lease, prepare, inference leaving `tokens` in the slot, finish.
+  prepare_result request(const std::string& session, std::uint64_t tokens,
+                         const std::string& purpose = "", bool fresh_upstream = false) {
+    auto t = acquire();
+    auto pr = run(coord->prepare(t, {session, purpose}, fresh_upstream));
+    if (pr.ok) {
+      fake->run_inference(tokens);
+      run(coord->finish(t, true));
+    }
+    CHECK_FALSE(coord->busy());
+    return pr;
+  }
+
+  std::string hash(const std::string& session) const { return coord->core().hash_for(session); }
+  std::string file(const std::string& session, char gen) const {
+    return kvp::core::snapshot_filename(hash(session), gen);
+  }
+  std::string manifest_path(const std::string& session) const {
+    return state_dir + "/sessions/" + hash(session) + ".json";
+  }
+  std::optional<kvp::core::manifest> manifest_on_disk(const std::string& session) const {
+    const auto text = kvp::testing::read_file(manifest_path(session));
+    if (text.empty()) return std::nullopt;
+    auto m = kvp::core::parse_manifest(text);
+    REQUIRE(m.ok());
+    return m.value();
+  }
+};
+
+// A client session as proxy/server runs it: enqueue, wait for the wakeup, settle, prepare,
+// inference, finish. Records the order in which clients got the slot.
+kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
+                                 std::vector<int>* order) {
+  // (Each awaited operation is built in a named local first: GCC 12 mishandles some
+  // temporaries inside co_await full-expressions.)
+  auto ex = co_await kvp::net::this_coro::executor;
+  auto t = std::make_shared<lease_ticket>(ex);
+  t->wakeup.expires_after(10s);
+  auto enqueue = c->enqueue(t);
+  const bool queued =
+      co_await kvp::net::co_spawn(c->strand(), std::move(enqueue), kvp::net::use_awaitable);
+  if (!queued) co_return;
+  auto [ec] = co_await t->wakeup.async_wait();
+  (void)ec;  // aborted (woken) or expired: settle decides
+  auto settle = c->settle(t);
+  const bool granted =
+      co_await kvp::net::co_spawn(c->strand(), std::move(settle), kvp::net::use_awaitable);
+  if (!granted) co_return;
+  order->push_back(id);
+  kvp::core::request_identity who{"S" + std::to_string(id), ""};
+  auto prepare = c->prepare(t, who, false);
+  auto pr = co_await kvp::net::co_spawn(c->strand(), std::move(prepare), kvp::net::use_awaitable);
+  if (pr.ok) fake->run_inference(100 * static_cast<std::uint64_t>(id));
+  auto finish = c->finish(t, true);
+  co_await kvp::net::co_spawn(c->strand(), std::move(finish), kvp::net::use_awaitable);
+}
+
+}  // namespace
+
+TEST_CASE("A, A, B, A makes exactly the milestone's management calls (spec §84)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
+  CHECK(h.coord->core().persistence_enabled());
+  h.fake->clear_calls();
+
+  auto r1 = h.request("A", 1000);
+  CHECK(r1.ok);
+  CHECK(r1.kind == prepare_kind::cold);
+  CHECK(h.fake->calls() == calls{erase_call()});
+
+  auto r2 = h.request("A", 1200);
+  CHECK(r2.ok);
+  CHECK(r2.kind == prepare_kind::resident);
+  CHECK(h.fake->calls() == calls{erase_call()});  // nothing, not even a probe
+
+  auto r3 = h.request("B", 500);
+  CHECK(r3.kind == prepare_kind::cold);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
+
+  auto r4 = h.request("A", 1300);
+  CHECK(r4.kind == prepare_kind::restored);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
+                                 save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+
+  CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1200u);
+  CHECK(h.fake->snapshot_tokens(h.file("B", 'a')) == 500u);
+
+  // Manifests land in <state>/sessions/<hash>.json.
+  auto ma = h.manifest_on_disk("A");
+  REQUIRE(ma);
+  CHECK(ma->session_id == "A");
+  CHECK(ma->generation == 'a');
+  CHECK(ma->tokens == 1200);
+  CHECK(ma->bytes == FakeBackend::header_bytes + 1200 * FakeBackend::bytes_per_token);
+  CHECK(ma->state == kvp::core::snapshot_state::ready);
+  CHECK(ma->runtime_fingerprint == h.coord->core().runtime().fingerprint());
+  auto mb = h.manifest_on_disk("B");
+  REQUIRE(mb);
+  CHECK(mb->tokens == 500);
+  CHECK(h.coord->core().owner() == h.hash("A"));
+}
+
+TEST_CASE("resident requests cost no management call and no disk write (spec §73)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.fake->clear_calls();
+  for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
+  CHECK(h.fake->calls() == calls{erase_call()});
+  CHECK_FALSE(h.manifest_on_disk("A"));
+  CHECK(h.coord->core().owner_dirty());
+}
+
+TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (spec §75)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  h.request("B", 500);
+  h.fake->clear_calls();
+
+  SECTION("the server rejects the file") { h.fake->corrupt_snapshot(h.file("A", 'a')); }
+  SECTION("the file was deleted by hand (acceptance 17)") {
+    h.fake->remove_snapshot(h.file("A", 'a'));
+  }
+
+  auto r = h.request("A", 1100);
+  CHECK(r.ok);
+  CHECK(r.kind == prepare_kind::cold_fallback);
+  // The failed restore already cleared the slot: no erase.
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+  auto m = h.manifest_on_disk("A");
+  REQUIRE(m);
+  CHECK(m->state == kvp::core::snapshot_state::invalid);
+  CHECK(m->invalid_reason == "KV_RESTORE_FAILED");
+  CHECK(m->generation == 'a');
+
+  // The session recovers: its next save goes to the other generation and is restorable.
+  h.fake->clear_calls();
+  h.request("B", 600);
+  h.request("A", 1200);
+  CHECK(h.fake->calls() == calls{save_call(h.file("A", 'b')), restore_call(h.file("B", 'a')),
+                                 save_call(h.file("B", 'b')), restore_call(h.file("A", 'b'))});
+  m = h.manifest_on_disk("A");
+  REQUIRE(m);
+  CHECK(m->state == kvp::core::snapshot_state::ready);
+  CHECK(m->generation == 'b');
+  CHECK(m->tokens == 1100);
+}
+
+TEST_CASE("a restore that reports the wrong token count is erased and invalidated",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  h.request("B", 500);
+  h.fake->put_snapshot(h.file("A", 'a'), 10);  // the file no longer holds what was saved
+  h.fake->clear_calls();
+
+  auto r = h.request("A", 1100);
+  CHECK(r.kind == prepare_kind::cold_fallback);
+  CHECK(h.fake->calls() ==
+        calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a')), erase_call()});
+  auto m = h.manifest_on_disk("A");
+  REQUIRE(m);
+  CHECK(m->state == kvp::core::snapshot_state::invalid);
+  CHECK(m->invalid_reason == "KV_SNAPSHOT_CORRUPT");
+}
+
+TEST_CASE("an unreachable backend never blocks requests (spec §75 'backend unavailable')",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->set_unreachable(true);
+  h.start();
+  CHECK_FALSE(h.coord->core().persistence_enabled());
+
+  auto r = h.request("A", 1000);
+  CHECK(r.ok);
+  CHECK(r.kind == prepare_kind::none);
+  CHECK(h.request("B", 1000).ok);
+  CHECK(h.fake->slot_calls().empty());
+
+  // Once the server answers, the next request turns persistence on and starts cold.
+  h.fake->set_unreachable(false);
+  auto r2 = h.request("A", 1000);
+  CHECK(r2.kind == prepare_kind::cold);
+  CHECK(h.coord->core().persistence_enabled());
+  CHECK(h.fake->slot_calls() == calls{erase_call()});
+}
+
+TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->slot_actions_disabled = true;
+  h.start();
+  CHECK_FALSE(h.coord->core().persistence_enabled());
+  CHECK(h.request("A", 1000).kind == prepare_kind::none);
+  CHECK(h.request("B", 1000).kind == prepare_kind::none);
+  CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
+}
+
+TEST_CASE("a failed save of the previous owner (spec §75 'save failure')", "[proxy][coordinator]") {
+  temp_dir tmp;
+
+  SECTION("non-strict: B still runs") {
+    harness h(tmp.path());
+    h.start();
+    h.request("A", 1000);
+    h.fake->clear_calls();
+    h.fake->fail_next_save(failure::http(500));
+    auto r = h.request("B", 500);
+    CHECK(r.ok);
+    CHECK(r.kind == prepare_kind::cold);
+    CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a')), erase_call()});
+    CHECK_FALSE(h.manifest_on_disk("A"));
+    CHECK(h.coord->core().owner() == h.hash("B"));
+  }
+
+  SECTION("strict: prepare fails and releases the lease to the next waiter") {
+    harness h(tmp.path(), strict_options());
+    h.start();
+    h.request("A", 1000);
+    h.fake->clear_calls();
+    h.fake->fail_next_save(failure::transport());
+
+    auto t1 = h.acquire();
+    auto t2 = h.ticket();
+    REQUIRE(h.run(h.coord->enqueue(t2)));
+    CHECK_FALSE(t2->granted);
+    auto pr = h.run(h.coord->prepare(t1, {"B", ""}, false));
+    CHECK_FALSE(pr.ok);
+    CHECK_FALSE(pr.message.empty());
+    CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
+    CHECK(t2->granted);  // the lease moved on
+    CHECK(h.coord->waiting() == 0);
+
+    // A is still in the slot, dirty: the next A request is resident.
+    auto pr2 = h.run(h.coord->prepare(t2, {"A", ""}, false));
+    CHECK(pr2.ok);
+    CHECK(pr2.kind == prepare_kind::resident);
+    h.run(h.coord->finish(t2, true));
+    CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
+    CHECK_FALSE(h.coord->busy());
+  }
+}
+
+TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path(), strict_options());
+  h.start();
+  h.request("A", 1000);
+  h.request("B", 500);
+  h.fake->clear_calls();
+  h.fake->fail_next_restore(failure::http(400));
+  auto t = h.acquire();
+  auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
+  CHECK_FALSE(pr.ok);
+  CHECK_FALSE(h.coord->busy());
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+  CHECK(h.coord->core().owner().empty());  // the failed restore cleared the slot
+}
+
+TEST_CASE("auxiliary requests save the owner and never own the slot (spec §75)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  h.fake->clear_calls();
+
+  std::string aux_session, purpose;
+  SECTION("session-title for A") {
+    aux_session = "A";
+    purpose = "session-title";
+  }
+  SECTION("a request without a session") {}
+
+  auto r = h.request(aux_session, 50, purpose);
+  CHECK(r.ok);
+  CHECK(r.kind == prepare_kind::auxiliary);
+  CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
+  CHECK(h.coord->core().owner().empty());
+
+  auto r2 = h.request("A", 1100);
+  CHECK(r2.kind == prepare_kind::restored);
+  CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a')), restore_call(h.file("A", 'a'))});
+  auto m = h.manifest_on_disk("A");
+  REQUIRE(m);
+  CHECK(m->tokens == 1000);  // the auxiliary request's 50 tokens were never saved as A
+}
+
+TEST_CASE("the idle checkpoint fires once after the idle time (spec §71)", "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.core.idle_checkpoint = 50ms;
+  harness h(tmp.path(), o);
+  h.start();
+  h.fake->clear_calls();
+  h.request("A", 1000);
+  CHECK(h.fake->calls() == calls{erase_call()});
+
+  kvp::testing::run_for(h.ioc, 300ms);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
+  auto m = h.manifest_on_disk("A");
+  REQUIRE(m);
+  CHECK(m->tokens == 1000);
+  CHECK_FALSE(h.coord->core().owner_dirty());
+
+  kvp::testing::run_for(h.ioc, 200ms);
+  CHECK(h.fake->calls().size() == 2);  // not again
+
+  // A new turn re-arms it; the next save rotates the generation.
+  auto r = h.request("A", 1200);
+  CHECK(r.kind == prepare_kind::resident);
+  kvp::testing::run_for(h.ioc, 300ms);
+  CHECK(h.fake->calls() ==
+        calls{erase_call(), save_call(h.file("A", 'a')), save_call(h.file("A", 'b'))});
+  CHECK(h.manifest_on_disk("A")->generation == 'b');
+}
+
+TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.core.idle_checkpoint = 30ms;
+  harness h(tmp.path(), o);
+  h.start();
+  h.fake->clear_calls();
+  h.request("A", 1000);
+  h.fake->delay_save(200ms);
+  drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // the idle save started
+  REQUIRE(h.fake->calls().back() == save_call(h.file("A", 'a')));
+
+  auto t = h.ticket();
+  REQUIRE(h.run(h.coord->enqueue(t)));
+  CHECK_FALSE(t->granted);
+  CHECK(h.coord->busy());
+  drive_until(h.ioc, [&] { return t->granted; });
+  REQUIRE(h.run(h.coord->settle(t)));
+  auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
+  CHECK(pr.kind == prepare_kind::resident);
+  h.run(h.coord->finish(t, false));
+  CHECK(h.fake->calls().size() == 2);
+  CHECK(h.manifest_on_disk("A")->tokens == 1000);
+}
+
+TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.fake->clear_calls();
+
+  auto t1 = h.acquire();
+  REQUIRE(h.run(h.coord->prepare(t1, {"S1", ""}, false)).ok);
+  h.fake->run_inference(100);
+
+  std::vector<int> order;
+  std::vector<std::future<void>> clients;
+  for (int id = 2; id <= 4; ++id) {
+    clients.push_back(
+        kvp::testing::spawn(h.ioc.get_executor(), client(h.coord.get(), h.fake, id, &order)));
+    drive_until(h.ioc, [&] { return h.coord->waiting() == static_cast<std::size_t>(id - 1); });
+  }
+  CHECK(order.empty());
+  h.run(h.coord->finish(t1, true));
+  // Well before the clients' 10 s wakeup timers would expire on their own.
+  auto all_done = [&] {
+    return std::all_of(clients.begin(), clients.end(),
+                       [](const std::future<void>& c) { return is_ready(c); });
+  };
+  drive_until(h.ioc, all_done, 3s);
+  for (auto& c : clients) c.get();
+  CHECK(order == std::vector<int>{2, 3, 4});
+  auto file_of = [&](int id) { return h.file("S" + std::to_string(id), 'a'); };
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(file_of(1)), erase_call(),
+                                 save_call(file_of(2)), erase_call(), save_call(file_of(3)),
+                                 erase_call()});
+  CHECK_FALSE(h.coord->busy());
+}
+
+TEST_CASE("a full queue refuses new tickets", "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.max_waiting = 2;
+  harness h(tmp.path(), o);
+  h.start();
+  auto t1 = h.acquire();
+  auto t2 = h.ticket();
+  auto t3 = h.ticket();
+  auto t4 = h.ticket();
+  CHECK(h.run(h.coord->enqueue(t2)));
+  CHECK(h.run(h.coord->enqueue(t3)));
+  CHECK_FALSE(h.run(h.coord->enqueue(t4)));
+  CHECK(t4->rejected);
+  CHECK_FALSE(t4->granted);
+  CHECK(h.coord->waiting() == 2);
+  CHECK(t1->id < t2->id);
+  CHECK(t2->id < t3->id);
+}
+
+TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.fake->clear_calls();
+  auto t1 = h.acquire();
+  auto t2 = h.ticket();
+  REQUIRE(h.run(h.coord->enqueue(t2)));
+  CHECK(h.coord->waiting() == 1);
+  CHECK_FALSE(h.run(h.coord->settle(t2)));  // its timeout fired or its client left
+  CHECK(h.coord->waiting() == 0);
+  h.run(h.coord->release(t1));  // the holder never prepared either
+  CHECK_FALSE(h.coord->busy());
+  CHECK_FALSE(t2->granted);
+  CHECK(h.fake->calls().empty());
+  // The slot is free for the next one.
+  CHECK(h.request("A", 10).kind == prepare_kind::cold);
+}
+
+TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.fake->clear_calls();
+  auto t1 = h.acquire();
+  auto t2 = h.ticket();
+  REQUIRE(h.run(h.coord->enqueue(t2)));
+  auto pr = h.run(h.coord->prepare(t2, {"B", ""}, false));
+  CHECK_FALSE(pr.ok);
+  CHECK(h.fake->calls().empty());
+  h.run(h.coord->finish(t2, true));  // ignored: not the holder
+  CHECK(h.coord->busy());
+  CHECK_FALSE(t2->granted);
+  h.run(h.coord->release(t1));
+  CHECK(t2->granted);
+}
+
+TEST_CASE("management calls are serialized with the lease (spec §20)", "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  h.request("B", 500);
+  h.fake->clear_calls();
+  h.fake->delay_restore(100ms);
+
+  auto t1 = h.acquire();
+  auto prep = h.spawn(h.coord->prepare(t1, {"A", ""}, false));
+  drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // save B, restore A started
+  CHECK(h.fake->calls().back() == restore_call(h.file("A", 'a')));
+  CHECK_FALSE(is_ready(prep));
+
+  auto t2 = h.ticket();
+  REQUIRE(h.run(h.coord->enqueue(t2)));
+  CHECK_FALSE(t2->granted);
+  drive_until(h.ioc, [&] { return is_ready(prep); });
+  CHECK(prep.get().kind == prepare_kind::restored);
+  CHECK_FALSE(t2->granted);
+  h.fake->run_inference(1100);
+  h.run(h.coord->finish(t1, true));
+  CHECK(t2->granted);
+  CHECK(h.fake->calls().size() == 2);
+}
+
+TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (spec §26)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.fake->clear_calls();
+
+  SECTION("nothing to save") {
+    CHECK(h.run(h.coord->checkpoint()));
+    CHECK(h.fake->calls().empty());
+  }
+
+  SECTION("the dirty owner is saved, a second flush coalesces") {
+    h.request("A", 1000);
+    CHECK(h.run(h.coord->checkpoint()));
+    CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
+    auto m = h.manifest_on_disk("A");
+    REQUIRE(m);
+    CHECK(m->tokens == 1000);
+    CHECK(h.run(h.coord->checkpoint()));
+    CHECK(h.fake->calls().size() == 2);
+    CHECK_FALSE(h.coord->busy());
+  }
+
+  SECTION("a failed save is reported") {
+    h.request("A", 1000);
+    h.fake->fail_next_save(failure::http(500));
+    CHECK_FALSE(h.run(h.coord->checkpoint()));
+  }
+
+  SECTION("it waits for the request holding the lease") {
+    auto t = h.acquire();
+    REQUIRE(h.run(h.coord->prepare(t, {"A", ""}, false)).ok);
+    auto cp = h.spawn(h.coord->checkpoint());
+    kvp::testing::run_for(h.ioc, 50ms);
+    CHECK_FALSE(is_ready(cp));
+    CHECK(h.fake->calls() == calls{erase_call()});
+    h.fake->run_inference(1000);
+    h.run(h.coord->finish(t, true));
+    drive_until(h.ioc, [&] { return is_ready(cp); });
+    CHECK(cp.get());
+    CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
+    CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);
+    CHECK_FALSE(h.coord->busy());
+  }
+}
+
+TEST_CASE("after a proxy restart the session restores from its manifest (acceptance 14-16)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  std::string file;
+  {
+    harness h1(tmp.path());
+    h1.start();
+    h1.request("A", 1000);
+    REQUIRE(h1.run(h1.coord->checkpoint()));
+    file = h1.file("A", 'a');
+  }
+  harness h2(tmp.path());
+  h2.fake->put_snapshot(file, 1000);  // llama-server kept its save directory
+  h2.start();
+  h2.fake->clear_calls();
+  auto r = h2.request("A", 1100);
+  CHECK(r.kind == prepare_kind::restored);
+  CHECK(h2.fake->calls() == calls{restore_call(file)});
+}
+
+TEST_CASE("a server restart is noticed on a fresh upstream connection (design note 2)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  REQUIRE(h.run(h.coord->checkpoint()));
+  h.fake->clear_calls();
+
+  SECTION("same server: one GET /props, still resident") {
+    auto r = h.request("A", 1100, "", true);
+    CHECK(r.kind == prepare_kind::resident);
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call()});
+  }
+  SECTION("restarted server: ownership is reset and A restores") {
+    h.fake->restart_server();
+    auto r = h.request("A", 1100, "", true);
+    CHECK(r.kind == prepare_kind::restored);
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call(),
+                                   restore_call(h.file("A", 'a'))});
+  }
+  SECTION("note_upstream_trouble has the same effect") {
+    h.fake->restart_server();
+    h.coord->note_upstream_trouble();
+    auto r = h.request("A", 1100);
+    CHECK(r.kind == prepare_kind::restored);
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call(),
+                                   restore_call(h.file("A", 'a'))});
+  }
+  SECTION("without a reason to look, a restart goes unnoticed (no extra calls)") {
+    h.fake->restart_server();
+    auto r = h.request("A", 1100);
+    CHECK(r.kind == prepare_kind::resident);
+    CHECK(h.fake->calls().empty());
+  }
+  SECTION("a different model: a new session key, cold") {
+    auto old_hash = h.hash("A");
+    auto rt = h.fake->runtime();
+    rt.model_path = "/models/llama-3.1-8b-instruct-q4_k_m.gguf";
+    h.fake->set_runtime(rt);
+    h.fake->restart_server();
+    auto r = h.request("A", 1100, "", true);
+    CHECK(r.kind == prepare_kind::cold);
+    CHECK(h.fake->calls() ==
+          calls{FakeBackend::props_call(), FakeBackend::probe_call(), erase_call()});
+    CHECK(h.hash("A") != old_hash);
+    REQUIRE(h.manifest_on_disk("A") == std::nullopt);
+  }
+}
+
+TEST_CASE("repeated backend failures open the circuit, and requests keep flowing",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.core.cooldown = 200ms;
+  harness h(tmp.path(), o);
+  h.start();
+  h.fake->clear_calls();
+  h.fake->set_unreachable(true);  // down after the startup probe
+
+  CHECK(h.request("A", 1000).ok);  // erase fails (1)
+  CHECK(h.request("B", 1000).ok);  // save A fails (2), erase fails (3)
+  CHECK(h.coord->core().circuit().current() == kvp::core::breaker::state::open);
+  CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
+
+  h.fake->set_unreachable(false);
+  auto r = h.request("A", 1000);
+  CHECK(r.ok);
+  CHECK(h.fake->slot_calls().size() == 3);  // skipped while open
+
+  kvp::testing::run_for(h.ioc, 250ms);
+  auto r2 = h.request("B", 500);
+  CHECK(r2.ok);
+  CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
+                                      save_call(h.file("A", 'a')), erase_call()});
+  CHECK(h.coord->core().circuit().current() == kvp::core::breaker::state::closed);
+}
+
+// proxy/server.cpp's lease_guard releases a lease through coordinator::release when the
+// request coroutine leaves by an exception after prepare(). core::coordinator_core::
+// abort_prepare() then leaves the slot in state `inference` with the owner kept, so the
+// shutdown checkpoint (checkpoint_owner requires state `dirty`) no longer saves an owner
+// that was dirty before that request.
+TEST_CASE("a lease released after prepare still lets the shutdown checkpoint save the owner",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);  // A dirty, never saved
+  h.fake->clear_calls();
+  auto t = h.acquire();
+  REQUIRE(h.run(h.coord->prepare(t, {"A", ""}, false)).kind == prepare_kind::resident);
+  h.run(h.coord->release(t));
+  CHECK_FALSE(h.coord->busy());
+  CHECK(h.run(h.coord->checkpoint()));
+  CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
+}

@@ -1,0 +1,145 @@
+#include "tests/support/fake_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+namespace kvp::testing {
+
+namespace {
+
+constexpr const char* restore_error =
+    "Unable to restore slot: No available space in KV cache or invalid slot save file";
+constexpr const char* disabled_error =
+    "This server does not support slots action. Start it with `--slot-save-path`";
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const backend_call& c) {
+  os << c.action;
+  if (c.slot >= 0) os << '(' << c.slot << (c.filename.empty() ? "" : ", ") << c.filename << ')';
+  return os;
+}
+
+FakeBackend::FakeBackend() {
+  runtime_.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
+  runtime_.build_info = "b6123-80fb11a";
+  runtime_.n_ctx = 8192;
+  runtime_.total_slots = 1;
+  runtime_.media_marker = "<__media_1__>";
+}
+
+core::error FakeBackend::transport_error() const {
+  return core::error{core::errc::backend_unavailable, 0, "connect: Connection refused"};
+}
+
+net::awaitable<void> FakeBackend::sleep(std::chrono::milliseconds d) {
+  if (d.count() <= 0) co_return;
+  steady_timer t(co_await net::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait();
+}
+
+void FakeBackend::put_snapshot(const std::string& filename, std::uint64_t tokens) {
+  files_[filename] = tokens;
+  corrupt_.erase(filename);
+}
+
+void FakeBackend::restart_server() {
+  ++epoch_;
+  runtime_.media_marker = fmt::format("<__media_{}__>", epoch_);
+  slot_tokens_ = 0;
+}
+
+std::vector<backend_call> FakeBackend::slot_calls() const {
+  std::vector<backend_call> out;
+  for (const auto& c : calls_)
+    if (c.action == "save" || c.action == "restore" || c.action == "erase") out.push_back(c);
+  return out;
+}
+
+std::optional<std::uint64_t> FakeBackend::snapshot_tokens(const std::string& filename) const {
+  auto it = files_.find(filename);
+  if (it == files_.end()) return std::nullopt;
+  return it->second;
+}
+
+int FakeBackend::probes() const {
+  int n = 0;
+  for (const auto& c : calls_) n += c.action == "probe";
+  return n;
+}
+
+net::awaitable<core::result<core::server_probe>> FakeBackend::probe() {
+  calls_.push_back({"probe", -1, ""});
+  if (unreachable_) co_return transport_error();
+  core::server_probe p;
+  p.runtime = runtime_;
+  p.slot_actions = !slot_actions_disabled;
+  co_return p;
+}
+
+net::awaitable<core::result<core::runtime_info>> FakeBackend::read_runtime() {
+  calls_.push_back({"props", -1, ""});
+  if (unreachable_) co_return transport_error();
+  co_return runtime_;
+}
+
+net::awaitable<core::result<std::vector<backends::slot_info>>> FakeBackend::inspect_slots() {
+  calls_.push_back({"inspect", -1, ""});
+  if (unreachable_) co_return transport_error();
+  backends::slot_info s;
+  s.id = 0;
+  s.n_ctx = runtime_.n_ctx;
+  s.n_prompt_tokens = static_cast<std::int64_t>(slot_tokens_);
+  co_return std::vector<backends::slot_info>{s};
+}
+
+net::awaitable<core::result<core::slot_saved>> FakeBackend::save(int slot, std::string filename) {
+  calls_.push_back({"save", slot, filename});
+  co_await sleep(save_delay_);
+  if (unreachable_) co_return transport_error();
+  if (slot_actions_disabled) co_return core::error{core::errc::save_failed, 501, disabled_error};
+  if (auto f = std::exchange(fail_save_, std::nullopt)) {
+    if (f->http_status == 0) co_return transport_error();
+    co_return core::error{core::errc::save_failed, f->http_status, "Unable to save slot"};
+  }
+  files_[filename] = slot_tokens_;
+  corrupt_.erase(filename);
+  co_return core::slot_saved{slot_tokens_, header_bytes + slot_tokens_ * bytes_per_token, 1.25};
+}
+
+net::awaitable<core::result<core::slot_restored>> FakeBackend::restore(int slot,
+                                                                       std::string filename) {
+  calls_.push_back({"restore", slot, filename});
+  co_await sleep(restore_delay_);
+  if (unreachable_) co_return transport_error();
+  if (slot_actions_disabled) co_return core::error{core::errc::restore_failed, 501, disabled_error};
+  if (auto f = std::exchange(fail_restore_, std::nullopt)) {
+    if (f->http_status == 0) co_return transport_error();
+    if (f->http_status >= 400 && f->http_status < 500) slot_tokens_ = 0;
+    co_return core::error{core::errc::restore_failed, f->http_status, restore_error};
+  }
+  auto it = files_.find(filename);
+  if (it == files_.end() || corrupt_.count(filename)) {
+    slot_tokens_ = 0;  // llama-server clears the slot on every failed restore
+    co_return core::error{core::errc::restore_failed, 400, restore_error};
+  }
+  slot_tokens_ = it->second;
+  co_return core::slot_restored{it->second, header_bytes + it->second * bytes_per_token, 0.75};
+}
+
+net::awaitable<core::result<core::slot_erased>> FakeBackend::erase(int slot) {
+  calls_.push_back({"erase", slot, ""});
+  if (unreachable_) co_return transport_error();
+  if (slot_actions_disabled) co_return core::error{core::errc::erase_failed, 501, disabled_error};
+  if (auto f = std::exchange(fail_erase_, std::nullopt)) {
+    if (f->http_status == 0) co_return transport_error();
+    co_return core::error{core::errc::erase_failed, f->http_status, "erase failed"};
+  }
+  const auto n = slot_tokens_;
+  slot_tokens_ = 0;
+  co_return core::slot_erased{n};
+}
+
+}  // namespace kvp::testing
