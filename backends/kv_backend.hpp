@@ -27,6 +27,13 @@ class kv_backend {
 
   // Runtime identity and whether slot actions work, without side effects on any slot.
   virtual net::awaitable<core::result<core::server_probe>> probe() = 0;
+  // Only the runtime identity (GET /props for llama-server): the cheap restart check.
+  // The default runs the full probe.
+  virtual net::awaitable<core::result<core::runtime_info>> read_runtime() {
+    auto p = co_await probe();
+    if (!p) co_return p.err();
+    co_return p->runtime;
+  }
   virtual net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() = 0;
   // `filename` is an opaque name produced by core::snapshot_filename.
   virtual net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) = 0;

@@ -143,7 +143,7 @@ net::awaitable<core::result<http_reply>> llama_http_backend::slot_action(int slo
   co_return r;
 }
 
-net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
+net::awaitable<core::result<core::runtime_info>> llama_http_backend::read_runtime() {
   auto props = co_await http_call(ep_, http::verb::get, "/props", "", timeout_);
   if (!props) co_return props.err();
   if (props->status != 200)
@@ -152,7 +152,11 @@ net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
                           props->status,
                           fmt::format("GET /props: {} {}", props->status,
                                       error_message(props->body))};
-  auto rt = parse_props(props->body);
+  co_return parse_props(props->body);
+}
+
+net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
+  auto rt = co_await read_runtime();
   if (!rt) co_return rt.err();
   core::server_probe out;
   out.runtime = std::move(rt.value());

@@ -15,6 +15,7 @@ class llama_http_backend final : public kv_backend {
       : ep_(std::move(ep)), timeout_(timeout) {}
 
   net::awaitable<core::result<core::server_probe>> probe() override;
+  net::awaitable<core::result<core::runtime_info>> read_runtime() override;
   net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() override;
   net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) override;
   net::awaitable<core::result<core::slot_restored>> restore(int slot,
