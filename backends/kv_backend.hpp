@@ -16,6 +16,7 @@ struct slot_info {
   std::int64_t n_ctx = 0;
   bool is_processing = false;
   std::int64_t n_prompt_tokens = -1;  // -1: the server did not say (never-used slot)
+  std::int64_t id_task = -1;          // the current or last task on the slot, -1 if none
 };
 
 // One inference server. Each call uses its own connection and its own deadline

@@ -122,6 +122,7 @@ core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
     auto p = s.FindMember("is_processing");
     i.is_processing = p != s.MemberEnd() && p->value.IsBool() && p->value.GetBool();
     i.n_prompt_tokens = get_i64(s, "n_prompt_tokens", -1);
+    i.id_task = get_i64(s, "id_task", -1);
     out.push_back(i);
   }
   return out;

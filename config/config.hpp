@@ -134,6 +134,7 @@ struct config {
   std::string runtime_key;  // change it when the model file, -ctk/-ctv, -fa or LoRA change
   slot_mode mode = slot_mode::single_slot;
   int slot_id = 0;
+  bool reserve_aux_slot = false;  // managed-slots: the highest slot serves auxiliary calls only
   std::string state_dir;  // empty: $XDG_STATE_HOME/kvpersist or ~/.local/state/kvpersist
   session_config sessions;
   checkpoint_config checkpoint;

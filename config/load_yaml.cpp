@@ -291,6 +291,7 @@ config reader::read_document(const YAML::Node& root) {
       c.mode = read_enum(v, p, parse_slot_mode, {slot_mode::single_slot, slot_mode::managed_slots});
     }},
     {"slotId", [&](V v, P p) { c.slot_id = read_int(v, p); }},
+    {"reserveAuxSlot", [&](V v, P p) { c.reserve_aux_slot = read_bool(v, p); }},
     {"stateDir", [&](V v, P p) { c.state_dir = read_string(v, p); }},
     {"sessions", [&](V v, P p) {
       read_section(v, p, {

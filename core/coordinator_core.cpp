@@ -31,7 +31,40 @@ std::string_view to_string(prepare_kind k) {
 }
 
 coordinator_core::coordinator_core(core_options opts)
-    : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {}
+    : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {
+  slots_.push_back(slot_rec{opts_.slot_id});
+}
+
+coordinator_core::slot_rec* coordinator_core::find_slot(int id) {
+  for (auto& s : slots_)
+    if (s.id == id) return &s;
+  return nullptr;
+}
+
+const coordinator_core::slot_rec* coordinator_core::find_slot(int id) const {
+  for (const auto& s : slots_)
+    if (s.id == id) return &s;
+  return nullptr;
+}
+
+void coordinator_core::set_slots(const std::vector<int>& ids) {
+  if (ids.empty()) return;
+  bool same = ids.size() == slots_.size();
+  for (std::size_t i = 0; same && i < ids.size(); ++i) same = slots_[i].id == ids[i];
+  if (same) return;
+  slots_.clear();
+  for (int id : ids) slots_.push_back(slot_rec{id});
+}
+
+std::vector<int> coordinator_core::slot_ids() const {
+  std::vector<int> out;
+  for (const auto& s : slots_) out.push_back(s.id);
+  return out;
+}
+
+int coordinator_core::aux_slot() const {
+  return opts_.reserve_aux_slot && slots_.size() > 1 ? slots_.back().id : -1;
+}
 
 void coordinator_core::set_runtime(const runtime_info& rt) {
   const bool model_changed = enabled_ && rt.model_path != runtime_.model_path;
@@ -48,15 +81,26 @@ void coordinator_core::disable_persistence() {
 }
 
 void coordinator_core::on_epoch_change() {
-  owner_.clear();
-  state_ = slot_state::unknown;
-  idle_deadline_.reset();
+  for (auto& s : slots_) {
+    s.owner.clear();
+    s.state = slot_state::unknown;
+    s.idle_deadline.reset();
+  }
+}
+
+void coordinator_core::forget_slot(int slot) {
+  if (auto* s = find_slot(slot)) {
+    s->owner.clear();
+    s->state = slot_state::unknown;
+    s->idle_deadline.reset();
+  }
 }
 
 void coordinator_core::add_manifest(manifest m) {
+  if (slot_of(m.session_hash) >= 0) return;  // resident here: our record is newer
   auto& r = sessions_[m.session_hash];
   r.session_id = m.session_id;
-  if (m.state == snapshot_state::ready) r.saved_rev = r.dirty_rev = m.revision;
+  if (m.state == snapshot_state::ready) r.saved_rev = r.dirty_rev = std::max(r.dirty_rev, m.revision);
   r.snapshot = std::move(m);
 }
 
@@ -72,9 +116,28 @@ coordinator_core::session_rec& coordinator_core::rec(const std::string& hash,
   return r;
 }
 
-bool coordinator_core::owner_dirty() const {
-  if (owner_.empty()) return false;
-  auto it = sessions_.find(owner_);
+int coordinator_core::slot_of(const std::string& hash) const {
+  if (hash.empty()) return -1;
+  for (const auto& s : slots_)
+    if (s.owner == hash) return s.id;
+  return -1;
+}
+
+const std::string& coordinator_core::owner(int slot) const {
+  static const std::string none;
+  const auto* s = find_slot(slot);
+  return s ? s->owner : none;
+}
+
+slot_state coordinator_core::state(int slot) const {
+  const auto* s = find_slot(slot);
+  return s ? s->state : slot_state::unknown;
+}
+
+bool coordinator_core::owner_dirty(int slot) const {
+  const auto* s = find_slot(slot);
+  if (!s || s->owner.empty()) return false;
+  auto it = sessions_.find(s->owner);
   return it != sessions_.end() && it->second.dirty_rev > it->second.saved_rev;
 }
 
@@ -91,11 +154,11 @@ std::vector<manifest> coordinator_core::manifests() const {
   return out;
 }
 
-std::optional<save_step> coordinator_core::make_save(const std::string& hash) {
-  auto& r = sessions_[hash];
+std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
+  auto& r = sessions_[s.owner];
   const char gen = r.snapshot ? r.snapshot->next_generation() : 'a';
-  state_ = slot_state::saving;
-  return save_step{opts_.slot_id, hash, snapshot_filename(hash, gen), gen, r.dirty_rev};
+  s.state = slot_state::saving;
+  return save_step{s.id, s.owner, snapshot_filename(s.owner, gen), gen, r.dirty_rev};
 }
 
 // Only failures that say "the server or the wire is unhappy" count towards the breaker.
@@ -108,27 +171,54 @@ void coordinator_core::record_backend_failure(const error& e, steady_time now) {
 
 void coordinator_core::record_backend_success() { breaker_.on_success(); }
 
-prepare_plan coordinator_core::prepare(const request_identity& who, steady_time now,
+std::optional<int> coordinator_core::choose_slot(const request_identity& who,
+                                                 const std::vector<int>& free_slots) const {
+  auto is_free = [&](int id) {
+    return std::find(free_slots.begin(), free_slots.end(), id) != free_slots.end();
+  };
+  const bool aux = who.session_id.empty() || !who.purpose.empty();
+  const int reserved = aux_slot();
+  if (aux && reserved >= 0) return is_free(reserved) ? std::optional<int>(reserved) : std::nullopt;
+  if (!aux && enabled_) {
+    const int own = slot_of(hash_for(who.session_id));
+    if (own >= 0) return is_free(own) ? std::optional<int>(own) : std::nullopt;
+  }
+  const slot_rec* best = nullptr;
+  auto rank = [&](const slot_rec& s) {
+    if (s.owner.empty()) return 0;           // empty (or unknown) first
+    return owner_dirty(s.id) ? 2 : 1;        // then clean, then dirty
+  };
+  for (const auto& s : slots_) {
+    if (s.id == reserved || !is_free(s.id)) continue;
+    if (!best || rank(s) < rank(*best) || (rank(s) == rank(*best) && s.last_used < best->last_used))
+      best = &s;
+  }
+  if (!best) return std::nullopt;
+  return best->id;
+}
+
+prepare_plan coordinator_core::prepare(const request_identity& who, int slot, steady_time now,
                                        std::string_view wall_now) {
   prepare_plan plan;
-  plan.slot = opts_.slot_id;
-  pending_aux_ = who.session_id.empty() || !who.purpose.empty();
-  pending_hash_ = pending_aux_ ? std::string() : hash_for(who.session_id);
-  pending_kind_ = pending_aux_ ? prepare_kind::auxiliary : prepare_kind::none;
+  plan.slot = slot;
+  slot_rec& sl = *find_slot(slot);
+  sl.pending_aux = who.session_id.empty() || !who.purpose.empty();
+  sl.pending_hash = sl.pending_aux ? std::string() : hash_for(who.session_id);
+  sl.pending_kind = sl.pending_aux ? prepare_kind::auxiliary : prepare_kind::none;
   if (!enabled_) {
-    pending_kind_ = prepare_kind::none;
+    sl.pending_kind = prepare_kind::none;
     return plan;
   }
-  idle_deadline_.reset();  // any request supersedes a pending idle checkpoint
+  sl.idle_deadline.reset();  // any request supersedes a pending idle checkpoint
 
-  if (!pending_aux_ && owner_ == pending_hash_ && state_ != slot_state::unknown) {
+  if (!sl.pending_aux && sl.owner == sl.pending_hash && sl.state != slot_state::unknown) {
     plan.resident = true;
-    pending_kind_ = prepare_kind::resident;
+    sl.pending_kind = prepare_kind::resident;
     return plan;
   }
 
-  const bool need_save = opts_.save_on_switch && owner_dirty();
-  const bool need_calls = need_save || !pending_aux_;
+  const bool need_save = opts_.save_on_switch && owner_dirty(slot);
+  const bool need_calls = need_save || !sl.pending_aux;
   if (need_calls && !breaker_.allow(now)) {
     // Persistence is paused: run the request as it is. Whatever the slot held is about to
     // be overwritten, so nobody is resident afterwards except the requester.
@@ -136,25 +226,25 @@ prepare_plan coordinator_core::prepare(const request_identity& who, steady_time 
       plan.fail = true;
       return plan;
     }
-    owner_.clear();
-    state_ = slot_state::unknown;
-    if (!pending_aux_) {
-      rec(pending_hash_, who.session_id);
-      pending_kind_ = prepare_kind::cold;
+    sl.owner.clear();
+    sl.state = slot_state::unknown;
+    if (!sl.pending_aux) {
+      rec(sl.pending_hash, who.session_id);
+      sl.pending_kind = prepare_kind::cold;
     }
     return plan;
   }
 
-  if (!owner_.empty() && owner_ != pending_hash_) ++stats_.switches;
-  if (need_save) plan.save = make_save(owner_);
-  if (pending_aux_) return plan;
+  if (!sl.owner.empty() && sl.owner != sl.pending_hash) ++stats_.switches;
+  if (need_save) plan.save = make_save(sl);
+  if (sl.pending_aux) return plan;
 
-  auto& r = rec(pending_hash_, who.session_id);
+  auto& r = rec(sl.pending_hash, who.session_id);
   if (r.snapshot && opts_.restore_enabled && r.snapshot->state == snapshot_state::ready) {
     if (r.snapshot->runtime_fingerprint == fingerprint_) {
-      plan.restore = restore_step{opts_.slot_id, pending_hash_, r.snapshot->snapshot_file(),
+      plan.restore = restore_step{slot, sl.pending_hash, r.snapshot->snapshot_file(),
                                   r.snapshot->tokens};
-      if (!plan.save) state_ = slot_state::restoring;
+      if (!plan.save) sl.state = slot_state::restoring;
     } else {
       // Spec §31: never restore across runtimes; mark, don't delete.
       r.snapshot->state = snapshot_state::invalid;
@@ -166,7 +256,7 @@ prepare_plan coordinator_core::prepare(const request_identity& who, steady_time 
   }
   if (!plan.restore) {
     plan.erase = true;
-    pending_kind_ = prepare_kind::cold;
+    sl.pending_kind = prepare_kind::cold;
   }
   return plan;
 }
@@ -175,11 +265,12 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
                                         steady_time now, std::string_view wall_now) {
   save_decision d;
   auto& rc = sessions_[step.hash];
-  const bool owned = owner_ == step.hash;
+  slot_rec* sl = find_slot(step.slot);
+  const bool owned = sl && sl->owner == step.hash;
   if (!r) {
     ++stats_.save_failures;
     record_backend_failure(r.err(), now);
-    if (owned) state_ = slot_state::dirty;
+    if (owned) sl->state = slot_state::dirty;
     d.err = r.err();
     return d;
   }
@@ -189,15 +280,15 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
     // Keep the previous generation (design note 4) and stop believing the owner is resident.
     ++stats_.empty_saves;
     if (owned) {
-      owner_.clear();
-      state_ = slot_state::unknown;
+      sl->owner.clear();
+      sl->state = slot_state::unknown;
     }
     d.err = error{errc::save_empty, 0, "server saved 0 tokens; previous snapshot kept"};
     return d;
   }
   if (r->n_written == 0) {
     ++stats_.save_failures;
-    if (owned) state_ = slot_state::dirty;
+    if (owned) sl->state = slot_state::dirty;
     d.err = error{errc::save_failed, 0, "server reported 0 bytes written"};
     return d;
   }
@@ -223,7 +314,7 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
   m.updated_at = std::string(wall_now);
   m.save_ms = r->save_ms;
   m.compatibility = compatibility_;
-  if (owned && state_ == slot_state::saving) state_ = slot_state::dirty;  // clean once stored
+  if (owned && sl->state == slot_state::saving) sl->state = slot_state::dirty;  // clean once stored
   d.ok = true;
   d.write = std::move(m);
   return d;
@@ -234,8 +325,9 @@ void coordinator_core::store_manifest(const manifest& m) {
   if (r.session_id.empty()) r.session_id = m.session_id;
   if (m.state == snapshot_state::ready) r.saved_rev = std::max(r.saved_rev, m.revision);
   r.snapshot = m;
-  if (owner_ == m.session_hash && state_ == slot_state::dirty && r.dirty_rev <= r.saved_rev)
-    state_ = slot_state::ready;
+  for (auto& s : slots_)
+    if (s.owner == m.session_hash && s.state == slot_state::dirty && r.dirty_rev <= r.saved_rev)
+      s.state = slot_state::ready;
 }
 
 restore_decision coordinator_core::on_restore(const restore_step& step,
@@ -244,7 +336,8 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
   restore_decision d;
   ++stats_.restores;
   auto& rc = sessions_[step.hash];
-  auto invalidate = [&](errc code, std::string why) {
+  slot_rec& sl = *find_slot(step.slot);
+  auto invalidate_snapshot = [&](errc code, std::string why) {
     ++stats_.invalidations;
     if (rc.snapshot) {
       rc.snapshot->state = snapshot_state::invalid;
@@ -261,20 +354,20 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
                            (!opts_.verify_restore || r->n_restored == step.expected_tokens);
     if (plausible) {
       ++stats_.restore_hits;
-      state_ = slot_state::ready;
-      pending_kind_ = prepare_kind::restored;
+      sl.state = slot_state::ready;
+      sl.pending_kind = prepare_kind::restored;
       d.restored = true;
       return d;
     }
     // Spec §24, invariant 10: an HTTP 200 is not a verified restore. The slot holds
     // something we can't vouch for: clear it and go cold.
     ++stats_.restore_failures;
-    invalidate(errc::snapshot_corrupt,
-               fmt::format("restored {} tokens, manifest says {}", r->n_restored,
-                           step.expected_tokens));
+    invalidate_snapshot(errc::snapshot_corrupt,
+                        fmt::format("restored {} tokens, manifest says {}", r->n_restored,
+                                    step.expected_tokens));
     d.need_erase = true;
-    state_ = slot_state::unknown;
-    pending_kind_ = prepare_kind::cold_fallback;
+    sl.state = slot_state::unknown;
+    sl.pending_kind = prepare_kind::cold_fallback;
     return d;
   }
   ++stats_.restore_failures;
@@ -282,121 +375,129 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
   if (e.code == errc::snapshot_not_found && e.http_status == 0) {
     // Checked before calling the server (shared-filesystem mode): the file is gone, the
     // slot was not touched and still holds someone else's state, so erase it.
-    invalidate(errc::snapshot_not_found, e.message);
+    invalidate_snapshot(errc::snapshot_not_found, e.message);
     d.need_erase = true;
-    state_ = slot_state::unknown;
+    sl.state = slot_state::unknown;
   } else if (e.http_status >= 400 && e.http_status < 500) {
     // The server rejected the file (missing, truncated, foreign layout) and, as it does on
     // every failed restore, cleared the slot (llama-server.md §1.3). Never retry this file.
     record_backend_success();
-    invalidate(errc::restore_failed, e.message);
-    state_ = slot_state::idle;
+    invalidate_snapshot(errc::restore_failed, e.message);
+    sl.state = slot_state::idle;
   } else {
     // Transport failure or timeout: we do not know what the slot holds, but whatever it is,
     // llama-server compares tokens before reusing them, so running cold is still correct.
     record_backend_failure(e, now);
     d.err = e;
-    state_ = slot_state::unknown;
+    sl.state = slot_state::unknown;
   }
-  pending_kind_ = prepare_kind::cold_fallback;
+  sl.pending_kind = prepare_kind::cold_fallback;
   return d;
 }
 
-bool coordinator_core::on_erase(const result<slot_erased>& r, steady_time now) {
+bool coordinator_core::on_erase(int slot, const result<slot_erased>& r, steady_time now) {
+  slot_rec& sl = *find_slot(slot);
   if (!r) {
     record_backend_failure(r.err(), now);
-    state_ = slot_state::unknown;
+    sl.state = slot_state::unknown;
     return false;
   }
   record_backend_success();
-  state_ = slot_state::idle;
+  sl.state = slot_state::idle;
   return true;
 }
 
-void coordinator_core::abort_prepare() {
+void coordinator_core::abort_prepare(int slot) {
   if (!enabled_) return;
-  if (state_ == slot_state::inference) {
+  slot_rec& sl = *find_slot(slot);
+  if (sl.state == slot_state::inference) {
     // Released without end_inference (the request coroutine failed after prepare): the
     // request may have reached the slot, so count it as a new revision (design note 3)
     // and leave the owner checkpointable.
-    if (!pending_aux_ && !owner_.empty()) {
-      auto& r = sessions_[owner_];
-      ++r.dirty_rev;
-      state_ = slot_state::dirty;
+    if (!sl.pending_aux && !sl.owner.empty()) {
+      ++sessions_[sl.owner].dirty_rev;
+      sl.state = slot_state::dirty;
     } else {
-      owner_.clear();
-      state_ = slot_state::unknown;
+      sl.owner.clear();
+      sl.state = slot_state::unknown;
     }
-    pending_hash_.clear();
-    pending_aux_ = false;
-    pending_kind_ = prepare_kind::none;
-    return;
+  } else {
+    if (sl.state == slot_state::saving || sl.state == slot_state::restoring)
+      sl.state = slot_state::unknown;
+    if (sl.state == slot_state::unknown || sl.state == slot_state::idle) sl.owner.clear();
   }
-  if (state_ == slot_state::saving || state_ == slot_state::restoring) state_ = slot_state::unknown;
-  if (state_ == slot_state::unknown || state_ == slot_state::idle) owner_.clear();
-  pending_hash_.clear();
-  pending_aux_ = false;
-  pending_kind_ = prepare_kind::none;
+  sl.pending_hash.clear();
+  sl.pending_aux = false;
+  sl.pending_kind = prepare_kind::none;
 }
 
-prepare_kind coordinator_core::start_inference(const request_identity& who) {
+prepare_kind coordinator_core::start_inference(const request_identity& who, int slot) {
   (void)who;
   if (!enabled_) return prepare_kind::none;
-  const prepare_kind k = pending_kind_;
-  if (pending_aux_) {
-    owner_.clear();  // invariant 7: auxiliary output never belongs to a session
+  slot_rec& sl = *find_slot(slot);
+  const prepare_kind k = sl.pending_kind;
+  if (sl.pending_aux) {
+    sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
   } else {
-    owner_ = pending_hash_;
+    sl.owner = sl.pending_hash;
     if (k == prepare_kind::cold || k == prepare_kind::cold_fallback) ++stats_.cold_starts;
   }
-  state_ = slot_state::inference;
+  sl.state = slot_state::inference;
   return k;
 }
 
-std::optional<save_step> coordinator_core::end_inference(bool reached_slot, steady_time now) {
-  const bool aux = pending_aux_;
-  pending_hash_.clear();
-  pending_aux_ = false;
-  pending_kind_ = prepare_kind::none;
+std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_slot,
+                                                         steady_time now) {
+  slot_rec& sl = *find_slot(slot);
+  const bool aux = sl.pending_aux;
+  sl.pending_hash.clear();
+  sl.pending_aux = false;
+  sl.pending_kind = prepare_kind::none;
+  sl.last_used = ++use_clock_;
   if (!enabled_) return std::nullopt;
-  if (aux || owner_.empty()) {
-    state_ = slot_state::unknown;  // foreign content: the next session restores or erases
+  if (aux || sl.owner.empty()) {
+    sl.state = slot_state::unknown;  // foreign content: the next session restores or erases
     return std::nullopt;
   }
-  auto& r = sessions_[owner_];
+  auto& r = sessions_[sl.owner];
   // Design note 3: whatever reached the slot changed it, even a cancelled request.
   if (reached_slot) ++r.dirty_rev;
   const bool dirty = r.dirty_rev > r.saved_rev;
-  state_ = dirty ? slot_state::dirty : slot_state::ready;
+  sl.state = dirty ? slot_state::dirty : slot_state::ready;
   if (!dirty) return std::nullopt;
   if (opts_.idle_checkpoint.count() > 0) {
-    idle_deadline_ = now + opts_.idle_checkpoint;
-    idle_rev_ = r.dirty_rev;
+    sl.idle_deadline = now + opts_.idle_checkpoint;
+    sl.idle_rev = r.dirty_rev;
   }
-  if (opts_.save_on_turn_end && breaker_.allow(now)) return make_save(owner_);
+  if (opts_.save_on_turn_end && breaker_.allow(now)) return make_save(sl);
   return std::nullopt;
 }
 
-std::optional<save_step> coordinator_core::idle_checkpoint(steady_time now) {
-  if (!idle_deadline_ || now < *idle_deadline_) return std::nullopt;
-  idle_deadline_.reset();
-  if (!enabled_ || owner_.empty() || state_ != slot_state::dirty) return std::nullopt;
-  const auto& r = sessions_[owner_];
-  if (r.dirty_rev != idle_rev_ || r.dirty_rev <= r.saved_rev) return std::nullopt;
-  if (!breaker_.allow(now)) return std::nullopt;
-  return make_save(owner_);
+std::optional<steady_time> coordinator_core::idle_deadline() const {
+  std::optional<steady_time> out;
+  for (const auto& s : slots_)
+    if (s.idle_deadline && (!out || *s.idle_deadline < *out)) out = s.idle_deadline;
+  return out;
 }
 
-std::optional<save_step> coordinator_core::checkpoint_owner(steady_time now) {
-  if (!enabled_ || !owner_dirty() || state_ != slot_state::dirty) return std::nullopt;
+std::optional<save_step> coordinator_core::idle_checkpoint(int slot, steady_time now) {
+  slot_rec& sl = *find_slot(slot);
+  if (!sl.idle_deadline || now < *sl.idle_deadline) return std::nullopt;
+  sl.idle_deadline.reset();
+  if (!enabled_ || sl.owner.empty() || sl.state != slot_state::dirty) return std::nullopt;
+  const auto& r = sessions_[sl.owner];
+  if (r.dirty_rev != sl.idle_rev || r.dirty_rev <= r.saved_rev) return std::nullopt;
   if (!breaker_.allow(now)) return std::nullopt;
-  idle_deadline_.reset();
-  return make_save(owner_);
+  return make_save(sl);
 }
 
-}  // namespace kvp::core
-
-namespace kvp::core {
+std::optional<save_step> coordinator_core::checkpoint_slot(int slot, steady_time now) {
+  slot_rec* sl = find_slot(slot);
+  if (!sl || !enabled_ || !owner_dirty(slot) || sl->state != slot_state::dirty) return std::nullopt;
+  if (!breaker_.allow(now)) return std::nullopt;
+  sl->idle_deadline.reset();
+  return make_save(*sl);
+}
 
 std::optional<manifest> coordinator_core::invalidate(const std::string& hash, errc reason,
                                                      std::string_view wall_now) {
@@ -412,18 +513,16 @@ std::optional<manifest> coordinator_core::invalidate(const std::string& hash, er
 
 bool coordinator_core::forget(const std::string& hash) {
   const bool known = sessions_.erase(hash) > 0;
-  if (owner_ == hash) {
-    owner_.clear();
-    state_ = slot_state::unknown;
-    idle_deadline_.reset();
-  }
+  const int slot = slot_of(hash);
+  if (slot >= 0) forget_slot(slot);
   return known;
 }
 
 std::optional<save_step> coordinator_core::checkpoint_session(const std::string& hash,
                                                               steady_time now) {
-  if (owner_ != hash) return std::nullopt;
-  return checkpoint_owner(now);
+  const int slot = slot_of(hash);
+  if (slot < 0) return std::nullopt;
+  return checkpoint_slot(slot, now);
 }
 
 std::vector<coordinator_core::session_view> coordinator_core::sessions() const {
@@ -442,7 +541,8 @@ std::optional<coordinator_core::session_view> coordinator_core::session(
   session_view v;
   v.hash = hash;
   v.session_id = it->second.session_id;
-  v.resident = owner_ == hash && state_ != slot_state::unknown;
+  v.slot = slot_of(hash);
+  v.resident = v.slot >= 0 && state(v.slot) != slot_state::unknown;
   v.dirty = it->second.dirty_rev > it->second.saved_rev && v.resident;
   v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
   return v;

@@ -2,9 +2,13 @@
 // calls must run before a request. It takes events and `now` and returns decisions; the
 // proxy's coordinator carries them out on its strand and reports the outcomes back.
 //
+// It manages a pool of slots: one in single-slot mode (the configured slotId), or every
+// slot of the server in managed mode (spec §63-64). Functions without a slot argument act
+// on the first slot of the pool, which is the only one in single-slot mode.
+//
 // Thread safety: none. One instance per llama-server, touched only on that server's strand.
-// Every mutating call other than the query functions REQUIRES that the caller holds the
-// slot lease, so the slot has one mutator at a time (spec §20, invariant 8).
+// Every mutating call for a slot REQUIRES that the caller holds that slot's lease, so each
+// slot has one mutator at a time (spec §20, invariant 8).
 #pragma once
 
 #include <chrono>
@@ -36,6 +40,9 @@ struct core_options {
   bool strict = false;
   int max_consecutive_failures = 3;
   std::chrono::milliseconds cooldown{60'000};
+  // Managed multi-slot mode: keep the highest slot for auxiliary calls (titles, summaries)
+  // so they never evict a session (spec §72).
+  bool reserve_aux_slot = false;
 };
 
 enum class slot_state { unknown, idle, saving, restoring, ready, inference, dirty };
@@ -101,59 +108,89 @@ class coordinator_core {
   bool persistence_enabled() const { return enabled_; }
   const runtime_info& runtime() const { return runtime_; }
 
+  // The pool: slot ids to manage (managed mode: 0..total_slots-1). Resets ownership when
+  // the layout changes. Default: {opts.slot_id}.
+  void set_slots(const std::vector<int>& ids);
+  std::vector<int> slot_ids() const;
+  // The slot reserved for auxiliary calls, or -1.
+  int aux_slot() const;
+
   // The server process changed (new media_marker, or it was unreachable and came back):
   // its slots are empty, so nobody is resident any more. Snapshots on disk stay valid.
   void on_epoch_change();
 
-  // Manifests read from the state directory at startup. Later writes go through the
-  // decisions below.
+  // Manifests read from the state directory at startup, or re-read before a session that
+  // is not resident is prepared (another node may have saved it: shared snapshots).
+  // Replaces what was known unless the session owns a slot here.
   void add_manifest(manifest m);
 
   // The session's snapshot key under the current runtime, or "" while persistence is off.
   std::string hash_for(std::string_view session_id) const;
 
-  // REQUIRES: slot lease held. Plans the management calls for a request of `who`
+  // Slot selection (spec §64) among `free_slots` (not leased): the slot the session already
+  // owns (only that one: a session's requests stay in order), else an empty slot, else the
+  // least recently used clean slot, else the least recently used dirty one (its owner is
+  // saved first by the plan). Auxiliary calls take the reserved slot when there is one.
+  // nullopt: wait for a lease to be released.
+  std::optional<int> choose_slot(const request_identity& who, const std::vector<int>& free_slots) const;
+
+  // REQUIRES: lease of `slot` held. Plans the management calls for a request of `who`
   // (session_id empty or purpose set: auxiliary). Marks the slot as saving/restoring before
   // returning, so no other decision can race it while the calls are in flight.
-  prepare_plan prepare(const request_identity& who, steady_time now, std::string_view wall_now);
+  prepare_plan prepare(const request_identity& who, int slot, steady_time now,
+                       std::string_view wall_now);
+  prepare_plan prepare(const request_identity& who, steady_time now, std::string_view wall_now) {
+    return prepare(who, first_slot(), now, wall_now);
+  }
 
   // Outcomes of the plan's steps, in order. `wall_now` stamps manifests (RFC 3339).
   save_decision on_save(const save_step& step, const result<slot_saved>& r, steady_time now,
                         std::string_view wall_now);
   restore_decision on_restore(const restore_step& step, const result<slot_restored>& r,
                               steady_time now, std::string_view wall_now);
-  bool on_erase(const result<slot_erased>& r, steady_time now);
+  bool on_erase(int slot, const result<slot_erased>& r, steady_time now);
+  bool on_erase(const result<slot_erased>& r, steady_time now) { return on_erase(first_slot(), r, now); }
 
   // A manifest was durably written (or an invalidation decided): make it current.
   void store_manifest(const manifest& m);
 
-  // REQUIRES: slot lease held. The prepared request is about to be forwarded.
+  // REQUIRES: lease of `slot` held. The prepared request is about to be forwarded.
   // Returns what kind of preparation it got (for logs and metrics).
-  prepare_kind start_inference(const request_identity& who);
-  // REQUIRES: slot lease held. The forwarded request finished or was cancelled.
+  prepare_kind start_inference(const request_identity& who, int slot);
+  prepare_kind start_inference(const request_identity& who) { return start_inference(who, first_slot()); }
+  // REQUIRES: lease of `slot` held. The forwarded request finished or was cancelled.
   // `reached_slot`: llama-server received it (its KV may have changed). Returns a save to run
   // before the lease is released when checkpoint.onTurnEnd is set.
-  std::optional<save_step> end_inference(bool reached_slot, steady_time now);
-  // A strict-mode failure: forget the request being prepared.
-  void abort_prepare();
+  std::optional<save_step> end_inference(int slot, bool reached_slot, steady_time now);
+  std::optional<save_step> end_inference(bool reached_slot, steady_time now) {
+    return end_inference(first_slot(), reached_slot, now);
+  }
+  // A strict-mode failure, or a lease released without end_inference.
+  void abort_prepare(int slot);
+  void abort_prepare() { abort_prepare(first_slot()); }
 
-  // Idle checkpoint (spec §71): when the timer fires, REQUIRES the lease, and re-checks that
-  // the same owner is still dirty at the same revision before asking for a save.
-  std::optional<steady_time> idle_deadline() const { return idle_deadline_; }
-  std::optional<save_step> idle_checkpoint(steady_time now);
+  // The slot's content is unknown (an unpinnable request may have run on it): nobody owns it.
+  void forget_slot(int slot);
 
-  // Flush/shutdown/admin: a save of the owner if it is dirty (nothing if clean: coalesced).
-  std::optional<save_step> checkpoint_owner(steady_time now);
+  // Idle checkpoint (spec §71): when the timer fires, REQUIRES the slot's lease, and
+  // re-checks that the same owner is still dirty at the same revision before asking for a save.
+  std::optional<steady_time> idle_deadline() const;  // earliest over the pool
+  std::optional<save_step> idle_checkpoint(int slot, steady_time now);
+  std::optional<save_step> idle_checkpoint(steady_time now) { return idle_checkpoint(first_slot(), now); }
 
-  // Admin operations. REQUIRES: slot lease held (they change what later plans decide).
+  // Flush/shutdown/admin: a save of the slot's owner if it is dirty (nothing if clean: coalesced).
+  std::optional<save_step> checkpoint_slot(int slot, steady_time now);
+  std::optional<save_step> checkpoint_owner(steady_time now) { return checkpoint_slot(first_slot(), now); }
+
+  // Admin operations. REQUIRES: lease of the session's slot held (if it owns one).
   // Marks the session's snapshot invalid (reason: an errc name); returns the manifest to
   // write, or nothing if the session has no snapshot.
   std::optional<manifest> invalidate(const std::string& hash, errc reason,
                                      std::string_view wall_now);
-  // Forgets the session (purge): its record and, if it owns the slot, the ownership.
+  // Forgets the session (purge): its record and, if it owns a slot, the ownership.
   // Returns whether anything was known about it.
   bool forget(const std::string& hash);
-  // A save of `hash` if it owns the slot and is dirty (flush of one session).
+  // A save of `hash` if it owns a slot and is dirty (flush of one session).
   std::optional<save_step> checkpoint_session(const std::string& hash, steady_time now);
   // The verdict of the last `doctor --verify` for this runtime; new manifests carry it.
   void set_compatibility(std::string verdict) { compatibility_ = std::move(verdict); }
@@ -164,13 +201,18 @@ class coordinator_core {
     std::string session_id;
     bool resident = false;
     bool dirty = false;
+    int slot = -1;
     const manifest* snapshot = nullptr;
   };
   std::vector<session_view> sessions() const;
   std::optional<session_view> session(const std::string& hash) const;
-  const std::string& owner() const { return owner_; }
-  slot_state state() const { return state_; }
-  bool owner_dirty() const;
+  const std::string& owner(int slot) const;
+  slot_state state(int slot) const;
+  const std::string& owner() const { return owner(first_slot()); }
+  slot_state state() const { return state(first_slot()); }
+  int slot_of(const std::string& hash) const;  // the slot the session owns, or -1
+  bool owner_dirty(int slot) const;
+  bool owner_dirty() const { return owner_dirty(first_slot()); }
   const manifest* find_manifest(const std::string& hash) const;
   std::vector<manifest> manifests() const;
   const core_stats& stats() const { return stats_; }
@@ -184,9 +226,24 @@ class coordinator_core {
     std::uint64_t saved_rev = 0;
     std::optional<manifest> snapshot;
   };
+  struct slot_rec {
+    int id = 0;
+    std::string owner;  // hash of the owning session, "" when unowned
+    slot_state state = slot_state::unknown;
+    std::uint64_t last_used = 0;  // logical clock: larger is more recent
+    std::optional<steady_time> idle_deadline;
+    std::uint64_t idle_rev = 0;
+    // The request being prepared on this slot.
+    std::string pending_hash;
+    bool pending_aux = false;
+    prepare_kind pending_kind = prepare_kind::none;
+  };
 
+  int first_slot() const { return slots_.front().id; }
+  slot_rec* find_slot(int id);
+  const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);
-  std::optional<save_step> make_save(const std::string& hash);
+  std::optional<save_step> make_save(slot_rec& s);
   void record_backend_failure(const error& e, steady_time now);
   void record_backend_success();
 
@@ -196,18 +253,8 @@ class coordinator_core {
   runtime_info runtime_;
   std::string fingerprint_;
   std::unordered_map<std::string, session_rec> sessions_;
-
-  // The slot (single-slot mode: slot opts_.slot_id).
-  std::string owner_;  // hash of the owning session, "" when unowned
-  slot_state state_ = slot_state::unknown;
-  std::optional<steady_time> idle_deadline_;
-  std::uint64_t idle_rev_ = 0;
-
-  // The request being prepared.
-  std::string pending_hash_;
-  bool pending_aux_ = false;
-  prepare_kind pending_kind_ = prepare_kind::none;
-
+  std::vector<slot_rec> slots_;
+  std::uint64_t use_clock_ = 0;
   core_stats stats_;
   std::string compatibility_ = "unknown";
 };

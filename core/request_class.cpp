@@ -81,3 +81,19 @@ endpoint_kind classify_target(std::string_view target) {
 }
 
 }  // namespace kvp::core
+
+namespace kvp::core {
+
+bool is_unpinnable(std::string_view target) {
+  const std::string decoded = decode_path(target.substr(0, target.find_first_of("?#")));
+  std::string_view path = decoded;
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  for (std::string_view p : {"/v1/messages", "/embedding", "/embeddings", "/v1/embeddings",
+                             "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
+                             "/v1/audio/transcriptions", "/audio/transcriptions", "/api/chat",
+                             "/api/generate"})
+    if (path == p) return true;
+  return false;
+}
+
+}  // namespace kvp::core

@@ -21,6 +21,11 @@ std::string decode_path(std::string_view path);
 // is passthrough (llama-server answers 404 to it anyway).
 endpoint_kind classify_target(std::string_view target);
 
+// Inference endpoints whose requests llama-server cannot pin to a slot: it ignores
+// "id_slot" for them (llama-server.md §4.1), so in managed multi-slot mode they need the
+// whole server.
+bool is_unpinnable(std::string_view target);
+
 // The request's session: `session_id` empty means none was given.
 struct request_identity {
   std::string session_id;

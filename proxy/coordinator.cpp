@@ -114,6 +114,23 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   }
   const bool was_enabled = core_.persistence_enabled();
   const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
+  if (!opts_.single_slot) {
+    // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never
+    // wraps around on the server side). The layout changes only while no lease is held.
+    std::vector<int> ids;
+    for (int i = 0; i < rt.total_slots; ++i) ids.push_back(i);
+    if (ids != core_.slot_ids()) {
+      if (!leased_.empty()) {
+        core_.disable_persistence();
+        pending_probe_ = p;  // apply when the leases are gone
+        return;
+      }
+      core_.set_slots(ids);
+      log(log_level::info, "kv.slots.layout",
+          {{"slots", std::to_string(ids.size())},
+           {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
+    }
+  }
   core_.set_runtime(rt);
   core_.set_compatibility(store_.read_compatibility(core_.runtime().fingerprint()));
   if (restarted) {
@@ -161,7 +178,7 @@ net::awaitable<void> coordinator::probe_loop() {
       if (rt && rt->media_marker == core_.runtime().media_marker) continue;
     }
     auto p = co_await backend_->probe();
-    if (!holder_) {
+    if (leased_.empty()) {
       apply_probe(p);
     } else {
       pending_probe_ = std::move(p);
@@ -169,49 +186,100 @@ net::awaitable<void> coordinator::probe_loop() {
   }
 }
 
-net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
-  t->id = next_id_++;
-  if (!holder_ && queue_.empty()) {
-    grant(t);
-    co_return true;
+std::vector<int> coordinator::free_slots() const {
+  std::vector<int> out;
+  for (int id : core_.slot_ids())
+    if (!leased_.contains(id)) out.push_back(id);
+  return out;
+}
+
+bool coordinator::holds(const std::shared_ptr<lease_ticket>& t) const {
+  for (const auto& [slot, h] : leased_)
+    if (h == t) return true;
+  return false;
+}
+
+bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
+  // In managed mode a request llama-server cannot pin could land on any slot: it needs them all.
+  if (t->unpinnable && pins_requests()) t->exclusive = true;
+  if (t->exclusive) {
+    if (!leased_.empty()) return false;
+    for (int id : core_.slot_ids()) leased_[id] = t;
+    t->slot = -1;
+  } else {
+    auto slot = core_.choose_slot(t->who, free_slots());
+    if (!slot) return false;
+    leased_[*slot] = t;
+    t->slot = *slot;
+    t->pinned = pins_requests();
   }
-  if (queue_.size() >= opts_.max_waiting) {
-    t->rejected = true;
-    co_return false;
-  }
-  queue_.push_back(std::move(t));
-  co_return true;
+  grant(t);
+  return true;
 }
 
 void coordinator::grant(const std::shared_ptr<lease_ticket>& t) {
-  holder_ = t;
   t->granted = true;
   // Expiry in the past completes the wait whether or not it has started yet.
   net::post(t->wakeup.get_executor(),
             [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
 }
 
+// Grants what can be granted, in FIFO order, without letting a request overtake an earlier
+// one of the same session or anything overtake an exclusive waiter.
+void coordinator::pump() {
+  std::vector<std::string> blocked_sessions;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const auto& t = *it;
+    const std::string key = t->who.session_id.empty() || !t->who.purpose.empty()
+                                ? std::string()
+                                : core_.hash_for(t->who.session_id);
+    const bool blocked = !key.empty() && std::find(blocked_sessions.begin(),
+                                                   blocked_sessions.end(),
+                                                   key) != blocked_sessions.end();
+    if (!blocked && try_grant(t)) {
+      it = queue_.erase(it);
+      continue;
+    }
+    if (t->exclusive) break;
+    if (!key.empty()) blocked_sessions.push_back(key);
+    ++it;
+  }
+}
+
+net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
+  t->id = next_id_++;
+  queue_.push_back(t);
+  pump();
+  if (!t->granted && queue_.size() > opts_.max_waiting) {
+    std::erase(queue_, t);
+    t->rejected = true;
+    co_return false;
+  }
+  co_return true;
+}
+
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
   if (t->granted) co_return true;
   std::erase(queue_, t);
+  pump();  // an exclusive waiter leaving may unblock others
   co_return false;
 }
 
-void coordinator::release_and_wake() {
-  holder_.reset();
-  if (!queue_.empty()) {
-    auto next = std::move(queue_.front());
-    queue_.pop_front();
-    grant(next);
-    return;
+void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
+  std::erase_if(leased_, [&](const auto& kv) { return kv.second == t; });
+  if (leased_.empty() && pending_probe_) {
+    auto p = std::move(*pending_probe_);
+    pending_probe_.reset();
+    apply_probe(p);
   }
+  pump();
   arm_idle_timer();
 }
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
-  if (holder_ == t) {
-    core_.abort_prepare();
-    release_and_wake();
+  if (holds(t)) {
+    if (t->slot >= 0) core_.abort_prepare(t->slot);
+    release_and_wake(t);
   }
   co_return;
 }
@@ -256,23 +324,33 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                                     core::request_identity who,
                                                     bool fresh_upstream) {
   prepare_result out;
-  if (holder_ != t) {
+  if (!holds(t) || t->slot < 0) {
     out.ok = false;
     out.message = "lease not held";
     co_return out;
   }
+  const int slot = t->slot;
   if (fresh_upstream) upstream_trouble_.store(true);
   co_await refresh_runtime();
   const auto now = steady_clock::now();
-  auto plan = core_.prepare(who, now, wall_now());
+  if (core_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
+    // Not resident here: the manifest on disk may be newer than ours (another kvpersist
+    // sharing the snapshot and state directories saved it). One small read, never on the
+    // resident path.
+    const auto h = core_.hash_for(who.session_id);
+    if (core_.slot_of(h) < 0) {
+      if (auto m = store_.read(h)) core_.add_manifest(std::move(*m));
+    }
+  }
+  auto plan = core_.prepare(who, slot, now, wall_now());
   for (const auto& m : plan.manifest_writes) {
     write_manifest(m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
   }
   auto fail = [&](std::string why) {
-    core_.abort_prepare();
-    release_and_wake();
+    core_.abort_prepare(slot);
+    release_and_wake(t);
     out.ok = false;
     out.message = std::move(why);
     return out;
@@ -324,24 +402,81 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   if (need_erase) {
     auto r = co_await backend_->erase(plan.slot);
-    if (!core_.on_erase(r, steady_clock::now())) {
+    if (!core_.on_erase(slot, r, steady_clock::now())) {
       log(log_level::warn, "kv.slot.erase.failed",
           {{"slot", std::to_string(plan.slot)}, {"reason", r ? "" : r.err().message}});
       if (opts_.strict) co_return fail("erasing the slot failed");
     }
   }
-  out.kind = core_.start_inference(who);
+  out.kind = core_.start_inference(who, slot);
   if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(core_.owner()))},
+        {{"session", std::string(core::abbrev(core_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
   co_return out;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot) {
-  if (holder_ != t) co_return;
-  if (auto s = core_.end_inference(reached_slot, steady_clock::now())) co_await run_save(*s);
-  release_and_wake();
+  if (!holds(t) || t->slot < 0) co_return;
+  if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now()))
+    co_await run_save(*s);
+  release_and_wake(t);
+}
+
+net::awaitable<std::optional<std::map<int, std::int64_t>>> coordinator::last_tasks() {
+  auto r = co_await backend_->inspect_slots();
+  if (!r) co_return std::nullopt;
+  std::map<int, std::int64_t> out;
+  for (const auto& s : r.value()) out[s.id] = s.id_task;
+  co_return out;
+}
+
+net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
+  prepare_result out;
+  if (!holds(t) || !t->exclusive) {
+    out.ok = false;
+    out.message = "exclusive lease not held";
+    co_return out;
+  }
+  co_await refresh_runtime();
+  if (!core_.persistence_enabled()) co_return out;
+  for (int id : core_.slot_ids()) {
+    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
+      const bool saved = co_await run_save(*s);
+      if (!saved && opts_.strict) {
+        release_and_wake(t);
+        out.ok = false;
+        out.message = "saving a session before an unpinnable request failed";
+        co_return out;
+      }
+    }
+  }
+  auto before = co_await last_tasks();
+  tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
+  out.kind = core::prepare_kind::auxiliary;
+  co_return out;
+}
+
+net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
+                                                   bool reached_slot) {
+  if (!holds(t) || !t->exclusive) co_return;
+  if (reached_slot && core_.persistence_enabled()) {
+    auto after = co_await last_tasks();
+    for (int id : core_.slot_ids()) {
+      // The slot that ran the request has a new last task; if the server cannot tell us,
+      // nobody's slot can be trusted.
+      const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
+                           !tasks_before_.contains(id) || (*after)[id] != tasks_before_[id];
+      if (touched && !core_.owner(id).empty()) {
+        log(log_level::info, "kv.slot.overwritten",
+            {{"slot", std::to_string(id)},
+             {"session", std::string(core::abbrev(core_.owner(id)))},
+             {"effect", "restores from its snapshot next time"}});
+      }
+      if (touched) core_.forget_slot(id);
+    }
+  }
+  release_and_wake(t);
 }
 
 void coordinator::arm_idle_timer() {
@@ -363,25 +498,28 @@ net::awaitable<void> coordinator::idle_loop() {
       if (core_.idle_deadline()) continue;
       break;
     }
-    if (holder_) break;  // a request is running; its finish re-arms the timer
-    auto s = core_.idle_checkpoint(steady_clock::now());
-    if (!s) {
-      if (core_.idle_deadline()) continue;
+    const auto now = steady_clock::now();
+    for (int id : core_.slot_ids()) {
+      if (leased_.contains(id)) continue;  // a request is running there; finish re-arms
+      auto s = core_.idle_checkpoint(id, now);
+      if (!s) continue;
+      // Hold the slot's lease for the save so no request can slip in between (spec §71).
+      auto self = std::make_shared<lease_ticket>(strand_);
+      self->slot = id;
+      leased_[id] = self;
+      log(log_level::debug, "kv.checkpoint.idle",
+          {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
+      co_await run_save(*s);
+      std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
+      pump();
+    }
+    auto next = core_.idle_deadline();
+    if (!next) break;
+    if (*next <= steady_clock::now()) {
+      // Due but its slot is leased: that request's finish re-arms the timer.
       break;
     }
-    // Hold the lease for the save so no request can slip in between (spec §71).
-    auto self = std::make_shared<lease_ticket>(strand_);
-    holder_ = self;
-    log(log_level::debug, "kv.checkpoint.idle",
-        {{"session", std::string(core::abbrev(s->hash))}});
-    co_await run_save(*s);
-    holder_.reset();
-    if (!queue_.empty()) {
-      auto next = std::move(queue_.front());
-      queue_.pop_front();
-      grant(next);
-    }
-    if (!core_.idle_deadline()) break;
+    idle_timer_.expires_at(*next);
   }
   idle_loop_running_ = false;
 }
@@ -391,13 +529,10 @@ net::awaitable<void> coordinator::idle_loop() {
 net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
   auto t = std::make_shared<lease_ticket>(strand_);
   t->id = next_id_++;
-  if (!holder_ && queue_.empty()) {
-    holder_ = t;
-    t->granted = true;
-    co_return t;
-  }
-  queue_.push_back(t);
+  t->exclusive = true;
   t->wakeup.expires_at(steady_timer::time_point::max());
+  queue_.push_back(t);
+  pump();
   while (!t->granted) {
     auto [ec] = co_await t->wakeup.async_wait(token);
     (void)ec;
@@ -408,11 +543,13 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
 net::awaitable<bool> coordinator::checkpoint() {
   auto t = co_await acquire_internal();
   bool ok = true;
-  if (auto s = core_.checkpoint_owner(steady_clock::now())) {
-    const bool saved = co_await run_save(*s);
-    ok = saved;
+  for (int id : core_.slot_ids()) {
+    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
+      const bool saved = co_await run_save(*s);
+      ok = ok && saved;
+    }
   }
-  release_and_wake();
+  release_and_wake(t);
   co_return ok;
 }
 
@@ -565,19 +702,23 @@ std::string coordinator::status_json() const {
   jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
   w.Key("slots");
   w.StartArray();
-  w.StartObject();
-  w.Key("id");
-  w.Int(core_.options().slot_id);
-  w.Key("owner");
-  if (core_.owner().empty())
-    w.Null();
-  else
-    jstr(w, core::abbrev(core_.owner()));
-  w.Key("state");
-  jstr(w, core::to_string(core_.state()));
-  w.Key("leased");
-  w.Bool(holder_ != nullptr);
-  w.EndObject();
+  for (int id : core_.slot_ids()) {
+    w.StartObject();
+    w.Key("id");
+    w.Int(id);
+    w.Key("owner");
+    if (core_.owner(id).empty())
+      w.Null();
+    else
+      jstr(w, core::abbrev(core_.owner(id)));
+    w.Key("state");
+    jstr(w, core::to_string(core_.state(id)));
+    w.Key("leased");
+    w.Bool(leased_.contains(id));
+    w.Key("auxiliary");
+    w.Bool(id == core_.aux_slot());
+    w.EndObject();
+  }
   w.EndArray();
   w.Key("queue");
   w.StartObject();
@@ -660,7 +801,7 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
   admin_reply out;
   if (!core_.session(hash)) {
     out = error_reply(404, "unknown session");
-  } else if (core_.owner() != hash) {
+  } else if (core_.slot_of(hash) < 0) {
     out = json_reply(200, "result", "not resident: its last snapshot is current");
   } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
     const bool ok = co_await run_save(*s);
@@ -668,7 +809,7 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
   } else {
     out = json_reply(200, "result", "clean: nothing to save");
   }
-  release_and_wake();
+  release_and_wake(t);
   co_return out;
 }
 
@@ -678,11 +819,12 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string session_id) {
   // An eager restore (spec §51 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   core::request_identity who{session_id, ""};
-  auto plan = core_.prepare(who, steady_clock::now(), wall_now());
+  const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());
+  auto plan = core_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) write_manifest(m);
   admin_reply out = json_reply(200, "result", "resident");
   if (plan.fail) {
-    core_.abort_prepare();
+    core_.abort_prepare(slot);
     out = error_reply(503, "persistence unavailable (circuit open)");
   } else if (!plan.resident) {
     if (plan.save) co_await run_save(*plan.save);
@@ -698,15 +840,15 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string session_id) {
     }
     if (need_erase) {
       auto er = co_await backend_->erase(plan.slot);
-      core_.on_erase(er, steady_clock::now());
+      core_.on_erase(slot, er, steady_clock::now());
     }
-    core_.start_inference(who);
-    core_.end_inference(false, steady_clock::now());
+    core_.start_inference(who, slot);
+    core_.end_inference(slot, false, steady_clock::now());
   } else {
-    core_.start_inference(who);
-    core_.end_inference(false, steady_clock::now());
+    core_.start_inference(who, slot);
+    core_.end_inference(slot, false, steady_clock::now());
   }
-  release_and_wake();
+  release_and_wake(t);
   co_return out;
 }
 
@@ -722,7 +864,7 @@ net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id
   } else {
     out = error_reply(404, "no snapshot for that session");
   }
-  release_and_wake();
+  release_and_wake(t);
   co_return out;
 }
 
@@ -740,7 +882,7 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
       if (::stat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) == 0) freed += st.st_size;
     }
   }
-  release_and_wake();
+  release_and_wake(t);
   if (!known) co_return error_reply(404, "unknown session");
   log(log_level::info, "kv.session.purged",
       {{"session", std::string(core::abbrev(hash))}, {"freed_bytes", std::to_string(freed)}});
@@ -806,7 +948,7 @@ std::string coordinator::run_gc() {
   std::size_t count = all.size();
   std::uint64_t freed = 0, evicted = 0;
   for (const auto& e : all) {
-    if (e.hash == core_.owner()) continue;  // never the session that owns the slot
+    if (core_.slot_of(e.hash) >= 0) continue;  // never a session that owns a slot
     const bool too_old = opts_.retention_max_age_days > 0 &&
                          now - e.updated > std::int64_t{opts_.retention_max_age_days} * 86400;
     const bool too_many = opts_.retention_max_sessions > 0 && count > opts_.retention_max_sessions;
@@ -848,7 +990,7 @@ net::awaitable<admin_reply> coordinator::admin_gc() {
                           R"(kvpersist deletes nothing; two rotating files per session bound growth"})"};
   auto t = co_await acquire_internal();
   auto body = run_gc();
-  release_and_wake();
+  release_and_wake(t);
   co_return admin_reply{200, std::move(body)};
 }
 
@@ -859,7 +1001,7 @@ net::awaitable<void> coordinator::gc_loop() {
     if (ec || stopped_) co_return;
     auto t = co_await acquire_internal();
     run_gc();
-    release_and_wake();
+    release_and_wake(t);
   }
 }
 
@@ -924,16 +1066,17 @@ void coordinator::write_metrics(core::prom_writer& w) const {
              fmt::format("{},state=\"{}\"", lbl, core::to_string(s)),
              core_.circuit().current() == s ? 1 : 0);
   w.family("kvpersist_slot_state", "gauge", "Slot state (1 for the current one).");
-  for (auto s : {core::slot_state::unknown, core::slot_state::idle, core::slot_state::saving,
-                 core::slot_state::restoring, core::slot_state::ready, core::slot_state::inference,
-                 core::slot_state::dirty})
-    w.sample("kvpersist_slot_state",
-             fmt::format("{},slot=\"{}\",state=\"{}\"", lbl, core_.options().slot_id,
-                         core::to_string(s)),
-             core_.state() == s ? 1 : 0);
+  for (int id : core_.slot_ids())
+    for (auto s : {core::slot_state::unknown, core::slot_state::idle, core::slot_state::saving,
+                   core::slot_state::restoring, core::slot_state::ready,
+                   core::slot_state::inference, core::slot_state::dirty})
+      w.sample("kvpersist_slot_state",
+               fmt::format("{},slot=\"{}\",state=\"{}\"", lbl, id, core::to_string(s)),
+               core_.state(id) == s ? 1 : 0);
   w.family("kvpersist_slot_owned", "gauge", "1 when a session owns the slot.");
-  w.sample("kvpersist_slot_owned", fmt::format("{},slot=\"{}\"", lbl, core_.options().slot_id),
-           core_.owner().empty() ? 0 : 1);
+  for (int id : core_.slot_ids())
+    w.sample("kvpersist_slot_owned", fmt::format("{},slot=\"{}\"", lbl, id),
+             core_.owner(id).empty() ? 0 : 1);
 }
 
 }  // namespace kvp::proxy

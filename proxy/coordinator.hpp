@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,8 +58,13 @@ struct lease_ticket {
   explicit lease_ticket(net::any_io_executor client_ex) : wakeup(client_ex) {}
   steady_timer wakeup;
   std::uint64_t id = 0;
-  bool granted = false;   // strand-only
-  bool rejected = false;  // strand-only: the queue was full
+  core::request_identity who;  // set before enqueue: decides which slot it may take
+  bool unpinnable = false;     // set before enqueue: llama-server ignores id_slot for it
+  bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
+  bool pinned = false;         // strand-only until granted: the body must carry id_slot
+  bool granted = false;        // strand-only
+  bool rejected = false;       // strand-only: the queue was full
+  int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
 };
 
 // How a request was prepared, for the client session and its logs.
@@ -82,7 +88,9 @@ class coordinator {
   // Lease protocol, each step co_spawned on strand():
   //   enqueue -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
   // enqueue returns false when the queue is full (answer 503). settle returns whether the
-  // ticket holds the lease; if not, the ticket has left the queue.
+  // ticket holds the lease; if not, the ticket has left the queue. One lease per slot:
+  // different sessions run at once on different slots (managed mode); a session's own
+  // requests, and everything behind an exclusive waiter, stay in FIFO order.
   net::awaitable<bool> enqueue(std::shared_ptr<lease_ticket> t);
   net::awaitable<bool> settle(std::shared_ptr<lease_ticket> t);
   // REQUIRES: t holds the lease. Runs the plan's save/restore/erase. On a strict-mode
@@ -94,6 +102,14 @@ class coordinator {
   // REQUIRES: t holds the lease. Marks the slot dirty, runs a turn-end checkpoint if
   // configured, releases the lease and wakes the next waiter.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot);
+  // Exclusive use of the server for a request llama-server cannot pin (managed mode):
+  // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
+  // task, so that finish_exclusive can tell which slot the server used and forget only its
+  // owner (all owners if the server cannot be asked).
+  net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
+  net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
+  // Managed multi-slot mode with more than one slot: requests are pinned with id_slot.
+  bool pins_requests() const { return !opts_.single_slot && core_.slot_ids().size() > 1; }
   // Releases a lease without running `finish` (the request never reached the slot).
   net::awaitable<void> release(std::shared_ptr<lease_ticket> t);
 
@@ -128,11 +144,15 @@ class coordinator {
   // Snapshot of state for status/logs. Strand-only.
   const core::coordinator_core& core() const { return core_; }
   std::size_t waiting() const { return queue_.size(); }
-  bool busy() const { return holder_ != nullptr; }
+  bool busy() const { return !leased_.empty(); }
 
  private:
+  bool try_grant(const std::shared_ptr<lease_ticket>& t);
   void grant(const std::shared_ptr<lease_ticket>& t);
-  void release_and_wake();
+  void pump();
+  bool holds(const std::shared_ptr<lease_ticket>& t) const;
+  std::vector<int> free_slots() const;
+  void release_and_wake(const std::shared_ptr<lease_ticket>& t);
   void arm_idle_timer();
   net::awaitable<void> idle_loop();
   net::awaitable<void> probe_loop();
@@ -140,7 +160,8 @@ class coordinator {
   void apply_probe(const core::result<core::server_probe>& p);
   net::awaitable<bool> run_save(const core::save_step& s);
   void write_manifest(const core::manifest& m);
-  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();
+  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
+  net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
   std::string resolve_hash(const std::string& hash_or_id) const;
   bool verify_snapshot_file(const std::string& filename, std::uint64_t n_written) const;
   net::awaitable<void> gc_loop();
@@ -153,7 +174,8 @@ class coordinator {
   coordinator_options opts_;
   core::coordinator_core core_;
 
-  std::shared_ptr<lease_ticket> holder_;
+  std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
+  std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
   std::deque<std::shared_ptr<lease_ticket>> queue_;
   std::uint64_t next_id_ = 1;
 

@@ -82,6 +82,16 @@ std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& s
   return out;
 }
 
+std::optional<core::manifest> manifest_store::read(const std::string& hash) const {
+  std::ifstream in(path_for(hash), std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto m = core::parse_manifest(ss.str());
+  if (!m || m->session_hash != hash) return std::nullopt;
+  return std::move(m.value());
+}
+
 namespace {
 
 // temp file, fsync, rename, fsync of the directory (spec §40).

@@ -3,6 +3,7 @@
 // only on the save/restore path, never for a resident request.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ class manifest_store {
   // Every manifest that parses; the others are reported in `skipped` ("file: reason")
   // and left in place (a cache problem costs a cold prefill, never a crash).
   std::vector<core::manifest> load_all(std::vector<std::string>& skipped) const;
+  // The session's manifest as it is on disk now, if it exists and parses.
+  std::optional<core::manifest> read(const std::string& hash) const;
   // Atomically replaces the session's manifest. On error the previous file is untouched.
   core::result<core::unit> write(const core::manifest& m) const;
   // Removes the session's manifest (purge). Missing is not an error.

@@ -14,6 +14,7 @@
 
 #include "backends/llama_http_backend.hpp"
 #include "core/log.hpp"
+#include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
 
 namespace kvp::proxy {
@@ -112,6 +113,7 @@ server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::
   co.core.instance_key = cfg_.instance_key;
   co.core.runtime_key = cfg_.runtime_key;
   co.core.slot_id = cfg_.slot_id;
+  co.core.reserve_aux_slot = cfg_.reserve_aux_slot;
   co.core.save_on_switch = cfg_.checkpoint.on_switch;
   co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
   co.core.idle_checkpoint = cfg_.checkpoint.idle;
@@ -390,6 +392,8 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = c.stream.get_executor();
   auto t = std::make_shared<lease_ticket>(ex);
+  t->who = who;
+  t->unpinnable = core::is_unpinnable(req.target());
   t->wakeup.expires_after(cfg_.queue.timeout);
   const bool queued =
       co_await net::co_spawn(coord_->strand(), coord_->enqueue(t), net::use_awaitable);
@@ -422,6 +426,24 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                                               keep);
     co_return co_await send(c, std::move(res));
   }
+  if (t->exclusive) {
+    // Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
+    auto prep = coord_->prepare_exclusive(t);
+    auto pr = co_await net::co_spawn(coord_->strand(), std::move(prep), net::use_awaitable);
+    if (!pr.ok) {
+      guard.dismiss();
+      pool_->release(std::move(conn->stream));
+      auto res = error_response(http::status::service_unavailable,
+                                fmt::format("KV persistence failed in strict mode: {}", pr.message),
+                                version, keep);
+      co_return co_await send(c, std::move(res));
+    }
+    const bool keep_x = co_await forward(c, req, std::move(conn.value()), st);
+    auto fin = coord_->finish_exclusive(t, st.request_sent);
+    co_await net::co_spawn(coord_->strand(), std::move(fin), net::use_awaitable);
+    guard.dismiss();
+    co_return keep_x;
+  }
   auto prepare_op = coord_->prepare(t, who, conn->fresh);
   auto pr = co_await net::co_spawn(coord_->strand(), std::move(prepare_op), net::use_awaitable);
   if (!pr.ok) {
@@ -431,6 +453,10 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                               fmt::format("KV persistence failed in strict mode: {}", pr.message),
                               version, keep);
     co_return co_await send(c, std::move(res));
+  }
+  if (t->pinned) {
+    // Managed mode: the request runs on the slot the coordinator prepared, nowhere else.
+    if (auto pinned = core::pin_request_body(req.body(), t->slot)) req.body() = std::move(*pinned);
   }
   // Only requests that were not resident pay for reading llama-server's timings back.
   const bool watch = pr.kind == core::prepare_kind::restored ||
