@@ -330,6 +330,33 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
                      "an admin listener off loopback requires admin.token (a bearer token)");
     }
   }
+  for (std::size_t i = 0; i < cfg.servers.size(); ++i) {
+    const auto& sv = cfg.servers[i];
+    const auto key = fmt::format("servers.{}", sv.name);
+    if (sv.name.empty() || !is_http_token(sv.name))
+      return problem("servers", fmt::format("server name '{}' must be a plain token", sv.name));
+    for (std::size_t j = 0; j < i; ++j)
+      if (cfg.servers[j].name == sv.name)
+        return problem(key, "duplicate server name");
+    if (auto p = check_upstream_url(sv.upstream.url)) {
+      p->key = key + ".url";
+      return p;
+    }
+    if (sv.slot_id < 0) return problem(key + ".slotId", "must be >= 0");
+    if (sv.snapshots.management == snapshot_management::shared_filesystem && sv.snapshots.path.empty())
+      return problem(key + ".snapshots.management", "shared-filesystem requires snapshots.path");
+  }
+  for (std::size_t i = 0; i < cfg.routes.size(); ++i) {
+    const auto& r = cfg.routes[i];
+    const auto key = fmt::format("routes[{}]", i);
+    if (r.model.empty() && r.header.empty())
+      return problem(key, "a route needs a model, a header, or both");
+    if (!r.header.empty() && !is_http_token(r.header))
+      return problem(key + ".header", fmt::format("'{}' is not a header name", r.header));
+    bool known = false;
+    for (const auto& sv : effective_servers(cfg)) known = known || sv.name == r.server;
+    if (!known) return problem(key + ".server", fmt::format("no server named '{}'", r.server));
+  }
   if (cfg.retention.max_age_days < 0) return problem("retention.maxAgeDays", "must be >= 0");
   if (auto p = check_ms("retention.intervalMs", cfg.retention.interval, false)) return p;
   if (!is_log_level(cfg.log.level)) {
@@ -337,6 +364,19 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
                    fmt::format("'{}' is not one of: error, warn, info, debug", cfg.log.level));
   }
   return std::nullopt;
+}
+
+std::vector<server_config> effective_servers(const config& cfg) {
+  if (!cfg.servers.empty()) return cfg.servers;
+  server_config s;
+  s.name = cfg.instance_key;
+  s.upstream = cfg.upstream;
+  s.runtime_key = cfg.runtime_key;
+  s.mode = cfg.mode;
+  s.slot_id = cfg.slot_id;
+  s.reserve_aux_slot = cfg.reserve_aux_slot;
+  s.snapshots = cfg.snapshots;
+  return {s};
 }
 
 bool is_loopback_host(std::string_view host) {

@@ -120,6 +120,30 @@ struct retention_config {
   bool operator==(const retention_config&) const = default;
 };
 
+// One llama-server behind kvpersist (spec §38). Each gets its own coordinator, connection
+// pool, slot leases and snapshot namespace (its name is the instance key in snapshot ids).
+struct server_config {
+  std::string name;
+  upstream_config upstream;
+  std::string runtime_key;
+  slot_mode mode = slot_mode::single_slot;
+  int slot_id = 0;
+  bool reserve_aux_slot = false;
+  snapshot_config snapshots;
+  bool operator==(const server_config&) const = default;
+};
+
+// Sends matching inference requests to a server: by the body's "model", by a header's
+// value, or both (all given conditions must match). The first matching route wins;
+// requests matching none go to the first server.
+struct route_config {
+  std::string model;         // exact match on the JSON body's "model"
+  std::string header;        // header name ...
+  std::string header_value;  // ... and its exact value
+  std::string server;
+  bool operator==(const route_config&) const = default;
+};
+
 struct log_config {
   std::string level = "info";  // error | warn | info | debug
   log_format format = log_format::plain;
@@ -149,6 +173,10 @@ struct config {
   log_config log;
   admin_config admin;
   retention_config retention;
+  // Several llama-servers. Empty: one server named instanceKey, from upstream, runtimeKey,
+  // mode, slotId, reserveAuxSlot and snapshots above.
+  std::vector<server_config> servers;
+  std::vector<route_config> routes;
 
   bool operator==(const config&) const = default;
 };
@@ -157,6 +185,9 @@ struct config {
 // else $HOME/.local/state/kvpersist. Reads the environment; returns "" when neither variable
 // gives a usable (absolute) directory. Creates nothing.
 std::string resolve_state_dir(const config& cfg);
+
+// The servers to run: cfg.servers, or the single server the top-level keys describe.
+std::vector<server_config> effective_servers(const config& cfg);
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(std::string_view host);

@@ -357,6 +357,59 @@ config reader::read_document(const YAML::Node& root) {
     {"shutdownGraceMs", [&](V v, P p) { c.shutdown_grace = read_ms(v, p); }},
     {"epochProbeIntervalMs", [&](V v, P p) { c.epoch_probe_interval = read_ms(v, p); }},
     {"threads", [&](V v, P p) { c.threads = read_int(v, p); }},
+    {"servers", [&](V v, P p) {
+      if (v.IsNull()) return;
+      if (!v.IsMap()) fail(v.Mark(), fmt::format("{}: expected a map of server name to settings", p));
+      for (const auto& entry : v) {
+        server_config sv;
+        sv.name = entry.first.Scalar();
+        const std::string sp = fmt::format("{}.{}", p, sv.name);
+        marks_[sp] = entry.first.Mark();
+        read_section(entry.second, sp, {
+          {"url", [&](V v2, P p2) { sv.upstream.url = read_string(v2, p2); }},
+          {"apiKey", [&](V v2, P p2) { sv.upstream.api_key = read_string(v2, p2); }},
+          {"connectTimeoutMs", [&](V v2, P p2) { sv.upstream.connect_timeout = read_ms(v2, p2); }},
+          {"idleTimeoutMs", [&](V v2, P p2) { sv.upstream.idle_timeout = read_ms(v2, p2); }},
+          {"maxIdleConnections",
+           [&](V v2, P p2) { sv.upstream.max_idle_connections = read_size(v2, p2); }},
+          {"runtimeKey", [&](V v2, P p2) { sv.runtime_key = read_string(v2, p2); }},
+          {"mode", [&](V v2, P p2) {
+            sv.mode = read_enum(v2, p2, parse_slot_mode,
+                                {slot_mode::single_slot, slot_mode::managed_slots});
+          }},
+          {"slotId", [&](V v2, P p2) { sv.slot_id = read_int(v2, p2); }},
+          {"reserveAuxSlot", [&](V v2, P p2) { sv.reserve_aux_slot = read_bool(v2, p2); }},
+          {"snapshots", [&](V v2, P p2) {
+            read_section(v2, p2, {
+              {"management", [&](V v3, P p3) {
+                sv.snapshots.management = read_enum(v3, p3, parse_snapshot_management,
+                                                    {snapshot_management::server_owned,
+                                                     snapshot_management::shared_filesystem});
+              }},
+              {"path", [&](V v3, P p3) { sv.snapshots.path = read_string(v3, p3); }},
+            });
+          }},
+        });
+        c.servers.push_back(std::move(sv));
+      }
+    }},
+    {"routes", [&](V v, P p) {
+      if (v.IsNull()) return;
+      if (!v.IsSequence()) fail(v.Mark(), fmt::format("{}: expected a list of routes", p));
+      std::size_t i = 0;
+      for (const auto& item : v) {
+        route_config r;
+        const std::string rp = fmt::format("{}[{}]", p, i++);
+        marks_[rp] = item.Mark();
+        read_section(item, rp, {
+          {"model", [&](V v2, P p2) { r.model = read_string(v2, p2); }},
+          {"header", [&](V v2, P p2) { r.header = read_string(v2, p2); }},
+          {"value", [&](V v2, P p2) { r.header_value = read_string(v2, p2); }},
+          {"server", [&](V v2, P p2) { r.server = read_string(v2, p2); }},
+        });
+        c.routes.push_back(std::move(r));
+      }
+    }},
     {"admin", [&](V v, P p) {
       read_section(v, p, {
         {"listen", [&](V v2, P p2) { c.admin.listen = read_string(v2, p2); }},

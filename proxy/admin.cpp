@@ -59,9 +59,9 @@ net::awaitable<admin_reply> session_of(coordinator* c, std::string id) {
 
 }  // namespace
 
-admin_server::admin_server(net::io_context& ioc, coordinator& coord, std::string listen,
-                           std::string token)
-    : ioc_(ioc), coord_(coord), listen_(std::move(listen)), token_(std::move(token)) {}
+admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
+                           std::string listen, std::string token)
+    : ioc_(ioc), coords_(std::move(coords)), listen_(std::move(listen)), token_(std::move(token)) {}
 
 core::result<std::string> admin_server::start() {
   std::string host;
@@ -152,12 +152,35 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
     res.set(http::field::www_authenticate, "Bearer");
     co_return res;
   }
+  // ?server=NAME picks the llama-server for session operations (default: the first).
+  std::string server_name;
+  if (auto q = target.find('?'); q != std::string::npos) {
+    std::string_view query = std::string_view(target).substr(q + 1);
+    for (std::size_t pos = 0; pos <= query.size();) {
+      auto amp = query.find('&', pos);
+      auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
+      if (part.starts_with("server=")) server_name = core::decode_path(part.substr(7));
+      if (amp == std::string_view::npos) break;
+      pos = amp + 1;
+    }
+  }
+  coordinator* coord = coords_.front();
+  if (!server_name.empty()) {
+    coord = nullptr;
+    for (auto* c : coords_)
+      if (c->name() == server_name) coord = c;
+    if (!coord) co_return err(404, "unknown server");
+  }
   auto on_strand = [&](auto fn) {
-    return net::co_spawn(coord_.strand(), std::move(fn), net::use_awaitable);
+    return net::co_spawn(coord->strand(), std::move(fn), net::use_awaitable);
   };
   if (path == "/metrics") {
     if (method != http::verb::get) co_return err(405, "use GET");
-    auto text = co_await on_strand(metrics_of(&coord_));
+    std::string text;
+    for (auto* c : coords_) {
+      auto part = co_await net::co_spawn(c->strand(), metrics_of(c), net::use_awaitable);
+      text += part;
+    }
     http::response<http::string_body> res{http::status::ok, v};
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.body() = std::move(text);
@@ -166,12 +189,16 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
   }
   if (path == "/kv/status") {
     if (method != http::verb::get) co_return err(405, "use GET");
-    auto s = co_await on_strand(status_of(&coord_));
-    co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, s), v);
+    std::string servers;
+    for (auto* c : coords_) {
+      auto part = co_await net::co_spawn(c->strand(), status_of(c), net::use_awaitable);
+      servers += (servers.empty() ? "" : ",") + part;
+    }
+    co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, servers), v);
   }
   if (path == "/kv/sessions") {
     if (method != http::verb::get) co_return err(405, "use GET");
-    auto s = co_await on_strand(sessions_of(&coord_));
+    auto s = co_await on_strand(sessions_of(coord));
     co_return json(200, std::move(s), v);
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
@@ -179,9 +206,9 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
     // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
     admin_reply r;
     if (path == "/kv/flush") {
-      r = co_await on_strand(coord_.admin_flush());
+      r = co_await on_strand(coord->admin_flush());
     } else {
-      r = co_await on_strand(coord_.admin_gc());
+      r = co_await on_strand(coord->admin_gc());
     }
     co_return json(r.status, std::move(r.body), v);
   }
@@ -197,20 +224,20 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
     admin_reply r;
     if (action.empty()) {
       if (method == http::verb::get) {
-        r = co_await on_strand(session_of(&coord_, rest));
+        r = co_await on_strand(session_of(coord, rest));
       } else if (method == http::verb::delete_) {
-        r = co_await on_strand(coord_.admin_purge(rest));
+        r = co_await on_strand(coord->admin_purge(rest));
       } else {
         co_return err(405, "use GET or DELETE");
       }
     } else {
       if (method != http::verb::post) co_return err(405, "use POST");
       if (action == "save" || action == "flush")
-        r = co_await on_strand(coord_.admin_save(rest));
+        r = co_await on_strand(coord->admin_save(rest));
       else if (action == "restore")
-        r = co_await on_strand(coord_.admin_restore(rest));
+        r = co_await on_strand(coord->admin_restore(rest));
       else if (action == "invalidate")
-        r = co_await on_strand(coord_.admin_invalidate(rest));
+        r = co_await on_strand(coord->admin_invalidate(rest));
       else
         co_return err(404, "unknown action (save, flush, restore, invalidate)");
     }

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/net.hpp"
 #include "core/result.hpp"
@@ -14,7 +15,10 @@ namespace kvp::proxy {
 
 class admin_server {
  public:
-  admin_server(net::io_context& ioc, coordinator& coord, std::string listen, std::string token);
+  // `coords`: one per llama-server, the first is the default for session operations
+  // (others are chosen with ?server=NAME).
+  admin_server(net::io_context& ioc, std::vector<coordinator*> coords, std::string listen,
+               std::string token);
 
   // Binds and starts accepting. Returns the bound "host:port".
   core::result<std::string> start();
@@ -28,7 +32,7 @@ class admin_server {
   net::awaitable<void> run_session(tcp_stream s);
 
   net::io_context& ioc_;
-  coordinator& coord_;
+  std::vector<coordinator*> coords_;
   std::string listen_;
   std::string token_;
   std::unique_ptr<acceptor> acceptor_;

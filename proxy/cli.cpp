@@ -18,6 +18,7 @@ namespace {
 struct cli_options {
   std::string admin;  // host:port
   std::string token;
+  std::string server;  // ?server=NAME for session operations
   bool json = false;
   std::vector<std::string> positional;
   std::optional<config::config> cfg;
@@ -37,6 +38,8 @@ std::optional<int> parse_common(const std::vector<std::string>& args, cli_option
       o.json = true;
     } else if (a == "--admin") {
       if (!need(o.admin)) return fmt::print(stderr, "kvpersist: --admin needs HOST:PORT\n"), 2;
+    } else if (a == "--server") {
+      if (!need(o.server)) return fmt::print(stderr, "kvpersist: --server needs a name\n"), 2;
     } else if (a == "--token") {
       if (!need(o.token)) return fmt::print(stderr, "kvpersist: --token needs a value\n"), 2;
     } else if (a == "--config") {
@@ -186,6 +189,7 @@ int run_admin_command(const std::string& command, const std::vector<std::string>
   else if (command == "gc") target = "/kv/gc";
   else if (command == "purge") verb = http::verb::delete_, target = "/kv/sessions/" + sid;
   else target = fmt::format("/kv/sessions/{}/{}", sid, command);
+  if (!o.server.empty()) target += "?server=" + url_escape(o.server);
   auto r = run_sync(backends::http_call(ep, verb, target, "", std::chrono::minutes(10)));
   if (!r) {
     fmt::print(stderr, "kvpersist: cannot reach the admin API at {}: {}\n"

@@ -141,6 +141,8 @@ class coordinator {
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
 
+  const std::string& name() const { return opts_.server_name; }
+
   // Snapshot of state for status/logs. Strand-only.
   const core::coordinator_core& core() const { return core_; }
   std::size_t waiting() const { return queue_.size(); }

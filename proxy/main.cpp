@@ -37,7 +37,8 @@ Usage:
   kvpersist --help | --version
 
 Admin commands take --admin HOST:PORT (default: admin.listen from --config, else
-127.0.0.1:8082) and --token TOKEN (or $KVP_ADMIN_TOKEN, or admin.token).
+127.0.0.1:8082), --token TOKEN (or $KVP_ADMIN_TOKEN, or admin.token) and, with several
+llama-servers configured, --server NAME (default: the first).
 doctor checks llama-server and the state directory directly; --verify runs cold prompt,
 save, erase, restore, same prompt on the loaded model and records the verdict
 (supported | experimental | broken) for new manifests.

@@ -75,6 +75,11 @@ class lease_guard {
   std::shared_ptr<lease_ticket> t_;
 };
 
+net::awaitable<void> stop_coordinator(coordinator* co) {
+  co->stop();
+  co_return;
+}
+
 }  // namespace
 
 response_timings parse_timings(std::string_view tail) {
@@ -104,42 +109,69 @@ response_timings parse_timings(std::string_view tail) {
 }
 
 server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::move(cfg)) {
-  backends::http_endpoint ep;
-  config::parse_http_url(cfg_.upstream.url, ep.host, ep.port, ep.base_path);
-  ep.api_key = cfg_.upstream.api_key;
-  pool_ = std::make_unique<upstream_pool>(ep, cfg_.upstream.max_idle_connections,
-                                          cfg_.upstream.connect_timeout);
-  coordinator_options co;
-  co.core.instance_key = cfg_.instance_key;
-  co.core.runtime_key = cfg_.runtime_key;
-  co.core.slot_id = cfg_.slot_id;
-  co.core.reserve_aux_slot = cfg_.reserve_aux_slot;
-  co.core.save_on_switch = cfg_.checkpoint.on_switch;
-  co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
-  co.core.idle_checkpoint = cfg_.checkpoint.idle;
-  co.core.restore_enabled = cfg_.restore.enabled;
-  co.core.verify_restore = cfg_.restore.verify;
-  co.core.strict = cfg_.failure.strict;
-  co.core.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
-  co.core.cooldown = cfg_.failure.cooldown;
-  co.strict = cfg_.failure.strict;
-  co.max_waiting = cfg_.queue.max_waiting;
-  co.queue_timeout = cfg_.queue.timeout;
-  co.epoch_probe_interval = cfg_.epoch_probe_interval;
-  co.single_slot = cfg_.mode == config::slot_mode::single_slot;
-  co.server_name = cfg_.instance_key;
-  co.endpoint = cfg_.upstream.url;
-  if (cfg_.snapshots.management == config::snapshot_management::shared_filesystem)
-    co.snapshot_dir = cfg_.snapshots.path;
-  co.retention_max_bytes = cfg_.retention.max_total_bytes;
-  co.retention_max_sessions = cfg_.retention.max_sessions;
-  co.retention_max_age_days = cfg_.retention.max_age_days;
-  co.retention_interval = cfg_.retention.interval;
-  coord_ = std::make_unique<coordinator>(
-      ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
-      manifest_store(config::resolve_state_dir(cfg_)), co);
-  relay_opts_.upstream_idle = cfg_.upstream.idle_timeout;
-  relay_opts_.client_write = cfg_.limits.client_write_timeout;
+  const auto servers = config::effective_servers(cfg_);
+  const std::string state_root = config::resolve_state_dir(cfg_);
+  for (const auto& sc : servers) {
+    auto up = std::make_unique<upstream_entry>();
+    up->cfg = sc;
+    backends::http_endpoint ep;
+    config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
+    ep.api_key = sc.upstream.api_key;
+    up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
+                                               sc.upstream.connect_timeout);
+    coordinator_options co;
+    co.core.instance_key = sc.name;
+    co.core.runtime_key = sc.runtime_key;
+    co.core.slot_id = sc.slot_id;
+    co.core.reserve_aux_slot = sc.reserve_aux_slot;
+    co.core.save_on_switch = cfg_.checkpoint.on_switch;
+    co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
+    co.core.idle_checkpoint = cfg_.checkpoint.idle;
+    co.core.restore_enabled = cfg_.restore.enabled;
+    co.core.verify_restore = cfg_.restore.verify;
+    co.core.strict = cfg_.failure.strict;
+    co.core.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
+    co.core.cooldown = cfg_.failure.cooldown;
+    co.strict = cfg_.failure.strict;
+    co.max_waiting = cfg_.queue.max_waiting;
+    co.queue_timeout = cfg_.queue.timeout;
+    co.epoch_probe_interval = cfg_.epoch_probe_interval;
+    co.single_slot = sc.mode == config::slot_mode::single_slot;
+    co.server_name = sc.name;
+    co.endpoint = sc.upstream.url;
+    if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
+      co.snapshot_dir = sc.snapshots.path;
+    co.retention_max_bytes = cfg_.retention.max_total_bytes;
+    co.retention_max_sessions = cfg_.retention.max_sessions;
+    co.retention_max_age_days = cfg_.retention.max_age_days;
+    co.retention_interval = cfg_.retention.interval;
+    // Several servers: one namespace each, so manifests of different models never mix.
+    const std::string state = cfg_.servers.empty() ? state_root
+                                                   : state_root + "/servers/" + sc.name;
+    up->coord = std::make_unique<coordinator>(
+        ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
+        manifest_store(state), co);
+    up->relay.upstream_idle = sc.upstream.idle_timeout;
+    up->relay.client_write = cfg_.limits.client_write_timeout;
+    ups_.push_back(std::move(up));
+  }
+}
+
+server::upstream_entry& server::route(const http::request<http::string_body>& req) {
+  std::optional<std::string> model;  // parsed at most once, only if a route asks for it
+  for (const auto& r : cfg_.routes) {
+    if (!r.header.empty()) {
+      auto it = req.find(r.header);
+      if (it == req.end() || it->value() != r.header_value) continue;
+    }
+    if (!r.model.empty()) {
+      if (!model) model = core::request_model(req.body());
+      if (*model != r.model) continue;
+    }
+    for (auto& up : ups_)
+      if (up->cfg.name == r.server) return *up;
+  }
+  return *ups_.front();
 }
 
 server::~server() = default;
@@ -160,9 +192,14 @@ net::awaitable<core::result<std::string>> server::start() {
   if (ec)
     co_return core::error{core::errc::invariant, 0,
                           fmt::format("cannot listen on {}: {}", cfg_.listen, ec.message())};
-  co_await net::co_spawn(coord_->strand(), coord_->start(), net::use_awaitable);
+  std::vector<coordinator*> coords;
+  for (auto& up : ups_) {
+    auto start_op = up->coord->start();
+    co_await net::co_spawn(up->coord->strand(), std::move(start_op), net::use_awaitable);
+    coords.push_back(up->coord.get());
+  }
   if (!cfg_.admin.listen.empty()) {
-    admin_ = std::make_unique<admin_server>(ioc_, *coord_, cfg_.admin.listen, cfg_.admin.token);
+    admin_ = std::make_unique<admin_server>(ioc_, coords, cfg_.admin.listen, cfg_.admin.token);
     auto a = admin_->start();
     if (!a) co_return a.err();
     admin_address_ = a.value();
@@ -284,34 +321,36 @@ core::request_identity server::identity_of(const http::request<http::string_body
   return id;
 }
 
-void server::prepare_upstream_request(http::request<http::string_body>& req) const {
+void server::prepare_upstream_request(const upstream_entry& up,
+                                      http::request<http::string_body>& req) const {
   for (const auto& name : cfg_.sessions.headers) req.erase(name);
   req.erase(cfg_.sessions.purpose_header);
   for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
   strip_hop_by_hop(req.base());
   req.erase(http::field::expect);
-  req.set(http::field::host, pool_->host_header());
-  const auto& base = pool_->endpoint().base_path;
+  req.set(http::field::host, up.pool->host_header());
+  const auto& base = up.pool->endpoint().base_path;
   if (!base.empty()) req.target(base + std::string(req.target()));
   req.version(11);
   req.keep_alive(true);
   req.prepare_payload();
 }
 
-net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_body>& req,
+net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
+                                     http::request<http::string_body>& req,
                                      std::optional<upstream_conn> pre, relay_state& st,
                                      std::string* tail) {
   const unsigned version = req.version();
   const bool client_keep = req.keep_alive();
   const bool head = req.method() == http::verb::head;
   auto ex = c.stream.get_executor();
-  prepare_upstream_request(req);
+  prepare_upstream_request(up, req);
   std::optional<upstream_conn> conn = std::move(pre);
   for (int attempt = 0;; ++attempt) {
     if (!conn) {
-      auto r = co_await pool_->acquire(ex);
+      auto r = co_await up.pool->acquire(ex);
       if (!r) {
-        coord_->note_upstream_trouble();
+        up.coord->note_upstream_trouble();
         log(log_level::warn, "kv.upstream.unavailable", {{"reason", r.err().message}});
         auto res = error_response(r.err().code == core::errc::operation_timeout
                                                       ? http::status::gateway_timeout
@@ -323,14 +362,14 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
       conn = std::move(r.value());
     }
     st = relay_state{};
-    conn->stream->expires_after(relay_opts_.upstream_idle);
+    conn->stream->expires_after(up.relay.upstream_idle);
     auto [wec, wn] = co_await http::async_write(*conn->stream, req);
     st.request_sent = !wec;
     if (!wec) {
       beast::flat_buffer ubuf;
       if (tail) tail->clear();
       auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head,
-                                        relay_opts_, st, tail) ||
+                                        up.relay, st, tail) ||
                          client_gone(c.stream.socket()));
       if (r.index() == 1) {
         // Closing the upstream connection is the only portable cancel: llama-server notices
@@ -343,7 +382,7 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
     // A pooled connection the server had already closed: retry once on a new one. The
     // server never saw the request, so nothing ran twice.
     if (!st.header_received && !st.upstream_timeout && !conn->fresh && attempt == 0) {
-      coord_->note_upstream_trouble();
+      up.coord->note_upstream_trouble();
       conn.reset();
       continue;
     }
@@ -351,14 +390,14 @@ net::awaitable<bool> server::forward(client_conn& c, http::request<http::string_
   }
   if (st.done) {
     if (st.upstream_reusable)
-      pool_->release(std::move(conn->stream));
+      up.pool->release(std::move(conn->stream));
     else
       conn->stream->close();
     co_return st.client_keep_alive;
   }
   conn->stream->close();
   if (st.client_failed) co_return false;
-  coord_->note_upstream_trouble();
+  up.coord->note_upstream_trouble();
   if (!st.header_sent) {
     auto res = error_response(st.upstream_timeout ? http::status::gateway_timeout
                                                   : http::status::bad_gateway,
@@ -383,11 +422,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   const auto who = identity_of(req);
+  auto& up = route(req);
   relay_state st;
   const bool managed = kind == core::endpoint_kind::inference &&
                        (!who.session_id.empty() ||
                         cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
-  if (!managed) co_return co_await forward(c, req, std::nullopt, st);
+  if (!managed) co_return co_await forward(up, c, req, std::nullopt, st);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = c.stream.get_executor();
@@ -396,7 +436,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   t->unpinnable = core::is_unpinnable(req.target());
   t->wakeup.expires_after(cfg_.queue.timeout);
   const bool queued =
-      co_await net::co_spawn(coord_->strand(), coord_->enqueue(t), net::use_awaitable);
+      co_await net::co_spawn(up.coord->strand(), up.coord->enqueue(t), net::use_awaitable);
   if (!queued) {
     auto res = busy_response("too many requests are waiting for the slot", 2, version);
     co_return co_await send(c, std::move(res));
@@ -404,23 +444,23 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
   const bool gone = w.index() == 1;
   const bool granted =
-      co_await net::co_spawn(coord_->strand(), coord_->settle(t), net::use_awaitable);
+      co_await net::co_spawn(up.coord->strand(), up.coord->settle(t), net::use_awaitable);
   if (!granted) {
     if (gone) co_return false;
     auto res = busy_response("timed out waiting for the slot", 2, version);
     co_return co_await send(c, std::move(res));
   }
-  lease_guard guard(*coord_, t);
+  lease_guard guard(*up.coord, t);
   if (gone) {
     guard.dismiss();
-    co_await net::co_spawn(coord_->strand(), coord_->release(t), net::use_awaitable);
+    co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
     co_return false;
   }
-  auto conn = co_await pool_->acquire(ex);
+  auto conn = co_await up.pool->acquire(ex);
   if (!conn) {
-    coord_->note_upstream_trouble();
+    up.coord->note_upstream_trouble();
     guard.dismiss();
-    co_await net::co_spawn(coord_->strand(), coord_->release(t), net::use_awaitable);
+    co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
     auto res = error_response(http::status::bad_gateway,
                                               "upstream llama-server is unreachable", version,
                                               keep);
@@ -428,27 +468,27 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   }
   if (t->exclusive) {
     // Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
-    auto prep = coord_->prepare_exclusive(t);
-    auto pr = co_await net::co_spawn(coord_->strand(), std::move(prep), net::use_awaitable);
+    auto prep = up.coord->prepare_exclusive(t);
+    auto pr = co_await net::co_spawn(up.coord->strand(), std::move(prep), net::use_awaitable);
     if (!pr.ok) {
       guard.dismiss();
-      pool_->release(std::move(conn->stream));
+      up.pool->release(std::move(conn->stream));
       auto res = error_response(http::status::service_unavailable,
                                 fmt::format("KV persistence failed in strict mode: {}", pr.message),
                                 version, keep);
       co_return co_await send(c, std::move(res));
     }
-    const bool keep_x = co_await forward(c, req, std::move(conn.value()), st);
-    auto fin = coord_->finish_exclusive(t, st.request_sent);
-    co_await net::co_spawn(coord_->strand(), std::move(fin), net::use_awaitable);
+    const bool keep_x = co_await forward(up, c, req, std::move(conn.value()), st);
+    auto fin = up.coord->finish_exclusive(t, st.request_sent);
+    co_await net::co_spawn(up.coord->strand(), std::move(fin), net::use_awaitable);
     guard.dismiss();
     co_return keep_x;
   }
-  auto prepare_op = coord_->prepare(t, who, conn->fresh);
-  auto pr = co_await net::co_spawn(coord_->strand(), std::move(prepare_op), net::use_awaitable);
+  auto prepare_op = up.coord->prepare(t, who, conn->fresh);
+  auto pr = co_await net::co_spawn(up.coord->strand(), std::move(prepare_op), net::use_awaitable);
   if (!pr.ok) {
     guard.dismiss();  // prepare released the lease
-    pool_->release(std::move(conn->stream));
+    up.pool->release(std::move(conn->stream));
     auto res = error_response(http::status::service_unavailable,
                               fmt::format("KV persistence failed in strict mode: {}", pr.message),
                               version, keep);
@@ -463,19 +503,19 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                      pr.kind == core::prepare_kind::cold ||
                      pr.kind == core::prepare_kind::cold_fallback;
   std::string tail;
-  const bool keep_after = co_await forward(c, req, std::move(conn.value()), st,
+  const bool keep_after = co_await forward(up, c, req, std::move(conn.value()), st,
                                            watch ? &tail : nullptr);
   if (watch && st.done) {
     auto timings = parse_timings(tail);
     co_await net::co_spawn(
-        coord_->strand(),
+        up.coord->strand(),
         [](coordinator* co, core::prepare_kind k, response_timings tm) -> net::awaitable<void> {
           co->record_response(k, tm);
           co_return;
-        }(coord_.get(), pr.kind, timings),
+        }(up.coord.get(), pr.kind, timings),
         net::use_awaitable);
   }
-  co_await net::co_spawn(coord_->strand(), coord_->finish(t, st.request_sent),
+  co_await net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent),
                          net::use_awaitable);
   guard.dismiss();
   if (core::log_enabled(log_level::debug)) {
@@ -524,17 +564,15 @@ net::awaitable<void> server::shutdown() {
       co_await tick.async_wait(token);
     }
   }
-  co_await net::co_spawn(coord_->strand(),
-                         [](coordinator* co) -> net::awaitable<void> {
-                           co->stop();
-                           co_return;
-                         }(coord_.get()),
-                         net::use_awaitable);
-  if (cfg_.checkpoint.on_shutdown) {
-    const bool ok =
-        co_await net::co_spawn(coord_->strand(), coord_->checkpoint(), net::use_awaitable);
-    log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
-        {{"result", ok ? "ok" : "failed"}});
+  for (auto& up : ups_) {
+    auto stop_op = stop_coordinator(up->coord.get());
+    co_await net::co_spawn(up->coord->strand(), std::move(stop_op), net::use_awaitable);
+    if (cfg_.checkpoint.on_shutdown) {
+      auto cp = up->coord->checkpoint();
+      const bool ok = co_await net::co_spawn(up->coord->strand(), std::move(cp), net::use_awaitable);
+      log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
+          {{"server", up->cfg.name}, {"result", ok ? "ok" : "failed"}});
+    }
   }
 }
 

@@ -38,28 +38,37 @@ class server {
   // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
   net::awaitable<void> shutdown();
 
-  coordinator& coord() { return *coord_; }
+  // The first (default) server's coordinator.
+  coordinator& coord() { return *ups_.front()->coord; }
 
  private:
   struct client_conn;
+  // One llama-server: its pool, its coordinator (own strand, own leases), its timeouts.
+  struct upstream_entry {
+    config::server_config cfg;
+    std::unique_ptr<upstream_pool> pool;
+    std::unique_ptr<coordinator> coord;
+    relay_options relay;
+  };
+  upstream_entry& route(const http::request<http::string_body>& req);
   net::awaitable<void> accept_loop();
   net::awaitable<void> run_session(tcp_stream stream);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
-  net::awaitable<bool> forward(client_conn& c, http::request<http::string_body>& req,
+  net::awaitable<bool> forward(upstream_entry& up, client_conn& c,
+                               http::request<http::string_body>& req,
                                std::optional<upstream_conn> pre, relay_state& st,
                                std::string* tail = nullptr);
   core::request_identity identity_of(const http::request<http::string_body>& req) const;
-  void prepare_upstream_request(http::request<http::string_body>& req) const;
+  void prepare_upstream_request(const upstream_entry& up,
+                                http::request<http::string_body>& req) const;
   net::awaitable<bool> send(client_conn& c, response res);
 
   net::io_context& ioc_;
   config::config cfg_;
   std::unique_ptr<acceptor> acceptor_;
-  std::unique_ptr<upstream_pool> pool_;
-  std::unique_ptr<coordinator> coord_;
+  std::vector<std::unique_ptr<upstream_entry>> ups_;
   std::unique_ptr<admin_server> admin_;
   std::string admin_address_;
-  relay_options relay_opts_;
 
   std::mutex conns_mu_;
   std::set<std::shared_ptr<client_conn>> conns_;  // guarded by conns_mu_
