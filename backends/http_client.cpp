@@ -9,10 +9,13 @@ net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb 
                                                    std::string target, std::string body,
                                                    std::chrono::milliseconds timeout) {
   auto ex = co_await net::this_coro::executor;
+  bool sent = false;  // failures after the request went out may be the request's fault
   auto fail = [&](const beast::error_code& ec) {
-    const bool timed_out = ec == beast::error::timeout;
-    return core::error{timed_out ? core::errc::operation_timeout : core::errc::backend_unavailable,
-                       0, fmt::format("{} {}: {}", http::to_string(method), target, ec.message())};
+    const auto code = ec == beast::error::timeout ? core::errc::operation_timeout
+                      : sent                      ? core::errc::backend_disconnected
+                                                  : core::errc::backend_unavailable;
+    return core::error{code, 0, fmt::format("{} {}: {}", http::to_string(method), target,
+                                            ec.message())};
   };
   resolver res(ex);
   auto [rec, endpoints] = co_await res.async_resolve(ep.host, std::to_string(ep.port));
@@ -36,6 +39,7 @@ net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb 
   req.keep_alive(false);
   auto [wec, wn] = co_await http::async_write(stream, req);
   if (wec) co_return fail(wec);
+  sent = true;
 
   beast::flat_buffer buf;
   http::response_parser<http::string_body> p;

@@ -164,8 +164,8 @@ std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
 // Only failures that say "the server or the wire is unhappy" count towards the breaker.
 // A 4xx on restore is the snapshot's fault and is handled by invalidating it.
 void coordinator_core::record_backend_failure(const error& e, steady_time now) {
-  if (e.code == errc::backend_unavailable || e.code == errc::operation_timeout ||
-      e.http_status >= 500)
+  if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
+      e.code == errc::operation_timeout || e.http_status >= 500)
     breaker_.on_failure(now);
 }
 
@@ -243,7 +243,7 @@ prepare_plan coordinator_core::prepare(const request_identity& who, int slot, st
   if (r.snapshot && opts_.restore_enabled && r.snapshot->state == snapshot_state::ready) {
     if (r.snapshot->runtime_fingerprint == fingerprint_) {
       plan.restore = restore_step{slot, sl.pending_hash, r.snapshot->snapshot_file(),
-                                  r.snapshot->tokens};
+                                  r.snapshot->tokens, r.snapshot->bytes};
       if (!plan.save) sl.state = slot_state::restoring;
     } else {
       // Spec §31: never restore across runtimes; mark, don't delete.
@@ -372,11 +372,20 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
   }
   ++stats_.restore_failures;
   const auto& e = r.err();
-  if (e.code == errc::snapshot_not_found && e.http_status == 0) {
-    // Checked before calling the server (shared-filesystem mode): the file is gone, the
-    // slot was not touched and still holds someone else's state, so erase it.
-    invalidate_snapshot(errc::snapshot_not_found, e.message);
+  if ((e.code == errc::snapshot_not_found || e.code == errc::snapshot_corrupt) &&
+      e.http_status == 0) {
+    // Checked before calling the server (shared-filesystem mode): the file is gone or not
+    // the size that was saved; the slot was not touched and still holds someone else's
+    // state, so erase it.
+    invalidate_snapshot(e.code, e.message);
     d.need_erase = true;
+    sl.state = slot_state::unknown;
+  } else if (e.code == errc::backend_disconnected || e.code == errc::operation_timeout) {
+    // The server took the request and then broke off or ran out of time. This snapshot
+    // may be what broke it (llama-server aborts on some truncated files) or is too slow to
+    // restore within the management timeout: don't offer it again.
+    record_backend_failure(e, now);
+    invalidate_snapshot(errc::restore_failed, e.message);
     sl.state = slot_state::unknown;
   } else if (e.http_status >= 400 && e.http_status < 500) {
     // The server rejected the file (missing, truncated, foreign layout) and, as it does on

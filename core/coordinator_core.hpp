@@ -61,6 +61,7 @@ struct restore_step {
   std::string hash;
   std::string filename;
   std::uint64_t expected_tokens = 0;
+  std::uint64_t expected_bytes = 0;  // n_written at save time (file size)
 };
 
 // The management calls to run before forwarding, in this order: save, then restore or erase.

@@ -7,7 +7,8 @@
 namespace kvp::core {
 
 enum class errc {
-  backend_unavailable,    // llama-server did not answer (connect, reset, timeout)
+  backend_unavailable,    // llama-server could not be reached (resolve, connect)
+  backend_disconnected,   // the connection broke after the request was sent
   backend_unsupported,    // slot actions disabled (501) or wrong slot count
   slot_busy,              // the slot could not be leased in time
   snapshot_not_found,     // restore: the server could not read the file
@@ -27,6 +28,7 @@ enum class errc {
 constexpr std::string_view to_string(errc e) {
   switch (e) {
     case errc::backend_unavailable: return "KV_BACKEND_UNAVAILABLE";
+    case errc::backend_disconnected: return "KV_BACKEND_DISCONNECTED";
     case errc::backend_unsupported: return "KV_BACKEND_UNSUPPORTED";
     case errc::slot_busy: return "KV_SLOT_BUSY";
     case errc::snapshot_not_found: return "KV_SNAPSHOT_NOT_FOUND";

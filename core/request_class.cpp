@@ -38,7 +38,9 @@ std::string decode_path(std::string_view path) {
         cp = cp * 16 + (h < 0 ? 0 : h);
       }
       if (ok) {
-        if (cp < 0x80) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) {
+          // A lone UTF-16 surrogate: cpp-httplib drops it, so must we ("/%uD800slots").
+        } else if (cp < 0x80) {
           out += static_cast<char>(cp);
         } else if (cp < 0x800) {
           out += static_cast<char>(0xC0 | (cp >> 6));

@@ -9,13 +9,16 @@
 namespace kvp::core {
 
 std::optional<std::string> pin_request_body(std::string_view body, int slot) {
+  // RapidJSON stops at a NUL byte as if the input ended there; JSON text never contains
+  // one, so such a body is not ours to rewrite.
+  if (body.find('\0') != std::string_view::npos) return std::nullopt;
   rapidjson::Document d;
   d.Parse(body.data(), body.size());
   if (d.HasParseError() || !d.IsObject()) return std::nullopt;
+  auto end = body.find_last_not_of(" \t\r\n");
+  if (end == std::string_view::npos || body[end] != '}') return std::nullopt;
   if (!d.HasMember("id_slot") && !d.HasMember("cache_prompt")) {
-    // Byte-preserving path: the parse succeeded, so the last non-space byte is the closing
-    // brace of the top-level object.
-    auto end = body.find_last_not_of(" \t\r\n");
+    // Byte-preserving path: the last non-space byte is the top-level object's closing brace.
     std::string out(body.substr(0, end));
     const bool empty = d.MemberCount() == 0;
     out += fmt::format(R"({}"id_slot":{},"cache_prompt":true}})", empty ? "" : ",", slot);

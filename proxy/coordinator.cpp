@@ -372,6 +372,12 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
         ::stat((opts_.snapshot_dir + "/" + rs.filename).c_str(), &st) != 0) {
       // A failed restore clears the slot on the server; don't ask for a file we know is gone.
       r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
+    } else if (!opts_.snapshot_dir.empty() && rs.expected_bytes > 0 &&
+               static_cast<std::uint64_t>(st.st_size) != rs.expected_bytes) {
+      // Truncated or replaced: some llama-server builds abort on a truncated file.
+      r = core::error{core::errc::snapshot_corrupt, 0,
+                      fmt::format("snapshot file has {} bytes, {} were saved", st.st_size,
+                                  rs.expected_bytes)};
     } else {
       r = co_await backend_->restore(rs.slot, rs.filename);
     }

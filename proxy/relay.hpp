@@ -20,7 +20,7 @@ namespace kvp::proxy {
 struct relay_options {
   std::chrono::milliseconds upstream_idle{3'600'000};  // per upstream read
   std::chrono::milliseconds client_write{60'000};      // per client write
-  std::size_t chunk = 16 * 1024;
+  std::size_t chunk = 64 * 1024;
 };
 
 // What happened, for the caller to turn into a log line or a status. Filled in as the relay
