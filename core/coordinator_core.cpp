@@ -180,7 +180,10 @@ std::optional<int> coordinator_core::choose_slot(const request_identity& who,
   const int reserved = aux_slot();
   if (aux && reserved >= 0) return is_free(reserved) ? std::optional<int>(reserved) : std::nullopt;
   if (!aux && enabled_) {
-    const int own = slot_of(hash_for(who.session_id));
+    const std::string h = hash_for(who.session_id);
+    int own = slot_of(h);
+    for (const auto& s : slots_)
+      if (own < 0 && s.pending_hash == h) own = s.id;  // being prepared for this session
     if (own >= 0) return is_free(own) ? std::optional<int>(own) : std::nullopt;
   }
   const slot_rec* best = nullptr;

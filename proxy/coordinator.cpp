@@ -100,18 +100,6 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     return;
   }
   const auto& rt = p->runtime;
-  std::string why;
-  if (!p->slot_actions)
-    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
-  else if (opts_.single_slot && rt.total_slots != 1)
-    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
-  if (!why.empty()) {
-    if (core_.persistence_enabled() || !warned_disabled_)
-      log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
-    warned_disabled_ = true;
-    core_.disable_persistence();
-    return;
-  }
   const bool was_enabled = core_.persistence_enabled();
   const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
   if (!opts_.single_slot) {
@@ -130,6 +118,18 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
           {{"slots", std::to_string(ids.size())},
            {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
     }
+  }
+  std::string why;
+  if (!p->slot_actions)
+    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
+  else if (opts_.single_slot && rt.total_slots != 1)
+    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
+  if (!why.empty()) {
+    if (core_.persistence_enabled() || !warned_disabled_)
+      log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
+    warned_disabled_ = true;
+    core_.disable_persistence();
+    return;
   }
   core_.set_runtime(rt);
   core_.set_compatibility(store_.read_compatibility(core_.runtime().fingerprint()));
@@ -207,6 +207,12 @@ bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
     for (int id : core_.slot_ids()) leased_[id] = t;
     t->slot = -1;
   } else {
+    // A session holding a lease (even one still preparing, not yet the slot's owner) must
+    // wait for it: its requests stay in order on one slot.
+    if (!t->who.session_id.empty() && t->who.purpose.empty()) {
+      for (const auto& [id, h] : leased_)
+        if (h->who.session_id == t->who.session_id && h->who.purpose.empty()) return false;
+    }
     auto slot = core_.choose_slot(t->who, free_slots());
     if (!slot) return false;
     leased_[*slot] = t;
@@ -295,23 +301,30 @@ void coordinator::write_manifest(const core::manifest& m) {
 
 net::awaitable<bool> coordinator::run_save(const core::save_step& s) {
   const auto sess = std::string(core::abbrev(s.hash));
+  core::save_step step = s;
+  // Another kvpersist sharing the state directory may have saved this session since we
+  // last read its manifest: never write the generation the manifest on disk points at.
+  if (auto disk = store_.read(step.hash); disk && disk->generation == step.generation) {
+    step.generation = disk->next_generation();
+    step.filename = core::snapshot_filename(step.hash, step.generation);
+  }
   log(log_level::debug, "kv.session.save.start",
-      {{"session", sess}, {"slot", std::to_string(s.slot)}, {"file", s.filename}});
-  auto r = co_await backend_->save(s.slot, s.filename);
-  if (r && r->n_saved > 0 && !verify_snapshot_file(s.filename, r->n_written))
+      {{"session", sess}, {"slot", std::to_string(step.slot)}, {"file", step.filename}});
+  auto r = co_await backend_->save(step.slot, step.filename);
+  if (r && r->n_saved > 0 && !verify_snapshot_file(step.filename, r->n_written))
     r = core::error{core::errc::save_failed, 0,
                     "snapshot file size differs from n_written (or fsync failed)"};
   if (r) {
     save_ms_.observe(r->save_ms);
     save_bytes_.observe(static_cast<double>(r->n_written));
   }
-  auto d = core_.on_save(s, r, steady_clock::now(), wall_now());
+  auto d = core_.on_save(step, r, steady_clock::now(), wall_now());
   if (d.ok) {
     write_manifest(*d.write);
     log(log_level::info, "kv.session.save.success",
-        {{"session", sess}, {"slot", std::to_string(s.slot)},
+        {{"session", sess}, {"slot", std::to_string(step.slot)},
          {"tokens", std::to_string(d.write->tokens)}, {"bytes", std::to_string(d.write->bytes)},
-         {"ms", ms_str(d.write->save_ms)}, {"generation", std::string(1, s.generation)}});
+         {"ms", ms_str(d.write->save_ms)}, {"generation", std::string(1, step.generation)}});
     co_return true;
   }
   log(log_level::warn, "kv.session.save.failed",
@@ -472,7 +485,8 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
       // The slot that ran the request has a new last task; if the server cannot tell us,
       // nobody's slot can be trusted.
       const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
-                           !tasks_before_.contains(id) || (*after)[id] != tasks_before_[id];
+                           !tasks_before_.contains(id) || (*after)[id] < 0 ||
+                           (*after)[id] != tasks_before_[id];
       if (touched && !core_.owner(id).empty()) {
         log(log_level::info, "kv.slot.overwritten",
             {{"slot", std::to_string(id)},

@@ -132,10 +132,26 @@ int serve(const std::vector<std::string>& args) {
   net::io_context ioc;
   proxy::server srv(ioc, cfg);
   int exit_code = 0;
+  // Registered before anything starts, so a SIGTERM during startup still drains and saves.
+  net::signal_set signals(ioc, SIGINT, SIGTERM);
+  // SIGHUP does not reload (README, Operations: systemd) and must not kill the daemon.
+  net::signal_set hup(ioc, SIGHUP);
   net::co_spawn(
       ioc,
-      [](proxy::server& s, net::io_context& io, const config::config& c,
-         int& rc) -> net::awaitable<void> {
+      [](net::signal_set& h) -> net::awaitable<void> {
+        for (;;) {
+          auto [ec, sig] = co_await h.async_wait(token);
+          if (ec) co_return;
+          core::log(core::log_level::warn, "kv.proxy.sighup",
+                    {{"effect", "ignored: configuration reload is not supported; restart the "
+                                "service to apply a new configuration"}});
+        }
+      }(hup),
+      [](std::exception_ptr) {});  // nothing in the loop throws; a failed wait just ends it
+  net::co_spawn(
+      ioc,
+      [](proxy::server& s, net::io_context& io, const config::config& c, int& rc,
+         net::signal_set& signals) -> net::awaitable<void> {
         auto r = co_await s.start();
         if (!r) {
           core::log(core::log_level::error, "kv.proxy.listen_failed", {{"reason", r.err().message}});
@@ -149,7 +165,6 @@ int serve(const std::vector<std::string>& args) {
 #ifdef KVP_HAVE_SYSTEMD
         sd_notify(0, "READY=1");
 #endif
-        net::signal_set signals(io, SIGINT, SIGTERM);
         auto [ec, sig] = co_await signals.async_wait(token);
         if (ec) co_return;
         core::log(core::log_level::info, "kv.proxy.stopping", {{"signal", std::to_string(sig)}});
@@ -159,7 +174,7 @@ int serve(const std::vector<std::string>& args) {
         co_await s.shutdown();
         core::log(core::log_level::info, "kv.proxy.stopped");
         io.stop();
-      }(srv, ioc, cfg, exit_code),
+      }(srv, ioc, cfg, exit_code, signals),
       [](std::exception_ptr e) {
         if (!e) return;
         try {

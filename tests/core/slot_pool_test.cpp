@@ -1,0 +1,553 @@
+// Slot-pool policy of core/coordinator_core.hpp in managed multi-slot mode (spec §63-66, §72):
+// choose_slot's selection order (owned, empty, least recently used clean, least recently used
+// dirty after a save), the reserved auxiliary slot, fairness under contention (expressed
+// through choose_slot and the free list a lease queue would pass), and epoch changes.
+// Driven the way proxy/coordinator drives it: choose_slot over the free slots, then
+// prepare/on_*/start_inference/end_inference on the chosen slot. Fake clock, no I/O.
+#include "core/coordinator_core.hpp"
+
+#include <catch2/catch.hpp>
+
+#include "core/request_rewrite.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/support/core_strings.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace kvp::core;
+
+const steady_time t0 = steady_time{} + std::chrono::hours(24);
+constexpr std::string_view wall = "2025-06-01T12:00:00Z";
+
+runtime_info pool_runtime(int slots) {
+  runtime_info rt;
+  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
+  rt.build_info = "b6123-80fb11a";
+  rt.n_ctx = 8192;
+  rt.total_slots = slots;
+  rt.media_marker = "<__media_1__>";
+  return rt;
+}
+
+core_options pool_options(bool reserve_aux = false) {
+  core_options o;
+  o.instance_key = "pool-instance";
+  o.runtime_key = "pool-runtime";
+  o.idle_checkpoint = 0ms;  // timers are not the point here
+  o.reserve_aux_slot = reserve_aux;
+  return o;
+}
+
+std::vector<int> ids(int n) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(i);
+  return v;
+}
+
+coordinator_core make_pool(int slots, bool reserve_aux = false) {
+  coordinator_core c(pool_options(reserve_aux));
+  c.set_slots(ids(slots));
+  c.set_runtime(pool_runtime(slots));
+  return c;
+}
+
+request_identity session(std::string id) { return request_identity{std::move(id), ""}; }
+request_identity aux(std::string purpose = "session-title", std::string id = "") {
+  return request_identity{std::move(id), std::move(purpose)};
+}
+
+result<slot_saved> saved(std::uint64_t tokens) { return slot_saved{tokens, 24 + tokens * 1024, 2.5}; }
+result<slot_restored> restored(std::uint64_t tokens) {
+  return slot_restored{tokens, 24 + tokens * 1024, 1.5};
+}
+result<slot_erased> erased() { return slot_erased{0}; }
+
+// What one request made the coordinator do, as the proxy would have carried it out.
+struct outcome {
+  int slot = -1;
+  prepare_kind kind = prepare_kind::none;
+  std::vector<std::string> calls;  // "save:<slot>:<owner>", "restore:<slot>", "erase:<slot>"
+  std::optional<save_step> save;   // the save step the plan carried
+};
+
+std::string save_call(const save_step& s) { return "save:" + std::to_string(s.slot) + ":" + s.hash; }
+
+// Runs every planned step successfully (saves report `tokens`).
+outcome run_on(coordinator_core& c, const request_identity& who, int slot, steady_time now,
+               std::uint64_t tokens = 500) {
+  outcome o;
+  o.slot = slot;
+  auto plan = c.prepare(who, slot, now, wall);
+  REQUIRE_FALSE(plan.fail);
+  CHECK(plan.slot == slot);
+  for (const auto& m : plan.manifest_writes) c.store_manifest(m);
+  if (plan.save) {
+    o.save = plan.save;
+    o.calls.push_back(save_call(*plan.save));
+    auto d = c.on_save(*plan.save, saved(tokens), now, wall);
+    REQUIRE(d.ok);
+    c.store_manifest(*d.write);
+  }
+  bool erase = plan.erase;
+  if (plan.restore) {
+    CHECK(plan.restore->slot == slot);
+    o.calls.push_back("restore:" + std::to_string(slot));
+    auto d = c.on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
+    REQUIRE(d.restored);
+    erase = erase || d.need_erase;
+  }
+  if (erase) {
+    o.calls.push_back("erase:" + std::to_string(slot));
+    REQUIRE(c.on_erase(slot, erased(), now));
+  }
+  o.kind = c.start_inference(who, slot);
+  CHECK_FALSE(c.end_inference(slot, true, now));
+  return o;
+}
+
+// choose_slot over `free`, then the request on that slot. REQUIRES a slot to be chosen.
+outcome request(coordinator_core& c, const request_identity& who, steady_time now,
+                std::vector<int> free = {}) {
+  if (free.empty()) free = c.slot_ids();
+  auto slot = c.choose_slot(who, free);
+  REQUIRE(slot);
+  return run_on(c, who, *slot, now);
+}
+
+// Saves the owner of `slot` (makes it clean).
+void clean(coordinator_core& c, int slot, steady_time now) {
+  auto s = c.checkpoint_slot(slot, now);
+  REQUIRE(s);
+  auto d = c.on_save(*s, saved(500), now, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  REQUIRE_FALSE(c.owner_dirty(slot));
+}
+
+std::vector<int> without(std::vector<int> v, int x) {
+  v.erase(std::remove(v.begin(), v.end(), x), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the pool is every slot the server has, and the aux slot is the highest one",
+          "[core][slot_pool]") {
+  CHECK(make_pool(3).slot_ids() == ids(3));
+  CHECK(make_pool(3).aux_slot() == -1);
+  CHECK(make_pool(3, true).aux_slot() == 2);
+  // One slot cannot be split: no reservation, or sessions would have nowhere to go.
+  CHECK(make_pool(1, true).aux_slot() == -1);
+  // set_slots with the same layout keeps ownership; a new layout starts from scratch.
+  auto c = make_pool(2);
+  auto a = request(c, session("A"), t0);
+  c.set_slots(ids(2));
+  CHECK(c.slot_of(c.hash_for("A")) == a.slot);
+  c.set_slots(ids(3));
+  CHECK(c.slot_of(c.hash_for("A")) == -1);
+  CHECK(c.slot_ids() == ids(3));
+}
+
+TEST_CASE("selection: a session returns to the slot it owns even when others are free",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, session("A"), t0);
+  auto b = request(c, session("B"), t0 + 1s);
+  CHECK(a.slot != b.slot);
+  CHECK(a.calls == std::vector<std::string>{"erase:" + std::to_string(a.slot)});
+  CHECK(b.calls == std::vector<std::string>{"erase:" + std::to_string(b.slot)});
+  // Slot 2 is empty and A's slot is the least recently used: neither attracts A away.
+  for (int i = 0; i < 3; ++i) {
+    CHECK(c.choose_slot(session("A"), c.slot_ids()) == a.slot);
+    auto again = request(c, session("A"), t0 + 2s + i * 1s);
+    CHECK(again.slot == a.slot);
+    CHECK(again.kind == prepare_kind::resident);
+    CHECK(again.calls.empty());
+  }
+  CHECK(c.choose_slot(session("B"), c.slot_ids()) == b.slot);
+  // The owned slot wins even when it is the only dirty one and an empty one is listed first.
+  CHECK(c.choose_slot(session("B"), {2, 1, 0}) == b.slot);
+}
+
+TEST_CASE("selection: a busy owned slot means wait, even when other slots are free",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, session("A"), t0);
+  // A's slot is leased (a request of A is streaming): A's next request must queue behind it,
+  // not start a second copy of the conversation on another slot.
+  CHECK_FALSE(c.choose_slot(session("A"), without(c.slot_ids(), a.slot)));
+  CHECK_FALSE(c.choose_slot(session("A"), {}));
+  // Other sessions are not held up by it.
+  auto other = c.choose_slot(session("B"), without(c.slot_ids(), a.slot));
+  REQUIRE(other);
+  CHECK(*other != a.slot);
+}
+
+TEST_CASE("selection: empty slots first, lowest id first among equals", "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, session("A"), t0);
+  CHECK(a.slot == 0);
+  clean(c, a.slot, t0 + 1s);  // A is clean now: still an owned slot, ranked after empty ones
+  auto b = request(c, session("B"), t0 + 2s);
+  CHECK(b.slot == 1);
+  auto x = c.choose_slot(session("C"), c.slot_ids());
+  CHECK(x == 2);
+  // Not listed as free: the next best (the clean LRU slot, A's) is taken instead.
+  CHECK(c.choose_slot(session("C"), {0, 1}) == 0);
+  // Auxiliary calls without a reserved slot follow the same order.
+  CHECK(c.choose_slot(aux(), c.slot_ids()) == 2);
+  CHECK(c.choose_slot(aux("compaction", "A"), c.slot_ids()) == 2);
+}
+
+TEST_CASE("selection: the least recently used clean slot goes before any dirty one",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, session("A"), t0);       // slot 0, dirty, least recently used
+  auto b = request(c, session("B"), t0 + 1s);  // slot 1
+  auto cc = request(c, session("C"), t0 + 2s); // slot 2
+  REQUIRE(a.slot == 0);
+  REQUIRE(b.slot == 1);
+  REQUIRE(cc.slot == 2);
+  clean(c, b.slot, t0 + 3s);
+  clean(c, cc.slot, t0 + 3s);
+  // B (clean, used before C) is evicted without a save, although A's dirty slot is older.
+  CHECK(c.choose_slot(session("D"), c.slot_ids()) == b.slot);
+  auto d = request(c, session("D"), t0 + 4s);
+  CHECK(d.slot == b.slot);
+  CHECK(d.calls == std::vector<std::string>{"erase:1"});
+  CHECK(c.slot_of(c.hash_for("B")) == -1);
+  CHECK(c.slot_of(c.hash_for("A")) == 0);
+  CHECK(c.owner_dirty(0));
+  // C's next turn is resident and makes it dirty: now every slot is dirty and the least
+  // recently used one (A's, untouched since t0) is evicted, with A saved first.
+  request(c, session("C"), t0 + 5s);
+  for (int s : c.slot_ids()) REQUIRE(c.owner_dirty(s));
+  auto e = request(c, session("E"), t0 + 6s);
+  CHECK(e.slot == 0);
+  REQUIRE(e.save);
+  CHECK(e.save->hash == c.hash_for("A"));
+}
+
+TEST_CASE("selection: with every slot dirty the least recently used one is evicted, its owner saved first",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  request(c, session("A"), t0);
+  request(c, session("B"), t0 + 1s);
+  request(c, session("C"), t0 + 2s);
+  request(c, session("A"), t0 + 3s);  // A is now the most recent: B is the LRU
+  for (int s : c.slot_ids()) REQUIRE(c.owner_dirty(s));
+  const int b_slot = c.slot_of(c.hash_for("B"));
+  CHECK(c.choose_slot(session("D"), c.slot_ids()) == b_slot);
+
+  auto plan = c.prepare(session("D"), b_slot, t0 + 4s, wall);
+  REQUIRE(plan.save);
+  CHECK(plan.save->slot == b_slot);
+  CHECK(plan.save->hash == c.hash_for("B"));
+  CHECK(plan.save->filename == c.hash_for("B") + ".a.bin");
+  CHECK(plan.erase);  // D has no snapshot
+  CHECK_FALSE(plan.restore);
+  auto d = c.on_save(*plan.save, saved(700), t0 + 4s, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  REQUIRE(c.on_erase(b_slot, erased(), t0 + 4s));
+  CHECK(c.start_inference(session("D"), b_slot) == prepare_kind::cold);
+  c.end_inference(b_slot, true, t0 + 4s);
+  CHECK(c.find_manifest(c.hash_for("B"))->tokens == 700);
+  // The other owners were not touched.
+  CHECK(c.slot_of(c.hash_for("A")) >= 0);
+  CHECK(c.slot_of(c.hash_for("C")) >= 0);
+  CHECK(c.owner_dirty(c.slot_of(c.hash_for("A"))));
+
+  // B comes back: it takes the LRU dirty slot (C's), saving C and restoring B there.
+  auto b2 = request(c, session("B"), t0 + 5s);
+  CHECK(b2.slot == c.slot_of(c.hash_for("B")));
+  REQUIRE(b2.save);
+  CHECK(b2.save->hash == c.hash_for("C"));
+  CHECK(b2.calls.size() == 2);
+  CHECK(b2.calls[1] == "restore:" + std::to_string(b2.slot));
+  CHECK(b2.kind == prepare_kind::restored);
+}
+
+TEST_CASE("N sessions on N slots rotate without calls; N+1 evict the LRU with one save each",
+          "[core][slot_pool]") {
+  const int n = GENERATE(2, 3, 4);
+  auto c = make_pool(n);
+  std::vector<std::string> sessions;
+  for (int i = 0; i < n; ++i) sessions.push_back("S" + std::to_string(i));
+  auto now = t0;
+  // First round: one erase each, every session on its own slot.
+  std::map<std::string, int> home;
+  for (const auto& s : sessions) {
+    auto o = request(c, session(s), now += 1s);
+    CHECK(o.calls == std::vector<std::string>{"erase:" + std::to_string(o.slot)});
+    home[s] = o.slot;
+  }
+  // Rounds 2..4: resident, no calls, same slot.
+  for (int round = 0; round < 3; ++round)
+    for (const auto& s : sessions) {
+      auto o = request(c, session(s), now += 1s);
+      CHECK(o.kind == prepare_kind::resident);
+      CHECK(o.calls.empty());
+      CHECK(o.slot == home[s]);
+    }
+  CHECK(c.stats().saves == 0);
+  CHECK(c.stats().switches == 0);
+
+  // One more session: cyclic access over N+1 sessions is LRU's worst case, so from here on
+  // every request evicts exactly one owner, the least recently used, and saves it first.
+  sessions.insert(sessions.begin(), "S" + std::to_string(n));  // cycle: Sn, S0, S1, ...
+  std::map<std::string, steady_time> last_use;
+  for (const auto& s : sessions) last_use[s] = t0;  // S0..Sn-1 were used in order above
+  for (int round = 0; round < 3; ++round)
+    for (const auto& s : sessions) {
+      // Who should be evicted: the owner with the oldest use among those holding a slot.
+      std::string lru;
+      int lru_slot = -1;
+      steady_time oldest = steady_time::max();
+      for (int slot : c.slot_ids()) {
+        for (const auto& [name, t] : last_use) {
+          if (c.owner(slot) == c.hash_for(name) && t < oldest) {
+            oldest = t;
+            lru = name;
+            lru_slot = slot;
+          }
+        }
+      }
+      REQUIRE(lru_slot >= 0);
+      REQUIRE(c.slot_of(c.hash_for(s)) == -1);  // the cycle never finds its session resident
+      auto o = request(c, session(s), now += 1s);
+      CHECK(o.slot == lru_slot);
+      REQUIRE(o.save);
+      CHECK(o.save->hash == c.hash_for(lru));
+      CHECK(o.calls.size() == 2);  // one save, then restore (or erase on its first visit)
+      last_use[s] = now;
+    }
+  CHECK(c.stats().saves == static_cast<std::uint64_t>(3 * (n + 1)));
+}
+
+TEST_CASE("the reserved auxiliary slot: aux calls only there, sessions never",
+          "[core][slot_pool][aux]") {
+  auto c = make_pool(3, true);
+  REQUIRE(c.aux_slot() == 2);
+  // Sessions fill 0 and 1, then evict among them; slot 2 stays free for aux calls although
+  // it is empty and would rank first.
+  auto a = request(c, session("A"), t0);
+  auto b = request(c, session("B"), t0 + 1s);
+  CHECK(a.slot == 0);
+  CHECK(b.slot == 1);
+  CHECK(c.choose_slot(session("C"), c.slot_ids()) == 0);  // LRU dirty, not the empty aux slot
+  CHECK_FALSE(c.choose_slot(session("C"), {2}));          // the aux slot alone: wait
+
+  // Aux calls (a purpose, or no session at all) take only slot 2 and plan no calls there.
+  for (const auto& who : {aux("session-title"), aux("compaction", "A"), request_identity{}}) {
+    CHECK(c.choose_slot(who, c.slot_ids()) == 2);
+    CHECK_FALSE(c.choose_slot(who, {0, 1}));  // aux slot busy: wait, never evict a session
+    auto o = run_on(c, who, 2, t0 + 2s);
+    CHECK(o.kind == prepare_kind::auxiliary);
+    CHECK(o.calls.empty());
+    CHECK(c.owner(2).empty());
+  }
+  // Every owned slot is untouched: A and B resident, still dirty, same slots.
+  CHECK(c.slot_of(c.hash_for("A")) == 0);
+  CHECK(c.slot_of(c.hash_for("B")) == 1);
+  CHECK(c.owner_dirty(0));
+  CHECK(c.owner_dirty(1));
+  CHECK(c.stats().saves == 0);
+  auto a2 = request(c, session("A"), t0 + 3s);
+  CHECK(a2.kind == prepare_kind::resident);
+  CHECK(a2.calls.empty());
+}
+
+TEST_CASE("without a reservation an aux call evicts like a session and leaves the slot unowned",
+          "[core][slot_pool][aux]") {
+  auto c = make_pool(2);
+  request(c, session("A"), t0);
+  request(c, session("B"), t0 + 1s);
+  auto o = request(c, aux(), t0 + 2s);
+  CHECK(o.slot == 0);  // A's, the LRU dirty slot
+  REQUIRE(o.save);
+  CHECK(o.save->hash == c.hash_for("A"));
+  CHECK(o.calls.size() == 1);  // the save; nothing is restored for an aux call
+  CHECK(c.owner(0).empty());
+  // The emptied slot is the first choice of the next newcomer; A restores there.
+  auto a = request(c, session("A"), t0 + 3s);
+  CHECK(a.slot == 0);
+  CHECK(a.kind == prepare_kind::restored);
+  CHECK(a.calls == std::vector<std::string>{"restore:0"});
+}
+
+TEST_CASE("fairness under contention: FIFO waiters take the slots that free up",
+          "[core][slot_pool][fairness]") {
+  // A lease queue grants in FIFO order, offering each waiter the slots not leased. The core
+  // must make that fair: a session never takes a second slot, a newcomer takes what is free
+  // (the LRU one when several are), and a waiter bound to a busy slot does not block others.
+  auto c = make_pool(2);
+  auto a = request(c, session("A"), t0);  // slot 0
+  auto b = request(c, session("B"), t0 + 1s);  // slot 1
+  REQUIRE(a.slot == 0);
+  REQUIRE(b.slot == 1);
+
+  // Both slots leased (A and B streaming). Queue: A#2, C, B#2.
+  std::vector<int> free;
+  CHECK_FALSE(c.choose_slot(session("A"), free));
+  CHECK_FALSE(c.choose_slot(session("C"), free));
+  CHECK_FALSE(c.choose_slot(session("B"), free));
+
+  // B's stream ends first: slot 1 frees. A#2 cannot use it (A is on 0), C can.
+  free = {1};
+  CHECK_FALSE(c.choose_slot(session("A"), free));
+  CHECK(c.choose_slot(session("C"), free) == 1);
+  // ... and B#2, queued behind C, now waits for C (its slot was given away).
+  auto cr = run_on(c, session("C"), 1, t0 + 2s);
+  REQUIRE(cr.save);
+  CHECK(cr.save->hash == c.hash_for("B"));  // B was saved before C took the slot
+  free = {};
+  CHECK_FALSE(c.choose_slot(session("B"), free));
+  // A's stream ends: slot 0 frees. A#2 is resident there; B#2 must not jump ahead onto it.
+  free = {0};
+  CHECK(c.choose_slot(session("A"), free) == 0);
+  auto a2 = run_on(c, session("A"), 0, t0 + 3s);
+  CHECK(a2.kind == prepare_kind::resident);
+  // Both free again: B restores onto the LRU slot. That is C's (used at t0+2s) as long as A
+  // was used more recently, so the most active session keeps its slot.
+  free = {0, 1};
+  CHECK(c.choose_slot(session("B"), free) == 1);
+  auto b2 = run_on(c, session("B"), 1, t0 + 4s);
+  CHECK(b2.kind == prepare_kind::restored);
+  REQUIRE(b2.save);
+  CHECK(b2.save->hash == c.hash_for("C"));
+}
+
+TEST_CASE("fairness: a busy session cannot starve a newcomer, and a newcomer cannot steal a busy slot",
+          "[core][slot_pool][fairness]") {
+  auto c = make_pool(3);
+  request(c, session("A"), t0);  // 0
+  request(c, session("B"), t0 + 1s);  // 1
+  // A hammers its slot: each of its requests ends, then the next starts. Meanwhile C arrives;
+  // whichever moment it is offered the free list, it gets the empty slot 2, never A's.
+  for (int i = 0; i < 5; ++i) {
+    CHECK(c.choose_slot(session("C"), {1, 2}) == 2);
+    CHECK(c.choose_slot(session("C"), {2}) == 2);
+    request(c, session("A"), t0 + 2s + i * 1s, {0, 1, 2});
+  }
+  // When only A's slot is free, a newcomer evicts A rather than waiting forever (A's state is
+  // saved first); the policy never keeps a slot for a session that is not waiting for it.
+  auto x = c.choose_slot(session("C"), {0});
+  CHECK(x == 0);
+}
+
+TEST_CASE("an epoch change (server restart) clears every slot of the pool", "[core][slot_pool]") {
+  auto c = make_pool(3, true);
+  request(c, session("A"), t0);
+  request(c, session("B"), t0 + 1s);
+  clean(c, 0, t0 + 2s);
+  clean(c, 1, t0 + 2s);
+  c.on_epoch_change();
+  for (int s : c.slot_ids()) {
+    CHECK(c.owner(s).empty());
+    CHECK(c.state(s) == slot_state::unknown);
+  }
+  CHECK(c.slot_of(c.hash_for("A")) == -1);
+  CHECK(c.slot_of(c.hash_for("B")) == -1);
+  CHECK_FALSE(c.idle_deadline());
+  // Nobody is resident: each session restores (on whichever non-aux slot it gets).
+  auto a = request(c, session("A"), t0 + 3s);
+  CHECK(a.kind == prepare_kind::restored);
+  CHECK(a.slot != 2);
+  CHECK_FALSE(a.save);
+  auto b = request(c, session("B"), t0 + 4s);
+  CHECK(b.kind == prepare_kind::restored);
+  CHECK(b.slot != a.slot);
+  CHECK(b.slot != 2);
+  // A new model (set_runtime with another model_path) is an epoch too.
+  auto rt = pool_runtime(3);
+  rt.model_path = "/models/other.gguf";
+  c.set_runtime(rt);
+  for (int s : c.slot_ids()) CHECK(c.owner(s).empty());
+}
+
+TEST_CASE("a dirty owner saved on eviction keeps its revision; a clean owner is not saved again",
+          "[core][slot_pool]") {
+  auto c = make_pool(2);
+  request(c, session("A"), t0);
+  request(c, session("B"), t0 + 1s);
+  clean(c, 0, t0 + 2s);  // A clean at revision 1
+  auto d = request(c, session("D"), t0 + 3s);  // evicts A (LRU clean): no save
+  CHECK(d.slot == 0);
+  CHECK_FALSE(d.save);
+  auto e = request(c, session("E"), t0 + 4s);  // evicts B (LRU, dirty): one save
+  CHECK(e.slot == 1);
+  REQUIRE(e.save);
+  CHECK(e.save->hash == c.hash_for("B"));
+  CHECK(e.save->revision == 1);
+  CHECK(c.find_manifest(c.hash_for("A"))->revision == 1);
+  CHECK(c.find_manifest(c.hash_for("B"))->revision == 1);
+}
+
+// Spec §64/§66: "a session's requests stay in order". The session's first request on a slot
+// is prepared (its save/restore/erase are in flight) before start_inference makes it the
+// owner; during that window a second request of the same session must wait too.
+TEST_CASE("a session whose request is being prepared on one slot is not given a second slot",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto plan = c.prepare(session("A"), 0, t0, wall);  // A#1 holds slot 0, its erase in flight
+  REQUIRE(plan.erase);
+  // A#2 arrives; the lease queue offers it the free slots 1 and 2.
+  CHECK_FALSE(c.choose_slot(session("A"), {1, 2}));
+  // Same while the first request restores a snapshot of A (a longer window).
+  REQUIRE(c.on_erase(0, erased(), t0));
+  c.start_inference(session("A"), 0);
+  c.end_inference(0, true, t0);
+  auto b = request(c, session("B"), t0 + 1s);
+  auto x = request(c, session("X"), t0 + 2s);
+  (void)b;
+  (void)x;
+  request(c, session("Y"), t0 + 3s);  // evicts A (LRU dirty) after saving it
+  REQUIRE(c.slot_of(c.hash_for("A")) == -1);
+  const int target = *c.choose_slot(session("A"), c.slot_ids());
+  auto p2 = c.prepare(session("A"), target, t0 + 4s, wall);
+  REQUIRE(p2.restore);
+  CHECK_FALSE(c.choose_slot(session("A"), without(c.slot_ids(), target)));
+}
+
+// The body rewrite that pins a request to the chosen slot (core/request_rewrite.hpp).
+TEST_CASE("pin_request_body keeps the client's bytes and appends id_slot and cache_prompt",
+          "[core][slot_pool][pin]") {
+  const std::string body = "{ \"model\" : \"m\",\n  \"messages\": [{\"content\": \"caf\xc3\xa9 \\u00e9\"}],"
+                           " \"temperature\": 0.70 }\n  ";
+  auto out = pin_request_body(body, 2);
+  REQUIRE(out);
+  const auto brace = body.rfind('}');
+  CHECK(*out == body.substr(0, brace) + ",\"id_slot\":2,\"cache_prompt\":true" + body.substr(brace));
+  CHECK(pin_request_body("{}", 0) == std::optional<std::string>("{\"id_slot\":0,\"cache_prompt\":true}"));
+  CHECK(pin_request_body(" { } ", 1) == std::optional<std::string>(" { \"id_slot\":1,\"cache_prompt\":true} "));
+}
+
+TEST_CASE("pin_request_body replaces a client's id_slot and cache_prompt", "[core][slot_pool][pin]") {
+  for (const char* body : {R"({"id_slot":7,"model":"m"})", R"({"model":"m","cache_prompt":false})",
+                           R"({"cache_prompt":false,"id_slot":-1,"model":"m"})"}) {
+    auto out = pin_request_body(body, 1);
+    REQUIRE(out);
+    CHECK(out->find("\"id_slot\":1") != std::string::npos);
+    CHECK(out->find("\"cache_prompt\":true") != std::string::npos);
+    CHECK(out->find("\"model\":\"m\"") != std::string::npos);
+    CHECK(out->find("\"id_slot\":7") == std::string::npos);
+    CHECK(out->find("\"id_slot\":-1") == std::string::npos);
+    CHECK(out->find("false") == std::string::npos);
+  }
+}
+
+TEST_CASE("pin_request_body leaves what is not a JSON object alone", "[core][slot_pool][pin]") {
+  for (const char* body : {"[1,2]", "\"s\"", "", "   ", "{\"a\":", "{\"a\":1} {\"b\":2}", "null"})
+    CHECK_FALSE(pin_request_body(body, 0));
+  CHECK(request_model(R"({"model":"qwen-7b","messages":[]})") == "qwen-7b");
+  CHECK(request_model(R"({"model":7})").empty());
+  CHECK(request_model("not json").empty());
+}

@@ -1,0 +1,399 @@
+"""Managed multi-slot mode against a real llama-server with several slots (`real_only`).
+
+The module starts its own llama-server: `-np 3 -c 12288 --slot-save-path DIR
+--no-cache-idle-slots -t 2` (explicit -np without -kvu: one KV region per slot, so an idle
+slot keeps its KV while the others run). Every test starts its own kvpersist (`mode:
+managed-slots`) with its own state dir and session ids. The test for unpinnable embeddings
+starts a second server with `--embeddings --pooling mean`.
+
+    KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \
+      KVP_MODEL=$(scripts/test-model.sh ci) \
+      /usr/bin/python3 -m pytest -q -s --upstream=real tests/integration/test_multislot_real.py
+
+With -s it prints cache_n per session after each restore ("multislot figures").
+Management calls come from kvpersist's debug log (multislot_helpers.calls_of), with the slot
+and the session (abbreviated hash) of each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+import harness
+from harness import Async, http_request, wait_until
+from multislot_helpers import (CallTaker, Chat, Llama, abbrev, admin_json, ok, require_real_llama,
+                               session_hash, slot_owners, start_proxy)
+
+pytestmark = pytest.mark.real_only
+
+NP = 3
+PROMPT = 1500        # tokens of each session's system prompt
+REUSE = 0.9          # a resident or restored turn reuses at least this share of the first prompt
+INSTANCE = "default"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    require_real_llama()
+    server = Llama(str(tmp_path_factory.mktemp("llama-np3")), n_parallel=NP).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: "np%d" % n)
+def llama_np(request, tmp_path_factory, llama):
+    """-np 2 (its own server) and -np 3 (the module's server), for the rotation tests."""
+    if request.param == NP:
+        yield llama
+        return
+    server = Llama(str(tmp_path_factory.mktemp("llama-np%d" % request.param)), n_parallel=request.param).start()
+    yield server
+    server.stop()
+
+
+class World:
+    def __init__(self, llama: Llama, tmp):
+        self.llama = llama
+        self.tmp = str(tmp)
+        self.state_dir = os.path.join(self.tmp, "state")
+        self.proxies: list[harness.KvPersist] = []
+        self.model = llama.props()["model_path"]
+
+    def start_proxy(self, config=None) -> harness.KvPersist:
+        cfg = harness.deep_merge({"mode": "managed-slots", "checkpoint": {"idleMs": 0},
+                                  "epochProbeIntervalMs": 0}, config)
+        p = start_proxy(self.llama.url, self.state_dir, self.tmp, cfg)
+        self.proxies.append(p)
+        assert p.wait_for_log(r"kv\.backend\.ready", 10), p.log_text()
+        layout = p.wait_for_log(r"kv\.slots\.layout", 2)
+        assert layout and layout.fields.get("slots") == str(self.llama.n_parallel), p.log_text()
+        self.calls = CallTaker(p)
+        return p
+
+    def chat(self, tag: str, tokens: int = PROMPT) -> Chat:
+        return Chat(self.llama.port, tag, tokens)
+
+    def short(self, chat: Chat) -> str:
+        return abbrev(session_hash(INSTANCE, self.model, chat.id))
+
+    def close(self):
+        for p in self.proxies:
+            if p.alive():
+                p.stop(signal.SIGKILL, timeout=5)
+
+
+@pytest.fixture
+def world(request, llama, tmp_path):
+    yield from _world(request, llama, tmp_path)
+
+
+@pytest.fixture
+def pool_world(request, llama_np, tmp_path):
+    yield from _world(request, llama_np, tmp_path)
+
+
+def _world(request, llama, tmp_path):
+    if not llama.healthy():
+        llama.kill()
+        llama.start()
+    assert llama.wait_idle(30), "llama-server still busy from an earlier test"
+    w = World(llama, tmp_path)
+    yield w
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for i, p in enumerate(w.proxies):
+            print("\n---- kvpersist #%d\n%s" % (i, p.log_text()))
+        print("---- llama-server log tail\n%s" % llama.log_tail(60))
+    w.close()
+
+
+def assert_reused(rep, chat: Chat, what: str):
+    need = REUSE * chat.first_prompt
+    assert rep.cache_n is not None and rep.cache_n >= need, "%s: cache_n=%s < %.0f (%.0f%% of %d); %s" % (
+        what, rep.cache_n, need, REUSE * 100, chat.first_prompt, rep.describe())
+
+
+def assert_cold(rep, what: str):
+    assert rep.cache_n is not None and rep.cache_n <= max(16, 0.1 * rep.prompt_tokens), \
+        "%s: expected a cold prefill: %s" % (what, rep.describe())
+
+
+def figures(title: str, rows):
+    print("\nmultislot figures: %s" % title)
+    for r in rows:
+        print("  " + r)
+
+
+# ============================================================================ N sessions, N slots
+def test_n_sessions_on_n_slots_make_no_calls_after_their_first_erase(pool_world):
+    """N sessions, N slots: each session's first request erases its own slot; after that,
+    three more rounds make no management call at all and every turn is warm (resident)."""
+    world = pool_world
+    NP = world.llama.n_parallel
+    proxy = world.start_proxy()
+    chats = [world.chat("rot%d" % i) for i in range(NP)]
+    for c in chats:
+        assert_cold(ok(c.ask(proxy.port), "%s#1" % c.id), "%s#1" % c.id)
+    calls = world.calls.take()
+    assert [c.action for c in calls] == ["erase"] * NP, calls
+    assert sorted(c.slot for c in calls) == list(range(NP)), calls
+    owners = slot_owners(proxy)
+    assert sorted(o for o in owners.values()) == sorted(world.short(c) for c in chats), owners
+
+    rows = []
+    for rnd in range(3):
+        for c in chats:
+            rep = ok(c.ask(proxy.port), "%s round %d" % (c.id, rnd + 2))
+            assert_reused(rep, c, "%s round %d" % (c.id, rnd + 2))
+            rows.append("%s round %d: cache_n=%d of prompt %d" % (world.short(c), rnd + 2, rep.cache_n, rep.prompt_tokens))
+    calls = world.calls.take()
+    assert calls == [], "resident sessions on their own slots made management calls: %s" % calls
+    assert slot_owners(proxy) == owners
+    # The server agrees: each slot holds its session's whole history.
+    for s in world.llama.slots():
+        assert s["n_prompt_tokens"] >= PROMPT, s
+    figures("%d sessions rotating over %d slots (resident)" % (NP, NP), rows[-NP:])
+
+
+def test_n_plus_one_sessions_evict_the_lru_with_one_save_each(pool_world):
+    """N+1 sessions cycling over N slots (LRU's worst case): from the (N+1)th request on, every
+    request saves exactly one owner, the least recently used, on the slot it then restores or
+    erases; each restored turn reuses >= 90% of its session's first prompt."""
+    world = pool_world
+    NP = world.llama.n_parallel
+    proxy = world.start_proxy()
+    chats = [world.chat("evict%d" % i) for i in range(NP + 1)]
+    by_short = {world.short(c): c for c in chats}
+    for c in chats[:NP]:
+        ok(c.ask(proxy.port), c.id)
+    assert [x.action for x in world.calls.take()] == ["erase"] * NP
+    recency = [world.short(c) for c in chats[:NP]]  # least recent first
+
+    rows = []
+    order = [chats[NP]] + chats[:NP] + [chats[NP]] + chats[:NP]  # two full cycles
+    for step, c in enumerate(order):
+        me = world.short(c)
+        lru = recency[0]
+        lru_slot = [s for s, o in slot_owners(proxy).items() if o == lru]
+        assert len(lru_slot) == 1, (lru, slot_owners(proxy))
+        first_visit = not c.replies
+        rep = ok(c.ask(proxy.port), "%s step %d" % (c.id, step))
+        calls = world.calls.take()
+        saves = [x for x in calls if x.action == "save"]
+        assert [(x.action, x.slot, x.session) for x in saves] == [("save", lru_slot[0], lru)], \
+            "step %d (%s): expected one save of the LRU owner %s on slot %d: %s" % (step, me, lru, lru_slot[0], calls)
+        assert all(x.status == "200" for x in calls), calls
+        if first_visit:
+            assert [x.action for x in calls] == ["save", "erase"], calls
+            assert_cold(rep, "%s first visit" % c.id)
+        else:
+            assert [x.action for x in calls] == ["save", "restore"], calls
+            assert calls[1].session == me and calls[1].slot == lru_slot[0], calls
+            assert_reused(rep, c, "%s after restore" % c.id)
+            rows.append("%s restored on slot %d: cache_n=%d of prompt %d (%.1f%% of its first prompt %d)" % (
+                me, calls[1].slot, rep.cache_n, rep.prompt_tokens, 100.0 * rep.cache_n / c.first_prompt, c.first_prompt))
+        recency.remove(lru)
+        if me in recency:
+            recency.remove(me)
+        recency.append(me)
+        assert slot_owners(proxy)[lru_slot[0]] == me
+        assert lru in by_short
+    st = admin_json(proxy, "/kv/status")["servers"][0]["stats"]
+    assert st["saves"] == len(order) and st["saveFailures"] == 0 and st["restoreFailures"] == 0, st
+    figures("%d sessions over %d slots, cache_n after each restore" % (NP + 1, NP), rows)
+
+
+# ============================================================================ auxiliary slot
+def test_aux_call_on_the_reserved_slot_leaves_every_owned_slot_untouched(world):
+    """reserveAuxSlot: sessions A and B own slots 0 and 1; a title call (X-Session-Purpose,
+    with A's session id) and a request without a session run on slot 2 with no management
+    call; A and B stay resident (no calls, >= 90% reuse), and the server's slots 0 and 1 ran
+    no task in between."""
+    proxy = world.start_proxy({"reserveAuxSlot": True})
+    st = admin_json(proxy, "/kv/status")["servers"][0]
+    assert [s["auxiliary"] for s in st["slots"]] == [False, False, True], st
+    A, B = world.chat("auxA"), world.chat("auxB")
+    ok(A.ask(proxy.port), "A#1")
+    ok(B.ask(proxy.port), "B#1")
+    calls = world.calls.take()
+    assert sorted((x.action, x.slot) for x in calls) == [("erase", 0), ("erase", 1)], calls
+    tasks_before = {s["id"]: s.get("id_task") for s in world.llama.slots()}
+    owners = slot_owners(proxy)
+
+    title = Chat(world.llama.port, "title", 300)
+    r = title.ask(proxy.port, "Give this conversation a title.",
+                  headers={"X-Session-Id": A.id, "X-Session-Purpose": "session-title"})
+    ok(r, "title call")
+    r2 = http_request(proxy.port, "POST", "/v1/chat/completions",
+                      body={"model": "t", "max_tokens": 4, "temperature": 0,
+                            "logit_bias": harness.BAN_BYTE_TOKENS,
+                            "messages": [{"role": "user", "content": "no session header here"}]}, timeout=60)
+    assert r2.status == 200, r2.body[:300]
+    assert world.calls.take() == [], "an auxiliary call made management calls"
+    tasks_after = {s["id"]: s.get("id_task") for s in world.llama.slots()}
+    assert tasks_after[0] == tasks_before[0] and tasks_after[1] == tasks_before[1], (tasks_before, tasks_after)
+    assert tasks_after[2] != tasks_before[2], "the auxiliary calls did not run on the reserved slot 2"
+    assert slot_owners(proxy) == owners
+
+    ra = ok(A.ask(proxy.port), "A#2")
+    rb = ok(B.ask(proxy.port), "B#2")
+    assert world.calls.take() == []
+    assert_reused(ra, A, "A#2 after the title call")
+    assert_reused(rb, B, "B#2 after the title call")
+    figures("aux call on the reserved slot", ["A cache_n=%d/%d, B cache_n=%d/%d" % (
+        ra.cache_n, ra.prompt_tokens, rb.cache_n, rb.prompt_tokens)])
+
+
+# ============================================================================ unpinnable endpoints
+def _unpinnable_case(world, proxy, chats, send_unpinnable, what: str):
+    """Common part: every session resident and dirty; the unpinnable request runs; every dirty
+    owner was saved before it; exactly the slots whose last task changed lost their owner; each
+    session's next turn reuses >= 90% (resident, or restored from the save)."""
+    world.calls.take()
+    owners_before = slot_owners(proxy)
+    tasks_before = {s["id"]: s.get("id_task") for s in world.llama.slots()}
+    send_unpinnable()
+    calls = world.calls.take()
+    saves = sorted(x.session for x in calls if x.action == "save")
+    assert saves == sorted(world.short(c) for c in chats), \
+        "%s: every dirty owner must be saved before it: %s" % (what, calls)
+    assert all(x.action == "save" and x.status == "200" for x in calls), calls
+    tasks_after = {s["id"]: s.get("id_task") for s in world.llama.slots()}
+    touched = {s for s in tasks_after if tasks_after[s] != tasks_before.get(s)}
+    assert len(touched) == 1, "%s ran on %s (tasks %s -> %s)" % (what, touched, tasks_before, tasks_after)
+    owners_after = slot_owners(proxy)
+    for s, o in owners_before.items():
+        if s in touched:
+            assert owners_after[s] is None, "%s overwrote slot %d but %s still owns it" % (what, s, o)
+        else:
+            assert owners_after[s] == o, (s, owners_before, owners_after)
+    overwritten = [l for l in proxy.events("kv.slot.overwritten")]
+    assert [l.fields.get("slot") for l in overwritten] == [str(s) for s in touched if owners_before[s]], overwritten
+    rows = []
+    for c in chats:
+        had = [s for s, o in owners_before.items() if o == world.short(c)][0]
+        rep = ok(c.ask(proxy.port), "%s after %s" % (c.id, what))
+        calls = world.calls.take()
+        if had in touched:
+            assert [x.action for x in calls] == ["restore"], (c.id, calls)
+            rows.append("%s (slot %d overwritten) restored: cache_n=%d/%d" % (world.short(c), had, rep.cache_n, rep.prompt_tokens))
+        else:
+            assert calls == [], (c.id, calls)
+            rows.append("%s (slot %d untouched) resident: cache_n=%d/%d" % (world.short(c), had, rep.cache_n, rep.prompt_tokens))
+        assert_reused(rep, c, "%s after %s" % (c.id, what))
+    figures(what, rows)
+
+
+def test_unpinnable_messages_endpoint_saves_everyone_first_and_forgets_only_the_slot_it_used(world):
+    """/v1/messages (llama-server ignores id_slot there) in managed mode takes the whole server:
+    the dirty owners are saved first, the request runs wherever llama-server puts it, and only
+    the owner of the slot whose /slots id_task changed loses the slot; nobody loses state."""
+    proxy = world.start_proxy()
+    chats = [world.chat("msg%d" % i) for i in range(NP)]
+    for c in chats:
+        ok(c.ask(proxy.port), c.id)
+
+    def send():
+        # llama-server's Anthropic conversion drops logit_bias (and id_slot), so the byte tokens
+        # cannot be banned here: a fixed prompt that the random test model answers in text
+        # under greedy sampling (a 500 "peg-native format" answer would still have used a slot).
+        r = http_request(proxy.port, "POST", "/v1/messages",
+                         headers={"X-Session-Id": chats[0].id, "anthropic-version": "2023-06-01"},
+                         body={"model": "t", "max_tokens": 8, "temperature": 0,
+                               "messages": [{"role": "user", "content": "tell me a story number 1 please"}]},
+                         timeout=60)
+        assert r.status == 200 or (r.status == 500 and b"peg-native" in r.body), r.body[:300]
+        if r.status == 200:
+            assert r.json["type"] == "message", r.body[:300]
+
+    _unpinnable_case(world, proxy, chats, send, "/v1/messages")
+
+
+@pytest.fixture(scope="module")
+def llama_embed(tmp_path_factory):
+    require_real_llama()
+    server = Llama(str(tmp_path_factory.mktemp("llama-embed")), n_parallel=2,
+                   extra_args=["--embeddings", "--pooling", "mean"], name="llama-embed").start()
+    yield server
+    server.stop()
+
+
+def test_unpinnable_embeddings_on_a_server_that_also_chats(llama_embed, tmp_path, request):
+    """/v1/embeddings on a server started with --embeddings (and chat still served): the same
+    exclusive handling as /v1/messages."""
+    w = World(llama_embed, tmp_path)
+    try:
+        proxy = w.start_proxy()
+        chats = [w.chat("emb%d" % i) for i in range(2)]
+        for c in chats:
+            ok(c.ask(proxy.port), c.id)
+
+        def send():
+            r = http_request(proxy.port, "POST", "/v1/embeddings",
+                             headers={"X-Session-Id": chats[1].id},
+                             body={"model": "t", "input": "embed me %s" % uuid.uuid4().hex}, timeout=60)
+            assert r.status == 200, r.body[:300]
+            assert r.json["data"][0]["embedding"], r.body[:200]
+
+        _unpinnable_case(w, proxy, chats, send, "/v1/embeddings")
+    except BaseException:
+        for p in w.proxies:
+            print("\n---- kvpersist\n%s" % p.log_text())
+        print("---- llama-server log tail\n%s" % llama_embed.log_tail(60))
+        raise
+    finally:
+        w.close()
+
+
+# ============================================================================ idle checkpoints, restart
+def test_idle_checkpoints_per_slot_then_a_server_restart_restores_every_session(world, llama):
+    """checkpoint.idleMs: each slot's dirty owner is saved after the idle time (one save per
+    session, on its own slot). llama-server is then killed and restarted (same port and save
+    dir): kvpersist sees the new epoch, nobody is resident, each session restores (>= 90%)."""
+    proxy = world.start_proxy({"checkpoint": {"idleMs": 300}})
+    chats = [world.chat("idle%d" % i) for i in range(NP)]
+    for c in chats:
+        ok(c.ask(proxy.port), c.id)
+    assert wait_until(lambda: len([l for l in proxy.events("kv.session.save.success")]) >= NP, 10), proxy.log_text()
+    calls = world.calls.take(quiet=0.8)
+    saves = sorted((x.slot, x.session) for x in calls if x.action == "save")
+    owners = slot_owners(proxy)
+    assert saves == sorted((s, o) for s, o in owners.items()), (calls, owners)
+
+    llama.kill()
+    llama.start()
+    rows = []
+    for c in chats:
+        rep = ok(c.ask(proxy.port), "%s after the llama-server restart" % c.id)
+        assert_reused(rep, c, "%s after the llama-server restart" % c.id)
+        rows.append("%s: cache_n=%d/%d" % (world.short(c), rep.cache_n, rep.prompt_tokens))
+    calls = world.calls.take()
+    # (the new turns are checkpointed again after 300 ms: saves may follow the restores)
+    restores = [x for x in calls if x.action == "restore"]
+    assert sorted(x.session for x in restores) == sorted(world.short(c) for c in chats), calls
+    assert not [x for x in calls if x.action == "erase"], calls
+    assert proxy.events("kv.backend.restarted"), proxy.log_text()
+    figures("restore after a llama-server restart (-np 3)", rows)
+
+
+def test_concurrent_sessions_stream_at_once_and_stay_warm(world):
+    """Three sessions send at the same time, twice: all succeed, each on its own slot, and the
+    second round is warm for everyone (no calls)."""
+    proxy = world.start_proxy()
+    chats = [world.chat("par%d" % i) for i in range(NP)]
+    for rnd in range(2):
+        jobs = [Async(c.ask, proxy.port) for c in chats]
+        reps = [j.result(60) for j in jobs]
+        for c, rep in zip(chats, reps):
+            ok(rep, "%s round %d" % (c.id, rnd + 1))
+        calls = world.calls.take()
+        if rnd == 0:
+            assert sorted((x.action, x.slot) for x in calls) == [("erase", s) for s in range(NP)], calls
+        else:
+            assert calls == [], calls
+            for c, rep in zip(chats, reps):
+                assert_reused(rep, c, "%s concurrent round 2" % c.id)
