@@ -110,6 +110,48 @@ def peer_closed(sock: socket.socket) -> bool:
     return data == b""
 
 
+def _hex(c: str) -> int:
+    return int(c, 16) if c in "0123456789abcdefABCDEF" else -1
+
+
+def httplib_decode_path(path: str) -> str:
+    """cpp-httplib's decode_path_component (llama-server decodes every request path with it
+    before routing): %XX, and the non-standard %uXXXX to UTF-8, where a UTF-16 surrogate
+    (%uD800-%uDFFF) decodes to nothing. Malformed escapes stay as they are. `path` holds the
+    request line's bytes as latin-1 characters (as http.server reads it); so does the result."""
+    out = []
+    i, n = 0, len(path)
+    while i < n:
+        c = path[i]
+        if c == "%" and i + 1 < n:
+            if path[i + 1] == "u":
+                digits = path[i + 2:i + 6]
+                if len(digits) == 4 and all(_hex(d) >= 0 for d in digits):
+                    cp = int(digits, 16)
+                    if not 0xD800 <= cp < 0xE000:
+                        out.append(chr(cp).encode("utf-8").decode("latin-1"))
+                    i += 6
+                    continue
+            else:
+                digits = path[i + 1:i + 3]
+                if len(digits) == 2 and all(_hex(d) >= 0 for d in digits):
+                    out.append(chr(int(digits, 16)))
+                    i += 3
+                    continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def httplib_split_target(target: str) -> tuple[str, str]:
+    """(decoded path, raw query) the way cpp-httplib's parse_request_line splits a request
+    target: the fragment dropped, the path up to the first '?' decoded. An absolute-form target
+    ("http://host/x") keeps its scheme and host in the path, so no route matches it."""
+    target = target.split("#", 1)[0]
+    path, _, query = target.partition("?")
+    return httplib_decode_path(path), query
+
+
 def err_body(code: int, message: str, typ: str) -> dict:
     return {"error": {"code": code, "message": message, "type": typ}}
 
@@ -180,6 +222,8 @@ class FakeLlamaServer:
         self._fail_inference: list[tuple[int, dict]] = []
         self.stream_error_after: int | None = None  # send a data: {"error"} after N events
         self.stream_kill_after: int | None = None   # drop the connection after N events
+        self._crash_save: list[float] = []          # crash_next_save(): write part, then die
+        self.concurrent_inference = False           # load tests: no slot lock, slot untouched
 
     # ------------------------------------------------------------------ lifecycle
     def _reset_slot(self):
@@ -200,6 +244,9 @@ class FakeLlamaServer:
         httpd = ThreadingHTTPServer((self.host, self.port), _Handler, bind_and_activate=False)
         httpd.allow_reuse_address = True
         httpd.daemon_threads = True
+        # socketserver's default backlog (5) drops SYNs when a proxy opens many upstream
+        # connections at once (load tests); llama-server (cpp-httplib) listens with SOMAXCONN.
+        httpd.request_queue_size = 1024
         httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         httpd.server_bind()
         httpd.server_activate()
@@ -269,6 +316,13 @@ class FakeLlamaServer:
     def delay_next_save(self, ms: float):
         with self._lock:
             self._delay_save.append(ms / 1000.0)
+
+    def crash_next_save(self, fraction: float = 0.5):
+        """The next save writes only `fraction` of its snapshot (in place, like llama-server's
+        fopen "wb") and then the whole server dies (stop(): every connection dropped, nothing
+        answered), as a crash or OOM kill mid-write would leave it. restart() brings it back."""
+        with self._lock:
+            self._crash_save.append(fraction)
 
     def fail_next_inference(self, status: int = 500, body: dict | None = None):
         with self._lock:
@@ -427,10 +481,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self):
         f = self.fake
         raw_path = self.path
-        parsed = urllib.parse.urlsplit(raw_path)
-        # cpp-httplib decodes %XX in the path before routing
-        path = urllib.parse.unquote(parsed.path)
-        query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
+        # cpp-httplib decodes %XX (and %uXXXX) in the path before routing
+        path, raw_query = httplib_split_target(raw_path)
+        query = dict(urllib.parse.parse_qsl(raw_query, keep_blank_values=True))
         try:
             body = self._read_body()
         except (ValueError, OSError):
@@ -590,6 +643,22 @@ class _Handler(BaseHTTPRequestHandler):
                 if failure:
                     return reply(failure[0], err_body(failure[0], failure[1],
                                                       "server_error" if failure[0] >= 500 else "invalid_request_error"))
+                with f._lock:
+                    crash = f._crash_save.pop(0) if f._crash_save else None
+                mrec["head"] = tokens[:8]
+                if crash is not None:
+                    n_full = f.write_snapshot(path, tokens)
+                    with open(path, "r+b") as fh:
+                        fh.truncate(int(n_full * crash))
+                    mrec["status"] = "crashed"
+                    mrec["n"] = len(tokens)
+                    self.close_connection = True
+                    threading.Thread(target=f.stop, name="fake-crash", daemon=True).start()
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
                 n_written = f.write_snapshot(path, tokens)
                 mrec["n"] = len(tokens)
                 return reply(200, {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
@@ -615,6 +684,7 @@ class _Handler(BaseHTTPRequestHandler):
                 f.slot_tokens = tokens
                 delta = f.restore_n_delta
             mrec["n"] = len(tokens)
+            mrec["head"] = tokens[:8]
             return reply(200, {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens) + delta,
                                "n_read": n_read, "timings": {"restore_ms": (now() - t0) * 1000.0}})
         finally:
@@ -677,7 +747,7 @@ class _Handler(BaseHTTPRequestHandler):
         rid = self.rec["id"]
 
         # wait for the slot (a request for a busy slot is deferred, without headers)
-        slot_lock = f._slot_lock
+        slot_lock = f._slot_lock if not f.concurrent_inference else threading.Lock()
         while not slot_lock.acquire(timeout=POLL_S):
             if peer_closed(self.connection) or f._stopping.is_set():
                 self._mark_abort("queued", 0)
@@ -703,7 +773,8 @@ class _Handler(BaseHTTPRequestHandler):
                 cache_n = len(prompt) - 1  # llama-server re-evaluates at least one token
             prompt_n = len(prompt) - cache_n
             self.rec.update({"prompt_tokens": len(prompt), "cache_n": cache_n, "prompt_n": prompt_n,
-                             "slot_before": len(before)})
+                             "slot_before": len(before), "slot_before_head": before[:8],
+                             "prompt_head": prompt[:8]})
             with f._lock:
                 f.slot_tokens = prompt[:cache_n]  # the rest is being processed
             t_start = now()
@@ -856,6 +927,8 @@ class _Handler(BaseHTTPRequestHandler):
                 ev = b"data: " + json.dumps(err_body(500, "fake mid-stream failure", "server_error")).encode() + b"\n\n"
                 self._send_event(ev)
                 self.close_connection = True
+                # the task has ended: release the slot before the last bytes (as every other path)
+                self._finish_inference()
                 self.wfile.write(b"0\r\n\r\n")
                 return
             ev = events[i]

@@ -38,6 +38,33 @@ def kvpersist_bin() -> str:
     return os.environ.get("KVPERSIST_BIN") or os.path.join(REPO_ROOT, "build", "kvpersist")
 
 
+def env_config() -> dict:
+    """Config merged under every kvpersist the harness starts (a test's own config wins), for
+    whole-suite runs such as scripts/sanitize.sh: KVP_EXTRA_CONFIG is a JSON object
+    (e.g. '{"threads": 4}'), KVP_THREADS=N is short for {"threads": N}."""
+    extra: dict = {}
+    raw = os.environ.get("KVP_EXTRA_CONFIG", "").strip()
+    if raw:
+        extra = json.loads(raw)
+        if not isinstance(extra, dict):
+            raise ValueError("KVP_EXTRA_CONFIG must be a JSON object: %r" % raw)
+    threads = os.environ.get("KVP_THREADS", "").strip()
+    if threads:
+        extra["threads"] = int(threads)
+    return extra
+
+
+def deep_merge(base: dict, over: dict | None) -> dict:
+    """A copy of `base` with `over` merged in (nested maps merged, everything else replaced)."""
+    out = dict(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -164,17 +191,19 @@ class KvPersist:
     def command(self) -> list[str]:
         cmd = [self.binary, "serve", "--listen", "%s:0" % HOST, "--upstream", self.upstream_url,
                "--state-dir", self.state_dir]
-        if self.config:
+        extra = env_config()
+        config = deep_merge(extra, self.config) if extra else self.config
+        if config:
             path = os.path.join(self.work_dir, "kvpersist-%s.yaml" % uuid.uuid4().hex[:8])
             with open(path, "w") as f:
-                f.write(to_yaml(self.config))
+                f.write(to_yaml(config))
             self.config_path = path
             cmd += ["--config", path]
         if self.runtime_key:
             cmd += ["--runtime-key", self.runtime_key]
         if self.log_level:
             cmd += ["--log-level", self.log_level]
-        if ("--admin-listen" not in self.extra_args and not (self.config and "admin" in self.config)
+        if ("--admin-listen" not in self.extra_args and not (config and "admin" in config)
                 and binary_has_flag(self.binary, "--admin-listen")):
             # the admin API's default port (8082) is fixed: two kvpersist at once (a restart
             # test, a concurrent run) would collide, and the second exits with code 1
@@ -248,6 +277,42 @@ class KvPersist:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def admin_port(self) -> int | None:
+        """The admin API's port, from `admin=HOST:PORT` in the kv.proxy.listening line."""
+        for l in self.log_lines():
+            if l.event == "kv.proxy.listening":
+                m = re.search(r":(\d+)$", l.fields.get("admin", ""))
+                return int(m.group(1)) if m else None
+        return None
+
+    def admin(self, method: str, path: str, token: str | None = None, **kw) -> "Response":
+        """A request to the admin API (Authorization: Bearer `token` when given)."""
+        port = self.admin_port
+        assert port, "kvpersist reported no admin address"
+        headers = dict(kw.pop("headers", None) or {})
+        if token is not None:
+            headers["Authorization"] = "Bearer " + token
+        return http_request(port, method, path, headers=headers, **kw)
+
+    def metrics(self, token: str | None = None) -> dict:
+        """GET /metrics from the admin API as {'name{labels}': value}."""
+        r = self.admin("GET", "/metrics", token=token)
+        assert r.status == 200, (r.status, r.body[:300])
+        out = {}
+        for line in r.text.splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    pass
+        return out
+
     # logs
     def log_lines(self) -> list[LogLine]:
         with self._lock:
@@ -290,6 +355,7 @@ class Response:
     headers: list = field(default_factory=list)
     body: bytes = b""
     events: list = field(default_factory=list)   # SSE events (each "...\n\n") with arrival times
+    chunks: list = field(default_factory=list)   # (arrival time, size) of each HTTP/1.1 chunk received
     got_continue: bool = False                    # a "100 Continue" arrived before the body was sent
     sent_at: float = 0.0
     headers_at: float = 0.0
@@ -472,6 +538,7 @@ def http_request(port: int, method: str, path: str, headers=None, body: bytes | 
                 data = rd.exact(size)
                 t = rd.last_t
                 rd.exact(2)
+                resp.chunks.append((t, size))
                 feed(data, t)
         elif clen is not None:
             n = int(clen)
@@ -945,9 +1012,15 @@ class Stack:
         return self
 
     def close(self):
+        # KVP_CLOSE_SIGNAL=TERM (scripts/sanitize.sh): a clean exit first, so LeakSanitizer and
+        # exit-time checks run; SIGKILL after 5 s. The default SIGKILL is the fastest teardown.
+        graceful = os.environ.get("KVP_CLOSE_SIGNAL", "KILL").upper() in ("TERM", "SIGTERM")
         for p in self.proxies:
             if p.alive():
-                p.stop(signal.SIGKILL, timeout=5)
+                if graceful:
+                    p.stop(signal.SIGTERM, timeout=5)
+                else:
+                    p.stop(signal.SIGKILL, timeout=5)
         if self.upstream:
             self.upstream.stop()
 
