@@ -325,10 +325,6 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
                      fmt::format("'{}' is not host:port (\"\" disables the admin API)",
                                  cfg.admin.listen));
     }
-    if (!is_loopback_host(ahost) && cfg.admin.token.empty()) {
-      return problem("admin.token",
-                     "an admin listener off loopback requires admin.token (a bearer token)");
-    }
   }
   for (std::size_t i = 0; i < cfg.servers.size(); ++i) {
     const auto& sv = cfg.servers[i];
@@ -377,6 +373,18 @@ std::vector<server_config> effective_servers(const config& cfg) {
   s.reserve_aux_slot = cfg.reserve_aux_slot;
   s.snapshots = cfg.snapshots;
   return {s};
+}
+
+std::optional<std::string> check_admin_exposure(const config& cfg) {
+  if (cfg.admin.listen.empty()) return std::nullopt;
+  std::string host;
+  std::uint16_t port = 0;
+  if (!parse_host_port(cfg.admin.listen, host, port)) return std::nullopt;  // validate() says
+  if (!is_loopback_host(host) && cfg.admin.token.empty())
+    return fmt::format("admin.token: the admin listener {} is not on loopback; set admin.token "
+                       "or $KVP_ADMIN_TOKEN (a bearer token), or listen on 127.0.0.1",
+                       cfg.admin.listen);
+  return std::nullopt;
 }
 
 bool is_loopback_host(std::string_view host) {

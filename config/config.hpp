@@ -189,6 +189,10 @@ std::string resolve_state_dir(const config& cfg);
 // The servers to run: cfg.servers, or the single server the top-level keys describe.
 std::vector<server_config> effective_servers(const config& cfg);
 
+// The admin API off loopback needs a token. Checked by `serve` after command-line flags and
+// $KVP_ADMIN_TOKEN are applied (a file alone may rely on either), not by the loader.
+std::optional<std::string> check_admin_exposure(const config& cfg);
+
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(std::string_view host);
 

@@ -32,7 +32,13 @@ std::string_view to_string(prepare_kind k) {
 
 coordinator_core::coordinator_core(core_options opts)
     : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {
-  slots_.push_back(slot_rec{opts_.slot_id});
+  slots_.push_back(make_slot(opts_.slot_id));
+}
+
+coordinator_core::slot_rec coordinator_core::make_slot(int id) {
+  slot_rec s;
+  s.id = id;
+  return s;
 }
 
 coordinator_core::slot_rec* coordinator_core::find_slot(int id) {
@@ -53,7 +59,7 @@ void coordinator_core::set_slots(const std::vector<int>& ids) {
   for (std::size_t i = 0; same && i < ids.size(); ++i) same = slots_[i].id == ids[i];
   if (same) return;
   slots_.clear();
-  for (int id : ids) slots_.push_back(slot_rec{id});
+  for (int id : ids) slots_.push_back(make_slot(id));
 }
 
 std::vector<int> coordinator_core::slot_ids() const {

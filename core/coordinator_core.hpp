@@ -241,6 +241,7 @@ class coordinator_core {
   };
 
   int first_slot() const { return slots_.front().id; }
+  static slot_rec make_slot(int id);
   slot_rec* find_slot(int id);
   const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);

@@ -10,6 +10,36 @@
 
 namespace kvp::core {
 
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (std::size_t k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && len == 2) ok = c >= 0xC2;  // no overlong forms
+    if (ok && len == 3) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
+    }
+    if (ok && len == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = c <= 0xF4 && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string manifest::snapshot_file() const { return snapshot_filename(session_hash, generation); }
 
 std::string to_json(const manifest& m) {
@@ -22,7 +52,7 @@ std::string to_json(const manifest& m) {
   w.StartObject();
   w.Key("schemaVersion");
   w.Int(manifest::schema_version);
-  str("sessionId", m.session_id);
+  str("sessionId", valid_utf8(m.session_id));
   str("sessionHash", m.session_hash);
   str("instanceKey", m.instance_key);
   str("modelId", m.model_id);

@@ -36,6 +36,10 @@ struct manifest {
   char next_generation() const { return generation == 'a' ? 'b' : 'a'; }
 };
 
+// `s` if it is valid UTF-8, else a copy with each invalid byte replaced by U+FFFD, so that
+// JSON built from harness-supplied bytes (session ids) stays valid.
+std::string valid_utf8(std::string_view s);
+
 // Pretty-printed JSON with the keys documented in README (camelCase).
 std::string to_json(const manifest& m);
 

@@ -1,5 +1,6 @@
 #include "core/metrics.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -41,14 +42,32 @@ std::string num(double v) {
 }  // namespace
 
 void prom_writer::family(std::string_view name, std::string_view type, std::string_view help) {
-  out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  fams_.push_back(fam{std::string(name),
+                      fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type), ""});
 }
 
 void prom_writer::sample(std::string_view name, std::string_view labels, double value) {
+  if (fams_.empty()) fams_.push_back(fam{std::string(name), "", ""});
   if (labels.empty())
-    out_ += fmt::format("{} {}\n", name, num(value));
+    current().samples += fmt::format("{} {}\n", name, num(value));
   else
-    out_ += fmt::format("{}{{{}}} {}\n", name, labels, num(value));
+    current().samples += fmt::format("{}{{{}}} {}\n", name, labels, num(value));
+}
+
+void prom_writer::merge(const prom_writer& other) {
+  for (const auto& f : other.fams_) {
+    auto it = std::find_if(fams_.begin(), fams_.end(), [&](const fam& m) { return m.name == f.name; });
+    if (it == fams_.end())
+      fams_.push_back(f);
+    else
+      it->samples += f.samples;
+  }
+}
+
+std::string prom_writer::text() const {
+  std::string out;
+  for (const auto& f : fams_) out += f.header + f.samples;
+  return out;
 }
 
 void prom_writer::histo(std::string_view name, std::string_view labels, const histogram& h) {
@@ -56,9 +75,10 @@ void prom_writer::histo(std::string_view name, std::string_view labels, const hi
   std::uint64_t cum = 0;
   for (std::size_t i = 0; i < h.bounds().size(); ++i) {
     cum += h.counts()[i];
-    out_ += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, num(h.bounds()[i]), cum);
+      current().samples +=
+        fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, num(h.bounds()[i]), cum);
   }
-  out_ += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, h.count());
+  current().samples += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, h.count());
   sample(fmt::format("{}_sum", name), labels, h.sum());
   sample(fmt::format("{}_count", name), labels, static_cast<double>(h.count()));
 }

@@ -27,15 +27,24 @@ class histogram {
 
 // Appends metric families to a text buffer. Labels are given pre-rendered as
 // `name="value",...` (values escaped with escape_label).
+// Samples are grouped under their family, so writers for several servers can be merged
+// into one valid exposition (one HELP/TYPE per family, its samples together).
 class prom_writer {
  public:
   void family(std::string_view name, std::string_view type, std::string_view help);
+  // REQUIRES: family() was called for `name`'s family (a histogram's too) before.
   void sample(std::string_view name, std::string_view labels, double value);
   void histo(std::string_view name, std::string_view labels, const histogram& h);
-  const std::string& text() const { return out_; }
+  // Appends `other`'s samples to the same families (adding families it has that we lack).
+  void merge(const prom_writer& other);
+  std::string text() const;
 
  private:
-  std::string out_;
+  struct fam {
+    std::string name, header, samples;
+  };
+  std::vector<fam> fams_;
+  fam& current() { return fams_.back(); }
 };
 
 std::string escape_label(std::string_view v);

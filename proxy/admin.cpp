@@ -46,10 +46,10 @@ bool token_matches(std::string_view header, const std::string& token) {
 
 // Coroutines that read coordinator state on its strand (plain functions, not capturing
 // lambdas: CP.51).
-net::awaitable<std::string> metrics_of(coordinator* c) {
+net::awaitable<core::prom_writer> metrics_of(coordinator* c) {
   core::prom_writer w;
   c->write_metrics(w);
-  co_return w.text();
+  co_return w;
 }
 net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json(); }
 net::awaitable<std::string> sessions_of(coordinator* c) { co_return c->sessions_json(); }
@@ -176,11 +176,12 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
   };
   if (path == "/metrics") {
     if (method != http::verb::get) co_return err(405, "use GET");
-    std::string text;
+    core::prom_writer all;
     for (auto* c : coords_) {
       auto part = co_await net::co_spawn(c->strand(), metrics_of(c), net::use_awaitable);
-      text += part;
+      all.merge(part);
     }
+    std::string text = all.text();
     http::response<http::string_body> res{http::status::ok, v};
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.body() = std::move(text);
@@ -213,13 +214,16 @@ net::awaitable<http::response<http::string_body>> admin_server::route(
     co_return json(r.status, std::move(r.body), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
-  if (path.starts_with(prefix)) {
-    std::string rest = path.substr(prefix.size());
+  const std::string raw_path = target.substr(0, target.find('?'));
+  if (raw_path.starts_with(prefix)) {
+    // Split before decoding: a session id may contain an encoded '/' (a%2Fb).
+    std::string rest = raw_path.substr(prefix.size());
     std::string action;
-    if (auto slash = rest.rfind('/'); slash != std::string::npos) {
-      action = rest.substr(slash + 1);
+    if (auto slash = rest.find('/'); slash != std::string::npos) {
+      action = core::decode_path(rest.substr(slash + 1));
       rest.resize(slash);
     }
+    rest = core::decode_path(rest);
     if (rest.empty()) co_return err(404, "no session id in the path");
     admin_reply r;
     if (action.empty()) {

@@ -616,7 +616,7 @@ void jstr(json_writer& w, std::string_view v) {
 void write_session(json_writer& w, const core::coordinator_core::session_view& v) {
   w.StartObject();
   w.Key("sessionId");
-  jstr(w, v.session_id);
+  jstr(w, core::valid_utf8(v.session_id));
   w.Key("sessionHash");
   jstr(w, v.hash);
   w.Key("resident");

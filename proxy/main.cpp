@@ -122,6 +122,7 @@ int serve(const std::vector<std::string>& args) {
   if (const char* t = std::getenv("KVP_ADMIN_TOKEN"); t && *t && cfg.admin.token.empty())
     cfg.admin.token = t;
   if (auto err = config::validate(cfg)) return config_error(*err);
+  if (auto err = config::check_admin_exposure(cfg)) return config_error(*err);
   if (config::resolve_state_dir(cfg).empty())
     return config_error("no state directory: set stateDir, --state-dir or $HOME");
   core::log_level lvl = core::log_level::info;
@@ -151,7 +152,7 @@ int serve(const std::vector<std::string>& args) {
   net::co_spawn(
       ioc,
       [](proxy::server& s, net::io_context& io, const config::config& c, int& rc,
-         net::signal_set& signals) -> net::awaitable<void> {
+         net::signal_set& stop_signals) -> net::awaitable<void> {
         auto r = co_await s.start();
         if (!r) {
           core::log(core::log_level::error, "kv.proxy.listen_failed", {{"reason", r.err().message}});
@@ -165,7 +166,7 @@ int serve(const std::vector<std::string>& args) {
 #ifdef KVP_HAVE_SYSTEMD
         sd_notify(0, "READY=1");
 #endif
-        auto [ec, sig] = co_await signals.async_wait(token);
+        auto [ec, sig] = co_await stop_signals.async_wait(token);
         if (ec) co_return;
         core::log(core::log_level::info, "kv.proxy.stopping", {{"signal", std::to_string(sig)}});
 #ifdef KVP_HAVE_SYSTEMD

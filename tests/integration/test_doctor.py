@@ -1,0 +1,299 @@
+"""`kvpersist doctor` (issue 4, spec §48, §61) against the fake llama-server (READY, NOT READY,
+unreachable, --json, the --verify cycle and its verdict) and `doctor --verify` against the real
+llama-server test bed (real_only): the dense test model is `supported`, the verdict lands in
+<stateDir>/compatibility.json, and a kvpersist started afterwards stamps it into new manifests.
+
+Run: KVPERSIST_BIN=$PWD/build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_doctor.py
+     (real: add --upstream=real with KVP_LLAMA_SERVER and KVP_MODEL, see README.md here)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import fake_llama
+import harness
+from admin_client import ok, run_cli, sid
+from harness import Conversation, manifest_for
+
+fake_only = pytest.mark.fake_only
+real_only = pytest.mark.real_only
+RUNTIME_KEY = "test-runtime"      # what harness.KvPersist passes as --runtime-key
+
+
+@pytest.fixture
+def binary():
+    b = harness.kvpersist_bin()
+    if not os.access(b, os.X_OK):
+        pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
+    return b
+
+
+@pytest.fixture
+def make_fake(tmp_path):
+    started = []
+
+    def make(slot_actions: bool = True, **kw):
+        d = tmp_path / ("slots%d" % len(started))
+        d.mkdir()
+        f = fake_llama.FakeLlamaServer(str(d) if slot_actions else None, **kw).start()
+        started.append(f)
+        return f
+    yield make
+    for f in started:
+        f.stop()
+
+
+def doctor(*args, timeout=120):
+    return run_cli(["doctor"] + list(args), timeout=timeout)
+
+
+def checks(j) -> dict:
+    return {c["check"]: c["result"] for c in j["checks"]}
+
+
+def write_config(path, upstream, **extra) -> str:
+    cfg = {"upstream": {"url": upstream}, "runtimeKey": RUNTIME_KEY}
+    cfg.update(extra)
+    with open(path, "w") as f:
+        f.write(harness.to_yaml(cfg))
+    return str(path)
+
+
+# ============================================================================ fake upstream
+@fake_only
+def test_ready(binary, make_fake, tmp_path):
+    f = make_fake()
+    state = tmp_path / "state"
+    r = doctor("--upstream", f.url, "--state-dir", str(state))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.rstrip().splitlines()[-1].split() == ["Result:", "READY"]
+    assert "PROBLEM" not in r.stdout
+    for label in ("Reachable:", "Model:", "Slots:", "Slot API:", "State dir:"):
+        assert label in r.stdout, label
+    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(state), "--json").stdout)
+    assert j["result"] == "READY" and j["problems"] == 0 and j["compatibility"] == "unverified"
+    c = checks(j)
+    assert c["Reachable"] == "yes" and c["Model"] == f.model_path and c["Build"] == f.build_info
+    assert c["Slots"].startswith("1 ") and "enabled" in c["Slot API"]
+    assert c["State dir"].startswith(str(state)) and "writable" in c["State dir"]
+    assert "--no-cache-idle-slots" in c["Idle slots"]                 # the known pitfall, as a warning
+    assert "runtimeKey is empty" in c["Runtime key"]
+    assert os.listdir(str(state / "sessions")) == [], "doctor leaves no probe file in the state dir"
+    # no management call but the probe (and no slot content touched) without --verify
+    assert all(m["action"] not in ("save", "restore", "erase") for m in f.management_calls(include_all=True))
+
+
+@fake_only
+def test_config_file_and_runtime_key(binary, make_fake, tmp_path):
+    f = make_fake()
+    cfg = write_config(tmp_path / "kvp.yaml", f.url, stateDir=str(tmp_path / "st"))
+    j = json.loads(doctor("--config", cfg, "--json").stdout)
+    assert j["result"] == "READY" and "Runtime key" not in checks(j)
+    assert checks(j)["Endpoint"] == f.url
+
+
+@fake_only
+def test_slot_actions_disabled_is_not_ready(binary, make_fake, tmp_path):
+    f = make_fake(slot_actions=False)
+    r = doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "NOT READY" in r.stdout and "--slot-save-path" in r.stdout
+    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
+    assert j["result"] == "NOT READY" and j["problems"] == 1
+    assert checks(j)["Slot API"].startswith("PROBLEM")
+    # --verify refuses to run on top of a problem
+    r = doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--verify", "--json")
+    assert r.returncode == 1
+    j = json.loads(r.stdout)
+    assert j["compatibility"] == "unverified" and "skipped" in checks(j)["Restore verification"]
+    assert not os.path.exists(tmp_path / "s" / "compatibility.json")
+
+
+@fake_only
+def test_multi_slot_server_in_single_slot_mode(binary, make_fake, tmp_path):
+    f = make_fake(total_slots=4)
+    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
+    assert j["result"] == "NOT READY" and "-np 1" in checks(j)["Slots"]
+
+
+@fake_only
+def test_wrap_around_slot_id_in_managed_mode(binary, make_fake, tmp_path):
+    f = make_fake(total_slots=2)
+    cfg = write_config(tmp_path / "kvp.yaml", f.url, mode="managed-slots", slotId=3,
+                       stateDir=str(tmp_path / "s"))
+    r = doctor("--config", cfg, "--json")
+    if r.returncode == 2:
+        pytest.skip("config validation already refuses slotId 3 here: %s" % r.stderr.strip())
+    j = json.loads(r.stdout)
+    assert j["result"] == "NOT READY" and "wrap" in checks(j).get("Slot id", ""), j
+
+
+@fake_only
+def test_api_key_mismatch(binary, tmp_path):
+    """llama-server with --api-key answers 401 to /props: doctor names upstream.apiKey."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            code, body = (200, b'{"status":"ok"}') if self.path == "/health" else \
+                (401, b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}')
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        r = doctor("--upstream", "http://127.0.0.1:%d" % srv.server_address[1], "--state-dir",
+                   str(tmp_path / "s"), "--json")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    j = json.loads(r.stdout)
+    assert "upstream.apiKey" in checks(j).get("API key", ""), j
+
+
+@fake_only
+def test_unreachable_exit_3(binary, tmp_path):
+    r = doctor("--upstream", "http://127.0.0.1:1", "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert "NOT READY" in r.stdout
+    r = doctor("--upstream", "http://127.0.0.1:1", "--state-dir", str(tmp_path / "s"), "--json")
+    assert r.returncode == 3
+    j = json.loads(r.stdout)
+    assert j["result"] == "NOT READY" and checks(j)["Reachable"].startswith("PROBLEM")
+
+
+@fake_only
+def test_state_dir_not_usable(binary, make_fake, tmp_path):
+    f = make_fake()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = doctor("--upstream", f.url, "--state-dir", str(blocker / "state"), "--json")
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert checks(json.loads(r.stdout))["State dir"].startswith("PROBLEM")
+
+
+@fake_only
+def test_shared_filesystem_snapshot_dir_checked(binary, make_fake, tmp_path):
+    f = make_fake()
+    good = write_config(tmp_path / "good.yaml", f.url, stateDir=str(tmp_path / "s"),
+                        snapshots={"management": "shared-filesystem", "path": f.slot_save_path})
+    j = json.loads(doctor("--config", good, "--json").stdout)
+    assert j["result"] == "READY" and "shared-filesystem" in checks(j)["Snapshot dir"]
+    bad = write_config(tmp_path / "bad.yaml", f.url, stateDir=str(tmp_path / "s"),
+                       snapshots={"management": "shared-filesystem", "path": str(tmp_path / "missing")})
+    r = doctor("--config", bad, "--json")
+    assert r.returncode == 1 and checks(json.loads(r.stdout))["Snapshot dir"].startswith("PROBLEM")
+
+
+@fake_only
+@pytest.mark.parametrize("args", [["--bogus"], ["--upstream"], ["--config", "/nonexistent.yaml"],
+                                  ["--upstream", "https://127.0.0.1:1"]])
+def test_usage_errors_exit_2(binary, args, tmp_path):
+    r = doctor(*args, "--state-dir", str(tmp_path)) if args != ["--upstream"] else doctor("--upstream")
+    assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+
+
+@fake_only
+def test_verify_supported_records_verdict(binary, stack):
+    """--verify on the fake: supported, recorded, and the slot content is put back."""
+    stack.start_upstream()
+    f = stack.fake
+    f.slot_tokens = ["pre", "existing", "content"] * 10
+    before = list(f.slot_tokens)
+    cfg = write_config(os.path.join(stack.workdir, "kvp.yaml"), f.url, stateDir=stack.state_dir)
+    r = doctor("--config", cfg, "--verify", "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    j = json.loads(r.stdout)
+    assert j["result"] == "READY" and j["compatibility"] == "supported", j
+    assert checks(j)["Restore verification"].startswith("supported")
+    acts = [m["action"] for m in f.management_calls()]
+    assert acts[:2] == ["save", "erase"] and "restore" in acts and acts[-1] == "restore", acts
+    assert f.slot_tokens == before, "doctor --verify must put the slot's previous content back"
+    with open(os.path.join(stack.state_dir, "compatibility.json")) as fh:
+        compat = json.load(fh)
+    assert compat["verdict"] == "supported" and len(compat["runtimeFingerprint"]) == 64
+
+    # a kvpersist on that state dir (same runtime key) stamps the verdict into new manifests
+    stack.start_proxy()
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    assert manifest_for(stack.state_dir, A.session)["compatibility"] == "supported"
+    v = stack.proxy.admin("GET", "/kv/sessions/%s" % A.session).json
+    assert v["snapshot"]["compatibility"] == "supported"
+
+
+@fake_only
+def test_verdict_not_applied_to_another_runtime(binary, stack):
+    stack.start_upstream()
+    cfg = write_config(os.path.join(stack.workdir, "kvp.yaml"), stack.fake.url, stateDir=stack.state_dir)
+    assert doctor("--config", cfg, "--verify").returncode == 0
+    stack.start_proxy(runtime_key="another-runtime")
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    assert manifest_for(stack.state_dir, A.session)["compatibility"] != "supported"
+
+
+@fake_only
+def test_verify_broken_when_restore_miscounts(binary, make_fake, tmp_path):
+    f = make_fake()
+    f.restore_n_delta = 1                    # n_restored never matches n_saved
+    state = tmp_path / "s"
+    r = doctor("--upstream", f.url, "--state-dir", str(state), "--verify", "--json")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    j = json.loads(r.stdout)
+    assert j["compatibility"] == "broken" and checks(j)["Restore verification"].startswith("PROBLEM: broken")
+    with open(state / "compatibility.json") as fh:
+        assert json.load(fh)["verdict"] == "broken"
+
+
+# ============================================================================ real llama-server
+@real_only
+def test_verify_real_llama_server(binary, stack):
+    """Spec §61 on the real test bed: cold prompt, save, erase, restore, same prompt; the dense
+    test model reuses the restored prompt, so the verdict is `supported`."""
+    up = stack.start_upstream()
+    cfg = write_config(os.path.join(stack.workdir, "kvp.yaml"), up.url, stateDir=stack.state_dir)
+    r = doctor("--config", cfg, "--verify", "--json", timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    j = json.loads(r.stdout)
+    c = checks(j)
+    print("\ndoctor --verify on %s: %s" % (os.path.basename(up.model), c["Restore verification"]))
+    assert j["result"] == "READY" and j["compatibility"] == "supported", j
+    assert c["Model"] == up.model or os.path.basename(up.model) in c["Model"], c
+    assert "enabled" in c["Slot API"] and c["Slots"].startswith("1 ")
+    reused, _, total = c["Restore verification"].split(": ", 1)[1].split(" prompt tokens")[0].partition(" of ")
+    assert int(reused) >= 0.9 * int(total) > 0, c["Restore verification"]
+    with open(os.path.join(stack.state_dir, "compatibility.json")) as fh:
+        compat = json.load(fh)
+    assert compat["verdict"] == "supported"
+
+    # the text form says the same
+    r = doctor("--config", cfg, "--verify", timeout=300)
+    assert r.returncode == 0 and "Restore verification: supported" in r.stdout, r.stdout
+
+    # a kvpersist started afterwards on that state dir stamps the verdict into new manifests
+    stack.start_proxy()
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    m = manifest_for(stack.state_dir, A.session)
+    assert m and m["state"] == "ready" and m["compatibility"] == "supported", m
+    assert m["runtimeFingerprint"] == compat["runtimeFingerprint"]
+    # and the next A restores fine on the real server
+    r = ok(A.turn(stack.port))
+    assert harness.is_warm(r), harness.cached_tokens(r)
