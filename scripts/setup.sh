@@ -7,8 +7,9 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libboost1.81-dev rapidjson-dev libfmt-dev libyaml-cpp-dev catch2 libssl-dev libsystemd-dev
-  python3 python3-numpy python3-pytest python3-requests nodejs npm
-  nginx-light
+  python3 python3-numpy python3-pytest python3-requests python3-yaml nodejs npm
+  systemd strace
+  nginx-light wrk gnuplot-nox valgrind
 )
 
 if [[ "${KVP_SKIP_APT:-0}" == 1 ]]; then exit 0; fi

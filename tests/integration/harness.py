@@ -35,7 +35,8 @@ now = fake_llama.now
 
 
 def kvpersist_bin() -> str:
-    return os.environ.get("KVPERSIST_BIN") or os.path.join(REPO_ROOT, "build", "kvpersist")
+    # Absolute: kvpersist runs with its state dir as the working directory.
+    return os.path.abspath(os.environ.get("KVPERSIST_BIN") or os.path.join(REPO_ROOT, "build", "kvpersist"))
 
 
 def env_config() -> dict:
