@@ -6,6 +6,7 @@
 
 #include "config/config.hpp"
 #include "core/log.hpp"
+#include "proxy/listen.hpp"
 #include "core/metrics.hpp"
 #include "core/request_class.hpp"
 #include "core/version.hpp"
@@ -17,15 +18,6 @@ using core::log;
 using core::log_level;
 
 namespace {
-
-void log_exception(std::exception_ptr e) {
-  if (!e) return;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    log(log_level::error, "kv.internal.exception", {{"what", ex.what()}});
-  }
-}
 
 http::response<http::string_body> json(unsigned status, std::string body, unsigned version) {
   http::response<http::string_body> res{static_cast<http::status>(status), version};
@@ -64,26 +56,11 @@ admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coord
     : ioc_(ioc), coords_(std::move(coords)), listen_(std::move(listen)), token_(std::move(token)) {}
 
 core::result<std::string> admin_server::start() {
-  std::string host;
-  std::uint16_t port = 0;
-  config::parse_host_port(listen_, host, port);
-  beast::error_code ec;
-  auto addr = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) return core::error{core::errc::invariant, 0, fmt::format("admin: bad address {}", host)};
-  tcp::endpoint ep{addr, port};
-  acceptor_ = std::make_unique<acceptor>(ioc_);
-  acceptor_->open(ep.protocol(), ec);
-  if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor_->bind(ep, ec);
-  if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
-  if (ec)
-    return core::error{core::errc::invariant, 0,
-                       fmt::format("cannot listen on {} (admin): {}", listen_, ec.message())};
-  auto local = acceptor_->local_endpoint();
+  auto a = listen_on(ioc_, listen_, "admin");
+  if (!a) return a.err();
+  acceptor_ = std::move(a.value());
   net::co_spawn(ioc_, accept_loop(), log_exception);
-  return local.address().is_v6()
-             ? fmt::format("[{}]:{}", local.address().to_string(), local.port())
-             : fmt::format("{}:{}", local.address().to_string(), local.port());
+  return local_address(*acceptor_);
 }
 
 void admin_server::stop() {

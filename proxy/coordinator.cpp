@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
+#include "proxy/listen.hpp"
 
 namespace kvp::proxy {
 
@@ -37,15 +38,6 @@ std::string wall_now() {
 std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 // Coroutines spawned in the background log what escapes them instead of swallowing it.
-void log_exception(std::exception_ptr e) {
-  if (!e) return;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    log(log_level::error, "kv.internal.exception", {{"what", ex.what()}});
-  }
-}
-
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,

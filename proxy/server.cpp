@@ -14,6 +14,7 @@
 
 #include "backends/llama_http_backend.hpp"
 #include "core/log.hpp"
+#include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
 
@@ -31,15 +32,6 @@ struct server::client_conn {
 };
 
 namespace {
-
-void log_exception(std::exception_ptr e) {
-  if (!e) return;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    log(log_level::error, "kv.internal.exception", {{"what", ex.what()}});
-  }
-}
 
 // Completes when the client hangs up (EOF or reset) while we wait on something else.
 // Consumes no bytes: a pipelined next request is left in the socket, and then the watcher
@@ -177,21 +169,9 @@ server::upstream_entry& server::route(const http::request<http::string_body>& re
 server::~server() = default;
 
 net::awaitable<core::result<std::string>> server::start() {
-  std::string host;
-  std::uint16_t port = 0;
-  config::parse_host_port(cfg_.listen, host, port);
-  beast::error_code ec;
-  auto addr = net::ip::make_address(host, ec);
-  if (ec) co_return core::error{core::errc::invariant, 0, fmt::format("listen: bad address {}", host)};
-  tcp::endpoint ep{addr, port};
-  acceptor_ = std::make_unique<acceptor>(ioc_);
-  acceptor_->open(ep.protocol(), ec);
-  if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor_->bind(ep, ec);
-  if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
-  if (ec)
-    co_return core::error{core::errc::invariant, 0,
-                          fmt::format("cannot listen on {}: {}", cfg_.listen, ec.message())};
+  auto bound = listen_on(ioc_, cfg_.listen, "proxy");
+  if (!bound) co_return bound.err();
+  acceptor_ = std::move(bound.value());
   std::vector<coordinator*> coords;
   for (auto& up : ups_) {
     auto start_op = up->coord->start();
@@ -204,11 +184,8 @@ net::awaitable<core::result<std::string>> server::start() {
     if (!a) co_return a.err();
     admin_address_ = a.value();
   }
-  auto local = acceptor_->local_endpoint();
   net::co_spawn(ioc_, accept_loop(), log_exception);
-  const auto a = local.address().is_v6() ? fmt::format("[{}]:{}", local.address().to_string(), local.port())
-                                          : fmt::format("{}:{}", local.address().to_string(), local.port());
-  co_return a;
+  co_return local_address(*acceptor_);
 }
 
 net::awaitable<void> server::accept_loop() {
