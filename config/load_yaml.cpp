@@ -461,14 +461,30 @@ std::string config_error::to_string() const {
 std::variant<config, config_error> load_yaml_string(std::string_view text,
                                                     std::string_view file_name) {
   try {
-    // LoadAll, not Load: Load silently drops everything after a second "---".
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
-    if (documents.size() > 1) {
-      return make_error(file_name, documents[1].Mark(),
-                        "more than one YAML document; the config must be a single document");
+    // Load silently drops everything after a second "---", and LoadAll, which would see it,
+    // never returns on some malformed input in yaml-cpp 0.7 (a lone ",", found by fuzzing).
+    // So look for a second document's marker ourselves: a "---" line after content.
+    bool content = false;
+    int line_no = 0;
+    for (std::size_t pos = 0; pos <= text.size();) {
+      const auto nl = text.find('\n', pos);
+      std::string_view line = text.substr(pos, nl == std::string_view::npos ? text.npos : nl - pos);
+      ++line_no;
+      const bool marker = line.starts_with("---") &&
+                          (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+      if (marker && content) {
+        return config_error{std::string(file_name), line_no, 1,
+                            "more than one YAML document; the config must be a single document"};
+      }
+      const auto first = line.find_first_not_of(" \t\r");
+      if (!marker && first != std::string_view::npos && line[first] != '#' &&
+          !line.starts_with("%") && !line.starts_with("..."))
+        content = true;
+      if (nl == std::string_view::npos) break;
+      pos = nl + 1;
     }
     reader r;
-    return r.read_document(documents.empty() ? YAML::Node{} : documents.front());
+    return r.read_document(YAML::Load(std::string(text)));
   } catch (const load_failure& failure) {
     return make_error(file_name, failure.mark, failure.message);
   } catch (const YAML::Exception& e) {
