@@ -229,6 +229,11 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
         auto res = error_response(http::status::request_header_fields_too_large,
                                          "request header too large", 11, false);
         co_await send(*c, std::move(res));
+      } else if (ec == http::error::body_limit) {
+        // A Content-Length above the limit is refused while the header is parsed.
+        auto res = error_response(http::status::payload_too_large, "request body too large", 11,
+                                  false);
+        co_await send(*c, std::move(res));
       } else if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
                  ec != net::error::operation_aborted && ec != net::error::connection_reset &&
                  ec != net::error::eof && ec != net::error::bad_descriptor) {
@@ -245,6 +250,15 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
     }
     ++active_;
     auto& h = p.get();
+    // RFC 9112 §6.3: a Transfer-Encoding that does not end in chunked cannot frame a request
+    // body; reading on would take the body for the next request (request smuggling).
+    if (h.count(http::field::transfer_encoding) > 0 && !p.chunked()) {
+      auto res = error_response(http::status::bad_request,
+                                "Transfer-Encoding must end in chunked", 11, false);
+      co_await send(*c, std::move(res));
+      --active_;
+      break;
+    }
     bool keep = true;
     bool ok = true;
     if (!p.is_done()) {
@@ -268,7 +282,13 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
     }
     if (ok) {
       c->stream.expires_never();
-      keep = co_await handle(*c, p.release());
+      try {
+        keep = co_await handle(*c, p.release());
+      } catch (const std::exception& e) {
+        // A bug, not an I/O outcome: log it and drop the connection, but never leak it.
+        log(log_level::error, "kv.internal.exception", {{"what", e.what()}});
+        keep = false;
+      }
     }
     --active_;
     {
@@ -337,6 +357,9 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
         co_return co_await send(c, std::move(res));
       }
       conn = std::move(r.value());
+      // A new connection may mean a new llama-server process (a restart closes the old
+      // ones): let the next coordinated request re-read /props first.
+      if (conn->fresh) up.coord->note_upstream_trouble();
     }
     st = relay_state{};
     conn->stream->expires_after(up.relay.upstream_idle);
@@ -394,6 +417,11 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
 net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
+  if (req.method() == http::verb::trace || req.method() == http::verb::connect) {
+    auto res = error_response(http::status::method_not_allowed,
+                              "TRACE and CONNECT are not forwarded", version, false);
+    co_return co_await send(c, std::move(res));
+  }
   const auto kind = core::classify_target(req.target());
   if (kind == core::endpoint_kind::slots) {
     auto res = error_response(http::status::forbidden,
