@@ -8,11 +8,11 @@
 
 namespace kvp::core {
 
-// Returns the body with "id_slot": slot and "cache_prompt": true. When the client sent
-// neither key, the two members are inserted before the object's closing brace and every
-// other byte is kept as the client sent it; otherwise the document is re-serialized with
-// those values replaced. nullopt when the body is not a JSON object (forward it unchanged:
-// llama-server will reject it the same way).
+// Returns the body with "id_slot": slot and "cache_prompt": true appended before the
+// object's closing brace; every other byte stays as the client sent it. A client's own
+// id_slot/cache_prompt stay too, earlier in the object: llama-server keeps the last of
+// duplicate keys. nullopt when the body is not one JSON object that RapidJSON accepts
+// (the caller refuses such a request in managed mode rather than run it unpinned).
 std::optional<std::string> pin_request_body(std::string_view body, int slot);
 
 // The "model" member of a JSON request body, or "" (used for routing to a server).

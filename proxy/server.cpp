@@ -503,8 +503,20 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   if (t->pinned) {
-    // Managed mode: the request runs on the slot the coordinator prepared, nowhere else.
-    if (auto pinned = core::pin_request_body(req.body(), t->slot)) req.body() = std::move(*pinned);
+    // Managed mode: the request runs on the slot the coordinator prepared, nowhere else. A
+    // body we cannot pin would run on whatever slot llama-server picks, maybe an owned one.
+    auto pinned = core::pin_request_body(req.body(), t->slot);
+    if (!pinned) {
+      auto fin = up.coord->finish(t, false);
+      co_await net::co_spawn(up.coord->strand(), std::move(fin), net::use_awaitable);
+      guard.dismiss();
+      up.pool->release(std::move(conn->stream));
+      auto res = error_response(http::status::bad_request,
+                                "managed-slots mode needs the request body to be one JSON object",
+                                version, keep);
+      co_return co_await send(c, std::move(res));
+    }
+    req.body() = std::move(*pinned);
   }
   // Only requests that were not resident pay for reading llama-server's timings back.
   const bool watch = pr.kind == core::prepare_kind::restored ||
