@@ -10,6 +10,7 @@ pkgs=(
   python3 python3-numpy python3-pytest python3-requests python3-yaml nodejs npm
   systemd strace
   nginx-light wrk gnuplot-nox valgrind
+  clang libclang-rt-14-dev
 )
 
 if [[ "${KVP_SKIP_APT:-0}" == 1 ]]; then exit 0; fi

@@ -1,0 +1,282 @@
+#!/usr/bin/python3
+"""Assembles the benchmark results: plots (gnuplot, PNG) and RESULTS.md.
+
+Usage: bench/report.py --out DIR --command "bench/run.sh ..." [--env FILE]
+Reads DIR/<name>.json written by the benchmarks, writes DIR/results/*.png and DIR/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lib  # noqa: E402
+
+ORDER = ["overhead", "streaming", "switch", "footprint"]
+
+
+def sh(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine() -> list[str]:
+    ls = {}
+    for line in sh(["lscpu"]).splitlines():
+        k, _, v = line.partition(":")
+        ls[k.strip()] = v.strip()
+    mem = sh(["free", "-h"]).splitlines()
+    memline = mem[1].split() if len(mem) > 1 else []
+    return ["CPU: %s, %s CPU(s) (nproc %s), %s" % (ls.get("Model name", "?"), ls.get("CPU(s)", "?"), sh(["nproc"]),
+                                                   ", ".join(x for x in (ls.get("Hypervisor vendor") and
+                                                                         "hypervisor " + ls["Hypervisor vendor"],
+                                                                         ls.get("L3 cache") and "L3 " + ls["L3 cache"])
+                                                             if x)),
+            "Memory: %s total (free -h: %s)" % (memline[1] if len(memline) > 1 else "?", " ".join(memline[1:7])),
+            "Kernel: %s" % sh(["uname", "-srm"]),
+            "Load average at report time: %s" % lib.read("/proc/loadavg").strip()]
+
+
+# ----------------------------------------------------------------------------- plots
+def gnuplot(script: str, out_png: str) -> bool:
+    try:
+        p = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        lib.log("gnuplot failed: %s" % e)
+        return False
+    if p.returncode != 0 or not os.path.exists(out_png) or os.path.getsize(out_png) == 0:
+        lib.log("gnuplot failed for %s: %s" % (out_png, p.stderr[-500:]))
+        return False
+    return True
+
+
+HEAD = """set terminal pngcairo size %d,%d font "DejaVu Sans,10"
+set output "%s"
+set grid
+set key top left
+"""
+
+
+def plot_overhead(rd: str) -> bool:
+    dat = os.path.join(rd, "overhead-stub.dat")
+    if not os.path.exists(dat):
+        return False
+    png = os.path.join(rd, "overhead.png")
+    s = HEAD % (1100, 420, png) + f"""
+set multiplot layout 1,2 title "Resident path, nginx stub upstream (wrk, keep-alive; median of repetitions)"
+set logscale x 2
+set xtics (1, 16, 64)
+set xrange [0.8:80]
+set xlabel "concurrent clients"
+set ylabel "p50 latency, ms"
+set logscale y
+plot "{dat}" u 1:2 w lp lw 2 t "direct", "" u 1:3 w lp lw 2 t "kvpersist (one session)", \
+     "" u 1:4 w lp lw 2 t "nginx proxy", "" u 1:5 w lp lw 2 dt 2 t "kvpersist passthrough"
+unset logscale y
+set ylabel "requests/s"
+set key top right
+plot "{dat}" u 1:10 w lp lw 2 t "direct", "" u 1:11 w lp lw 2 t "kvpersist (one session)", \
+     "" u 1:12 w lp lw 2 t "nginx proxy", "" u 1:13 w lp lw 2 dt 2 t "kvpersist passthrough"
+unset multiplot
+"""
+    return gnuplot(s, png)
+
+
+def plot_streaming(rd: str) -> bool:
+    stub = os.path.join(rd, "streaming-stub.dat")
+    real = os.path.join(rd, "streaming-real.dat")
+    if not os.path.exists(stub):
+        return False
+    png = os.path.join(rd, "streaming.png")
+    panels = [("stub source", stub)] + ([("real llama-server (tap)", real)] if os.path.exists(real) else [])
+    s = HEAD % (550 * len(panels), 420, png) + "set multiplot layout 1,%d title \"SSE event delay at the client, CDF\"\n" % len(panels)
+    for title, f in panels:
+        s += f"""set title "{title}"
+set logscale x
+set xlabel "delay per event, ms (log)"
+set ylabel "fraction of events"
+set yrange [0:1]
+set key bottom right
+plot "{f}" u 1:2 w l lw 2 t "direct", "" u 3:4 w l lw 2 t "kvpersist", "" u 5:6 w l lw 2 t "nginx proxy"
+"""
+    s += "unset multiplot\n"
+    return gnuplot(s, png)
+
+
+def plot_switch(rd: str, model: str) -> bool:
+    dat = os.path.join(rd, "switch.dat")
+    if not os.path.exists(dat):
+        return False
+    png = os.path.join(rd, "switch.png")
+    s = HEAD % (900, 560, png) + f"""
+set title "Time to first token of a returning session ({model} model, 2 CPU cores; median, min..max bars)"
+set logscale x 2
+set logscale y
+set xlabel "prompt tokens"
+set ylabel "TTFT, ms (log)"
+set format x "%.0f"
+set key top left
+plot "{dat}" u 1:2:8:9 w yerrorlines lw 2 pt 7 t "cold re-prefill", \\
+     "" u 1:6 w lp lw 2 pt 5 dt 2 t "after restart: direct", \\
+     "" u 1:7 w lp lw 2 pt 5 t "after restart: kvpersist", \\
+     "" u 1:4:10:11 w yerrorlines lw 2 pt 9 t "switch: kvpersist", \\
+     "" u 1:3:12:13 w yerrorlines lw 2 pt 11 dt 3 t "switch: llama-server RAM cache", \\
+     "" u 1:5 w lp lw 1 pt 1 t "resident"
+"""
+    return gnuplot(s, png)
+
+
+# ----------------------------------------------------------------------------- headlines
+def headlines(results: dict) -> list[str]:
+    out = []
+    sw = results.get("switch", {}).get("headline", {})
+    sizes = [k for k in sw if k.isdigit()]
+    if sizes:
+        big = max(sizes, key=int)
+        h = sw[big]
+        out.append("**Session switch, %s-token prompts**: a returning session's first token after %.0f ms through "
+                   "kvpersist vs %.1f s with a cold re-prefill: **%.0fx faster** (median; min..max of all pairs "
+                   "%.0fx..%.0fx). llama-server's own RAM prompt cache: %.0f ms (kvpersist / RAM cache = **%.2fx**)."
+                   % (big, h["kv_switch"]["median"], h["cold"]["median"] / 1000,
+                      h["cold"]["median"] / h["kv_switch"]["median"], h["speedup_vs_cold"]["min"],
+                      h["speedup_vs_cold"]["max"], h["ramcache"]["median"],
+                      h["kv_switch"]["median"] / h["ramcache"]["median"]))
+        out.append("**After a llama-server restart** (%s tokens): %.0f ms through kvpersist (restore from disk, page "
+                   "cache evicted) vs %.1f s directly (the RAM cache is gone, so it is a cold prefill): **%.0fx**."
+                   % (big, h["kv_restart"]["median"], h["ramcache_restart"]["median"] / 1000,
+                      h["ramcache_restart"]["median"] / h["kv_restart"]["median"]))
+        out.append("**kvpersist's own share of a switch** (%s tokens): %.1f ms of %.0f ms (switch TTFT - "
+                   "llama-server's save_ms %.1f - restore_ms %.1f - resident TTFT %.0f ms)."
+                   % (big, h["share_ms"]["median"], h["kv_switch"]["median"], h["save_ms"]["median"],
+                      h["restore_ms"]["median"], h["kv_resident"]["median"]))
+        if sw.get("skipped"):
+            out.append("Not measured (over the time budget): %s-token prompts." % ", ".join(map(str, sw["skipped"])))
+    ov = results.get("overhead", {}).get("headline", {})
+    if ov.get("stub"):
+        c1 = ov["stub"]["1"]
+        txt = ("**Resident-path overhead** (1 client, stub upstream): kvpersist adds %s ms at p50 and %s ms at p99, "
+               "nginx adds %s ms at p50 (median (min..max) over repetitions); requests/s vs direct: kvpersist %s, "
+               "nginx %s." % (lib.fmt_mmm(c1["kvpersist"]["added_p50"]), lib.fmt_mmm(c1["kvpersist"]["added_p99"]),
+                              lib.fmt_mmm(c1["nginx"]["added_p50"]), lib.fmt_mmm(c1["kvpersist"]["rps_ratio"], 2),
+                              lib.fmt_mmm(c1["nginx"]["rps_ratio"], 2)))
+        if "16" in ov["stub"] and "64" in ov["stub"]:
+            g = lambda c, p: ov["stub"][c].get(p, {}).get("rps", {}).get("median") or 0  # noqa: E731
+            txt += (" At 16 and 64 clients of one session kvpersist serves one request at a time (the slot lease): "
+                    "%.0f and %.0f requests/s; the same relay without the lease (passthrough) %.0f and %.0f; "
+                    "nginx %.0f and %.0f." % (g("16", "kvpersist"), g("64", "kvpersist"),
+                                              g("16", "kvpersist passthrough"), g("64", "kvpersist passthrough"),
+                                              g("16", "nginx"), g("64", "nginx")))
+        out.append(txt)
+    if ov.get("real"):
+        r = ov["real"]
+        out.append("**Against llama-server** (ci model, max_tokens 1, 1 client): p50 %.2f ms direct, %.2f ms through "
+                   "kvpersist (+%s ms), %.2f ms through nginx."
+                   % (r["direct"]["p50"]["median"], r["kvpersist"]["p50"]["median"],
+                      lib.fmt_mmm(r["kvpersist"]["added_p50"]), r["nginx"]["p50"]["median"]))
+    st = results.get("streaming", {}).get("headline", {})
+    if st.get("stub"):
+        k = st["stub"]["kvpersist"]
+        n = st["stub"]["nginx"]
+        out.append("**Streaming fidelity** (stub emitting one event every 20 ms): kvpersist adds %s ms per event at "
+                   "p50 and %s ms at p99 (nginx: %s / %s); %d of %d events merged (nginx: %d)."
+                   % (lib.fmt_mmm(k["added_p50"]), lib.fmt_mmm(k["added_p99"]), lib.fmt_mmm(n["added_p50"]),
+                      lib.fmt_mmm(n["added_p99"]), k["merged"], k["events"], n["merged"]))
+    if st.get("real"):
+        k = st["real"]["kvpersist"]
+        out.append("From a real llama-server: %s ms at p50, %s ms at p99 (nginx: %s / %s); %d events merged that had "
+                   "left llama-server separately."
+                   % (lib.fmt_mmm(k["added_p50"]), lib.fmt_mmm(k["added_p99"]),
+                      lib.fmt_mmm(st["real"]["nginx"]["added_p50"]), lib.fmt_mmm(st["real"]["nginx"]["added_p99"]),
+                      k["merged"]))
+    fp = results.get("footprint", {}).get("headline", {})
+    if fp.get("memory"):
+        m = fp["memory"]
+        out.append("**Footprint**: %.1f MiB RSS idle, %.1f MiB with 256 concurrent streams (about %.0f KiB per "
+                   "stream)." % (m["idle_warm"] / 1024, m["streams_peak"] / 1024, m["per_stream_kib"]))
+    if fp.get("instructions"):
+        i = fp["instructions"]
+        out.append("**Instructions** (callgrind): %s per resident request and %s per SSE event; %.1fx and %.1fx "
+                   "nginx's." % ("{:,.0f}".format(i["kvpersist"]["per_request"]["median"]),
+                                 "{:,.0f}".format(i["kvpersist"]["per_event"]["median"]),
+                                 i["per_request_ratio"], i["per_event_ratio"]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--command", default="bench/run.sh")
+    ap.add_argument("--env", default=None, help="JSON with revision, llama-server, models, started")
+    ap.add_argument("--failed", default="", help="comma-separated benchmarks that failed")
+    ap.add_argument("--model-name", default="bench")
+    a = ap.parse_args()
+    rd = os.path.join(a.out, "results")
+    os.makedirs(rd, exist_ok=True)
+    env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
+    results = {}
+    for name in ORDER:
+        p = os.path.join(rd, name + ".json")
+        if os.path.exists(p):
+            results[name] = json.load(open(p))
+    plots = {"overhead": plot_overhead(rd), "streaming": plot_streaming(rd),
+             "switch": plot_switch(rd, env.get("switch_model", a.model_name))}
+    quick = any(r.get("quick") for r in results.values())
+    md = ["# kvpersist benchmark results", ""]
+    if quick:
+        md += ["**--quick run: tiny sizes, ci model, one or two repetitions. These numbers only show that the "
+               "benchmark machinery works; do not quote them.**", ""]
+    md += ["- Command: `%s` (from the repository root)" % a.command,
+           "- Date: %s (UTC), total %s" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
+                                          env.get("elapsed", "?")),
+           "- kvpersist: %s" % env.get("revision", "?"),
+           "- llama-server: %s" % env.get("llama_server", "?"),
+           "- Models: %s" % env.get("models", "?")]
+    md += ["- " + m for m in machine()]
+    md += ["- Benchmarks ran at niceness %s; before each one the run waited up to %s s for the 1-minute load "
+           "average to drop below 1.5 (other sessions share this machine); each section shows the load average "
+           "before and after it." % (env.get("nice", "0"), env.get("wait_quiet", "0")),
+           "", "The machine is a shared 2-core VM: absolute times move with its load, so every headline figure "
+           "is a ratio or a difference of figures measured in the same run, interleaved where possible, with "
+           "median (min..max) over repetitions. These are measurements, not tests: nothing here passes or fails "
+           "on speed.", ""]
+    if a.failed:
+        md += ["**Benchmarks that failed in this run: %s** (see the run's output)." % a.failed, ""]
+    hl = headlines(results)
+    if hl:
+        md += ["## Headlines", ""] + ["- " + h for h in hl] + [""]
+    if plots.get("switch"):
+        md += ["![TTFT of a returning session](results/switch.png)", ""]
+    for i, name in enumerate(ORDER, 1):
+        r = results.get(name)
+        if not r:
+            continue
+        md += ["## %d. %s" % (i, r["title"]), "",
+               "Driver: `%s`; run %s, %.0f s, kvpersist %s; load average before / after: %s / %s"
+               % (r["command"], r.get("date", "?"), r.get("seconds", 0), r.get("revision", "?"),
+                  " ".join(r.get("load_start", "?").split()[:3]), " ".join(r.get("load_end", "?").split()[:3])), ""]
+        for sec in r["sections"]:
+            md += ["### " + sec["title"], ""]
+            if sec.get("command"):
+                md += ["Command: `%s`" % sec["command"], ""]
+            md += [sec["table"], ""]
+        if r["notes"]:
+            md += ["- " + n for n in r["notes"]] + [""]
+        for p in r.get("plots", []):
+            if plots.get(p.split(".")[0]) and p.split(".")[0] != "switch":
+                md += ["![%s](results/%s)" % (r["title"], p), ""]
+    path = os.path.join(a.out, "RESULTS.md")
+    with open(path, "w") as f:
+        f.write("\n".join(md))
+    lib.log("wrote %s and %d plot(s) in %s" % (path, sum(1 for v in plots.values() if v), rd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+#!/usr/bin/python3
+"""Benchmark 3: session switch and restart, time to first token (TTFT).
+
+Two sessions, A and B, each with a prompt of S tokens, take turns on one llama-server slot.
+For each prompt size S, three fresh llama-server processes (-np 1, same -c) run side by side,
+only one of them busy at a time, and their turns are interleaved so that machine noise hits
+them alike:
+
+  kvpersist  llama-server --slot-save-path --no-cache-idle-slots, kvpersist in front:
+             A (cold), B (cold), then R times: A returns (save B + restore A), A again
+             (resident), B returns (save A + restore B), B again (resident). Then llama-server
+             is restarted (snapshot files evicted from the page cache first: a real disk read)
+             and A returns (and again for B): kvpersist notices the restart and restores from disk.
+  ram-cache  llama-server's own prompt cache, no kvpersist (defaults: --cache-ram 8192, idle
+             slots cached): the same turns, then a restart, then A returns (the RAM cache is
+             empty, so this is a cold prefill).
+  cold       llama-server --cache-ram 0, no kvpersist: A, B, then A (and B) return and are
+             prefilled again from scratch.
+
+TTFT is the time from sending the request to the first SSE data event at the client (streamed
+chat completion, max_tokens 4; SSE comments, such as the ":" keep-alive ping llama-server sends
+after 30 s without data, are not data events). kvpersist's own share of a switch is
+    switch TTFT - (save_ms + restore_ms as llama-server reported them) - resident TTFT
+(the resident turn that immediately follows, which prefills the same number of new tokens):
+what is left is kvpersist's coordination, the extra HTTP calls, and noise. save + restore is
+the physical floor of a save/restore design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lib  # noqa: E402
+from lib import BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
+
+SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
+             "da ve ni mo ta shi ku ra").split()
+FOLLOWUPS = ["Thanks. Now list the three most frequent words.", "Good. Which word appears first?",
+             "Fine. Which word appears last?", "And the longest word?", "Count the sentences.",
+             "Name a word that appears twice.", "Summarise in one line.", "Any word with five letters?"]
+
+
+def pseudo_text(seed: str, n_words: int) -> str:
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
+    words = []
+    for i in range(n_words):
+        w = rng.choice(vocab)
+        if i % 11 == 0:
+            w = w.capitalize()
+        words.append(w + ("." if i % 11 == 10 else ""))
+    return " ".join(words)
+
+
+def make_prompt(ls: lib.LlamaServer, session: str, target: int) -> str:
+    head = "Session %s. Read these notes and summarise them.\n\n" % session
+    n = target // 2
+    text = ""
+    for _ in range(6):
+        text = head + pseudo_text("kvp-bench-%s-%d" % (session, target), n)
+        got = ls.tokenize(text)
+        if abs(got - target) <= max(3, target // 500):
+            break
+        n = max(10, int(n * target / max(got, 1)))
+    return text
+
+
+class Conversation:
+    def __init__(self, sid: str, prompt: str):
+        self.sid = sid
+        self.messages = [{"role": "user", "content": prompt}]
+        self.k = 0
+
+    def turn(self, port: int, max_tokens: int, timeout: float) -> dict:
+        body = {"messages": self.messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+                "seed": 1, "logit_bias": lib.BAN_BYTE_TOKENS}
+        r = lib.sse_request(port, "/v1/chat/completions", body, {"X-Session-Id": self.sid}, timeout=timeout)
+        if not r["events"]:
+            raise BenchError("no SSE events from port %d" % port)
+        ttft = next(((t - r["t_send"]) / 1e9 for t, ev, _ in r["events"] if ev.startswith(b"data:")), None)
+        if ttft is None:
+            raise BenchError("no SSE data event from port %d" % port)
+        first_tok = next(((t - r["t_send"]) / 1e9 for t, ev, _ in r["events"] if lib._has_content(ev)), None)
+        reply, timings = [], {}
+        for _, ev, _ in r["events"]:
+            j = lib.event_json(ev)
+            if not j:
+                continue
+            if "error" in j:
+                raise BenchError("error event: %s" % json.dumps(j["error"])[:300])
+            for ch in j.get("choices") or []:
+                c = (ch.get("delta") or {}).get("content")
+                if c:
+                    reply.append(c)
+            if j.get("timings"):
+                timings = j["timings"]
+        self.messages.append({"role": "assistant", "content": "".join(reply)})
+        self.messages.append({"role": "user", "content": FOLLOWUPS[self.k % len(FOLLOWUPS)]})
+        self.k += 1
+        return {"ttft": ttft, "first_token": first_tok, "pings": len(r["comments"]), "prompt_n": timings.get("prompt_n"),
+                "cache_n": timings.get("cache_n"), "prompt_ms": timings.get("prompt_ms")}
+
+
+def evict_page_cache(d: str) -> int:
+    n = 0
+    for f in os.listdir(d):
+        p = os.path.join(d, f)
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return n
+
+
+def kv_switch_ms(kv: lib.KvPersist, mark: int) -> tuple[float, float, float, list[str]]:
+    """(save_ms + restore_ms as llama-server reported them, wall time of the management HTTP
+    calls as kvpersist measured them (debug kv.backend.call lines), the events), since mark."""
+    save = restore = calls = 0.0
+    evs = []
+    for e, f in kv.events(mark):
+        if e.startswith("kv.session.") or e.startswith("kv.backend.") or e.startswith("kv.snapshot."):
+            if e != "kv.backend.call":
+                evs.append(e)
+        if e == "kv.session.save.success":
+            save += float(f.get("ms", 0))
+        elif e == "kv.session.restore.success":
+            restore += float(f.get("ms", 0))
+        elif e == "kv.backend.call" and f.get("action") in ("save", "restore", "erase"):
+            calls += float(f.get("ms", 0))
+    return save, restore, calls, evs
+
+
+def manifest_ms(kv: lib.KvPersist, mark: int) -> float:
+    """Time between the end of the save call (its kv.backend.call line) and kv.session.save.success,
+    from the log's millisecond timestamps: kvpersist's manifest write (temp file, fsync, rename,
+    directory fsync) after a save."""
+    import datetime
+    total, t_call = 0.0, None
+    for line in lib.read(kv.log_path).splitlines()[mark:]:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() * 1000
+        except ValueError:
+            continue
+        if parts[2] == "kv.backend.call" and "action=save" in line:
+            t_call = t
+        elif parts[2] == "kv.session.save.success" and t_call is not None:
+            total += t - t_call
+            t_call = None
+    return total
+
+
+def log_turn(cfg: str, size: int, what: str, r: dict) -> None:
+    lib.log("switch %s %5d %-16s TTFT %8.1f ms  prompt_n %s cache_n %s" % (
+        cfg, size, what, r["ttft"] * 1000, r.get("prompt_n"), r.get("cache_n")))
+
+
+def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> None:
+    """The three configurations run side by side (three llama-server processes, only one busy at a
+    time), their turns interleaved, so that machine noise hits them alike."""
+    d = os.path.join(work, "size-%d" % size)
+    sd = os.path.join(d, "slots")
+    os.makedirs(sd, exist_ok=True)
+    servers = {
+        "kvpersist": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-kvpersist", slot_dir=sd),
+        "ramcache": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-ramcache", no_cache_idle=False),
+        "cold": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-cold", cache_ram=0),
+    }
+    kv = None
+    try:
+        for cfg, ls in servers.items():
+            ls.start()
+            out["cmd_" + cfg] = ls.command_line()
+        kv = lib.KvPersist(a.kvpersist, servers["kvpersist"].port, d, extra={"log": {"level": "debug"}})
+        port = {"kvpersist": kv.port, "ramcache": servers["ramcache"].port, "cold": servers["cold"].port}
+        conv = {cfg: {s: Conversation("bench-%s-%d" % (s, size), prompts[s]) for s in "AB"} for cfg in servers}
+
+        def turn(cfg, s, what):
+            r = conv[cfg][s].turn(port[cfg], a.max_tokens, a.timeout)
+            log_turn(cfg, size, s + " " + what, r)
+            return r
+
+        for s in "AB":                      # first turns: cold everywhere
+            for cfg in servers:
+                r = turn(cfg, s, "first")
+                out.setdefault(cfg + "_first", []).append(r)
+                if cfg == "cold" and s == "B":
+                    out.setdefault("cold_return", []).append(r)   # the slot held A: a cold switch
+        n_cold = 0
+        for rep in range(reps):
+            for s in "AB":
+                for cfg in servers:
+                    if cfg == "cold":
+                        if n_cold >= a.cold_reps:
+                            continue
+                        n_cold += 1
+                    mark = kv.lines() if cfg == "kvpersist" else 0
+                    r = turn(cfg, s, "returns")
+                    if cfg == "kvpersist":
+                        time.sleep(0.05)
+                        save, restore, calls, evs = kv_switch_ms(kv, mark)
+                        if "kv.session.restore.success" not in evs:
+                            raise BenchError("kvpersist did not restore session %s on its return (log: %s)" % (s, evs))
+                        r.update(save_ms=save, restore_ms=restore, calls_ms=calls, manifest_ms=manifest_ms(kv, mark))
+                    res_r = turn(cfg, s, "resident")
+                    r["resident"] = res_r["ttft"]
+                    if cfg == "kvpersist":
+                        r["share"] = r["ttft"] - (r["save_ms"] + r["restore_ms"]) / 1000 - res_r["ttft"]
+                        r["outside_calls"] = r["ttft"] - r["calls_ms"] / 1000 - res_r["ttft"]
+                    key = {"kvpersist": "kv_switch", "ramcache": "ramcache_return", "cold": "cold_return"}[cfg]
+                    out.setdefault(key, []).append(r)
+                    out.setdefault({"kvpersist": "kv", "ramcache": "ramcache", "cold": "cold"}[cfg] + "_resident",
+                                   []).append(res_r)
+        servers["cold"].stop()
+        # restarts: llama-server goes away and comes back. kvpersist restores from disk (snapshot files
+        # evicted from the page cache first); llama-server's RAM cache is empty (a cold prefill, costly,
+        # so only one at large sizes).
+        for i, s in enumerate("AB"[:a.restarts]):
+            ls = servers["kvpersist"]
+            ls.stop()
+            out["evicted_bytes"] = evict_page_cache(sd)
+            ls.start()
+            mark = kv.lines()
+            r = turn("kvpersist", s, "after restart")
+            time.sleep(0.05)
+            save, restore, calls, evs = kv_switch_ms(kv, mark)
+            r.update(save_ms=save, restore_ms=restore, calls_ms=calls, events=evs)
+            if "kv.session.restore.success" not in evs:
+                raise BenchError("kvpersist did not restore session %s after the llama-server restart (log: %s)"
+                                 % (s, evs))
+            out.setdefault("kv_restart", []).append(r)
+            if i == 0 or size <= 8192:
+                ls = servers["ramcache"]
+                ls.stop()
+                ls.start()
+                out.setdefault("ramcache_restart", []).append(turn("ramcache", s, "after restart"))
+    finally:
+        if kv:
+            kv.stop()
+        for ls in servers.values():
+            ls.stop()
+
+
+def S(xs, key="ttft", scale=1.0):
+    return mmm([x[key] * scale for x in xs if x.get(key) is not None])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    lib.common_args(ap)
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-name", default="bench")
+    ap.add_argument("--sizes", default=None, help="comma-separated prompt sizes in tokens")
+    ap.add_argument("--ctx", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None, help="returns per session per size")
+    ap.add_argument("--cold-reps", type=int, default=None, help="cold returns per size (besides B's first turn)")
+    ap.add_argument("--restarts", type=int, default=None, choices=(1, 2),
+                    help="llama-server restarts per config and size (default 2; 1 with --quick)")
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip a size whose estimated run time (from the previous size's cold prefill) exceeds this")
+    a = ap.parse_args()
+    lib.install_signal_handlers()
+    sizes = [int(x) for x in (a.sizes or ("1024,2048" if a.quick else "2048,4096,8192,16384")).split(",")]
+    a.ctx = a.ctx or (max(sizes) + 4096 if max(sizes) >= 8192 else 4096)
+    reps = a.reps or (1 if a.quick else 3)
+    a.restarts = a.restarts or (1 if a.quick else 2)
+    a.cold_reps = a.cold_reps if a.cold_reps is not None else (1 if a.quick else 2)
+    budget = a.budget_s or (600 if a.quick else 1500)
+    work = lib.work_dir(a, "switch")
+    res = lib.Result("switch", "Session switch and restart", a.out, sys.argv, a.quick)
+    data = {}
+    skipped = []
+    try:
+        prev = None
+        for size in sizes:
+            if prev is not None:
+                # cold prefill grows faster than linearly; about 8 + cold_reps cold prefills per size
+                est = prev["cold_s"] * (size / prev["size"]) ** 1.6 * (8 + a.cold_reps)
+                if est > budget:
+                    skipped.append((size, est))
+                    lib.log("switch: skipping %d tokens (estimated %.0f s > budget %.0f s)" % (size, est, budget))
+                    continue
+            t0 = time.monotonic()
+            out = data[size] = {}
+            # prompts: tokenized on a short-lived server of the same model
+            tmp = lib.LlamaServer(a.llama_server, a.model, 512, work, name="tokenizer-%d" % size).start()
+            prompts = {s: make_prompt(tmp, s, size) for s in "AB"}
+            out["prompt_tokens"] = {s: tmp.tokenize(prompts[s]) for s in "AB"}
+            tmp.stop()
+            run_size(a, size, prompts, reps, work, out)
+            out["seconds"] = time.monotonic() - t0
+            prev = {"size": size, "cold_s": S(out["cold_return"])["median"]}
+            lib.log("switch: %d tokens done in %.0f s" % (size, out["seconds"]))
+    finally:
+        lib.Proc.stop_all()
+
+    # ------------------------------------------------------------------ tables
+    ms = 1000.0
+    rows, prow, shares = [], [], []
+    for size, o in data.items():
+        cold = S(o["cold_return"], scale=ms)
+        kvs = S(o["kv_switch"], scale=ms)
+        ram = S(o["ramcache_return"], scale=ms)
+        kres = S(o["kv_resident"], scale=ms)
+        kvr = S(o["kv_restart"], scale=ms)
+        ramr = S(o["ramcache_restart"], scale=ms)
+        sp_cold = mmm([c / k for c in [x["ttft"] for x in o["cold_return"]] for k in [x["ttft"] for x in o["kv_switch"]]])
+        rows.append([size, fmt_mmm(cold, 0), fmt_mmm(ram, 0), fmt_mmm(kvs, 0), fmt_mmm(kres, 0),
+                     fmt_mmm(ramr, 0), fmt_mmm(kvr, 0),
+                     "%.1fx" % (cold["median"] / kvs["median"]), "%.2fx" % (kvs["median"] / ram["median"]),
+                     "%.1fx" % (ramr["median"] / kvr["median"])])
+        prow.append([size, cold["median"], ram["median"], kvs["median"], kres["median"], ramr["median"],
+                     kvr["median"], cold["min"], cold["max"], kvs["min"], kvs["max"], ram["min"], ram["max"]])
+        sv = S(o["kv_switch"], "save_ms")
+        rs = S(o["kv_switch"], "restore_ms")
+        sh = S(o["kv_switch"], "share", ms)
+        cl = S(o["kv_switch"], "calls_ms")
+        oc = S(o["kv_switch"], "outside_calls", ms)
+        mf = S(o["kv_switch"], "manifest_ms")
+        shares.append([size, fmt_mmm(kvs, 0), fmt_mmm(sv, 1), fmt_mmm(rs, 1), fmt_mmm(cl, 1), fmt_mmm(kres, 1),
+                       fmt_mmm(sh, 1), fmt(100 * sh["median"] / kvs["median"], 1) + "%", fmt_mmm(oc, 1),
+                       fmt_mmm(mf, 0), fmt_mmm(S(o["kv_restart"], "restore_ms"), 1)])
+        o["summary"] = {"cold": cold, "kv_switch": kvs, "ramcache": ram, "kv_resident": kres, "kv_restart": kvr,
+                        "ramcache_restart": ramr, "speedup_vs_cold": sp_cold, "save_ms": sv, "restore_ms": rs,
+                        "share_ms": sh, "calls_ms": cl, "outside_calls_ms": oc, "manifest_ms": mf}
+    if not data:
+        raise BenchError("no size was measured")
+    first = data[next(iter(data))]
+    head = ["prompt tokens", "cold re-prefill", "RAM cache (built-in)", "kvpersist switch", "resident",
+            "restart: direct", "restart: kvpersist", "cold / kvpersist", "kvpersist / RAM cache",
+            "restart: direct / kvpersist"]
+    res.table("TTFT of a returning session, ms, %s model (-c %d; median (min..max); %d returns per config and "
+              "size, %d cold)" % (a.model_name, a.ctx, 2 * reps, 1 + a.cold_reps), md_table(head, rows),
+              command="kvpersist: %s + kvpersist serve; RAM cache: %s; cold: %s" % (
+                  first["cmd_kvpersist"], first["cmd_ramcache"], first["cmd_cold"]))
+    res.table("kvpersist's own share of a switch, ms: switch TTFT - (save_ms + restore_ms) - resident TTFT",
+              md_table(["prompt tokens", "switch TTFT", "save_ms", "restore_ms", "save+restore HTTP calls",
+                        "resident TTFT", "kvpersist share", "share of switch", "share outside the calls",
+                        "of which manifest write", "restore_ms after restart"], shares),
+              command="save_ms/restore_ms: llama-server's timings, from kvpersist's kv.session.save.success / "
+                      "restore.success lines; HTTP calls: wall time of the /slots calls (kv.backend.call, "
+                      "--log-level debug)")
+    res.note("\"share outside the calls\" = switch TTFT - wall time of the /slots HTTP calls - resident TTFT: "
+             "kvpersist's own work on a switch (coordination and the manifest write). \"of which manifest "
+             "write\": from kvpersist's log timestamps (1 ms resolution), the time between the end of the save "
+             "call and kv.session.save.success, i.e. the manifest written atomically (temp file, fsync, rename, "
+             "directory fsync) before the restore may start. The "
+             "difference between the calls' wall time and llama-server's save_ms + restore_ms is llama-server's "
+             "task queue and HTTP handling around the file I/O.")
+    res.dat("switch.dat", "tokens cold ramcache kv_switch resident ramcache_restart kv_restart cold_min cold_max "
+            "kv_min kv_max ram_min ram_max", prow)
+    res.plots.append("switch.png")
+    for size, o in data.items():
+        kr = o["kv_restart"][0]
+        res.note("%d tokens: after a restart kvpersist logged %s; %s bytes of snapshot files were evicted from the "
+                 "page cache before llama-server came back (the restore reads the disk); llama-server reused "
+                 "(cache_n) %s of %s prompt tokens. Restarts: %d through kvpersist, %d direct." % (
+                     size, ", ".join(dict.fromkeys(e for e in kr.get("events", []) if not e.endswith(".start"))),
+                     "{:,}".format(o.get("evicted_bytes", 0)), kr.get("cache_n"),
+                     (kr.get("prompt_n") or 0) + (kr.get("cache_n") or 0), len(o["kv_restart"]),
+                     len(o["ramcache_restart"])))
+    for size, est in skipped:
+        res.note("%d tokens: NOT measured; the estimated run time (%.0f s, from the previous size's cold prefill) "
+                 "exceeded the budget of %.0f s (--budget-s)." % (size, est, budget))
+    res.note("TTFT = request sent to the first SSE data event at the client (stream, max_tokens %d; llama-server's "
+             "\":\" keep-alive pings during prefills over 30 s are not data events); prompts are random words; "
+             "llama-server's timings (cache_n) show the reuse on every restored or cached turn." % a.max_tokens)
+    res.headline = {str(k): v["summary"] for k, v in data.items()}
+    res.headline["skipped"] = [s for s, _ in skipped]
+    with open(os.path.join(a.out, "results", "switch-raw.json"), "w") as f:
+        json.dump({str(k): {kk: vv for kk, vv in v.items() if kk != "summary"} for k, v in data.items()}, f, indent=1)
+    res.save()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print("BENCH FAILED: %s" % e, file=sys.stderr)
+        sys.exit(1)

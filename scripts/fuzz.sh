@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz, clang++ with ASan+UBSan) into build-fuzz and runs
+# each for N seconds from its seed corpus (tests/fuzz/corpus/<target>) with its dictionary.
+#
+# Usage: scripts/fuzz.sh [--seconds N] [--no-build] [--merge] [TARGET...]
+#   --seconds N  per target (default 60; CI runs 20)
+#   --no-build   reuse build-fuzz as it is
+#   --merge      afterwards, minimize what was found into tests/fuzz/corpus/<target> (-merge=1)
+#   TARGET       request_path http_request config manifest llama_replies request_rewrite
+#                (default: all)
+# Env:   KVP_FUZZ_STRICT=1  also check the properties of known, reported bugs (they fail at once)
+#        KVP_FUZZ_JOBS      compile jobs (default: nproc)
+#
+# New inputs go to build-fuzz/corpus/<target> (the checked-in seeds are read-only here); a
+# failing input is written to build-fuzz/artifacts/<target>/ and the script fails, printing
+# the command that reproduces it. Long local runs: scripts/fuzz.sh --seconds 3600 http_request
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=60
+build_it=1
+merge=0
+targets=()
+while (($#)); do
+  case "$1" in
+    --seconds) seconds=$2; shift ;;
+    --no-build) build_it=0 ;;
+    --merge) merge=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) targets+=("$1") ;;
+  esac
+  shift
+done
+all=(request_path http_request config manifest llama_replies request_rewrite)
+((${#targets[@]})) || targets=("${all[@]}")
+
+build=build-fuzz
+if ((build_it)); then
+  scripts/setup.sh
+  command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
+  cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DKVP_FUZZ=ON -DKVP_SANITIZE=address,undefined -DKVP_BUILD_TESTS=OFF -DKVP_WERROR=OFF >/dev/null
+  ninja -C "$build" -j "${KVP_FUZZ_JOBS:-$(nproc)}" $(printf 'fuzz_%s ' "${targets[@]}")
+fi
+
+dict_for() {
+  case $1 in
+    request_path|http_request) echo tests/fuzz/http.dict ;;
+    config) echo tests/fuzz/yaml.dict ;;
+    *) echo tests/fuzz/json.dict ;;
+  esac
+}
+
+export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/tests/fuzz/ubsan.supp:${UBSAN_OPTIONS:-}"
+
+status=0
+for t in "${targets[@]}"; do
+  bin="$build/tests/fuzz/fuzz_$t"
+  [[ -x $bin ]] || { echo "fuzz.sh: $bin not built" >&2; status=1; continue; }
+  work="$build/corpus/$t"
+  art="$build/artifacts/$t/"
+  mkdir -p "$work" "$art"
+  echo "== fuzz_$t: ${seconds}s" >&2
+  if "$bin" "$work" "tests/fuzz/corpus/$t" -dict="$(dict_for "$t")" -max_total_time="$seconds" \
+       -timeout=10 -rss_limit_mb=2048 -max_len=16384 -artifact_prefix="$art" -print_final_stats=1 \
+       > "$build/fuzz_$t.log" 2>&1; then
+    grep -E "^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb)|^#[0-9]+ *DONE" \
+         "$build/fuzz_$t.log" | tr '\n' ' ' >&2 || true
+    echo >&2
+  else
+    status=1
+    echo "fuzz_$t FAILED; last lines of $build/fuzz_$t.log:" >&2
+    tail -40 "$build/fuzz_$t.log" >&2
+    for a in "$art"*; do
+      [[ -f $a ]] && echo "reproduce: $bin $a   (or: $build/../build/tests/replay_$t $a)" >&2
+    done
+  fi
+  if ((merge)); then
+    "$bin" -merge=1 "tests/fuzz/corpus/$t" "$work" -dict="$(dict_for "$t")" >/dev/null 2>&1 || true
+  fi
+done
+exit $status

@@ -1,0 +1,627 @@
+"""Hostile input at kvpersist's front door (issue 7, part 3), against the fake llama-server.
+
+What each test sends and what must hold:
+
+* oversized headers -> 431, oversized bodies -> 413 (Content-Length, chunked, 100-continue);
+* conflicting or ambiguous framing (Content-Length with Transfer-Encoding, two lengths, a
+  Transfer-Encoding that does not end in chunked, obs-fold, pipelined smuggling) -> 400 or a
+  separately judged request, and nothing reaches llama-server that kvpersist did not frame
+  itself: the fake's request log is the witness;
+* slowloris clients are closed after limits.headerTimeoutMs while a normal client is served;
+* hostile session ids (`../`, control bytes, NUL, 10 KB, invalid UTF-8): the manifest and
+  snapshot names are the SHA-256 of the id, no file appears outside the state and snapshot
+  directories, the raw id appears in no log line (at debug level, a superset of info);
+* the admin API answers 401 without or with a wrong bearer token when admin.token is set;
+* `/slots*` through the proxy is 403, including percent-encoded variants, and no encoded form
+  reaches a slot action (the fake routes with cpp-httplib's own path decoding).
+
+Run: KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_hostile.py
+"""
+
+from __future__ import annotations
+
+import glob
+import signal
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from harness import Conversation, http_request, manifests, now
+
+pytestmark = pytest.mark.fake_only
+
+FAKE_MODEL = "/models/fake-model-Q8_0.gguf"   # fake_llama.FakeLlamaServer's default model_path
+
+
+# ----------------------------------------------------------------------------- helpers
+def sid(tag: str) -> str:
+    return "host-%s-%s" % (tag, uuid.uuid4().hex[:12])
+
+
+def expected_hash(session: bytes, instance_key: str = "default", model: str = FAKE_MODEL) -> str:
+    """core::session_hash: SHA-256 over length-prefixed fields (core/identity.cpp)."""
+    def field(v: bytes) -> bytes:
+        return b"%d:" % len(v) + v + b";"
+    return hashlib.sha256(b"kvpersist-session-v1;" + field(instance_key.encode()) + field(model.encode())
+                          + field(session)).hexdigest()
+
+
+def forwarded(fake) -> list[dict]:
+    """What kvpersist sent to llama-server, minus its own probes (/props, the slot probe)."""
+    return [r for r in fake.requests
+            if r["path"] != "/props" and r["query"].get("action") != "probe"]
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> tuple[bytes, bool]:
+    """Sends `data` on a fresh connection and reads until the server closes it or `timeout`
+    passes. Returns (bytes read, whether the server closed the connection)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    out = bytearray()
+    closed = False
+    deadline = now() + timeout
+    try:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        while now() < deadline:
+            s.settimeout(max(0.01, deadline - now()))
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            out += chunk
+    finally:
+        s.close()
+    return bytes(out), closed
+
+
+def statuses(data: bytes) -> list[int]:
+    """Status codes of every response in `data` (responses carry Content-Length here)."""
+    out = []
+    i = 0
+    while True:
+        j = data.find(b"HTTP/1.1 ", i)
+        if j < 0:
+            return out
+        out.append(int(data[j + 9:j + 12]))
+        i = j + 12
+
+
+def request_bytes(method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes = b"",
+                  port: int = 0) -> bytes:
+    head = b"%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % (method.encode(), target.encode("latin-1"), port)
+    head += b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+    return head + b"\r\n" + body
+
+
+def chat_json(text: str = "hello there") -> bytes:
+    return json.dumps({"model": "fake", "messages": [{"role": "user", "content": text}]}).encode()
+
+
+# ============================================================================ sizes
+def test_oversized_header_431(stack):
+    stack.start(config={"limits": {"maxHeaderBytes": 8192}})
+    port = stack.port
+    r = http_request(port, "GET", "/health", headers={"X-Big": "a" * 10000})
+    assert r.status == 431, (r.status, r.body[:200])
+    # many small fields adding up count too
+    r = http_request(port, "GET", "/health", headers=[("X-F%d" % i, "b" * 100) for i in range(100)])
+    assert r.status == 431, (r.status, r.body[:200])
+    # a session id over the limit is refused before it is hashed or stored
+    r = http_request(port, "POST", "/v1/chat/completions", headers={"X-Session-Id": "s" * 9000},
+                     body=chat_json())
+    assert r.status == 431, (r.status, r.body[:200])
+    assert forwarded(stack.fake) == []
+    assert http_request(port, "GET", "/health").status == 200
+
+
+def test_default_header_limit_64k(stack):
+    stack.start()
+    r = http_request(stack.port, "GET", "/health", headers={"X-Big": "a" * (65 * 1024)})
+    assert r.status == 431, (r.status, r.body[:200])
+    assert forwarded(stack.fake) == []
+
+
+def test_oversized_body_413_chunked(stack):
+    stack.start(config={"limits": {"maxBodyBytes": 4096}})
+    port = stack.port
+    body = chat_json("x " * 5000)  # ~10 KB
+    payload = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 1000]), body[i:i + 1000])
+                       for i in range(0, len(body), 1000)) + b"0\r\n\r\n"
+    r = http_request(port, "POST", "/v1/chat/completions",
+                     headers={"Transfer-Encoding": "chunked", "X-Session-Id": sid("big")}, body=payload)
+    assert r.status == 413, (r.status, r.error, r.body[:200])
+    assert forwarded(stack.fake) == []
+    assert stack.fake.management_calls() == []
+    # a body under the limit still goes through
+    small = chat_json("y")
+    assert len(small) < 4096
+    assert http_request(port, "POST", "/v1/chat/completions", headers={"X-Session-Id": sid("ok")},
+                        body=small).status == 200
+
+
+@pytest.mark.parametrize("framing", ["content-length", "expect-100-continue"])
+def test_oversized_body_413_content_length(stack, framing):
+    stack.start(config={"limits": {"maxBodyBytes": 4096}})
+    body = chat_json("x " * 5000)
+    r = http_request(stack.port, "POST", "/v1/chat/completions", headers={"X-Session-Id": sid("big")}, body=body,
+                     expect_continue=framing == "expect-100-continue")
+    assert forwarded(stack.fake) == []
+    assert r.status == 413, (r.status, r.body[:200])
+
+
+def test_oversized_body_content_length_refused(stack):
+    """What holds today for the case above: refused with a 4xx, nothing forwarded, connection closed."""
+    stack.start(config={"limits": {"maxBodyBytes": 4096}})
+    body = chat_json("x " * 5000)
+    data, closed = raw_exchange(stack.port, request_bytes(
+        "POST", "/v1/chat/completions", [(b"Content-Length", b"%d" % len(body)),
+                                          (b"Content-Type", b"application/json")], body, stack.port))
+    st = statuses(data)
+    assert st and st[0] in (400, 413) and closed, (st, data[:200])
+    assert forwarded(stack.fake) == []
+
+
+# ============================================================================ framing / smuggling
+SMUGGLED = b"POST /slots/0?action=erase HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+
+def _chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+FRAMING_CASES = {
+    # name: (headers, body); each must be refused with 400 and forward nothing
+    "cl-then-te": ([(b"Content-Length", b"4"), (b"Transfer-Encoding", b"chunked")], _chunked(SMUGGLED)),
+    "te-then-cl": ([(b"Transfer-Encoding", b"chunked"), (b"Content-Length", b"4")], _chunked(SMUGGLED)),
+    "te-chunked-twice": ([(b"Transfer-Encoding", b"chunked"), (b"Transfer-Encoding", b"chunked")],
+                         _chunked(b"{}")),
+    "two-content-lengths": ([(b"Content-Length", b"2"), (b"Content-Length", b"40")], b"{}" + SMUGGLED[:38]),
+    "content-length-list-differs": ([(b"Content-Length", b"2, 40")], b"{}" + SMUGGLED[:38]),
+    "content-length-negative": ([(b"Content-Length", b"-1")], b"{}"),
+    "content-length-plus": ([(b"Content-Length", b"+2")], b"{}"),
+    "content-length-hex": ([(b"Content-Length", b"0x2")], b"{}"),
+    "space-before-colon": ([(b"Content-Length ", b"2")], b"{}"),
+    "nul-in-header": ([(b"X-Thing", b"a\x00b"), (b"Content-Length", b"2")], b"{}"),
+    "ctl-in-header": ([(b"X-Thing", b"a\x01b"), (b"Content-Length", b"2")], b"{}"),
+    "bare-lf": None,  # built below
+}
+
+
+@pytest.mark.parametrize("case", sorted(FRAMING_CASES))
+def test_ambiguous_framing_400_nothing_forwarded(stack, case):
+    stack.start()
+    port = stack.port
+    if case == "bare-lf":
+        data = (b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}" + SMUGGLED)
+    else:
+        headers, body = FRAMING_CASES[case]
+        data = request_bytes("POST", "/v1/chat/completions", [(b"X-Session-Id", sid(case).encode())] + headers,
+                             body, port)
+    got, closed = raw_exchange(port, data, timeout=3)
+    st = statuses(got)
+    assert st[:1] == [400], "%s: expected 400, got %s: %r" % (case, st, got[:300])
+    assert closed, "%s: connection left open after a framing error (the rest would be parsed as a request)" % case
+    assert len(st) == 1, "%s: more than one response: %s" % (case, st)
+    assert forwarded(stack.fake) == [], "%s: forwarded %s" % (case, [r["raw_path"] for r in forwarded(stack.fake)])
+    assert stack.fake.management_calls() == []
+
+
+BODY_FRAMING_CASES = {
+    # errors found while reading the body (after the header was accepted)
+    "bad-chunk-size": b"zz\r\n{}\r\n0\r\n\r\n" + SMUGGLED,
+    "chunk-size-overflow": b"ffffffffffffffffff\r\n{}\r\n0\r\n\r\n" + SMUGGLED,
+    "chunk-data-too-long": b"2\r\n{}xx\r\n0\r\n\r\n" + SMUGGLED,
+    "chunk-ext-garbage": b"2;\x01\r\n{}\r\n0\r\n\r\n" + SMUGGLED,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BODY_FRAMING_CASES))
+def test_bad_chunked_body_refused_nothing_forwarded(stack, case):
+    """A chunked body that breaks mid-way: kvpersist drops the connection (today without a 400:
+    body-phase read errors in proxy/server.cpp run_session close silently) and forwards nothing;
+    the bytes after it are never parsed as a request."""
+    stack.start()
+    port = stack.port
+    data = request_bytes("POST", "/v1/chat/completions",
+                         [(b"X-Session-Id", sid(case).encode()), (b"Transfer-Encoding", b"chunked")],
+                         BODY_FRAMING_CASES[case], port)
+    got, closed = raw_exchange(port, data, timeout=3)
+    assert closed and statuses(got) in ([], [400]), (case, statuses(got), got[:300])
+    assert forwarded(stack.fake) == [] and stack.fake.management_calls() == []
+
+
+@pytest.mark.parametrize("te", [b"gzip", b"chunked, identity"])
+def test_transfer_encoding_not_chunked_400(stack, te):
+    stack.start()
+    port = stack.port
+    inner = b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    data = request_bytes("POST", "/tokenize", [(b"Transfer-Encoding", te)], inner, port)
+    got, closed = raw_exchange(port, data, timeout=2)
+    st = statuses(got)
+    assert st == [400] and closed, (st, got[:300])
+
+
+def test_transfer_encoding_not_chunked_is_not_a_slot_bypass(stack):
+    """What holds today for the case above: the 'body' is judged as a request of its own, so a
+    smuggled /slots request still gets 403 and never reaches llama-server."""
+    stack.start()
+    port = stack.port
+    data = request_bytes("POST", "/tokenize", [(b"Transfer-Encoding", b"gzip")], SMUGGLED, port)
+    got, _ = raw_exchange(port, data, timeout=2)
+    assert 403 in statuses(got) or statuses(got)[:1] == [400], (statuses(got), got[:300])
+    assert stack.fake.management_calls() == []
+
+
+def test_pipelined_slots_request_judged_separately(stack):
+    """A valid request followed by a /slots request in the same packet: kvpersist parses the
+    second one itself and refuses it; llama-server sees only the first."""
+    stack.start()
+    port = stack.port
+    first = request_bytes("POST", "/tokenize", [(b"Content-Length", b"2"), (b"Content-Type", b"application/json")],
+                          b"{}", port)
+    got, _ = raw_exchange(port, first + SMUGGLED, timeout=2)
+    assert statuses(got) == [200, 403], (statuses(got), got[:400])
+    assert [r["path"] for r in forwarded(stack.fake)] == ["/tokenize"]
+    assert stack.fake.management_calls() == []
+
+
+def test_forwarded_request_is_reframed(stack):
+    """Whatever framing the client used, llama-server gets one Content-Length and no
+    Transfer-Encoding (kvpersist re-frames every request it forwards)."""
+    stack.start()
+    port = stack.port
+    body = chat_json("framing check")
+    hdr = [(b"X-Session-Id", sid("frame").encode()), (b"Transfer-Encoding", b"chunked"),
+           (b"Content-Type", b"application/json")]
+    got, _ = raw_exchange(port, request_bytes("POST", "/v1/chat/completions", hdr, _chunked(body), port) +
+                          b"", timeout=3)
+    assert statuses(got)[:1] == [200], got[:300]
+    rec = forwarded(stack.fake)[-1]
+    h = rec["headers_lower"]
+    assert "transfer-encoding" not in h and h.get("content-length") == str(len(body)), h
+    assert rec["body"] == body
+
+
+# ============================================================================ slowloris
+def test_slowloris_header_timeout(stack):
+    """Clients that dribble a header byte every 100 ms (or send nothing) are closed once
+    limits.headerTimeoutMs has passed; a normal client is served meanwhile."""
+    stack.start(config={"limits": {"headerTimeoutMs": 600}})
+    port = stack.port
+    n = 24
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setblocking(False)
+        socks.append(s)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: slow\r\nX-Pad: " + b"a" * 200
+    t0 = now()
+    closed_at: dict[int, float] = {}
+    served = None
+    pos = 0
+    while len(closed_at) < n and now() - t0 < 5.0:
+        for i, s in enumerate(socks):
+            if i in closed_at:
+                continue
+            if i % 4 != 0 and pos < len(head):   # every 4th client sends nothing at all
+                try:
+                    s.send(head[pos:pos + 1])
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    closed_at[i] = now() - t0
+                    continue
+            try:
+                if s.recv(4096) == b"":
+                    closed_at[i] = now() - t0
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                closed_at[i] = now() - t0
+        pos += 1
+        if served is None and now() - t0 > 0.2:
+            t1 = now()
+            r = http_request(port, "GET", "/health", timeout=3)
+            served = (r.status, now() - t1)
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+    assert len(closed_at) == n, "%d of %d slow clients still open after 5 s" % (n - len(closed_at), n)
+    assert min(closed_at.values()) >= 0.5, "closed before the header timeout: %s" % sorted(closed_at.values())
+    assert max(closed_at.values()) < 2.5, "closed late: %s" % sorted(closed_at.values())
+    assert served and served[0] == 200 and served[1] < 1.0, served
+    assert forwarded(stack.fake) == [r for r in forwarded(stack.fake) if r["path"] == "/health"]
+
+
+def test_idle_keepalive_closed_after_header_timeout(stack):
+    stack.start(config={"limits": {"headerTimeoutMs": 500}})
+    s = socket.create_connection(("127.0.0.1", stack.port), timeout=5)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        t0 = now()
+        buf = b""
+        while b'"ok"' not in buf:
+            buf += s.recv(4096)
+        s.settimeout(3)
+        rest = s.recv(4096)
+        assert rest == b"", rest
+        assert 0.4 <= now() - t0 < 2.0, now() - t0
+    finally:
+        s.close()
+
+
+# ============================================================================ session ids
+HOSTILE_IDS = {
+    "dotdot": None,             # built per test: ../../../.. to /tmp plus a unique marker
+    "slash-abs": b"/etc/kvp-hostile-%s",
+    "dots": b"..",
+    "backslash": b"..\\..\\..\\windows\\kvp-%s",
+    "10k": b"k" * 10240,
+    "invalid-utf8": b"\xff\xfe\xc3\x28\xa0\xa1kvp-%s",
+    "obs-text-latin1": b"caf\xe9-%s",
+    "json-meta": b'"},{"sessionHash":"%s\\u0000',
+    "percent": b"%2e%2e%2f%2e%2e%2fkvp-%s",
+    "spaces-inside": b"a b\tc-%s",
+}
+
+
+def _hostile_id(name: str, marker: str) -> bytes:
+    if name == "dotdot":
+        return b"../../../../../../../../../../tmp/kvp-hostile-" + marker.encode()
+    return HOSTILE_IDS[name].replace(b"%s", marker.encode())
+
+
+def _files_under(root: str) -> set[str]:
+    out = set()
+    for d, dirs, files in os.walk(root):
+        for f in files:
+            out.add(os.path.relpath(os.path.join(d, f), root))
+    return out
+
+
+def _chat_raw(port: int, session: bytes, text: str) -> int:
+    body = json.dumps({"model": "fake", "messages": [
+        {"role": "system", "content": "You are agent hostile. " + text},
+        {"role": "user", "content": text}], "max_tokens": 4}).encode()
+    got, _ = raw_exchange(port, request_bytes(
+        "POST", "/v1/chat/completions",
+        [(b"X-Session-Id", session), (b"Content-Type", b"application/json"),
+         (b"Content-Length", b"%d" % len(body)), (b"Connection", b"close")], body, port), timeout=10)
+    st = statuses(got)
+    return st[0] if st else 0
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_IDS))
+def test_hostile_session_id(stack, tmp_path, name):
+    marker = uuid.uuid4().hex[:12]
+    session = _hostile_id(name, marker)
+    stack.start(config={"log": {"level": "debug"}})
+    port = stack.port
+    before_tmp = set(glob.glob("/tmp/kvp-hostile-*")) | set(glob.glob("/etc/kvp-hostile-*"))
+
+    assert _chat_raw(port, session, "first turn") == 200
+    assert _chat_raw(port, b"plain-other-session", "switch away") == 200   # saves the hostile one
+    assert _chat_raw(port, session, "second turn") == 200                 # restores it
+    calls = stack.fake.management_calls()
+    assert [c["action"] for c in calls] == ["erase", "save", "erase", "save", "restore"], calls
+    h = expected_hash(session)
+    saved = calls[1]["filename"]
+    assert saved == h + ".a.bin", (saved, h)
+    assert calls[4]["filename"] == saved and calls[4]["status"] == 200
+
+    # names: the hash, nothing else
+    files = _files_under(str(tmp_path))
+    allowed_dirs = ("state/sessions/", "slots/")
+    for f in files:
+        if f.startswith(allowed_dirs):
+            base = os.path.basename(f)
+            stem = base.split(".")[0]
+            assert len(stem) == 64 and all(c in "0123456789abcdef" for c in stem), f
+        else:
+            assert f.startswith("kvpersist-") and f.endswith(".yaml"), "unexpected file %s" % f
+    assert os.path.isfile(os.path.join(stack.state_dir, "sessions", h + ".json"))
+    after_tmp = set(glob.glob("/tmp/kvp-hostile-*")) | set(glob.glob("/etc/kvp-hostile-*"))
+    assert after_tmp == before_tmp, after_tmp - before_tmp
+
+    # the manifest round-trips the id (kvpersist reads it back after a restart)
+    with open(os.path.join(stack.state_dir, "sessions", h + ".json"), "rb") as f:
+        raw = f.read()
+    m = json.loads(raw.decode("utf-8", "surrogateescape"))
+    assert m["sessionHash"] == h and m["state"] == "ready"
+
+    # logs: the id never appears (nor any 12+ byte piece of it)
+    log = "\n".join(stack.proxy.log_text().splitlines())
+    text = session.decode("latin-1")
+    probes = {text, marker} | ({text[:64]} if len(text) > 64 else set())
+    for p in probes:
+        if len(p) >= 8:
+            assert p not in log, "raw session id (or its marker %r) in kvpersist's log" % p
+    assert h[:8] in log   # the abbreviated hash is what identifies it
+
+
+# Regression (found here, fixed in 8c6bb31): a session id with obs-text bytes was written raw
+# into the manifest's sessionId, which made the file invalid UTF-8 (not RFC 8259 JSON).
+def test_manifest_is_utf8_json_for_non_utf8_session_id(stack):
+    stack.start()
+    session = b"\xff\xfe-bad-utf8-" + uuid.uuid4().hex[:8].encode()
+    assert _chat_raw(stack.port, session, "one") == 200
+    assert _chat_raw(stack.port, b"other", "two") == 200
+    with open(os.path.join(stack.state_dir, "sessions", expected_hash(session) + ".json"), "rb") as f:
+        raw = f.read()
+    m = json.loads(raw.decode("utf-8"))   # strict: must be UTF-8 text
+    assert m["sessionHash"] == expected_hash(session)
+    r = stack.proxy.admin("GET", "/kv/sessions")
+    assert r.status == 200
+    json.loads(r.body.decode("utf-8"))
+
+
+@pytest.mark.parametrize("value", [b"a\x00b", b"a\x01b", b"a\x7fb"])
+def test_session_id_control_bytes_refused(stack, value):
+    """NUL and other control bytes cannot be in an HTTP field value: 400, nothing stored."""
+    stack.start()
+    status = _chat_raw(stack.port, value, "ctl")
+    assert status == 400, status
+    assert forwarded(stack.fake) == [] and manifests(stack.state_dir) == []
+
+
+def test_session_id_at_info_level_not_logged(stack):
+    """At the default level (info) a switch logs the abbreviated hash only."""
+    stack.start(proxy_kw={"log_level": "info"})
+    s = "secret-session-" + uuid.uuid4().hex
+    A, B = Conversation(s), Conversation(sid("B"))
+    assert A.turn(stack.port).status == 200
+    assert B.turn(stack.port).status == 200
+    assert A.turn(stack.port).status == 200
+    log = stack.proxy.log_text()
+    assert s not in log and s[-12:] not in log
+    assert expected_hash(s.encode())[:8] in log
+
+
+# ============================================================================ admin API
+TOKEN = "kvp-admin-" + uuid.uuid4().hex
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", "Bearer " + TOKEN + "x", "bearer " + TOKEN,
+                                  "Basic " + TOKEN, TOKEN, "Bearer  " + TOKEN, "Bearer " + TOKEN[:-1]])
+def test_admin_token_required(stack, auth):
+    stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": TOKEN}})
+    A = Conversation(sid("A"))
+    assert A.turn(stack.port).status == 200
+    stack.upstream.take_calls()
+    headers = {"Authorization": auth} if auth is not None else {}
+    for method, path in [("GET", "/metrics"), ("GET", "/kv/status"), ("GET", "/kv/sessions"),
+                         ("GET", "/kv/sessions/" + A.session), ("POST", "/kv/flush"), ("POST", "/kv/gc"),
+                         ("POST", "/kv/sessions/%s/save" % A.session), ("DELETE", "/kv/sessions/" + A.session),
+                         ("POST", "/kv/sessions/%s/invalidate" % A.session)]:
+        r = stack.proxy.admin(method, path, headers=headers)
+        assert r.status == 401, (method, path, auth, r.status, r.body[:200])
+        assert (r.header("www-authenticate") or "").startswith("Bearer"), r.headers
+        assert A.session.encode() not in r.body
+    # no side effects: nothing was saved, purged or invalidated
+    stack.upstream.settle()
+    assert stack.upstream.take_calls() == []
+    assert manifests(stack.state_dir) == []
+    ok = stack.proxy.admin("GET", "/kv/status", token=TOKEN)
+    assert ok.status == 200, ok.body[:200]
+    assert stack.proxy.admin("GET", "/healthz").status == 200   # liveness needs no token (by design)
+
+
+def test_admin_without_token_config_is_open_on_loopback(stack):
+    stack.start()
+    assert stack.proxy.admin("GET", "/kv/status").status == 200
+
+
+# ============================================================================ /slots
+SLOTS_VARIANTS = [
+    ("GET", "/slots"), ("GET", "/slots/"), ("GET", "/slots?fail_on_no_slot=1"), ("HEAD", "/slots"),
+    ("OPTIONS", "/slots/0"), ("POST", "/slots/0?action=erase"), ("POST", "/slots/0/?action=erase"),
+    ("POST", "/slots//0?action=erase"), ("POST", "/%73lots/0?action=erase"),
+    ("POST", "/%73%6C%6F%74%73/0?action=erase"), ("POST", "/slots%2F0?action=erase"),
+    ("POST", "/slots%2f0?action=erase"), ("POST", "/%2Fslots/0?action=erase"),
+    ("POST", "/slots/0%3Faction=erase"), ("POST", "/slots/0#frag"), ("POST", "/slots/0?action=erase#x"),
+    ("POST", "/%u0073lots/0?action=erase"), ("POST", "/sl%u006Fts/0?action=erase"),
+    ("POST", "/%2573lots/0?action=erase"), ("POST", "/slots/-0?action=erase"),
+    ("POST", "/slots/1?action=erase"), ("POST", "/slots/0?action=erase&action=save"),
+]
+
+
+@pytest.mark.parametrize("method,path", SLOTS_VARIANTS)
+def test_slots_variants_never_reach_slot_actions(stack, method, path):
+    stack.start()
+    A = Conversation(sid("A"))
+    assert A.turn(stack.port).status == 200
+    stack.upstream.take_calls()
+    r = http_request(stack.port, method, path, body=b"{}" if method == "POST" else None, timeout=5)
+    assert stack.upstream.take_calls() == [], "%s %s reached a slot action" % (method, path)
+    decoded = path.split("#")[0].split("?")[0]
+    if decoded.startswith("/slots") or r.status == 200:
+        assert r.status == 403, (method, path, r.status, r.body[:200])
+    ra = A.turn(stack.port)
+    assert ra.status == 200 and stack.upstream.take_calls() == [], "A is no longer resident"
+
+
+SURROGATE_VARIANTS = ["/%uD800slots/0?action=erase", "/slots%uDFFF/0?action=erase",
+                      "/sl%uDBFFots/0?action=erase", "/%uD83D%uDE00slots?x=1"]
+
+
+# Regression (found by this suite and tests/fuzz/fuzz_request_path, fixed in 5274479):
+# core::decode_path encoded %uD800-%uDFFF as 3 UTF-8 bytes while cpp-httplib drops them, so
+# '/%uD800slots/0' was passthrough for kvpersist and /slots/0 for llama-server.
+@pytest.mark.parametrize("path", SURROGATE_VARIANTS)
+def test_slots_surrogate_escape_refused(stack, path):
+    stack.start()
+    A = Conversation(sid("A"))
+    assert A.turn(stack.port).status == 200
+    stack.upstream.take_calls()
+    method = "GET" if path.startswith("/%uD83D") else "POST"
+    r = http_request(stack.port, method, path, body=b"{}" if method == "POST" else None, timeout=5)
+    calls = stack.upstream.take_calls()
+    reached = [x for x in stack.fake.requests if x["path"].startswith("/slots") and x["raw_path"] == path]
+    assert not reached and calls == [], "%s reached llama-server's slot API (status %s)" % (path, r.status)
+    assert r.status == 403
+
+
+def test_inference_surrogate_escape_is_coordinated(stack):
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    assert A.turn(port).status == 200
+    stack.upstream.take_calls()
+    r = http_request(port, "POST", "/v1/chat/comp%uD800letions", headers=B.headers(), body=B.body("hi"))
+    assert r.status == 200
+    calls = stack.upstream.take_calls()
+    assert [c.action for c in calls] == ["save", "erase"], "the request ran without the slot lease: %s" % calls
+
+
+# ============================================================================ exceptions
+TRACE_BODY_BUG = (
+    "BUG: a TRACE request with a body is never answered and leaks its connection: "
+    "proxy/server.cpp server::prepare_upstream_request() calls req.prepare_payload(), which "
+    "throws std::invalid_argument(\"invalid request body\") for TRACE with a body (Beast "
+    "message::prepare_payload); the exception leaves the run_session coroutine (logged as "
+    "kv.internal.exception what=\"invalid request body\"), skipping its cleanup: the socket is "
+    "never closed or removed from conns_ (one fd per request, held after the client closes) and "
+    "active_ is never decremented, so every SIGTERM then waits the whole shutdownGraceMs. Any "
+    "client can exhaust kvpersist's file descriptors. Found by tests/fuzz/fuzz_http_request")
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/chat/completions"])
+def test_trace_with_body_answered_no_leak(stack, path):
+    stack.start(config={"shutdownGraceMs": 3000})
+    port = stack.port
+    pid = stack.proxy.pid
+    fds0 = len(os.listdir("/proc/%d/fd" % pid))
+    for i in range(20):
+        got, closed = raw_exchange(port, request_bytes(
+            "TRACE", path, [(b"X-Session-Id", b"trace-%d" % i), (b"Content-Length", b"2")], b"{}", port), timeout=1)
+        assert statuses(got)[:1] and 400 <= statuses(got)[0] < 500, "TRACE with a body got no answer: %r" % got[:200]
+    time.sleep(0.3)
+    assert len(os.listdir("/proc/%d/fd" % pid)) <= fds0 + 2, "connections leaked"
+    assert not stack.proxy.events("kv.internal.exception")
+    assert Conversation(sid("after")).turn(port, timeout=10).status == 200   # the lease is free
+    t0 = now()
+    assert stack.proxy.stop(signal.SIGTERM, timeout=15) == 0
+    assert now() - t0 < 2.0, "SIGTERM waited %.1f s for requests that were gone" % (now() - t0)
+
+
+def test_trace_with_body_does_not_block_others(stack):
+    """What holds today: the exception does not take the lease or other clients with it."""
+    stack.start()
+    port = stack.port
+    raw_exchange(port, request_bytes("TRACE", "/v1/chat/completions",
+                                     [(b"X-Session-Id", b"trace"), (b"Content-Length", b"2")], b"{}", port), timeout=1)
+    assert Conversation(sid("after")).turn(port, timeout=10).status == 200
+    assert http_request(port, "GET", "/health").status == 200
