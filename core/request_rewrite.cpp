@@ -16,7 +16,7 @@ std::optional<std::string> pin_request_body(std::string_view body, int slot) {
   if (first == std::string_view::npos || body[first] != '{' || body[end] != '}')
     return std::nullopt;
   rapidjson::Document d;
-  d.Parse<rapidjson::kParseFullPrecisionFlag>(body.data(), body.size());
+  d.Parse(body.data(), body.size());  // default parse: full precision has UB in RapidJSON 1.1
   if (d.HasParseError() || !d.IsObject()) return std::nullopt;
   // Append, never re-serialize: every byte the client sent stays as it was (numbers,
   // duplicate keys, their order), and llama-server's JSON parser keeps the last of

@@ -1,19 +1,18 @@
 // Fuzz target: the request body rewrite for managed multi-slot mode (core::pin_request_body,
 // core::request_model). The first byte picks the slot, the rest is the body.
 //
-// Properties, when the rewrite returns a body: the input was one strict JSON object; the output
-// is one JSON object and nothing else; "id_slot" is the slot and "cache_prompt" is true as
-// llama-server's parser (last duplicate wins) reads them; every other member is what the
-// client sent; and the model kvpersist routes on is the model llama-server will see.
+// Properties, when the rewrite returns a body: the input was one strict JSON object (no partial
+// BOM, no NUL, nothing after it); the output is one complete JSON object; "id_slot" is the slot
+// and "cache_prompt" is true as llama-server's parser (last duplicate wins) reads them; every
+// other member is exactly what the client sent, every client byte is kept; and the model
+// kvpersist routes on is the model llama-server will see.
 //
 // The reference reader keeps numbers as their text (kParseNumbersAsStringsFlag: no conversion,
 // and none of RapidJSON's own full-precision code) and compares them as llama-server's JSON
 // parser would read them: integers exactly, other numbers through strtod (correctly rounded).
 // Regression seeds: corpus/request_rewrite/regress_*.
-#include <rapidjson/document.h>
 #include <rapidjson/reader.h>
 
-#include <cmath>
 
 #include <algorithm>
 #include <cstdlib>
@@ -121,23 +120,31 @@ const jnode* last_member(const jnode& o, const std::string& name) {
   return v;
 }
 
-bool has_infinite_number(const rapidjson::Value& v) {
-  if (v.IsDouble()) return std::isinf(v.GetDouble());
-  if (v.IsArray())
-    for (const auto& x : v.GetArray())
-      if (has_infinite_number(x)) return true;
-  if (v.IsObject())
-    for (auto it = v.MemberBegin(); it != v.MemberEnd(); ++it)
-      if (has_infinite_number(it->value)) return true;
-  return false;
-}
-
-bool has_duplicate_keys(const jnode& n) {
-  for (std::size_t i = 0; i < n.keys.size(); ++i)
-    for (std::size_t j = i + 1; j < n.keys.size(); ++j)
-      if (n.keys[i] == n.keys[j]) return true;
-  for (const auto& c : n.items)
-    if (has_duplicate_keys(c)) return true;
+// True if the body has a number outside strings that RapidJSON's full-precision parser takes
+// to its slow path (an exponent, or more than 15 significant digits).
+bool has_slow_path_number(std::string_view s) {
+  bool in_string = false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      std::size_t j = i, digits = 0;
+      bool exponent = false;
+      while (j < s.size() && std::strchr("+-.0123456789eE", s[j]) != nullptr) {
+        if (s[j] >= '0' && s[j] <= '9') ++digits;
+        if (s[j] == 'e' || s[j] == 'E') exponent = true;
+        ++j;
+      }
+      if (exponent || digits > 15) return true;
+      i = j - 1;
+    }
+  }
   return false;
 }
 
@@ -185,36 +192,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const int slot = data[0] % 8;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  // Known bug (reported): pin_request_body parses with kParseFullPrecisionFlag, and RapidJSON
+  // 1.1.0's full-precision number parser has undefined behaviour on client input
+  // (internal::StrtodDiyFp / DiyFp::Normalize: __builtin_clzll(0) for "0e40", negative
+  // shift exponents, signed overflow). Such bodies are kept away from it here until the flag is
+  // dropped (the body is no longer re-serialized, so precision does not matter); then delete
+  // this guard and move known_bugs/request_rewrite/* into the corpus.
+  if (has_slow_path_number(body)) {
+    KVP_FUZZ_KNOWN_BUG(!"RapidJSON full-precision parse of a client number (UB)");
+    return 0;
+  }
   const auto out = kvp::core::pin_request_body(body, slot);
   const std::string model = kvp::core::request_model(body);
   if (!out) return 0;
-  // Known bug (reported): RapidJSON's UTF-8 MemoryStream drops each of the BOM bytes EF, BB,
-  // BF on its own, so "\xBB{...}" (which llama-server rejects) is taken as an object; the
-  // re-serializing path then sends llama-server a clean body it would have refused.
-  if (!body.starts_with("\xEF\xBB\xBF") && !body.empty() &&
-      (static_cast<unsigned char>(body[0]) == 0xEF || static_cast<unsigned char>(body[0]) == 0xBB ||
-       static_cast<unsigned char>(body[0]) == 0xBF)) {
-    KVP_FUZZ_KNOWN_BUG(!"a partial BOM was accepted");
-    return 0;
-  }
   jnode in;
   // Only a strictly valid object is rewritten (regression: '{"prompt":"hi"}\0' used to come out
   // as '{"prompt":"hi"},"id_slot":0,...}', fixed in 5274479).
   KVP_FUZZ_CHECK(read_object(body, in));
+  // One complete object, never a half-written one (regression seed regress/infinite_number_*:
+  // a number RapidJSON's writer refused used to cut the body off).
   jnode o;
-  if (!read_object(*out, o)) {
-    // Known bug (reported): pin_request_body ignores Document::Accept's result. RapidJSON's
-    // default parse overflows some valid numbers to infinity (1.7976931348623158e308, which
-    // strtod rounds to DBL_MAX), its Writer refuses infinity, and the half-written body
-    // ('{"x":') is what llama-server gets.
-    rapidjson::Document d;
-    d.Parse(body.data(), body.size());
-    if (!d.HasParseError() && has_infinite_number(d)) {
-      KVP_FUZZ_KNOWN_BUG(!"the rewrite truncated the body");
-      return 0;
-    }
-    KVP_FUZZ_CHECK(read_object(*out, o));
-  }
+  KVP_FUZZ_CHECK(read_object(*out, o));
   const jnode* id = last_member(o, "id_slot");
   const jnode* cp = last_member(o, "cache_prompt");
   KVP_FUZZ_CHECK(id != nullptr && id->kind == jnode::number_v && id->text == std::to_string(slot));
@@ -225,27 +223,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const jnode* a = last_member(in, name);
     const jnode* b = last_member(o, name);
     KVP_FUZZ_CHECK(b != nullptr);
-    const int diff = compare(*a, *b);
-    if (diff == 2 && has_duplicate_keys(in)) {
-      // Known bug (reported): in the re-serializing path RapidJSON's RemoveMember moves the last
-      // member into the removed one's place, so duplicate keys change order and llama-server
-      // (last one wins) reads another value: {"cache_prompt":false,"temperature":1.5,
-      // "temperature":0.1} reaches it as ...0.1,...1.5.
-      KVP_FUZZ_KNOWN_BUG(diff == 0);
-      continue;
-    }
-    KVP_FUZZ_CHECK(diff != 2);
-    // Known bug (reported): when the body already has id_slot or cache_prompt, the document is
-    // re-serialized after RapidJSON's default (not full-precision) parse, so some numbers change:
-    // 54543488147419108815 -> 54543488147419100000.0, 4.9e-324 -> 5e-324.
-    KVP_FUZZ_KNOWN_BUG(diff == 0);
+    // Exactly what the client sent (regression seeds: duplicate keys once changed order and
+    // numbers once lost precision when the body was re-serialized; now nothing is).
+    KVP_FUZZ_CHECK(compare(*a, *b) == 0);
   }
-  if (has_duplicate_keys(in)) {
-    // The duplicate-key reorder above also moves "model": request_model() (the first "model")
-    // can differ between the client's body and the rewritten one.
-    KVP_FUZZ_KNOWN_BUG(kvp::core::request_model(*out) == model);
-  } else {
-    KVP_FUZZ_CHECK(kvp::core::request_model(*out) == model);
-  }
+  KVP_FUZZ_CHECK(kvp::core::request_model(*out) == model);
+  // Every client byte is kept: the output is the body with our members spliced in before the
+  // closing brace.
+  const auto brace = body.find_last_of('}');
+  KVP_FUZZ_CHECK(brace != std::string_view::npos);
+  KVP_FUZZ_CHECK(std::string_view(*out).starts_with(body.substr(0, brace)));
+  KVP_FUZZ_CHECK(std::string_view(*out).ends_with(body.substr(brace)));
   return 0;
 }

@@ -198,17 +198,13 @@ def test_llama_restarted_between_turns_unsaved_work_goes_cold(stack):
     assert cached_tokens(r) == 0
 
 
-RESTART_AFTER_PASSTHROUGH_BUG = (
-    "BUG: a llama-server restart goes unnoticed when a pass-through request (GET /health, "
-    "/v1/models) is the first to reach the new process: upstream_pool::acquire "
-    "(proxy/upstream_pool.cpp) silently drops the idle connections the restart closed and "
-    "opens a new one for the pass-through request, which then goes back to the pool; the next "
-    "coordinated request gets it with fresh=false, so coordinator::prepare skips the /props "
-    "check (upstream_trouble_ is never set). The returning session is taken as resident on an "
-    "empty slot: no restore, a cold prefill, no kv.backend.restarted. When the restart is "
-    "noticed later (a fresh connection, the background probe), on_epoch_change() also drops "
-    "an owner that was set after the restart, dirty, without a save (found by "
-    "test_faults_random.py, KVP_FAULT_SEED=678283211)")
+# Regressions (found by test_faults_random.py, KVP_FAULT_SEED=678283211; fixed in 1c28fe0): a
+# llama-server restart went unnoticed when a pass-through request (GET /health, /v1/models) was
+# the first to reach the new process (upstream_pool::acquire dropped the dead idle connections
+# and the pass-through request's new one went back to the pool, so the next coordinated request
+# had fresh=false and skipped the /props check). The returning session was taken as resident on
+# an empty slot (no restore, a cold prefill), and the late detection then dropped an owner set
+# after the restart, dirty, without a save.
 
 
 @fake_only

@@ -20,11 +20,9 @@ records (what really reached the slot, in arrival order) and from the state on d
 Reproducible from its seed: KVP_FAULT_SEED=N (printed at the start and in every failure);
 KVP_FAULT_STEPS=N changes the length (KVP_LONG=1: 2000 steps).
 
-Known bug avoided by default: a pass-through request right after a llama-server restart hides
-the restart from kvpersist (test_faults.py::test_llama_restart_noticed_after_passthrough_request);
-until a coordinated request has run after a restart, the walk turns pass-through steps into
-session turns. KVP_WALK_KNOWN_BUGS=1 keeps them (the walk then fails on some seeds, e.g.
-KVP_FAULT_SEED=678283211).
+Found by this walk (KVP_FAULT_SEED=678283211, fixed in 1c28fe0): a pass-through request right
+after a llama-server restart hid the restart, and the late detection then dropped a dirty
+owner without a save (test_faults.py keeps the deterministic regressions).
 
 The breaker is set out of reach (maxConsecutiveFailures 1000) and idle checkpoints off, so the
 expected calls follow from the records alone; the breaker has its own tests in test_faults.py.
@@ -49,7 +47,6 @@ pytestmark = pytest.mark.fake_only
 FAKE_MODEL = "/models/fake-model-Q8_0.gguf"
 LONG = os.environ.get("KVP_LONG") == "1"
 STEPS = int(os.environ.get("KVP_FAULT_STEPS") or (2000 if LONG else 200))
-KNOWN_BUGS = os.environ.get("KVP_WALK_KNOWN_BUGS") == "1"
 
 
 def session_hash(session: str) -> str:
@@ -86,7 +83,6 @@ class Walk:
         self.markers: list[tuple[float, str]] = []  # (time, "llama-restart" | "kvp-kill" | "kvp-term")
         self.last_inference_end = 0.0
         self.stats: dict[str, int] = {}
-        self.restart_unseen = False              # llama-server restarted, no coordinated request since
 
     # -------------------------------------------------------------- process bookkeeping
     def start_proxy(self):
@@ -126,13 +122,6 @@ class Walk:
             ["turn", "stream", "aux", "aux-unnamed", "cut-prefill", "cut-stream", "pair", "passthrough",
              "slots", "fail-save", "fail-restore", "llama-restart", "kvp-term", "kvp-kill"],
             weights=[30, 14, 6, 4, 4, 4, 7, 5, 3, 4, 3, 4, 3, 3])[0]
-        if kind == "passthrough" and self.restart_unseen and not KNOWN_BUGS:
-            kind = "turn"                         # see the module docstring (known bug)
-        if kind == "llama-restart":
-            self.restart_unseen = True
-        elif kind in ("turn", "stream", "aux", "aux-unnamed", "cut-prefill", "cut-stream", "pair",
-                      "kvp-term", "kvp-kill"):
-            self.restart_unseen = False
         self.history.append("%s(%s)" % (kind, c.session[-8:]) if kind in ("turn", "stream", "cut-prefill",
                                                                            "cut-stream", "aux") else kind)
         self.stats[kind] = self.stats.get(kind, 0) + 1

@@ -163,7 +163,7 @@ def test_oversized_body_413_content_length(stack, framing):
 
 
 def test_oversized_body_content_length_refused(stack):
-    """What holds today for the case above: refused with a 4xx, nothing forwarded, connection closed."""
+    """The same on the wire: one 4xx, nothing forwarded, the connection closed."""
     stack.start(config={"limits": {"maxBodyBytes": 4096}})
     body = chat_json("x " * 5000)
     data, closed = raw_exchange(stack.port, request_bytes(
@@ -255,8 +255,9 @@ def test_transfer_encoding_not_chunked_400(stack, te):
 
 
 def test_transfer_encoding_not_chunked_is_not_a_slot_bypass(stack):
-    """What holds today for the case above: the 'body' is judged as a request of its own, so a
-    smuggled /slots request still gets 403 and never reaches llama-server."""
+    """A smuggled /slots request in a body whose Transfer-Encoding is not chunked never reaches
+    llama-server: kvpersist answers 400 and closes (before the fix in 1c28fe0 the 'body' was
+    read as a request of its own, and at least that one was refused with 403)."""
     stack.start()
     port = stack.port
     data = request_bytes("POST", "/tokenize", [(b"Transfer-Encoding", b"gzip")], SMUGGLED, port)
@@ -272,7 +273,8 @@ def test_pipelined_slots_request_judged_separately(stack):
     port = stack.port
     first = request_bytes("POST", "/tokenize", [(b"Content-Length", b"2"), (b"Content-Type", b"application/json")],
                           b"{}", port)
-    got, _ = raw_exchange(port, first + SMUGGLED, timeout=2)
+    got, _ = raw_exchange(port, first + SMUGGLED.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"),
+                          timeout=2)
     assert statuses(got) == [200, 403], (statuses(got), got[:400])
     assert [r["path"] for r in forwarded(stack.fake)] == ["/tokenize"]
     assert stack.fake.management_calls() == []
@@ -285,7 +287,7 @@ def test_forwarded_request_is_reframed(stack):
     port = stack.port
     body = chat_json("framing check")
     hdr = [(b"X-Session-Id", sid("frame").encode()), (b"Transfer-Encoding", b"chunked"),
-           (b"Content-Type", b"application/json")]
+           (b"Content-Type", b"application/json"), (b"Connection", b"close")]
     got, _ = raw_exchange(port, request_bytes("POST", "/v1/chat/completions", hdr, _chunked(body), port) +
                           b"", timeout=3)
     assert statuses(got)[:1] == [200], got[:300]
@@ -587,15 +589,11 @@ def test_inference_surrogate_escape_is_coordinated(stack):
 
 
 # ============================================================================ exceptions
-TRACE_BODY_BUG = (
-    "BUG: a TRACE request with a body is never answered and leaks its connection: "
-    "proxy/server.cpp server::prepare_upstream_request() calls req.prepare_payload(), which "
-    "throws std::invalid_argument(\"invalid request body\") for TRACE with a body (Beast "
-    "message::prepare_payload); the exception leaves the run_session coroutine (logged as "
-    "kv.internal.exception what=\"invalid request body\"), skipping its cleanup: the socket is "
-    "never closed or removed from conns_ (one fd per request, held after the client closes) and "
-    "active_ is never decremented, so every SIGTERM then waits the whole shutdownGraceMs. Any "
-    "client can exhaust kvpersist's file descriptors. Found by tests/fuzz/fuzz_http_request")
+# Regression (found by tests/fuzz/fuzz_http_request; fixed in 1c28fe0: TRACE and CONNECT get 405,
+# and an exception in a request handler closes its connection): Beast's prepare_payload() threw
+# for TRACE with a body; the exception left run_session without its cleanup, so the request was
+# never answered, its connection leaked (one fd each, held after the client closed) and stayed
+# counted in flight, making every SIGTERM wait the whole shutdownGraceMs.
 
 
 @pytest.mark.parametrize("path", ["/health", "/v1/chat/completions"])
@@ -618,7 +616,7 @@ def test_trace_with_body_answered_no_leak(stack, path):
 
 
 def test_trace_with_body_does_not_block_others(stack):
-    """What holds today: the exception does not take the lease or other clients with it."""
+    """A refused TRACE does not take the lease or other clients with it."""
     stack.start()
     port = stack.port
     raw_exchange(port, request_bytes("TRACE", "/v1/chat/completions",

@@ -670,7 +670,7 @@ def test_idle_checkpoint(stack):
     A = Conversation(sid("A"))
     r = ok(A.turn(port))
     assert acts(stack.upstream.take_calls()) == ["erase"]
-    saved = stack.fake.wait_for(lambda: [m for m in stack.fake.management_calls() if m["action"] == "save"], 3)
+    saved = stack.fake.wait_for(lambda: [m for m in stack.fake.management_calls() if m["action"] == "save" and m.get("done")], 3)
     assert saved, "no idle checkpoint"
     assert saved[0]["time"] - r.done_at > 0.2, "checkpoint before the idle time"
     assert saved[0]["status"] == 200
