@@ -233,8 +233,9 @@ def main() -> int:
         md += ["**--quick run: tiny sizes, ci model, one or two repetitions. These numbers only show that the "
                "benchmark machinery works; do not quote them.**", ""]
     md += ["- Command: `%s` (from the repository root)" % a.command,
-           "- Date: %s (UTC), total %s" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
-                                          env.get("elapsed", "?")),
+           "- Date: started %s (UTC), took %s; report written %s" % (
+               env.get("started", "?"), env.get("elapsed", "?"),
+               datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")),
            "- kvpersist: %s" % env.get("revision", "?"),
            "- llama-server: %s" % env.get("llama_server", "?"),
            "- Models: %s" % env.get("models", "?")]

@@ -66,6 +66,7 @@ fi
 say() { printf '[run.sh] %s\n' "$*" >&2; }
 die() { printf '[run.sh] ERROR: %s\n' "$*" >&2; exit 1; }
 t_start=$SECONDS
+started_utc="$(date -u '+%Y-%m-%d %H:%M')"
 
 # ---- 1. tools ---------------------------------------------------------------------------
 need=(wrk gnuplot nginx valgrind cmake ninja)
@@ -198,13 +199,14 @@ cmdline="bench/run.sh"
 for n in "${only[@]}"; do ((${#only[@]} < ${#all[@]})) && cmdline="$cmdline --only $n"; done
 [[ -n $sizes ]] && cmdline="$cmdline --sizes $sizes"
 env_json="$work/env.json"
-NICE="$nice_n" WAIT_QUIET="$wait_quiet" LS_VERSION="$ls_version" MODELS="$models" ELAPSED="$((elapsed / 60)) min $((elapsed % 60)) s" \
+STARTED="$started_utc" NICE="$nice_n" WAIT_QUIET="$wait_quiet" LS_VERSION="$ls_version" MODELS="$models" ELAPSED="$((elapsed / 60)) min $((elapsed % 60)) s" \
 SWITCH_MODEL="$([[ $quick == 1 ]] && echo ci || echo bench)" "$PY" - "$env_json" <<'EOF'
 import json, os, sys
 json.dump({"revision": os.environ.get("KVP_BENCH_REVISION"), "llama_server": os.environ.get("LS_VERSION") or "?",
            "models": os.environ.get("MODELS") or "?", "elapsed": os.environ.get("ELAPSED"),
            "switch_model": os.environ.get("SWITCH_MODEL"), "nice": os.environ.get("NICE"),
-           "wait_quiet": os.environ.get("WAIT_QUIET")}, open(sys.argv[1], "w"))
+           "wait_quiet": os.environ.get("WAIT_QUIET"), "started": os.environ.get("STARTED")},
+          open(sys.argv[1], "w"))
 EOF
 fail_list="$(IFS=,; echo "${failed[*]}")"
 "$PY" "$here/report.py" --out "$out" --command "$cmdline" --env "$env_json" --failed "$fail_list" \

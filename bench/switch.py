@@ -255,6 +255,32 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
             ls.stop()
 
 
+def idle_checkpoint_notes(data: dict) -> list[str]:
+    """Switches whose departing session kvpersist had already saved before the switch: the other
+    configurations' cold prefills between kvpersist's turns are longer than checkpoint.idleMs
+    (30 s by default), so the idle checkpoint saved the dirty slot and the switch only restored."""
+    parts, mf = [], []
+    for size, o in data.items():
+        sw = o.get("kv_switch", [])
+        pre = sum(1 for x in sw if not x.get("save_ms"))
+        if pre:
+            parts.append("%d of %d at %d tokens" % (pre, len(sw), size))
+        on_path = [x["manifest_ms"] for x in sw if x.get("save_ms") and x.get("manifest_ms") is not None]
+        if on_path:
+            mf.append("%d-%d ms at %d" % (min(on_path), max(on_path), size))
+    out = []
+    if parts:
+        out.append("Switches with save_ms 0: the departing session had already been saved by kvpersist's idle "
+                   "checkpoint (checkpoint.idleMs 30 s; the other configurations' cold prefills between "
+                   "kvpersist's turns took longer than that), so the switch only restored: %s. The other "
+                   "switches saved on the request's path." % ", ".join(parts))
+    if mf:
+        out.append("Manifest write on the switch path (switches that saved): %s tokens. It grows with the "
+                   "snapshot size, most likely because its fsync also flushes the snapshot llama-server has "
+                   "just written to the same file system." % ", ".join(mf))
+    return out
+
+
 def S(xs, key="ttft", scale=1.0):
     return mmm([x[key] * scale for x in xs if x.get(key) is not None])
 
@@ -376,6 +402,8 @@ def main() -> int:
                      "{:,}".format(o.get("evicted_bytes", 0)), kr.get("cache_n"),
                      (kr.get("prompt_n") or 0) + (kr.get("cache_n") or 0), len(o["kv_restart"]),
                      len(o["ramcache_restart"])))
+    for n in idle_checkpoint_notes(data):
+        res.note(n)
     for size, est in skipped:
         res.note("%d tokens: NOT measured; the estimated run time (%.0f s, from the previous size's cold prefill) "
                  "exceeded the budget of %.0f s (--budget-s)." % (size, est, budget))
