@@ -32,9 +32,12 @@ std::string request_model(std::string_view body) {
   rapidjson::Document d;
   d.Parse(body.data(), body.size());
   if (d.HasParseError() || !d.IsObject()) return {};
-  auto it = d.FindMember("model");
-  if (it == d.MemberEnd() || !it->value.IsString()) return {};
-  return std::string(it->value.GetString(), it->value.GetStringLength());
+  // llama-server's parser keeps the last of duplicate keys; route on the model it will see.
+  const rapidjson::Value* model = nullptr;
+  for (const auto& m : d.GetObject())
+    if (std::string_view(m.name.GetString(), m.name.GetStringLength()) == "model") model = &m.value;
+  if (model == nullptr || !model->IsString()) return {};
+  return std::string(model->GetString(), model->GetStringLength());
 }
 
 }  // namespace kvp::core

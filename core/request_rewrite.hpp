@@ -15,7 +15,8 @@ namespace kvp::core {
 // (the caller refuses such a request in managed mode rather than run it unpinned).
 std::optional<std::string> pin_request_body(std::string_view body, int slot);
 
-// The "model" member of a JSON request body, or "" (used for routing to a server).
+// The "model" member of a JSON request body, or "" (used for routing to a server). Of
+// duplicate "model" keys the last counts, as in llama-server; "" when that one is no string.
 std::string request_model(std::string_view body);
 
 }  // namespace kvp::core

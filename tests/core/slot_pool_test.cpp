@@ -547,4 +547,7 @@ TEST_CASE("pin_request_body leaves what is not a JSON object alone", "[core][slo
   CHECK(request_model(R"({"model":"qwen-7b","messages":[]})") == "qwen-7b");
   CHECK(request_model(R"({"model":7})").empty());
   CHECK(request_model("not json").empty());
+  // Duplicate keys: the last wins, as in llama-server's parser.
+  CHECK(request_model(R"({"model":"a","messages":[],"model":"b"})") == "b");
+  CHECK(request_model(R"({"model":"a","model":null})").empty());
 }
