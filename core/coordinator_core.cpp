@@ -76,6 +76,7 @@ void coordinator_core::set_runtime(const runtime_info& rt) {
   const bool model_changed = enabled_ && rt.model_path != runtime_.model_path;
   runtime_ = rt;
   runtime_.runtime_key = opts_.runtime_key;
+  hash_memo_ = {};
   fingerprint_ = runtime_.fingerprint();
   enabled_ = true;
   if (model_changed) on_epoch_change();
@@ -112,7 +113,12 @@ void coordinator_core::add_manifest(manifest m) {
 
 std::string coordinator_core::hash_for(std::string_view session_id) const {
   if (!enabled_) return {};
-  return session_hash(opts_.instance_key, runtime_.model_path, session_id);
+  for (const auto& m : hash_memo_)
+    if (!m.hash.empty() && m.session_id == session_id) return m.hash;
+  auto& m = hash_memo_[hash_memo_next_++ % hash_memo_.size()];
+  m.session_id = std::string(session_id);
+  m.hash = session_hash(opts_.instance_key, runtime_.model_path, session_id);
+  return m.hash;
 }
 
 coordinator_core::session_rec& coordinator_core::rec(const std::string& hash,

@@ -11,6 +11,7 @@
 // slot has one mutator at a time (spec §20, invariant 8).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -259,6 +260,13 @@ class coordinator_core {
   std::uint64_t use_clock_ = 0;
   core_stats stats_;
   std::string compatibility_ = "unknown";
+  // hash_for's last few answers under the current runtime: one request asks for its session's
+  // hash several times (queue, slot choice, plan), and each is a SHA-256. Cleared by set_runtime.
+  struct hash_memo {
+    std::string session_id, hash;
+  };
+  mutable std::array<hash_memo, 8> hash_memo_;
+  mutable std::size_t hash_memo_next_ = 0;
 };
 
 }  // namespace kvp::core

@@ -987,3 +987,21 @@ TEST_CASE("without persistence every plan is empty", "[core][coordinator_core]")
     CHECK_FALSE(c.checkpoint_owner(t0 + 3s));
   }
 }
+
+TEST_CASE("hash_for is the session hash under the current model, memoized per runtime",
+          "[core][identity]") {
+  auto c = make_core();
+  const auto rt = test_runtime();
+  // More sessions than the memo holds, twice: every answer is the real hash.
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 20; ++i) {
+      const auto id = "S" + std::to_string(i);
+      CHECK(c.hash_for(id) == session_hash("test-instance", rt.model_path, id));
+    }
+  // A new model: the memo must not answer with the old model's hashes.
+  auto other = rt;
+  other.model_path = "/models/other.gguf";
+  c.set_runtime(other);
+  CHECK(c.hash_for("S1") == session_hash("test-instance", "/models/other.gguf", "S1"));
+  CHECK(c.hash_for("S1") != session_hash("test-instance", rt.model_path, "S1"));
+}
