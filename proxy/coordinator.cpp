@@ -217,6 +217,7 @@ bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
 
 void coordinator::grant(const std::shared_ptr<lease_ticket>& t) {
   t->granted = true;
+  if (t->admitting) return;  // admit reports the grant itself; nobody waits on the timer
   // Expiry in the past completes the wait whether or not it has started yet.
   net::post(t->wakeup.get_executor(),
             [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
@@ -254,6 +255,25 @@ net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
     co_return false;
   }
   co_return true;
+}
+
+net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
+                                             core::request_identity who, bool upstream_ready) {
+  admission out;
+  t->admitting = true;
+  const bool queued = co_await enqueue(t);
+  t->admitting = false;
+  if (!queued) {
+    out.what = admission::outcome::rejected;
+  } else if (!t->granted) {
+    out.what = admission::outcome::queued;
+  } else if (!upstream_ready || t->exclusive) {
+    out.what = admission::outcome::granted;
+  } else {
+    out.what = admission::outcome::prepared;
+    out.prepared = co_await prepare(t, std::move(who), false);
+  }
+  co_return out;
 }
 
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {

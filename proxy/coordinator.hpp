@@ -63,6 +63,7 @@ struct lease_ticket {
   bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
   bool pinned = false;         // strand-only until granted: the body must carry id_slot
   bool granted = false;        // strand-only
+  bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
   bool rejected = false;       // strand-only: the queue was full
   int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
 };
@@ -72,6 +73,18 @@ struct prepare_result {
   bool ok = true;               // false: strict-mode failure, answer 503 (lease released)
   core::prepare_kind kind = core::prepare_kind::none;
   std::string message;          // why, when !ok
+};
+
+// What admit did with a ticket.
+struct admission {
+  enum class outcome {
+    rejected,  // the queue is full: answer 503
+    queued,    // wait on ticket.wakeup, then settle
+    granted,   // the lease is held; prepare (or prepare_exclusive) is still to run
+    prepared,  // the lease is held and prepare ran: see `prepared`
+  };
+  outcome what = outcome::queued;
+  prepare_result prepared;
 };
 
 class coordinator {
@@ -92,6 +105,12 @@ class coordinator {
   // different sessions run at once on different slots (managed mode); a session's own
   // requests, and everything behind an exclusive waiter, stay in FIFO order.
   net::awaitable<bool> enqueue(std::shared_ptr<lease_ticket> t);
+  // The common case in one trip to the strand: enqueue, and if the lease is granted at once
+  // (nobody ahead), also prepare when `upstream_ready` (the request has a pooled, not fresh,
+  // upstream connection) and the ticket is not exclusive. A resident request then needs one
+  // round trip before it is forwarded instead of three.
+  net::awaitable<admission> admit(std::shared_ptr<lease_ticket> t, core::request_identity who,
+                                  bool upstream_ready);
   net::awaitable<bool> settle(std::shared_ptr<lease_ticket> t);
   // REQUIRES: t holds the lease. Runs the plan's save/restore/erase. On a strict-mode
   // failure the lease is released before returning.

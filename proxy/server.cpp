@@ -443,28 +443,41 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   t->who = who;
   t->unpinnable = core::is_unpinnable(req.target());
   t->wakeup.expires_after(cfg_.queue.timeout);
-  const bool queued =
-      co_await net::co_spawn(up.coord->strand(), up.coord->enqueue(t), net::use_awaitable);
-  if (!queued) {
+  // A pooled connection taken before asking for the lease lets admit prepare in the same
+  // trip (a pooled connection says the server has not restarted under it); it goes back
+  // unused if the request has to wait.
+  auto idle = up.pool->take_idle(ex);
+  auto adm_op = up.coord->admit(t, who, idle != nullptr);
+  const auto adm = co_await net::co_spawn(up.coord->strand(), std::move(adm_op), net::use_awaitable);
+  if (adm.what == admission::outcome::rejected) {
+    if (idle) up.pool->release(std::move(idle));
     auto res = busy_response("too many requests are waiting for the slot", 2, version);
     co_return co_await send(c, std::move(res));
   }
-  auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
-  const bool gone = w.index() == 1;
-  const bool granted =
-      co_await net::co_spawn(up.coord->strand(), up.coord->settle(t), net::use_awaitable);
-  if (!granted) {
-    if (gone) co_return false;
-    auto res = busy_response("timed out waiting for the slot", 2, version);
-    co_return co_await send(c, std::move(res));
+  if (adm.what == admission::outcome::queued) {
+    if (idle) up.pool->release(std::move(idle));
+    auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
+    const bool gone = w.index() == 1;
+    const bool granted =
+        co_await net::co_spawn(up.coord->strand(), up.coord->settle(t), net::use_awaitable);
+    if (!granted) {
+      if (gone) co_return false;
+      auto res = busy_response("timed out waiting for the slot", 2, version);
+      co_return co_await send(c, std::move(res));
+    }
+    if (gone) {
+      co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
+      co_return false;
+    }
   }
   lease_guard guard(*up.coord, t);
-  if (gone) {
-    guard.dismiss();
-    co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
-    co_return false;
+  core::result<upstream_conn> conn;
+  if (idle) {
+    conn = upstream_conn{std::move(idle), false};
+  } else {
+    auto got = co_await up.pool->acquire(ex);
+    conn = std::move(got);
   }
-  auto conn = co_await up.pool->acquire(ex);
   if (!conn) {
     up.coord->note_upstream_trouble();
     guard.dismiss();
@@ -492,8 +505,13 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     guard.dismiss();
     co_return keep_x;
   }
-  auto prepare_op = up.coord->prepare(t, who, conn->fresh);
-  auto pr = co_await net::co_spawn(up.coord->strand(), std::move(prepare_op), net::use_awaitable);
+  prepare_result pr;
+  if (adm.what == admission::outcome::prepared) {
+    pr = adm.prepared;
+  } else {
+    auto prepare_op = up.coord->prepare(t, who, conn->fresh);
+    pr = co_await net::co_spawn(up.coord->strand(), std::move(prepare_op), net::use_awaitable);
+  }
   if (!pr.ok) {
     guard.dismiss();  // prepare released the lease
     up.pool->release(std::move(conn->stream));
@@ -527,16 +545,18 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                                            watch ? &tail : nullptr);
   if (watch && st.done) {
     auto timings = parse_timings(tail);
-    co_await net::co_spawn(
+    net::co_spawn(
         up.coord->strand(),
         [](coordinator* co, core::prepare_kind k, response_timings tm) -> net::awaitable<void> {
           co->record_response(k, tm);
           co_return;
         }(up.coord.get(), pr.kind, timings),
-        net::use_awaitable);
+        log_exception);
   }
-  co_await net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent),
-                         net::use_awaitable);
+  // Not awaited: the strand runs handlers in the order they were submitted, so whatever this
+  // client (or anyone) asks of the coordinator after this line sees the lease released; a
+  // turn-end checkpoint runs while the client already reads its next request.
+  net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent), log_exception);
   guard.dismiss();
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(

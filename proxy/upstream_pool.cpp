@@ -24,22 +24,25 @@ std::string upstream_pool::host_header() const {
   return ep_.port == 80 ? ep_.host : fmt::format("{}:{}", ep_.host, ep_.port);
 }
 
-net::awaitable<core::result<upstream_conn>> upstream_pool::acquire(net::any_io_executor ex) {
+std::unique_ptr<tcp_stream> upstream_pool::take_idle(const net::any_io_executor& ex) {
   for (;;) {
     std::unique_ptr<tcp_stream> s;
     {
       std::lock_guard lk(mu_);
-      if (idle_.empty()) break;
+      if (idle_.empty()) return nullptr;
       s = std::move(idle_.back());
       idle_.pop_back();
     }
-    if (still_open(*s)) {
-      // Rebind to the caller's executor: the stream object moves, its socket stays open.
-      auto sock = s->release_socket();
-      auto fresh = std::make_unique<tcp_stream>(tcp::socket(ex, tcp::v4(), sock.release()));
-      co_return upstream_conn{std::move(fresh), false};
-    }
+    if (!still_open(*s)) continue;
+    if (s->get_executor() == ex) return s;
+    // Rebind to the caller's executor: the stream object moves, its socket stays open.
+    auto sock = s->release_socket();
+    return std::make_unique<tcp_stream>(tcp::socket(ex, tcp::v4(), sock.release()));
   }
+}
+
+net::awaitable<core::result<upstream_conn>> upstream_pool::acquire(net::any_io_executor ex) {
+  if (auto s = take_idle(ex)) co_return upstream_conn{std::move(s), false};
   resolver res(ex);
   auto [rec, eps] = co_await res.async_resolve(ep_.host, std::to_string(ep_.port));
   if (rec)

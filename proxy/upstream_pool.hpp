@@ -29,6 +29,9 @@ class upstream_pool {
   // A connected stream on executor `ex`: an idle pooled one that is still open, else a new
   // connection. Error: backend_unavailable / operation_timeout.
   net::awaitable<core::result<upstream_conn>> acquire(net::any_io_executor ex);
+  // An idle pooled connection that is still open, on executor `ex`, or nullptr. Never
+  // connects and never suspends.
+  std::unique_ptr<tcp_stream> take_idle(const net::any_io_executor& ex);
   // Returns a connection whose last response was read completely and allows keep-alive.
   void release(std::unique_ptr<tcp_stream> s);
 
