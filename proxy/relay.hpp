@@ -5,6 +5,7 @@
 // per-read/per-write timeouts instead of one deadline.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -110,6 +111,48 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   st.client_keep_alive = keep;
 
   http::response_serializer<http::buffer_body> sr{res};
+  // Not zeroed: the parser writes before anything reads (a zeroed 64 KiB was a quarter of
+  // the instructions of a small resident request).
+  const auto buf_data = std::make_unique_for_overwrite<char[]>(opts.chunk);
+  const std::span<char> buf(buf_data.get(), opts.chunk);
+
+  if (length && *length > 0 && *length <= buf.size() && !p.is_done()) {
+    // A small body of known length is a non-streaming reply, which llama-server sends right
+    // behind its header: read it whole, then send header and body in one write. If upstream
+    // fails meanwhile, the client has seen nothing and gets a clean 502 instead.
+    res.body().data = buf.data();
+    res.body().size = buf.size();
+    while (!p.is_done()) {
+      detail::expire(upstream, opts.upstream_idle);
+      auto [rec, rn] = co_await http::async_read_some(upstream, ubuf, p, token);
+      if (rec) {
+        st.upstream_failed = true;
+        st.upstream_timeout = rec == beast::error::timeout;
+        co_return;
+      }
+    }
+    const std::size_t got = buf.size() - res.body().size;
+    res.body().data = buf.data();
+    res.body().size = got;
+    res.body().more = false;
+    st.body_bytes = got;
+    if (tail) {
+      const std::size_t keep_n = std::min<std::size_t>(got, 16 * 1024);
+      tail->assign(buf.data() + (got - keep_n), keep_n);
+    }
+    detail::expire(client, opts.client_write);
+    auto [wec, wn] = co_await http::async_write(client, sr, token);
+    if (wec == http::error::need_buffer) wec = {};
+    if (wec) {
+      st.client_failed = true;
+      co_return;
+    }
+    st.header_sent = true;
+    st.done = true;
+    st.upstream_reusable = upstream_keep;
+    co_return;
+  }
+
   detail::expire(client, opts.client_write);
   auto [whe, whn] = co_await http::async_write_header(client, sr, token);
   if (whe) {
@@ -118,10 +161,6 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   }
   st.header_sent = true;
 
-  // Not zeroed: the parser writes before anything reads (a zeroed 64 KiB was a quarter of
-  // the instructions of a small resident request).
-  const auto buf_data = std::make_unique_for_overwrite<char[]>(opts.chunk);
-  const std::span<char> buf(buf_data.get(), opts.chunk);
   while (!p.is_done()) {
     res.body().data = buf.data();
     res.body().size = buf.size();

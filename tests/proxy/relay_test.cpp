@@ -230,8 +230,15 @@ TEST_CASE("a chunked SSE stream reaches the client byte for byte, terminated onc
 }
 
 TEST_CASE("a Content-Length response keeps its length and its bytes", "[proxy][relay]") {
-  const std::string body =
+  // Small bodies are read whole and sent with the header; one larger than the relay's
+  // buffer (64 KiB) is streamed in pieces.
+  const std::string small =
       R"({"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}})";
+  std::string large;
+  for (int i = 0; large.size() < 150'000; ++i) large += std::to_string(i) + ",";
+  const bool big = GENERATE(false, true);
+  CAPTURE(big);
+  const std::string& body = big ? large : small;
   const std::string upstream =
       "HTTP/1.1 400 Bad Request\r\n"
       "Content-Type: application/json; charset=utf-8\r\n"
@@ -395,12 +402,23 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (design note 12)",
     CHECK(c.data.find("failed to decode") != std::string::npos);
   }
 
-  SECTION("Content-Length cut short") {
+  SECTION("Content-Length cut short, body larger than the relay buffer: streamed, then cut") {
+    auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n0123456789", s);
+    CHECK(r.st.upstream_failed);
+    CHECK(r.st.header_sent);
+    CHECK_FALSE(r.st.done);
+    CHECK(r.head().find("\r\nContent-Length: 100000\r\n") != std::string::npos);
+    CHECK(r.body() == "0123456789");
+  }
+
+  SECTION("Content-Length cut short, small body: read whole first, so the client saw nothing") {
+    // The caller can still answer 502 instead of a truncated body.
     auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789", s);
     CHECK(r.st.upstream_failed);
+    CHECK(r.st.header_received);
+    CHECK_FALSE(r.st.header_sent);
     CHECK_FALSE(r.st.done);
-    CHECK(r.head().find("\r\nContent-Length: 100\r\n") != std::string::npos);
-    CHECK(r.body() == "0123456789");
+    CHECK(r.wire.empty());
   }
 
   SECTION("no header at all") {
