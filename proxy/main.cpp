@@ -130,7 +130,8 @@ int serve(const std::vector<std::string>& args) {
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
 
   ::signal(SIGPIPE, SIG_IGN);
-  net::io_context ioc;
+  // The hint lets a single-threaded daemon (the default) skip cross-thread wakeups.
+  net::io_context ioc(cfg.threads);
   proxy::server srv(ioc, cfg);
   int exit_code = 0;
   // Registered before anything starts, so a SIGTERM during startup still drains and saves.
