@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -205,6 +206,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
+  // `kvpersist <command> --help` is a question, not a usage error.
+  if (std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
+        return a == "--help" || a == "-h";
+      }) != rest.end()) {
+    fmt::print("{}", usage);
+    return 0;
+  }
   if (args[0] == "serve") return serve(rest);
   if (args[0] == "doctor") return proxy::run_doctor(rest);
   for (const char* c : {"status", "list", "save", "restore", "invalidate", "purge", "flush", "gc"})

@@ -66,6 +66,9 @@ def test_help_and_version(binary):
     assert "unreachable" in codes["3"] and "usage" in codes["2"]
     assert run_cli(["-h"]).stdout == r.stdout
     assert run_cli(["serve", "--help"]).returncode == 0
+    for cmd in ("status", "save", "doctor", "gc"):     # a question, not a usage error
+        h = run_cli([cmd, "--help"])
+        assert h.returncode == 0 and h.stdout == r.stdout, cmd
 
     v = run_cli(["--version"])
     assert v.returncode == 0
