@@ -7,7 +7,9 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 
 #include <rapidjson/stringbuffer.h>
@@ -64,6 +66,13 @@ net::awaitable<void> coordinator::start() {
     for (auto& m : all) core_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(all.size())}});
+  }
+  if (!opts_.snapshot_dir.empty() && ::access(opts_.snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0) {
+    // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
+    log(log_level::warn, "kv.snapshots.dir_unusable",
+        {{"dir", opts_.snapshot_dir}, {"reason", std::strerror(errno)},
+         {"effect", "saves fail and sessions start cold until snapshots.path is llama-server's "
+                    "--slot-save-path, readable and writable by kvpersist"}});
   }
   auto p = co_await backend_->probe();
   apply_probe(p);

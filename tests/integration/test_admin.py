@@ -374,6 +374,24 @@ def test_purge_shared_filesystem_deletes_files(stack):
     assert stack.proxy.wait_for_log(r"kv\.session\.purged .*freed_bytes=%d" % j["freedBytes"], 2)
 
 
+def test_shared_filesystem_dir_missing_is_warned_at_start(stack, tmp_path):
+    """A snapshots.path that does not exist is a misconfiguration `serve` must say at once
+    (doctor says it too); requests are still served, cold."""
+    stack.start_upstream()
+    missing = str(tmp_path / "no-such-dir")
+    stack.start_proxy({"snapshots": {"management": "shared-filesystem", "path": missing}})
+    line = stack.proxy.wait_for_log(r"kv\.snapshots\.dir_unusable", 5)
+    assert line is not None and line.level == "WARN", stack.proxy.log_text()
+    assert missing in line.raw and "No such file or directory" in line.raw, line.raw
+    ok(Conversation(sid("A")).turn(stack.port))
+
+
+def test_shared_filesystem_dir_present_is_not_warned(stack):
+    start_shared(stack)
+    ok(Conversation(sid("A")).turn(stack.port))
+    assert not stack.proxy.events("kv.snapshots"), stack.proxy.log_text()
+
+
 def test_purge_resident_session(stack):
     """Purging the session that owns the slot forgets it: its next request is cold, and the
     slot's old content is not attributed to it."""
