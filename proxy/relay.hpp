@@ -5,7 +5,6 @@
 // per-read/per-write timeouts instead of one deadline.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -60,6 +59,18 @@ template <class S>
 void expire(S& s, std::chrono::milliseconds d) {
   if constexpr (requires { s.expires_after(d); }) s.expires_after(d);
 }
+
+// Keeps the last few KiB of the body (where llama-server's final timings are).
+inline void keep_tail(std::string* tail, const char* data, std::size_t n) {
+  if (!tail || n == 0) return;
+  tail->append(data, n);
+  if (tail->size() > 16 * 1024) tail->erase(0, tail->size() - 8 * 1024);
+}
+
+inline void upstream_error(relay_state& st, const beast::error_code& ec) {
+  st.upstream_failed = true;
+  st.upstream_timeout = ec == beast::error::timeout;
+}
 }  // namespace detail
 
 // Reads the response header from `upstream` (the request was already written), rewrites it
@@ -81,8 +92,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   detail::expire(upstream, opts.upstream_idle);
   auto [hec, hn] = co_await http::async_read_header(upstream, ubuf, p, token);
   if (hec) {
-    st.upstream_failed = true;
-    st.upstream_timeout = hec == beast::error::timeout;
+    detail::upstream_error(st, hec);
     co_return;
   }
   st.header_received = true;
@@ -126,8 +136,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
       detail::expire(upstream, opts.upstream_idle);
       auto [rec, rn] = co_await http::async_read_some(upstream, ubuf, p, token);
       if (rec) {
-        st.upstream_failed = true;
-        st.upstream_timeout = rec == beast::error::timeout;
+        detail::upstream_error(st, rec);
         co_return;
       }
     }
@@ -136,10 +145,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = false;
     st.body_bytes = got;
-    if (tail) {
-      const std::size_t keep_n = std::min<std::size_t>(got, 16 * 1024);
-      tail->assign(buf.data() + (got - keep_n), keep_n);
-    }
+    detail::keep_tail(tail, buf.data(), got);
     detail::expire(client, opts.client_write);
     auto [wec, wn] = co_await http::async_write(client, sr, token);
     if (wec == http::error::need_buffer) wec = {};
@@ -170,8 +176,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     if (rec) {
       // Ending the client's response cleanly would make a truncated answer look complete;
       // the caller closes the connection instead (design note 12).
-      st.upstream_failed = true;
-      st.upstream_timeout = rec == beast::error::timeout;
+      detail::upstream_error(st, rec);
       co_return;
     }
     const std::size_t got = buf.size() - res.body().size;
@@ -183,10 +188,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = !p.is_done();
     st.body_bytes += got;
-    if (tail && got) {
-      tail->append(buf.data(), got);
-      if (tail->size() > 16 * 1024) tail->erase(0, tail->size() - 8 * 1024);
-    }
+    detail::keep_tail(tail, buf.data(), got);
     detail::expire(client, opts.client_write);
     auto [wec, wn] = co_await http::async_write(client, sr, token);
     if (wec == http::error::need_buffer) wec = {};
