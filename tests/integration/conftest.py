@@ -25,23 +25,33 @@ def pytest_addoption(parser):
     parser.addoption("--upstream", default=os.environ.get("KVP_UPSTREAM", "fake"), choices=("fake", "real"),
                      help="upstream under kvpersist: the in-process fake (default) or a real llama-server "
                           "(KVP_LLAMA_SERVER, KVP_MODEL)")
+    parser.addoption("--long", action="store_true", default=os.environ.get("KVP_LONG") == "1",
+                     help="long modes CI does not run (same as KVP_LONG=1): the 5-minute soak of "
+                          "test_load.py, the 2000-step random fault walk")
 
 
 def pytest_configure(config):
+    # Before collection: the test modules read KVP_LONG when they are imported.
+    if config.getoption("--long"):
+        os.environ["KVP_LONG"] = "1"
     config.addinivalue_line("markers", "fake_only: needs the fake upstream's fault injection")
     config.addinivalue_line("markers", "real_only: needs a real llama-server (--upstream=real)")
 
 
-TEST_TIME_LIMIT_S = int(os.environ.get("KVP_TEST_TIME_LIMIT_S", "90"))
+def _time_limit_s() -> int:
+    # Long modes run for many minutes; read at each test, after pytest_configure.
+    return int(os.environ.get("KVP_TEST_TIME_LIMIT_S") or (3600 if os.environ.get("KVP_LONG") == "1" else 90))
 
 
 @pytest.fixture(autouse=True)
 def _time_limit():
     """Every wait in the tests has its own timeout; this is the backstop for one test."""
+    limit = _time_limit_s()
+
     def expired(signum, frame):
-        raise TimeoutError("test exceeded %d s (KVP_TEST_TIME_LIMIT_S)" % TEST_TIME_LIMIT_S)
+        raise TimeoutError("test exceeded %d s (KVP_TEST_TIME_LIMIT_S)" % limit)
     old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_TIME_LIMIT_S)
+    signal.alarm(limit)
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)

@@ -18,7 +18,7 @@ records (what really reached the slot, in arrival order) and from the state on d
   files  every manifest parses; a ready one points at a complete snapshot with its token count.
 
 Reproducible from its seed: KVP_FAULT_SEED=N (printed at the start and in every failure);
-KVP_FAULT_STEPS=N changes the length (KVP_LONG=1: 2000 steps).
+KVP_FAULT_STEPS=N changes the length (--long or KVP_LONG=1: 2000 steps).
 
 Found by this walk (KVP_FAULT_SEED=678283211, fixed in 1c28fe0): a pass-through request right
 after a llama-server restart hid the restart, and the late detection then dropped a dirty

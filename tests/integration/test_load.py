@@ -12,7 +12,7 @@
   are served, 32 get 503 at once with Retry-After.
 * No leak: RSS and open file descriptors of the kvpersist process (/proc/PID/status VmRSS,
   /proc/PID/fd) over repeated rounds of all of the above plus client disconnects and
-  slowloris clients: 5 rounds in CI; KVP_LONG=1 runs a soak of KVP_SOAK_S seconds (default 300).
+  slowloris clients: 5 rounds in CI; --long (or KVP_LONG=1) runs a soak of KVP_SOAK_S seconds (default 300).
 
 Run: KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q -s tests/integration/test_load.py
      KVP_LONG=1 ... (the 5-minute soak; CI does not run it)
