@@ -584,7 +584,10 @@ net::awaitable<void> server::shutdown() {
       if (only_idle && c->busy) continue;
       // Closing from the connection's own strand: its pending read or write completes with
       // an error and the session ends.
-      net::post(c->stream.get_executor(), [c] { c->stream.socket().cancel(); });
+      net::post(c->stream.get_executor(), [c] {
+        beast::error_code ec;  // the session may have closed its socket meanwhile
+        c->stream.socket().cancel(ec);
+      });
     }
   };
   close_conns(true);
