@@ -258,14 +258,7 @@ class FakeLlamaServer:
         self._thread.start()
         return self
 
-    def stop(self):
-        """Stops listening and drops every open connection (like a killed process)."""
-        self._stopping.set()
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
+    def _drop_connections(self):
         with self._lock:
             conns = list(self._conns.values())
             self._conns.clear()
@@ -278,6 +271,22 @@ class FakeLlamaServer:
                 s.close()
             except OSError:
                 pass
+
+    def kill_connections(self):
+        """The part of a kill that is instantaneous: from now on no connection is served, and
+        every open one is dropped (a keep-alive connection must not outlive the process)."""
+        self._stopping.set()
+        self._drop_connections()
+
+    def stop(self):
+        """Stops listening and drops every open connection (like a killed process)."""
+        self.kill_connections()
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()        # the accept loop notices within its poll interval
+        httpd.server_close()
+        self._drop_connections()  # accepted meanwhile (and refused by the handler)
         if self._thread:
             self._thread.join(timeout=5)
 
@@ -441,6 +450,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def handle_one_request(self):
+        if self.fake._stopping.is_set():    # killed: nothing is served any more
+            self.close_connection = True
+            return
         try:
             super().handle_one_request()
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout, OSError):
@@ -653,11 +665,8 @@ class _Handler(BaseHTTPRequestHandler):
                     mrec["status"] = "crashed"
                     mrec["n"] = len(tokens)
                     self.close_connection = True
+                    f.kill_connections()    # this one too: the caller sees the save die
                     threading.Thread(target=f.stop, name="fake-crash", daemon=True).start()
-                    try:
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                     return
                 n_written = f.write_snapshot(path, tokens)
                 mrec["n"] = len(tokens)
