@@ -126,10 +126,11 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   const auto buf_data = std::make_unique_for_overwrite<char[]>(opts.chunk);
   const std::span<char> buf(buf_data.get(), opts.chunk);
 
-  if (length && *length > 0 && *length <= buf.size() && !p.is_done()) {
-    // A small body of known length is a non-streaming reply, which llama-server sends right
-    // behind its header: read it whole, then send header and body in one write. If upstream
-    // fails meanwhile, the client has seen nothing and gets a clean 502 instead.
+  // A small body of known length is a non-streaming reply, which llama-server sends right
+  // behind its header: read it whole, and the final write below sends header and body at
+  // once. If upstream fails meanwhile, the client has seen nothing and gets a clean 502.
+  const bool whole = length && *length > 0 && *length <= buf.size() && !p.is_done();
+  if (whole) {
     res.body().data = buf.data();
     res.body().size = buf.size();
     while (!p.is_done()) {
@@ -146,26 +147,15 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().more = false;
     st.body_bytes = got;
     detail::keep_tail(tail, buf.data(), got);
+  } else {
     detail::expire(client, opts.client_write);
-    auto [wec, wn] = co_await http::async_write(client, sr, token);
-    if (wec == http::error::need_buffer) wec = {};
-    if (wec) {
+    auto [whe, whn] = co_await http::async_write_header(client, sr, token);
+    if (whe) {
       st.client_failed = true;
       co_return;
     }
     st.header_sent = true;
-    st.done = true;
-    st.upstream_reusable = upstream_keep;
-    co_return;
   }
-
-  detail::expire(client, opts.client_write);
-  auto [whe, whn] = co_await http::async_write_header(client, sr, token);
-  if (whe) {
-    st.client_failed = true;
-    co_return;
-  }
-  st.header_sent = true;
 
   while (!p.is_done()) {
     res.body().data = buf.data();
@@ -198,9 +188,11 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     }
   }
   if (!sr.is_done()) {
-    res.body().data = nullptr;
-    res.body().size = 0;
-    res.body().more = false;
+    if (!whole) {  // the end of a streamed body (the whole one is already in place)
+      res.body().data = nullptr;
+      res.body().size = 0;
+      res.body().more = false;
+    }
     detail::expire(client, opts.client_write);
     auto [fec, fn] = co_await http::async_write(client, sr, token);
     if (fec && fec != http::error::need_buffer) {
@@ -208,6 +200,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
       co_return;
     }
   }
+  st.header_sent = true;
   st.done = true;
   st.upstream_reusable = upstream_keep;
 }
