@@ -31,44 +31,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 import lib  # noqa: E402
+from prompt_text import sized_text  # noqa: E402
 from lib import BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
 
-SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
-             "da ve ni mo ta shi ku ra").split()
 FOLLOWUPS = ["Thanks. Now list the three most frequent words.", "Good. Which word appears first?",
              "Fine. Which word appears last?", "And the longest word?", "Count the sentences.",
              "Name a word that appears twice.", "Summarise in one line.", "Any word with five letters?"]
 
 
-def pseudo_text(seed: str, n_words: int) -> str:
-    rng = random.Random(seed)
-    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    words = []
-    for i in range(n_words):
-        w = rng.choice(vocab)
-        if i % 11 == 0:
-            w = w.capitalize()
-        words.append(w + ("." if i % 11 == 10 else ""))
-    return " ".join(words)
-
-
 def make_prompt(ls: lib.LlamaServer, session: str, target: int) -> str:
-    head = "Session %s. Read these notes and summarise them.\n\n" % session
-    n = target // 2
-    text = ""
-    for _ in range(6):
-        text = head + pseudo_text("kvp-bench-%s-%d" % (session, target), n)
-        got = ls.tokenize(text)
-        if abs(got - target) <= max(3, target // 500):
-            break
-        n = max(10, int(n * target / max(got, 1)))
-    return text
+    return sized_text("Session %s. Read these notes and summarise them.\n\n" % session,
+                      "kvp-bench-%s-%d" % (session, target), target, ls.tokenize,
+                      tolerance=max(3, target // 500))
 
 
 class Conversation:
@@ -419,8 +399,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print("BENCH FAILED: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    lib.run_main(main)

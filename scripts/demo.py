@@ -42,7 +42,6 @@ import ctypes
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -53,6 +52,8 @@ import tempfile
 import textwrap
 import threading
 import time
+
+from prompt_text import sized_text  # scripts/, next to this file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
@@ -444,34 +445,11 @@ class KvPersist:
 
 
 # ----------------------------------------------------------------------------- prompts
-SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
-             "da ve ni mo ta shi ku ra").split()
-
-
-def pseudo_text(seed: str, n_words: int) -> str:
-    """Deterministic nonsense prose, different per seed (so A and B share no prefix)."""
-    rng = random.Random(seed)
-    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    words = []
-    for i in range(n_words):
-        w = rng.choice(vocab)
-        if i % 11 == 0:
-            w = w.capitalize()
-        words.append(w + ("." if i % 11 == 10 else ""))
-    return " ".join(words)
-
-
 def make_prompt(llama: LlamaServer, session: str, target: int) -> str:
     """About `target` tokens of text for `session`, measured with llama-server's tokenizer."""
-    head = "Session %s. Read these notes and summarise them.\n\n" % session
-    n = target // 2
-    for _ in range(4):
-        text = head + pseudo_text("kvpersist-demo-" + session, n)
-        got = llama.count_tokens(text)
-        if abs(got - target) <= max(3, target // 1000):
-            break
-        n = max(10, int(n * target / max(got, 1)))
-    return text
+    return sized_text("Session %s. Read these notes and summarise them.\n\n" % session,
+                      "kvpersist-demo-" + session, target, llama.count_tokens,
+                      tolerance=max(3, target // 1000), tries=4)
 
 
 # ----------------------------------------------------------------------------- chat

@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
+import sys
 import threading
 import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
+
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from prompt_text import sized_text  # noqa: E402  (scripts/prompt_text.py)
 
 import fake_llama
 
@@ -630,6 +632,30 @@ DEFAULT_EXTRA: dict = {}
 # text (the same form as scripts/demo.py). Temperature 0 and a seed make them deterministic.
 BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
 REAL_MODEL_BODY = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
+
+_TEXT_CACHE: dict = {}
+
+
+def make_text(port: int, seed: str, target: int) -> str:
+    """About `target` tokens (by the llama-server on `port`) of text that differs per seed."""
+    def count(text: str) -> int:
+        r = http_request(port, "POST", "/tokenize", body={"content": text}, timeout=30)
+        assert r.status == 200, r.body[:200]
+        return len(r.json["tokens"])
+    key = (seed, target)
+    if key not in _TEXT_CACHE:
+        _TEXT_CACHE[key] = sized_text("Notes of %s. Read them and answer briefly.\n\n" % seed, seed, target, count)
+    return _TEXT_CACHE[key]
+
+
+def chat_body(messages, stream=True, max_tokens=8, **extra) -> dict:
+    """A chat completion for the random-weight test model: deterministic, no byte tokens."""
+    b = {"model": "test", "messages": messages, "stream": stream, "max_tokens": max_tokens, **REAL_MODEL_BODY}
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    b.update(extra)
+    return b
+
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()

@@ -9,8 +9,8 @@
   kvpersist logs), so a test can say "save of B on slot 1".
 * session_hash(): kvpersist's snapshot identity (core/identity.cpp), to know a session's
   abbreviation and snapshot names before kvpersist logs them.
-* Chat helpers for the random test model (temperature 0, byte tokens banned) and deterministic
-  nonsense prompts sized with llama-server's tokenizer.
+* Chat helpers for the random test model (chat_body and make_text from harness.py, the prompts
+  from scripts/prompt_text.py, sized with llama-server's tokenizer).
 * Nginx: nginx (Debian's nginx-light) in the foreground with a config in a temp dir.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import harness
-from harness import BAN_BYTE_TOKENS, HOST, KvPersist, Response, http_request, now, wait_until
+from harness import HOST, KvPersist, Response, chat_body, http_request, make_text, now, wait_until
 
 REPO_ROOT = harness.REPO_ROOT
 
@@ -280,53 +279,6 @@ class Llama:
 
 
 # ============================================================================ prompts and chat
-SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
-             "da ve ni mo ta shi ku ra").split()
-
-
-def pseudo_text(seed: str, n_words: int) -> str:
-    rng = random.Random(seed)
-    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    words = []
-    for i in range(n_words):
-        w = rng.choice(vocab)
-        if i % 11 == 0:
-            w = w.capitalize()
-        words.append(w + ("." if i % 11 == 10 else ""))
-    return " ".join(words)
-
-
-_TEXT_CACHE: dict = {}
-
-
-def make_text(port: int, seed: str, target: int) -> str:
-    """About `target` tokens (by the llama-server on `port`) of text that differs per seed."""
-    key = (seed, target)
-    if key not in _TEXT_CACHE:
-        head = "Notes of %s. Read them and answer briefly.\n\n" % seed
-        n = target // 2
-        text = head
-        for _ in range(6):
-            text = head + pseudo_text(seed, n)
-            r = http_request(port, "POST", "/tokenize", body={"content": text}, timeout=30)
-            assert r.status == 200, r.body[:200]
-            got = len(r.json["tokens"])
-            if abs(got - target) <= max(3, target // 200):
-                break
-            n = max(10, int(n * target / max(got, 1)))
-        _TEXT_CACHE[key] = text
-    return _TEXT_CACHE[key]
-
-
-def chat_body(messages, stream=True, max_tokens=8, **extra) -> dict:
-    b = {"model": "test", "messages": messages, "stream": stream, "max_tokens": max_tokens,
-         "temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
-    if stream:
-        b["stream_options"] = {"include_usage": True}
-    b.update(extra)
-    return b
-
-
 @dataclass
 class Reply:
     resp: Response

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import harness
-from harness import (BAN_BYTE_TOKENS, Async, RealUpstream, RealUpstreamView, Response, Stack, http_request,
+from harness import (Async, RealUpstream, RealUpstreamView, Response, Stack, http_request,
                      manifest_for, now, wait_until)
 
 pytestmark = pytest.mark.real_only
@@ -61,57 +60,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_DIR = os.path.join(HERE, "openai_client")
 
 
-# ============================================================================ prompts
-SYLLABLES = ("ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro "
-             "da ve ni mo ta shi ku ra").split()
-
-
-def pseudo_text(seed: str, n_words: int) -> str:
-    """Deterministic nonsense prose (scripts/demo.py's), different per seed: no shared prefix."""
-    rng = random.Random(seed)
-    vocab = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    words = []
-    for i in range(n_words):
-        w = rng.choice(vocab)
-        if i % 11 == 0:
-            w = w.capitalize()
-        words.append(w + ("." if i % 11 == 10 else ""))
-    return " ".join(words)
-
-
-_TEXT_CACHE: dict = {}
-
-
-def count_tokens(server: RealUpstream, text: str) -> int:
-    r = http_request(server.port, "POST", "/tokenize", body={"content": text}, timeout=30)
-    assert r.status == 200, r.body[:200]
-    return len(r.json["tokens"])
-
-
+# ============================================================================ prompts and requests
 def make_text(server: RealUpstream, seed: str, target: int) -> str:
     """About `target` tokens (by llama-server's tokenizer) of text for `seed`."""
-    key = (seed, target)
-    if key not in _TEXT_CACHE:
-        head = "Notes of %s. Read them and answer briefly.\n\n" % seed
-        n = target // 2
-        for _ in range(6):
-            text = head + pseudo_text(seed, n)
-            got = count_tokens(server, text)
-            if abs(got - target) <= max(3, target // 200):
-                break
-            n = max(10, int(n * target / max(got, 1)))
-        _TEXT_CACHE[key] = text
-    return _TEXT_CACHE[key]
+    return harness.make_text(server.port, seed, target)
 
 
-# ============================================================================ requests
 def chat_body(messages, stream=True, max_tokens=MAX_TOKENS, **extra) -> dict:
-    b = {"model": "test", "messages": messages, "stream": stream, "max_tokens": max_tokens,
-         "temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
-    if stream:
-        b["stream_options"] = {"include_usage": True}
-    b.update(extra)
-    return b
+    return harness.chat_body(messages, stream, max_tokens, **extra)
 
 
 @dataclass

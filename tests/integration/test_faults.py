@@ -32,6 +32,7 @@ import harness
 from harness import (REPO_ROOT, Async, Conversation, KvPersist, RealUpstream, Stack, cached_tokens, free_port,
                      http_request, manifest_for, manifests, now, wait_until)
 from fake_llama import FakeLlamaServer
+from prompt_text import pseudo_text  # scripts/prompt_text.py (on sys.path through harness)
 
 fake_only = pytest.mark.fake_only
 real_only = pytest.mark.real_only
@@ -813,14 +814,6 @@ def test_client_disconnect_keeps_owner_and_state(stack, phase):
 
 # ============================================================================ real llama-server
 N_CTX = 8192
-SYL = "ka ri to me sa lu na vo pe di ga zo mi re ta ko ne bu fa li si ro da ve ni mo".split()
-
-
-def pseudo_text(seed: str, n_words: int) -> str:
-    rng = random.Random(seed)
-    vocab = ["".join(rng.choice(SYL) for _ in range(rng.randint(1, 3))) for _ in range(300)]
-    return " ".join(rng.choice(vocab) for _ in range(n_words))
-
 
 class RealConv:
     """A chat session against a real llama-server (deterministic: temperature 0, seed, no byte tokens)."""
