@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import selectors
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -269,8 +267,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print("BENCH FAILED: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    lib.run_main(main)

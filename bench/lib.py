@@ -413,6 +413,15 @@ class Result:
                        "load_start": self.load_start, "load_end": read("/proc/loadavg").strip()}, f, indent=1)
 
 
+def run_main(main) -> None:
+    """A driver's entry point: exit with main()'s code, or 1 with the message of a BenchError."""
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print("BENCH FAILED: %s" % e, file=sys.stderr)
+        sys.exit(1)
+
+
 def common_args(ap) -> None:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, ci model, few repetitions")
     ap.add_argument("--out", default=os.path.join(REPO, "bench"), help="where <name>.json and results/ go")

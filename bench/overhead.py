@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
-from lib import HOST, BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
+from lib import HOST, BenchError, fmt_mmm, md_table, mmm  # noqa: E402
 
 CHAT = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
@@ -258,8 +258,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print("BENCH FAILED: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    lib.run_main(main)

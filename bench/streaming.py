@@ -234,8 +234,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print("BENCH FAILED: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    lib.run_main(main)

@@ -57,6 +57,15 @@ def _time_limit():
     signal.signal(signal.SIGALRM, old)
 
 
+@pytest.fixture
+def binary():
+    """The kvpersist binary under test (KVPERSIST_BIN), for tests that run it directly."""
+    b = harness.kvpersist_bin()
+    if not os.access(b, os.X_OK):
+        pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
+    return b
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--upstream") == "real":
         skip = pytest.mark.skip(reason="needs the fake upstream (fault injection or fake-only records)")

@@ -21,14 +21,6 @@ TOKEN = "cli-token-" + "7" * 8
 REPO = harness.REPO_ROOT
 
 
-@pytest.fixture
-def binary():
-    b = harness.kvpersist_bin()
-    if not os.access(b, os.X_OK):
-        pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
-    return b
-
-
 def cli(stack, *args, token=None, env=None, json_out=False):
     a = list(args) + ["--admin", admin_addr(stack.proxy)]
     if token:

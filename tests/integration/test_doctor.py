@@ -25,14 +25,6 @@ RUNTIME_KEY = "test-runtime"      # what harness.KvPersist passes as --runtime-k
 
 
 @pytest.fixture
-def binary():
-    b = harness.kvpersist_bin()
-    if not os.access(b, os.X_OK):
-        pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
-    return b
-
-
-@pytest.fixture
 def make_fake(tmp_path):
     started = []
 

@@ -56,14 +56,6 @@ def load_yaml(path):
         return yaml_mod().safe_load(f)
 
 
-@pytest.fixture
-def binary():
-    b = harness.kvpersist_bin()
-    if not os.access(b, os.X_OK):
-        pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
-    return b
-
-
 # ============================================================================ systemd unit
 def parse_unit(path) -> dict:
     """{section: [(key, value), ...]} with continuation lines joined; keys may repeat."""
