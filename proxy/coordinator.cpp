@@ -523,11 +523,16 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
 void coordinator::arm_idle_timer() {
   auto deadline = core_.idle_deadline();
   if (!deadline || stopped_) return;
-  idle_timer_.expires_at(*deadline);
-  if (!idle_loop_running_) {
-    idle_loop_running_ = true;
-    net::co_spawn(strand_, idle_loop(), log_exception);
+  if (idle_loop_running_) {
+    // Called after every request, and a request only moves the deadline later: the loop
+    // re-reads it when its timer fires, so the timer is moved (which cancels and restarts
+    // the wait) only when the deadline came earlier.
+    if (*deadline < idle_timer_.expiry()) idle_timer_.expires_at(*deadline);
+    return;
   }
+  idle_timer_.expires_at(*deadline);
+  idle_loop_running_ = true;
+  net::co_spawn(strand_, idle_loop(), log_exception);
 }
 
 net::awaitable<void> coordinator::idle_loop() {
