@@ -661,6 +661,20 @@ WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo li
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 
 
+def wait_quiet(count, quiet: float, timeout: float) -> None:
+    """Waits until count() has not changed for `quiet` seconds (at most `timeout`)."""
+    deadline = now() + timeout
+    last = count()
+    changed = now()
+    while now() < deadline:
+        time.sleep(0.03)
+        n = count()
+        if n != last:
+            last, changed = n, now()
+        elif now() - changed >= quiet:
+            return
+
+
 def words(n: int, seed: str) -> str:
     h = zlib.crc32(seed.encode()) % 1000
     return " ".join("%s%d" % (WORDS[(h + i) % len(WORDS)], (h + i) % 97) for i in range(n))
@@ -818,16 +832,7 @@ class Upstream:
 
     def settle(self, quiet: float = 0.15, timeout: float = 3.0):
         """Waits until no new management call has appeared for `quiet` seconds."""
-        deadline = now() + timeout
-        last = len(self.management_calls())
-        last_change = now()
-        while now() < deadline:
-            time.sleep(0.03)
-            n = len(self.management_calls())
-            if n != last:
-                last, last_change = n, now()
-            elif now() - last_change >= quiet:
-                return
+        wait_quiet(lambda: len(self.management_calls()), quiet, timeout)
 
 
 class FakeUpstream(Upstream):

@@ -23,14 +23,13 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
 
 import pytest
 
 import harness
-from harness import HOST, KvPersist, Response, chat_body, http_request, make_text, now, wait_until
+from harness import HOST, KvPersist, Response, chat_body, http_request, make_text, wait_until
 
 REPO_ROOT = harness.REPO_ROOT
 
@@ -141,16 +140,7 @@ def calls_of(proxy: KvPersist, since: float = 0.0) -> list[MCall]:
 
 def settle(proxy: KvPersist, quiet: float = 0.25, timeout: float = 5.0):
     """Waits until kvpersist's log has been quiet for `quiet` seconds."""
-    deadline = now() + timeout
-    last = len(proxy.log_lines())
-    changed = now()
-    while now() < deadline:
-        time.sleep(0.03)
-        n = len(proxy.log_lines())
-        if n != last:
-            last, changed = n, now()
-        elif now() - changed >= quiet:
-            return
+    harness.wait_quiet(lambda: len(proxy.log_lines()), quiet, timeout)
 
 
 class CallTaker:
