@@ -470,6 +470,34 @@ TEST_CASE("a cancelled request that reached the slot still makes it dirty (desig
   CHECK(s->generation == 'b');
 }
 
+TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial comparison)",
+          "[core][coordinator_core]") {
+  // parse_manifest refuses revisions above 2^53; the comparison holds on its own too.
+  auto c = make_core();
+  c.add_manifest(ready_manifest(c, "A", 'a', 100, UINT64_MAX));
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(p.restore);
+  REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 1s);
+  CHECK(c.owner_dirty());
+  CHECK(c.session(c.hash_for("A"))->dirty);
+  auto s = c.checkpoint_owner(t0 + 2s);
+  REQUIRE(s);
+  CHECK(s->revision == 0);  // 2^64-1 + 1
+  auto d = c.on_save(*s, saved(120), t0 + 2s, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  CHECK_FALSE(c.owner_dirty());
+  CHECK(c.state() == slot_state::ready);
+  // The next turn is dirty again and the idle checkpoint still fires.
+  c.prepare(session("A"), t0 + 3s, wall);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 3s);
+  CHECK(c.owner_dirty());
+  CHECK(c.idle_checkpoint(t0 + 1h));
+}
+
 TEST_CASE(
     "a save of an emptied slot keeps the previous manifest and ends ownership "
     "(design note 4)",
