@@ -454,15 +454,24 @@ TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
   }
 }
 
-TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
-          "[core][coordinator_core]") {
+namespace {
+// A core whose session A was loaded from a manifest of `revision`, restored, and then ran a
+// turn that reached the slot (cancelled or not: design note 3).
+coordinator_core restored_turn(std::uint64_t revision) {
   auto c = make_core();
-  c.add_manifest(ready_manifest(c, "A", 'a', 100));
+  c.add_manifest(ready_manifest(c, "A", 'a', 100, revision));
   auto p = c.prepare(session("A"), t0, wall);
   REQUIRE(p.restore);
   REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
   c.start_inference(session("A"));
   c.end_inference(true, t0 + 1s);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
+          "[core][coordinator_core]") {
+  auto c = restored_turn(3);
   CHECK(c.owner_dirty());
   auto s = c.checkpoint_owner(t0 + 2s);
   REQUIRE(s);
@@ -473,13 +482,7 @@ TEST_CASE("a cancelled request that reached the slot still makes it dirty (desig
 TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial comparison)",
           "[core][coordinator_core]") {
   // parse_manifest refuses revisions above 2^53; the comparison holds on its own too.
-  auto c = make_core();
-  c.add_manifest(ready_manifest(c, "A", 'a', 100, UINT64_MAX));
-  auto p = c.prepare(session("A"), t0, wall);
-  REQUIRE(p.restore);
-  REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
-  c.start_inference(session("A"));
-  c.end_inference(true, t0 + 1s);
+  auto c = restored_turn(UINT64_MAX);
   CHECK(c.owner_dirty());
   CHECK(c.session(c.hash_for("A"))->dirty);
   auto s = c.checkpoint_owner(t0 + 2s);
