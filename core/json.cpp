@@ -48,6 +48,7 @@ result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
   rapidjson::ParseResult parsed;
   depth_limited_handler handler(d);
   auto generate = [&](rapidjson::Document&) {
+    // Not kParseFullPrecisionFlag: its slow path has undefined behaviour in RapidJSON 1.1.
     parsed = reader.Parse<rapidjson::kParseIterativeFlag>(in, handler);
     return !parsed.IsError();
   };

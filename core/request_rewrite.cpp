@@ -13,7 +13,7 @@ result<std::string> pin_request_body(std::string_view body, int slot) {
   const auto first = body.find_first_not_of(ws);
   const auto end = body.find_last_not_of(ws);
   rapidjson::Document d;
-  auto parsed = parse_json_bounded(body, d);  // default flags: full precision has UB in RapidJSON 1.1
+  auto parsed = parse_json_bounded(body, d);
   if (!parsed) return parsed.err();
   if (!d.IsObject() || body[first] != '{' || body[end] != '}')
     return error{errc::invariant, 0, "the body is not one JSON object"};
