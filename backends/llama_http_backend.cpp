@@ -8,6 +8,7 @@
 #include <rapidjson/writer.h>
 
 #include "core/identity.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
 
 namespace kvp::backends {
@@ -24,9 +25,19 @@ std::int64_t get_i64(const rapidjson::Value& v, const char* key, std::int64_t df
   return it != v.MemberEnd() && it->value.IsInt64() ? it->value.GetInt64() : dflt;
 }
 
-std::uint64_t get_u64(const rapidjson::Value& v, const char* key) {
+// A count llama-server reports: 0 when missing, nullopt when it is no integer in
+// [0, json_max_count] (the reply is refused rather than a wrapped or huge number used).
+std::optional<std::uint64_t> get_count(const rapidjson::Value& v, const char* key) {
   auto it = v.FindMember(key);
-  return it != v.MemberEnd() && it->value.IsUint64() ? it->value.GetUint64() : 0;
+  return it == v.MemberEnd() ? std::optional<std::uint64_t>(0) : core::json_count(it->value);
+}
+
+// `json` parsed by core::parse_json_bounded; a reply it refuses (too deep) is a bad reply.
+core::result<rapidjson::Document> parse_reply(std::string_view json, std::string_view what) {
+  rapidjson::Document d;
+  if (auto parsed = core::parse_json_bounded(json, d); !parsed)
+    return bad_reply(fmt::format("{}: {}", what, parsed.err().message));
+  return d;
 }
 
 std::string get_str(const rapidjson::Value& v, const char* key) {
@@ -57,8 +68,7 @@ std::string filename_body(const std::string& filename) {
 
 std::string error_message(std::string_view body) {
   rapidjson::Document d;
-  d.Parse(body.data(), body.size());
-  if (!d.HasParseError() && d.IsObject()) {
+  if (core::parse_json_bounded(body, d) && d.IsObject()) {
     auto e = d.FindMember("error");
     if (e != d.MemberEnd() && e->value.IsObject()) {
       auto m = get_str(e->value, "message");
@@ -69,9 +79,10 @@ std::string error_message(std::string_view body) {
 }
 
 core::result<core::runtime_info> parse_props(std::string_view json) {
-  rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsObject()) return bad_reply("/props is not a JSON object");
+  auto parsed = parse_reply(json, "/props");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsObject()) return bad_reply("/props is not a JSON object");
   core::runtime_info rt;
   rt.model_path = get_str(d, "model_path");
   rt.build_info = get_str(d, "build_info");
@@ -81,43 +92,54 @@ core::result<core::runtime_info> parse_props(std::string_view json) {
       g != d.MemberEnd() && g->value.IsObject())
     rt.n_ctx = get_i64(g->value, "n_ctx", 0);
   if (rt.total_slots <= 0) return bad_reply("/props has no total_slots (router mode?)");
+  // Managed mode keeps a record per slot: a huge count must not size anything.
+  if (rt.total_slots > core::max_total_slots)
+    return bad_reply(fmt::format("/props total_slots {} is more than the {} kvpersist manages",
+                                 rt.total_slots, core::max_total_slots));
   return rt;
 }
 
 core::result<core::slot_saved> parse_save_reply(std::string_view json) {
-  rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsObject() || !d.HasMember("n_saved"))
-    return bad_reply("save reply without n_saved");
-  return core::slot_saved{get_u64(d, "n_saved"), get_u64(d, "n_written"),
-                          get_timing(d, "save_ms")};
+  auto parsed = parse_reply(json, "save reply");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsObject() || !d.HasMember("n_saved")) return bad_reply("save reply without n_saved");
+  auto saved = get_count(d, "n_saved"), written = get_count(d, "n_written");
+  if (!saved || !written) return bad_reply("save reply with a count out of range");
+  return core::slot_saved{*saved, *written, get_timing(d, "save_ms")};
 }
 
 core::result<core::slot_restored> parse_restore_reply(std::string_view json) {
-  rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsObject() || !d.HasMember("n_restored"))
+  auto parsed = parse_reply(json, "restore reply");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsObject() || !d.HasMember("n_restored"))
     return bad_reply("restore reply without n_restored");
-  return core::slot_restored{get_u64(d, "n_restored"), get_u64(d, "n_read"),
-                             get_timing(d, "restore_ms")};
+  auto restored = get_count(d, "n_restored"), read = get_count(d, "n_read");
+  if (!restored || !read) return bad_reply("restore reply with a count out of range");
+  return core::slot_restored{*restored, *read, get_timing(d, "restore_ms")};
 }
 
 core::result<core::slot_erased> parse_erase_reply(std::string_view json) {
-  rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsObject()) return bad_reply("erase reply is not an object");
-  return core::slot_erased{get_u64(d, "n_erased")};
+  auto parsed = parse_reply(json, "erase reply");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  auto erased = d.IsObject() ? get_count(d, "n_erased") : std::nullopt;
+  if (!erased) return bad_reply("erase reply is not an object with a count n_erased");
+  return core::slot_erased{*erased};
 }
 
 core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
-  rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsArray()) return bad_reply("/slots is not an array");
+  auto parsed = parse_reply(json, "/slots");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsArray()) return bad_reply("/slots is not an array");
   std::vector<slot_info> out;
   for (const auto& s : d.GetArray()) {
-    if (!s.IsObject()) continue;
+    const auto id = s.IsObject() ? get_i64(s, "id", -1) : -1;
+    if (id < 0 || id >= core::max_total_slots) continue;  // no slot kvpersist manages
     slot_info i;
-    i.id = static_cast<int>(get_i64(s, "id", 0));
+    i.id = static_cast<int>(id);
     i.n_ctx = get_i64(s, "n_ctx", 0);
     auto p = s.FindMember("is_processing");
     i.is_processing = p != s.MemberEnd() && p->value.IsBool() && p->value.GetBool();

@@ -30,6 +30,17 @@ std::string_view to_string(prepare_kind k) {
   return "none";
 }
 
+namespace {
+
+// Revisions compare as serial numbers (RFC 1982): `a` is after `b` when it is less than 2^63
+// steps ahead, so a counter that wraps past 2^64-1 still reads as newer than the saved one.
+bool rev_after(std::uint64_t a, std::uint64_t b) { return static_cast<std::int64_t>(a - b) > 0; }
+std::uint64_t rev_latest(std::uint64_t a, std::uint64_t b) { return rev_after(a, b) ? a : b; }
+
+}  // namespace
+
+bool coordinator_core::session_rec::dirty() const { return rev_after(dirty_rev, saved_rev); }
+
 coordinator_core::coordinator_core(core_options opts)
     : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {
   slots_.push_back(make_slot(opts_.slot_id));
@@ -105,9 +116,11 @@ void coordinator_core::forget_slot(int slot) {
 
 void coordinator_core::add_manifest(manifest m) {
   if (slot_of(m.session_hash) >= 0) return;  // resident here: our record is newer
-  auto& r = sessions_[m.session_hash];
+  auto [it, fresh] = sessions_.try_emplace(m.session_hash);
+  auto& r = it->second;
   r.session_id = m.session_id;
-  if (m.state == snapshot_state::ready) r.saved_rev = r.dirty_rev = std::max(r.dirty_rev, m.revision);
+  if (m.state == snapshot_state::ready)
+    r.saved_rev = r.dirty_rev = fresh ? m.revision : rev_latest(r.dirty_rev, m.revision);
   r.snapshot = std::move(m);
 }
 
@@ -150,7 +163,7 @@ bool coordinator_core::owner_dirty(int slot) const {
   const auto* s = find_slot(slot);
   if (!s || s->owner.empty()) return false;
   auto it = sessions_.find(s->owner);
-  return it != sessions_.end() && it->second.dirty_rev > it->second.saved_rev;
+  return it != sessions_.end() && it->second.dirty();
 }
 
 const manifest* coordinator_core::find_manifest(const std::string& hash) const {
@@ -338,10 +351,10 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
 void coordinator_core::store_manifest(const manifest& m) {
   auto& r = sessions_[m.session_hash];
   if (r.session_id.empty()) r.session_id = m.session_id;
-  if (m.state == snapshot_state::ready) r.saved_rev = std::max(r.saved_rev, m.revision);
+  if (m.state == snapshot_state::ready) r.saved_rev = rev_latest(r.saved_rev, m.revision);
   r.snapshot = m;
   for (auto& s : slots_)
-    if (s.owner == m.session_hash && s.state == slot_state::dirty && r.dirty_rev <= r.saved_rev)
+    if (s.owner == m.session_hash && s.state == slot_state::dirty && !r.dirty())
       s.state = slot_state::ready;
 }
 
@@ -486,7 +499,7 @@ std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_
   auto& r = sessions_[sl.owner];
   // Design note 3: whatever reached the slot changed it, even a cancelled request.
   if (reached_slot) ++r.dirty_rev;
-  const bool dirty = r.dirty_rev > r.saved_rev;
+  const bool dirty = r.dirty();
   sl.state = dirty ? slot_state::dirty : slot_state::ready;
   if (!dirty) return std::nullopt;
   if (opts_.idle_checkpoint.count() > 0) {
@@ -510,7 +523,7 @@ std::optional<save_step> coordinator_core::idle_checkpoint(int slot, steady_time
   sl.idle_deadline.reset();
   if (!enabled_ || sl.owner.empty() || sl.state != slot_state::dirty) return std::nullopt;
   const auto& r = sessions_[sl.owner];
-  if (r.dirty_rev != sl.idle_rev || r.dirty_rev <= r.saved_rev) return std::nullopt;
+  if (r.dirty_rev != sl.idle_rev || !r.dirty()) return std::nullopt;
   if (!breaker_.allow(now)) return std::nullopt;
   return make_save(sl);
 }
@@ -567,7 +580,7 @@ std::optional<coordinator_core::session_view> coordinator_core::session(
   v.session_id = it->second.session_id;
   v.slot = slot_of(hash);
   v.resident = v.slot >= 0 && state(v.slot) != slot_state::unknown;
-  v.dirty = it->second.dirty_rev > it->second.saved_rev && v.resident;
+  v.dirty = it->second.dirty() && v.resident;
   v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
   return v;
 }

@@ -227,6 +227,7 @@ class coordinator_core {
     std::uint64_t dirty_rev = 0;
     std::uint64_t saved_rev = 0;
     std::optional<manifest> snapshot;
+    bool dirty() const;  // the slot holds turns the last saved snapshot lacks
   };
   struct slot_rec {
     int id = 0;

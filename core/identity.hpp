@@ -11,6 +11,9 @@ namespace kvp::core {
 // Lower-case hex SHA-256 of `data`.
 std::string sha256_hex(std::string_view data);
 
+// The most slots kvpersist manages on one server; /props reporting more is refused.
+inline constexpr std::int64_t max_total_slots = 1024;
+
 // What llama-server tells about itself in GET /props, plus the operator's runtimeKey.
 // KV types, flash attention and LoRA are invisible to /props: runtimeKey stands for them.
 struct runtime_info {

@@ -7,6 +7,7 @@
 #include <rapidjson/stringbuffer.h>
 
 #include "core/identity.hpp"
+#include "core/json.hpp"
 
 namespace kvp::core {
 
@@ -91,19 +92,21 @@ bool is_hex64(std::string_view s) {
 
 result<manifest> parse_manifest(std::string_view json) {
   rapidjson::Document d;
-  d.Parse(json.data(), json.size());
-  if (d.HasParseError() || !d.IsObject()) return invalid("not a JSON object");
+  if (auto parsed = parse_json_bounded(json, d); !parsed) return invalid(parsed.err().message);
+  if (!d.IsObject()) return invalid("not a JSON object");
   auto get_str = [&](const char* k, std::string& out) {
     auto it = d.FindMember(k);
     if (it == d.MemberEnd() || !it->value.IsString()) return false;
     out.assign(it->value.GetString(), it->value.GetStringLength());
     return true;
   };
-  auto get_u64 = [&](const char* k, std::uint64_t& out) {
+  // Counts above json_max_count are refused: a revision near 2^64 would wrap the dirty
+  // counter, and no real snapshot has that many tokens or bytes.
+  auto get_count = [&](const char* k, std::uint64_t& out) {
     auto it = d.FindMember(k);
-    if (it == d.MemberEnd() || !it->value.IsUint64()) return false;
-    out = it->value.GetUint64();
-    return true;
+    auto n = it == d.MemberEnd() ? std::nullopt : json_count(it->value);
+    if (n) out = *n;
+    return n.has_value();
   };
   auto ver = d.FindMember("schemaVersion");
   if (ver == d.MemberEnd() || !ver->value.IsInt() || ver->value.GetInt() != manifest::schema_version)
@@ -113,10 +116,10 @@ result<manifest> parse_manifest(std::string_view json) {
   if (!get_str("sessionId", m.session_id) || !get_str("sessionHash", m.session_hash) ||
       !get_str("instanceKey", m.instance_key) || !get_str("modelId", m.model_id) ||
       !get_str("runtimeFingerprint", m.runtime_fingerprint) || !get_str("generation", gen) ||
-      !get_u64("tokens", m.tokens) || !get_u64("bytes", m.bytes) ||
-      !get_u64("revision", m.revision) || !get_str("state", state) ||
+      !get_count("tokens", m.tokens) || !get_count("bytes", m.bytes) ||
+      !get_count("revision", m.revision) || !get_str("state", state) ||
       !get_str("createdAt", m.created_at) || !get_str("updatedAt", m.updated_at))
-    return invalid("missing or mistyped key");
+    return invalid("missing or mistyped key, or a count above 2^53");
   if (!is_hex64(m.session_hash)) return invalid("sessionHash is not 64 hex digits");
   if (gen != "a" && gen != "b") return invalid("generation must be \"a\" or \"b\"");
   m.generation = gen[0];

@@ -43,8 +43,9 @@ std::string valid_utf8(std::string_view s);
 // Pretty-printed JSON with the keys documented in README (camelCase).
 std::string to_json(const manifest& m);
 
-// Parses what to_json wrote. Rejects unknown schema versions, missing or mistyped keys and
-// a hash that is not 64 hex digits (errc::manifest_invalid, with a reason).
+// Parses what to_json wrote. Rejects text parse_json_bounded refuses (too deep), unknown
+// schema versions, missing or mistyped keys, counts (tokens, bytes, revision) above
+// json_max_count and a hash that is not 64 hex digits (errc::manifest_invalid, with a reason).
 result<manifest> parse_manifest(std::string_view json);
 
 }  // namespace kvp::core

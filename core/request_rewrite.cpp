@@ -4,20 +4,19 @@
 
 #include <fmt/format.h>
 
+#include "core/json.hpp"
+
 namespace kvp::core {
 
-std::optional<std::string> pin_request_body(std::string_view body, int slot) {
-  // RapidJSON stops at a NUL byte as if the input ended there; JSON text never contains
-  // one, so such a body is not ours to rewrite.
-  if (body.find('\0') != std::string_view::npos) return std::nullopt;
+result<std::string> pin_request_body(std::string_view body, int slot) {
   constexpr std::string_view ws = " \t\r\n";
   const auto first = body.find_first_not_of(ws);
   const auto end = body.find_last_not_of(ws);
-  if (first == std::string_view::npos || body[first] != '{' || body[end] != '}')
-    return std::nullopt;
   rapidjson::Document d;
-  d.Parse(body.data(), body.size());  // default parse: full precision has UB in RapidJSON 1.1
-  if (d.HasParseError() || !d.IsObject()) return std::nullopt;
+  auto parsed = parse_json_bounded(body, d);
+  if (!parsed) return parsed.err();
+  if (!d.IsObject() || body[first] != '{' || body[end] != '}')
+    return error{errc::invariant, 0, "the body is not one JSON object"};
   // Append, never re-serialize: every byte the client sent stays as it was (numbers,
   // duplicate keys, their order), and llama-server's JSON parser keeps the last of
   // duplicate keys, so ours win even if the client sent id_slot or cache_prompt itself.
@@ -30,8 +29,7 @@ std::optional<std::string> pin_request_body(std::string_view body, int slot) {
 
 std::string request_model(std::string_view body) {
   rapidjson::Document d;
-  d.Parse(body.data(), body.size());
-  if (d.HasParseError() || !d.IsObject()) return {};
+  if (!parse_json_bounded(body, d) || !d.IsObject()) return {};
   // llama-server's parser keeps the last of duplicate keys; route on the model it will see.
   const rapidjson::Value* model = nullptr;
   for (const auto& m : d.GetObject())

@@ -2,21 +2,25 @@
 // honours "id_slot" in the JSON body of completion-style endpoints.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <string_view>
+
+#include "core/result.hpp"
 
 namespace kvp::core {
 
 // Returns the body with "id_slot": slot and "cache_prompt": true appended before the
 // object's closing brace; every other byte stays as the client sent it. A client's own
 // id_slot/cache_prompt stay too, earlier in the object: llama-server keeps the last of
-// duplicate keys. nullopt when the body is not one JSON object that RapidJSON accepts
-// (the caller refuses such a request in managed mode rather than run it unpinned).
-std::optional<std::string> pin_request_body(std::string_view body, int slot);
+// duplicate keys. An error (its message fit for the client's 400) when the body is not one
+// JSON object that parse_json_bounded accepts, e.g. one nested deeper than json_max_depth:
+// the caller refuses such a request in managed mode rather than run it unpinned.
+result<std::string> pin_request_body(std::string_view body, int slot);
 
 // The "model" member of a JSON request body, or "" (used for routing to a server). Of
-// duplicate "model" keys the last counts, as in llama-server; "" when that one is no string.
+// duplicate "model" keys the last counts, as in llama-server; "" when that one is no string,
+// or when the body is not JSON parse_json_bounded accepts: such a body routes like one
+// without a model, to the first server, which answers it itself.
 std::string request_model(std::string_view body);
 
 }  // namespace kvp::core

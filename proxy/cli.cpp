@@ -9,6 +9,7 @@
 
 #include "backends/http_client.hpp"
 #include "config/load_yaml.hpp"
+#include "core/json.hpp"
 #include "core/request_class.hpp"
 
 namespace kvp::proxy {
@@ -202,8 +203,7 @@ int run_admin_command(const std::string& command, const std::vector<std::string>
     return 1;
   }
   rapidjson::Document d;
-  d.Parse(r->body.c_str());
-  if (o.json || d.HasParseError()) {
+  if (o.json || !core::parse_json_bounded(r->body, d)) {
     fmt::print("{}\n", r->body);
   } else if (r->status >= 400) {
     const auto& e = d.HasMember("error") ? d["error"] : d;

@@ -90,6 +90,12 @@ void coordinator::stop() {
 }
 
 void coordinator::apply_probe(const core::result<core::server_probe>& p) {
+  if (!p && p.err().code == core::errc::backend_unsupported) {
+    // It answered, with something unusable (a /props too deep, without or with too many
+    // slots): persistence stays off until a later probe reads a usable answer.
+    disable_persistence(p.err().message);
+    return;
+  }
   if (!p) {
     if (core_.persistence_enabled()) core_.on_epoch_change();
     if (!warned_disabled_)
@@ -126,10 +132,7 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   else if (opts_.single_slot && rt.total_slots != 1)
     why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
   if (!why.empty()) {
-    if (core_.persistence_enabled() || !warned_disabled_)
-      log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
-    warned_disabled_ = true;
-    core_.disable_persistence();
+    disable_persistence(why);
     return;
   }
   core_.set_runtime(rt);
@@ -144,6 +147,13 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
         {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
          {"slots", std::to_string(rt.total_slots)}});
   }
+}
+
+void coordinator::disable_persistence(const std::string& why) {
+  if (core_.persistence_enabled() || !warned_disabled_)
+    log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
+  warned_disabled_ = true;
+  core_.disable_persistence();
 }
 
 // Reads the runtime again when there is a reason to believe the server changed. While

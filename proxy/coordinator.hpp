@@ -179,6 +179,8 @@ class coordinator {
   net::awaitable<void> probe_loop();
   net::awaitable<void> refresh_runtime();
   void apply_probe(const core::result<core::server_probe>& p);
+  // Turns persistence off, with one warning line until it comes back.
+  void disable_persistence(const std::string& why);
   net::awaitable<bool> run_save(const core::save_step& s);
   void write_manifest(const core::manifest& m);
   net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive

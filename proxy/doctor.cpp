@@ -17,6 +17,7 @@
 #include "backends/llama_http_backend.hpp"
 #include "config/load_yaml.hpp"
 #include "core/identity.hpp"
+#include "core/json.hpp"
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
 
@@ -80,9 +81,9 @@ net::awaitable<core::result<completion_timings>> complete(backends::http_endpoin
     co_return core::error{core::errc::backend_unavailable, r->status,
                           backends::error_message(r->body)};
   rapidjson::Document d;
-  d.Parse(r->body.c_str());
   completion_timings t;
-  if (!d.HasParseError() && d.IsObject() && d.HasMember("timings") && d["timings"].IsObject()) {
+  if (core::parse_json_bounded(r->body, d) && d.IsObject() && d.HasMember("timings") &&
+      d["timings"].IsObject()) {
     const auto& tm = d["timings"];
     if (tm.HasMember("cache_n") && tm["cache_n"].IsInt64()) t.cache_n = tm["cache_n"].GetInt64();
     if (tm.HasMember("prompt_n") && tm["prompt_n"].IsInt64()) t.prompt_n = tm["prompt_n"].GetInt64();

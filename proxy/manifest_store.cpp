@@ -7,8 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -34,6 +32,30 @@ bool write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<std::size_t>(n));
   }
   return true;
+}
+
+// The largest manifest or compatibility.json read: to_json writes well under 4 KiB.
+constexpr off_t max_state_file_bytes = 1 << 20;
+
+// The contents of a regular file of at most max_state_file_bytes, never through a symlink
+// nor blocking on a FIFO planted at `path`. Error: metadata_io with the reason.
+core::result<std::string> read_state_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return io_error("open", path, errno);
+  struct stat st {};
+  const bool usable =
+      ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= max_state_file_bytes;
+  std::string out(usable ? static_cast<std::size_t>(st.st_size) : 0, '\0');
+  const ssize_t n = usable ? ::pread(fd, out.data(), out.size(), 0) : 0;
+  const int err = errno;
+  ::close(fd);
+  if (!usable)
+    return core::error{core::errc::metadata_io, 0,
+                       fmt::format("{}: not a regular file of at most {} bytes", path,
+                                   max_state_file_bytes)};
+  if (n < 0) return io_error("read", path, err);
+  out.resize(static_cast<std::size_t>(n));
+  return out;
 }
 
 }  // namespace
@@ -63,11 +85,9 @@ std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& s
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(sessions_dir_, ec)) {
     const auto& p = entry.path();
-    if (p.extension() != ".json" || !entry.is_regular_file()) continue;
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto m = core::parse_manifest(ss.str());
+    if (p.extension() != ".json" || entry.is_directory()) continue;
+    auto text = read_state_file(p.string());
+    auto m = text ? core::parse_manifest(text.value()) : core::result<core::manifest>(text.err());
     if (!m) {
       skipped.push_back(fmt::format("{}: {}", p.filename().string(), m.err().message));
       continue;
@@ -83,22 +103,24 @@ std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& s
 }
 
 std::optional<core::manifest> manifest_store::read(const std::string& hash) const {
-  std::ifstream in(path_for(hash), std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto m = core::parse_manifest(ss.str());
+  auto text = read_state_file(path_for(hash));
+  if (!text) return std::nullopt;
+  auto m = core::parse_manifest(text.value());
   if (!m || m->session_hash != hash) return std::nullopt;
   return std::move(m.value());
 }
 
 namespace {
 
-// temp file, fsync, rename, fsync of the directory (spec §40).
+// temp file, fsync, rename, fsync of the directory (spec §40). The temp file is always a
+// new one (O_EXCL) and never a symlink's target (O_NOFOLLOW, and O_EXCL refuses any existing
+// name): a stale one left by a crash is unlinked first, and whatever sits at the name when
+// the open runs (a symlink planted to redirect the write, a directory) fails the write.
 core::result<core::unit> write_atomic(const std::string& dir, const std::string& final_path,
                                       const std::string& data) {
   const std::string tmp = final_path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ::unlink(tmp.c_str());  // a symlink itself goes, never its target
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return io_error("open", tmp, errno);
   if (!write_all(fd, data) || ::fsync(fd) != 0) {
     int err = errno;
@@ -143,10 +165,8 @@ core::result<core::unit> manifest_store::write_compatibility(const std::string& 
 }
 
 std::string manifest_store::read_compatibility(const std::string& fingerprint) const {
-  std::ifstream in(state_dir_ + "/compatibility.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  auto read = read_state_file(state_dir_ + "/compatibility.json");
+  const std::string text = read ? std::move(read.value()) : std::string();
   // Written by write_compatibility above; a tiny fixed shape, so a search is enough.
   if (text.find("\"runtimeFingerprint\":\"" + fingerprint + "\"") == std::string::npos)
     return "unknown";

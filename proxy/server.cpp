@@ -530,11 +530,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
       guard.dismiss();
       up.pool->release(std::move(conn->stream));
       auto res = error_response(http::status::bad_request,
-                                "managed-slots mode needs the request body to be one JSON object",
+                                fmt::format("managed-slots mode needs the request body to be one "
+                                            "JSON object: {}", pinned.err().message),
                                 version, keep);
       co_return co_await send(c, std::move(res));
     }
-    req.body() = std::move(*pinned);
+    req.body() = std::move(pinned.value());
   }
   // Only requests that were not resident pay for reading llama-server's timings back.
   const bool watch = pr.kind == core::prepare_kind::restored ||

@@ -3,6 +3,7 @@
 #include "backends/llama_http_backend.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <string>
 
@@ -166,4 +167,51 @@ TEST_CASE("parse_slots reads GET /slots", "[backends][llama_http]") {
     REQUIRE(e.ok());
     CHECK(e->empty());
   }
+}
+
+// llama-server's replies are untrusted input too: deep JSON and out-of-range numbers are
+// refused as bad replies (backend_unsupported), never a crash or a huge allocation.
+TEST_CASE("reply parsers refuse JSON nested deeper than json_max_depth", "[backends][llama_http]") {
+  const std::string deep = R"({"total_slots":1,"n_saved":1,"n_restored":1,"x":)" +
+                           std::string(300'000, '[') + std::string(300'000, ']') + "}";
+  for (auto r : {parse_props(deep).ok(), parse_save_reply(deep).ok(),
+                 parse_restore_reply(deep).ok(), parse_erase_reply(deep).ok(),
+                 parse_slots("[" + deep + "]").ok()})
+    CHECK_FALSE(r);
+  auto p = parse_props(deep);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.err().code == errc::backend_unsupported);
+  CHECK(p.err().message.find("nested deeper than 128") != std::string::npos);
+  CHECK(error_message(deep) == deep.substr(0, 200));
+}
+
+TEST_CASE("parse_props refuses a total_slots above max_total_slots", "[backends][llama_http]") {
+  CHECK(parse_props(R"({"total_slots":1024,"model_path":"/m.gguf"})").ok());
+  for (const char* n : {"1025", "9223372036854775807", "4611686018427387904"}) {
+    auto r = parse_props(std::string(R"({"model_path":"/m.gguf","total_slots":)") + n + "}");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::backend_unsupported);
+    CHECK(r.err().message.find("more than the 1024") != std::string::npos);
+  }
+}
+
+TEST_CASE("save, restore and erase replies with counts above 2^53 are refused",
+          "[backends][llama_http]") {
+  constexpr const char* huge = "18446744073709551615";
+  CHECK_FALSE(parse_save_reply(fmt::format(R"({{"n_saved":{},"n_written":10}})", huge)).ok());
+  CHECK_FALSE(parse_save_reply(fmt::format(R"({{"n_saved":10,"n_written":{}}})", huge)).ok());
+  CHECK_FALSE(parse_save_reply(R"({"n_saved":10,"n_written":-1})").ok());
+  CHECK_FALSE(parse_restore_reply(fmt::format(R"({{"n_restored":{},"n_read":1}})", huge)).ok());
+  CHECK_FALSE(parse_restore_reply(fmt::format(R"({{"n_restored":1,"n_read":{}}})", huge)).ok());
+  CHECK_FALSE(parse_erase_reply(fmt::format(R"({{"n_erased":{}}})", huge)).ok());
+  auto ok = parse_save_reply(R"({"n_saved":9007199254740992,"n_written":9007199254740992})");
+  REQUIRE(ok.ok());
+  CHECK(ok->n_saved == 9007199254740992u);
+}
+
+TEST_CASE("parse_slots skips slot ids kvpersist cannot manage", "[backends][llama_http]") {
+  auto r = parse_slots(R"([{"id":-1},{"id":4294967297},{"id":1024},{"id":3},{"n_ctx":5}])");
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 1);
+  CHECK(r->front().id == 3);
 }

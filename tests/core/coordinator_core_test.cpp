@@ -454,20 +454,51 @@ TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
   }
 }
 
-TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
-          "[core][coordinator_core]") {
+namespace {
+// A core whose session A was loaded from a manifest of `revision`, restored, and then ran a
+// turn that reached the slot (cancelled or not: design note 3).
+coordinator_core restored_turn(std::uint64_t revision) {
   auto c = make_core();
-  c.add_manifest(ready_manifest(c, "A", 'a', 100));
+  c.add_manifest(ready_manifest(c, "A", 'a', 100, revision));
   auto p = c.prepare(session("A"), t0, wall);
   REQUIRE(p.restore);
   REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
   c.start_inference(session("A"));
   c.end_inference(true, t0 + 1s);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
+          "[core][coordinator_core]") {
+  auto c = restored_turn(3);
   CHECK(c.owner_dirty());
   auto s = c.checkpoint_owner(t0 + 2s);
   REQUIRE(s);
   CHECK(s->revision == 4);  // the loaded manifest was revision 3
   CHECK(s->generation == 'b');
+}
+
+TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial comparison)",
+          "[core][coordinator_core]") {
+  // parse_manifest refuses revisions above 2^53; the comparison holds on its own too.
+  auto c = restored_turn(UINT64_MAX);
+  CHECK(c.owner_dirty());
+  CHECK(c.session(c.hash_for("A"))->dirty);
+  auto s = c.checkpoint_owner(t0 + 2s);
+  REQUIRE(s);
+  CHECK(s->revision == 0);  // 2^64-1 + 1
+  auto d = c.on_save(*s, saved(120), t0 + 2s, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  CHECK_FALSE(c.owner_dirty());
+  CHECK(c.state() == slot_state::ready);
+  // The next turn is dirty again and the idle checkpoint still fires.
+  c.prepare(session("A"), t0 + 3s, wall);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 3s);
+  CHECK(c.owner_dirty());
+  CHECK(c.idle_checkpoint(t0 + 1h));
 }
 
 TEST_CASE(

@@ -147,6 +147,22 @@ TEST_CASE("parse_manifest rejects what it did not write", "[core][manifest]") {
     require_rejected(with_member("revision", "null"));
     require_rejected(with_member("sessionId", "42"));
   }
+  SECTION("a count above 2^53: a revision near 2^64 would wrap the dirty counter") {
+    require_rejected(with_member("revision", "18446744073709551615"));
+    require_rejected(with_member("revision", "9007199254740993"));
+    require_rejected(with_member("tokens", "18446744073709551615"));
+    require_rejected(with_member("bytes", "18446744073709551615"));
+    CHECK(parse_manifest(with_member("revision", "9007199254740992")).ok());
+  }
+  SECTION("a member nested deeper than json_max_depth (the parse must not overflow the stack)") {
+    const std::string json = to_json(sample());
+    const std::string deep = json.substr(0, json.find_last_of('}')) + ",\"x\":" +
+                             std::string(300'000, '[') + std::string(300'000, ']') + "}";
+    auto r = parse_manifest(deep);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::manifest_invalid);
+    CHECK(r.err().message == "JSON nested deeper than 128 levels");
+  }
   SECTION("a hash that is not 64 lower-case hex digits") {
     const auto h = sample().session_hash;
     require_rejected(with_member("sessionHash", ("\"" + h.substr(1) + "\"").c_str()));

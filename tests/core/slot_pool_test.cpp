@@ -517,17 +517,25 @@ TEST_CASE("a session whose request is being prepared on one slot is not given a 
   CHECK_FALSE(c.choose_slot(session("A"), without(c.slot_ids(), target)));
 }
 
-// The body rewrite that pins a request to the chosen slot (core/request_rewrite.hpp).
+// The body rewrite that pins a request to the chosen slot (core/request_rewrite.hpp), as an
+// optional: nullopt when it refuses the body.
+namespace {
+std::optional<std::string> pinned(std::string_view body, int slot) {
+  auto r = pin_request_body(body, slot);
+  return r ? std::optional<std::string>(r.value()) : std::nullopt;
+}
+}  // namespace
+
 TEST_CASE("pin_request_body keeps the client's bytes and appends id_slot and cache_prompt",
           "[core][slot_pool][pin]") {
   const std::string body = "{ \"model\" : \"m\",\n  \"messages\": [{\"content\": \"caf\xc3\xa9 \\u00e9\"}],"
                            " \"temperature\": 0.70 }\n  ";
-  auto out = pin_request_body(body, 2);
+  auto out = pinned(body, 2);
   REQUIRE(out);
   const auto brace = body.rfind('}');
   CHECK(*out == body.substr(0, brace) + ",\"id_slot\":2,\"cache_prompt\":true" + body.substr(brace));
-  CHECK(pin_request_body("{}", 0) == std::optional<std::string>("{\"id_slot\":0,\"cache_prompt\":true}"));
-  CHECK(pin_request_body(" { } ", 1) == std::optional<std::string>(" { \"id_slot\":1,\"cache_prompt\":true} "));
+  CHECK(pinned("{}", 0) == std::optional<std::string>("{\"id_slot\":0,\"cache_prompt\":true}"));
+  CHECK(pinned(" { } ", 1) == std::optional<std::string>(" { \"id_slot\":1,\"cache_prompt\":true} "));
 }
 
 TEST_CASE("pin_request_body overrides a client's id_slot and cache_prompt by appending", "[core][slot_pool][pin]") {
@@ -535,7 +543,7 @@ TEST_CASE("pin_request_body overrides a client's id_slot and cache_prompt by app
   // client's bytes are kept as they were.
   for (const std::string body : {R"({"id_slot":7,"model":"m"})", R"({"model":"m","cache_prompt":false})",
                                  R"({"cache_prompt":false,"id_slot":-1,"model":"m"})"}) {
-    auto out = pin_request_body(body, 1);
+    auto out = pinned(body, 1);
     REQUIRE(out);
     CHECK(*out == body.substr(0, body.size() - 1) + R"(,"id_slot":1,"cache_prompt":true})");
   }
@@ -543,11 +551,25 @@ TEST_CASE("pin_request_body overrides a client's id_slot and cache_prompt by app
 
 TEST_CASE("pin_request_body leaves what is not a JSON object alone", "[core][slot_pool][pin]") {
   for (const char* body : {"[1,2]", "\"s\"", "", "   ", "{\"a\":", "{\"a\":1} {\"b\":2}", "null"})
-    CHECK_FALSE(pin_request_body(body, 0));
+    CHECK_FALSE(pinned(body, 0));
   CHECK(request_model(R"({"model":"qwen-7b","messages":[]})") == "qwen-7b");
   CHECK(request_model(R"({"model":7})").empty());
   CHECK(request_model("not json").empty());
   // Duplicate keys: the last wins, as in llama-server's parser.
   CHECK(request_model(R"({"model":"a","messages":[],"model":"b"})") == "b");
   CHECK(request_model(R"({"model":"a","model":null})").empty());
+}
+
+TEST_CASE("pin_request_body and request_model refuse a body nested deeper than json_max_depth",
+          "[core][slot_pool][pin]") {
+  // 300 KB of '[' inside an object: RapidJSON's recursive parse used to overflow the stack.
+  const std::string deep = R"({"model":"x","a":)" + std::string(300'000, '[');
+  auto r = pin_request_body(deep, 0);
+  REQUIRE_FALSE(r);
+  CHECK(r.err().message == "JSON nested deeper than 128 levels");
+  CHECK(request_model(deep).empty());
+  // At the limit (the object is level 1): still pinned and routed.
+  const std::string at_limit = R"({"model":"x","a":)" + std::string(127, '[') + std::string(127, ']') + "}";
+  CHECK(pinned(at_limit, 3) == at_limit.substr(0, at_limit.size() - 1) + R"(,"id_slot":3,"cache_prompt":true})");
+  CHECK(request_model(at_limit) == "x");
 }

@@ -1,9 +1,12 @@
 // Fuzz target: the manifest parser (core::parse_manifest). Whatever it accepts has a 64-hex
 // session hash and a generation of a or b, and survives to_json -> parse_manifest unchanged
-// (a manifest kvpersist rewrites means what it read; sessionId as valid UTF-8).
+// (a manifest kvpersist rewrites means what it read; sessionId as valid UTF-8). Its counts are
+// at most core::json_max_count (a revision near 2^64 once wrapped the dirty counter), and deep
+// nesting is refused, not a crash (seeds deep_*).
 #include <string>
 #include <string_view>
 
+#include "core/json.hpp"
 #include "core/manifest.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 
@@ -18,6 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   KVP_FUZZ_CHECK(m.session_hash.size() == 64);
   KVP_FUZZ_CHECK(m.generation == 'a' || m.generation == 'b');
   KVP_FUZZ_CHECK(m.snapshot_file() == m.session_hash + "." + m.generation + ".bin");
+  constexpr auto max_count = kvp::core::json_max_count;
+  KVP_FUZZ_CHECK(m.tokens <= max_count && m.bytes <= max_count && m.revision <= max_count);
   auto again = kvp::core::parse_manifest(kvp::core::to_json(m));
   KVP_FUZZ_CHECK(again.ok());
   const auto& n = again.value();

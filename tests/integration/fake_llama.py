@@ -224,6 +224,9 @@ class FakeLlamaServer:
         self.stream_kill_after: int | None = None   # drop the connection after N events
         self._crash_save: list[float] = []          # crash_next_save(): write part, then die
         self.concurrent_inference = False           # load tests: no slot lock, slot untouched
+        # hostile replies (persistent): "props" or "save" -> raw bytes sent as the 200 body
+        # instead of the JSON (test_hostile_json.py: deep nesting from llama-server's side)
+        self.raw_replies: dict[str, bytes] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def _reset_slot(self):
@@ -475,7 +478,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(n) if n else b""
 
     def _send_json(self, status: int, obj, extra: dict | None = None):
-        data = json.dumps(obj).encode("utf-8")
+        data = obj if isinstance(obj, bytes) else json.dumps(obj).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
@@ -505,7 +508,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             try:
                 body_json = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: deeply nested (hostile) JSON
                 body_json = None
         self.rec = f._record({
             "time": now(), "method": self.command, "raw_path": raw_path, "path": path,
@@ -528,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
         if m == "GET" and path in ("/health", "/v1/health"):
             return self._send_json(200, {"status": "ok"})
         if m == "GET" and path == "/props":
-            return self._send_json(200, self._props())
+            return self._send_json(200, f.raw_replies.get("props") or self._props())
         if m == "GET" and path in ("/v1/models", "/models"):
             return self._send_json(200, self._models())
         if m == "GET" and path == "/slots":
@@ -670,8 +673,9 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 n_written = f.write_snapshot(path, tokens)
                 mrec["n"] = len(tokens)
-                return reply(200, {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
-                                   "n_written": n_written, "timings": {"save_ms": (now() - t0) * 1000.0}})
+                return reply(200, f.raw_replies.get("save") or
+                             {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
+                              "n_written": n_written, "timings": {"save_ms": (now() - t0) * 1000.0}})
             # restore
             with f._lock:
                 failure = f._fail_restore.pop(0) if f._fail_restore else None

@@ -187,3 +187,71 @@ TEST_CASE("remove deletes the manifest, and a missing one is not an error",
   REQUIRE(all.size() == 1);
   CHECK(all[0].session_id == "B");
 }
+
+// Item 12: the state directory is writable by whoever runs kvpersist; nothing planted in it
+// may redirect a write, block a read, or make one unbounded.
+TEST_CASE("a symlink planted at the temp path is never followed", "[proxy][manifest_store]") {
+  temp_dir tmp;
+  manifest_store store(tmp.path() + "/state");
+  REQUIRE(store.open().ok());
+  const std::string outside = tmp.path() + "/outside";
+  write_file(outside, "precious");
+  auto m = make_manifest("A");
+  const auto final_path = store.path_for(m.session_hash);
+  SECTION("manifest") {
+    fs::create_symlink(outside, final_path + ".tmp");
+    REQUIRE(store.write(m).ok());
+    CHECK(read_file(outside) == "precious");
+    CHECK_FALSE(fs::is_symlink(final_path));
+    CHECK(kvp::core::parse_manifest(read_file(final_path)).ok());
+    CHECK_FALSE(fs::exists(fs::symlink_status(final_path + ".tmp")));
+  }
+  SECTION("compatibility.json") {
+    const auto compat = tmp.path() + "/state/compatibility.json";
+    fs::create_symlink(outside, compat + ".tmp");
+    REQUIRE(store.write_compatibility("fp", "supported", "2025-06-01T12:00:00Z").ok());
+    CHECK(read_file(outside) == "precious");
+    CHECK_FALSE(fs::is_symlink(compat));
+    CHECK(store.read_compatibility("fp") == "supported");
+  }
+}
+
+TEST_CASE("manifests are read only from regular files of at most 1 MiB",
+          "[proxy][manifest_store]") {
+  temp_dir tmp;
+  manifest_store store(tmp.path());
+  REQUIRE(store.open().ok());
+  const auto a = make_manifest("A"), b = make_manifest("B"), c = make_manifest("C");
+  REQUIRE(store.write(a).ok());
+  // A symlink to an endless file, a FIFO nobody writes to (reading either used to never end),
+  // and a file too large to be a manifest.
+  fs::create_symlink("/dev/zero", store.path_for(b.session_hash));
+  REQUIRE(::mkfifo(store.path_for(c.session_hash).c_str(), 0600) == 0);
+  const auto big = make_manifest("D");
+  write_file(store.path_for(big.session_hash), kvp::core::to_json(big));
+  fs::resize_file(store.path_for(big.session_hash), (1 << 20) + 1);
+
+  CHECK(store.read(a.session_hash));
+  CHECK_FALSE(store.read(b.session_hash));
+  CHECK_FALSE(store.read(c.session_hash));
+  CHECK_FALSE(store.read(big.session_hash));
+  std::vector<std::string> skipped;
+  auto all = store.load_all(skipped);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].session_hash == a.session_hash);
+  CHECK(skipped.size() == 3);  // reported, and left in place
+}
+
+TEST_CASE("a manifest nested a million levels deep is skipped, not a crash",
+          "[proxy][manifest_store]") {
+  temp_dir tmp;
+  manifest_store store(tmp.path());
+  REQUIRE(store.open().ok());
+  const auto h = make_manifest("A").session_hash;
+  write_file(store.path_for(h), std::string(1 << 20, '['));
+  std::vector<std::string> skipped;
+  CHECK(store.load_all(skipped).empty());
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0] == h + ".json: JSON nested deeper than 128 levels");
+  CHECK_FALSE(store.read(h));
+}

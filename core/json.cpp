@@ -1,0 +1,71 @@
+#include "core/json.hpp"
+
+#include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
+#include <rapidjson/reader.h>
+
+#include <fmt/format.h>
+
+namespace kvp::core {
+
+namespace {
+
+// Forwards the reader's events to the document and stops the parse one level too deep.
+class depth_limited_handler {
+ public:
+  explicit depth_limited_handler(rapidjson::Document& d) : d_(d) {}
+  bool too_deep() const { return depth_ > json_max_depth; }
+
+  bool Null() { return d_.Null(); }
+  bool Bool(bool b) { return d_.Bool(b); }
+  bool Int(int i) { return d_.Int(i); }
+  bool Uint(unsigned u) { return d_.Uint(u); }
+  bool Int64(std::int64_t i) { return d_.Int64(i); }
+  bool Uint64(std::uint64_t u) { return d_.Uint64(u); }
+  bool Double(double x) { return d_.Double(x); }
+  bool RawNumber(const char* s, rapidjson::SizeType n, bool copy) { return d_.RawNumber(s, n, copy); }
+  bool String(const char* s, rapidjson::SizeType n, bool copy) { return d_.String(s, n, copy); }
+  bool Key(const char* s, rapidjson::SizeType n, bool copy) { return d_.Key(s, n, copy); }
+  bool StartObject() { return enter() && d_.StartObject(); }
+  bool EndObject(rapidjson::SizeType n) { --depth_; return d_.EndObject(n); }
+  bool StartArray() { return enter() && d_.StartArray(); }
+  bool EndArray(rapidjson::SizeType n) { --depth_; return d_.EndArray(n); }
+
+ private:
+  bool enter() { return ++depth_ <= json_max_depth; }
+  rapidjson::Document& d_;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
+  if (text.find('\0') != std::string_view::npos)
+    return error{errc::invariant, 0, "JSON text contains a NUL byte"};
+  rapidjson::MemoryStream ms(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(ms);
+  rapidjson::Reader reader;
+  rapidjson::ParseResult parsed;
+  depth_limited_handler handler(d);
+  auto generate = [&](rapidjson::Document&) {
+    // Not kParseFullPrecisionFlag: its slow path has undefined behaviour in RapidJSON 1.1.
+    parsed = reader.Parse<rapidjson::kParseIterativeFlag>(in, handler);
+    return !parsed.IsError();
+  };
+  d.Populate(generate);
+  if (handler.too_deep())
+    return error{errc::invariant, 0,
+                 fmt::format("JSON nested deeper than {} levels", json_max_depth)};
+  if (parsed.IsError())
+    return error{errc::invariant, 0,
+                 fmt::format("invalid JSON at byte {}: {}", parsed.Offset(),
+                             rapidjson::GetParseError_En(parsed.Code()))};
+  return unit{};
+}
+
+std::optional<std::uint64_t> json_count(const rapidjson::Value& v) {
+  if (!v.IsUint64() || v.GetUint64() > json_max_count) return std::nullopt;
+  return v.GetUint64();
+}
+
+}  // namespace kvp::core

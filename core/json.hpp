@@ -1,0 +1,33 @@
+// Untrusted JSON (client bodies, llama-server's replies, manifests, admin replies) is parsed
+// only through parse_json_bounded, so no call site can forget its limits.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include <rapidjson/document.h>
+
+#include "core/result.hpp"
+
+namespace kvp::core {
+
+// Deepest nesting of arrays and objects accepted (the root container is level 1). Deeper
+// text is refused before anything recursive can see it: RapidJSON's Writer, Accept and deep
+// copies recurse once per level.
+inline constexpr int json_max_depth = 128;
+
+// Largest count (tokens, bytes, revisions) taken from outside: 2^53, the integers every JSON
+// reader keeps exactly. Counters start from such values and only ever add one per turn.
+inline constexpr std::uint64_t json_max_count = std::uint64_t{1} << 53;
+
+// Parses `text` (one JSON value, nothing after it but whitespace) into `d` with RapidJSON's
+// iterative parser, which uses no stack per level, and refuses nesting deeper than
+// json_max_depth and NUL bytes (RapidJSON would take one as the end of the text). The error
+// (errc::invariant: callers map it to their own) says why, for logs and 400 bodies.
+result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d);
+
+// `v` as a count: an integer in [0, json_max_count], else nullopt.
+std::optional<std::uint64_t> json_count(const rapidjson::Value& v);
+
+}  // namespace kvp::core
