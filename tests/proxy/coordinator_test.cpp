@@ -739,3 +739,64 @@ TEST_CASE("a lease released after prepare still lets the shutdown checkpoint sav
   CHECK(h.run(h.coord->checkpoint()));
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
 }
+
+TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves it",
+          "[proxy][coordinator][admin]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  h.request("A", 1000);
+  h.request("B", 500);
+  h.fake->clear_calls();
+  auto r = h.run(h.coord->admin_restore(h.hash("A")));
+  CHECK(r.body == R"({"result":"restored"})");
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+  CHECK(h.coord->core().owner() == h.hash("A"));
+  auto page = h.coord->sessions_page("", 10);
+  REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
+  CHECK(page.next.empty());
+}
+
+TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coordinator][admin]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  std::vector<std::string> hashes;
+  for (const char* s : {"S0", "S1", "S2", "S3", "S4"}) {
+    h.request(s, 100);
+    hashes.push_back(h.hash(s));
+  }
+  std::sort(hashes.begin(), hashes.end());
+  std::vector<std::string> seen;
+  std::string after;
+  for (int pages = 1;; ++pages) {
+    auto page = h.coord->sessions_page(after, 2);
+    for (const auto& row : page.sessions) seen.push_back(row.hash);
+    if (page.next.empty()) {
+      CHECK(pages == 3);
+      break;
+    }
+    CHECK(page.next == page.sessions.back().hash);
+    after = page.next;
+  }
+  CHECK(seen == hashes);
+}
+
+TEST_CASE("server-owned budget: a new session's manifest makes the oldest clean one go",
+          "[proxy][coordinator][retention]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.retention_max_sessions = 2;
+  o.retention_interval = 1h;
+  harness h(tmp.path(), o);
+  h.start();
+  for (const char* s : {"S0", "S1", "S2", "S3"}) h.request(s, 100);  // S0, S1, S2 saved
+  // S2 was saved while it still owned the slot; of S0 and S1 (saved within a second or
+  // two), the older goes, by hash when the second is the same. No file is touched.
+  const bool s0_kept = h.manifest_on_disk("S0").has_value();
+  const bool s1_kept = h.manifest_on_disk("S1").has_value();
+  CHECK(s0_kept != s1_kept);
+  CHECK(h.manifest_on_disk("S2"));
+  CHECK(h.coord->sessions_page("", 10).sessions.size() == 3);  // two snapshots + resident S3
+  CHECK(h.fake->snapshot_tokens(h.file(s0_kept ? "S1" : "S0", 'a')) == 100u);
+}
