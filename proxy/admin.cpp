@@ -146,12 +146,18 @@ net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v
   co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, servers), v);
 }
 
-// GET /kv/sessions: one page, in hash order. Only the page's rows are copied on the strand.
-net::awaitable<response> list_sessions(coordinator* coord, std::string target, unsigned v) {
+net::awaitable<std::string> json_of(session_page page) { co_return sessions_page_json(page); }
+
+// GET /kv/sessions: one page, in hash order. Only the page's rows are copied on the strand;
+// the JSON (the costly part with long session ids) is built on the admin's own thread, so
+// that a listing never holds up the threads serving requests.
+net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::executor_type formatter,
+                                       std::string target, unsigned v) {
   auto q = parse_page_query(target);
   if (!q) co_return err(400, "limit must be 1..1000 and after a 64-hex session hash", v);
   auto page = co_await on_strand(coord, page_of(coord, std::move(q->after), q->limit));
-  co_return json(200, sessions_page_json(page), v);
+  auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
+  co_return json(200, std::move(body), v);
 }
 
 // /kv/sessions/{id}[/action]; `rest` is the raw path after that prefix.
@@ -327,7 +333,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   }
   if (path == "/kv/sessions") {
     if (method != http::verb::get) co_return err(405, "use GET", v);
-    co_return co_await list_sessions(coord, target, v);
+    co_return co_await list_sessions(coord, formatter_.get_executor(), target, v);
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
     if (method != http::verb::post) co_return err(405, "use POST", v);

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include "backends/net.hpp"
 #include "core/result.hpp"
 #include "proxy/coordinator.hpp"
@@ -46,6 +48,9 @@ class admin_server {
   std::uint16_t bound_port_ = 0;
   std::string token_;
   std::unique_ptr<acceptor> acceptor_;
+  // Builds large responses (session listings) off the io_context's threads. Last member:
+  // destroyed (joined) first.
+  net::thread_pool formatter_{1};
 };
 
 }  // namespace kvp::proxy

@@ -454,6 +454,7 @@ def test_gc_server_owned_deletes_nothing(stack):
     after_manifests = [m["_file"] for m in manifests(stack.state_dir)]
     assert len(after_manifests) == 1 and set(after_manifests) < set(before_manifests)
     gone = (set(before_manifests) - set(after_manifests)).pop()[:-len(".json")]
+    assert harness.wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
     ev = stack.proxy.events("kv.session.forgotten")
     assert [e.fields["files"] for e in ev] == ["%s.a.bin,%s.b.bin" % (gone, gone)]
 
@@ -490,6 +491,7 @@ def test_gc_max_sessions_invalid_first_then_lru_never_resident(stack):
         jadm(stack, "GET", "/kv/sessions/%s" % gone.session, status=404)
     for kept in (B, D):
         assert snap_files(stack, H[kept.session]) and manifest_for(stack.state_dir, kept.session)
+    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 2, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[C.session][:8], H[A.session][:8]], evicted   # invalid first, then LRU
 
@@ -513,6 +515,7 @@ def test_gc_max_total_bytes_spares_resident(stack):
         assert snap_files(stack, H[gone.session]) == {} and manifest_for(stack.state_dir, gone.session) is None
     assert snap_files(stack, H[D.session]), "the resident session's snapshot must never be evicted"
     assert manifest_for(stack.state_dir, D.session)["state"] == "ready"
+    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 3, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[s.session][:8] for s in (A, B, C)], evicted   # least recently used first
     # the resident session keeps working without a management call
