@@ -88,6 +88,14 @@ struct harness {
   }
 
   void start() { run(coord->start()); }
+  // Starts, then A (1000 tokens, saved when B took the slot) and B (500, resident and
+  // dirty); forgets the calls so far.
+  void start_with_a_saved_b_dirty() {
+    start();
+    request("A", 1000);
+    request("B", 500);
+    fake->clear_calls();
+  }
 
   std::shared_ptr<lease_ticket> ticket() {
     auto t = std::make_shared<lease_ticket>(ioc.get_executor());
@@ -223,10 +231,7 @@ TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
 
   SECTION("the server rejects the file") { h.fake->corrupt_snapshot(h.file("A", 'a')); }
   SECTION("the file was deleted by hand (acceptance 17)") {
@@ -360,10 +365,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path(), strict_options());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
   h.fake->fail_next_restore(failure::http(400));
   auto t = h.acquire();
   auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
@@ -551,10 +553,7 @@ TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coor
 TEST_CASE("management calls are serialized with the lease (spec §20)", "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
   h.fake->delay_restore(100ms);
 
   auto t1 = h.acquire();
@@ -744,10 +743,7 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
           "[proxy][coordinator][admin]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
   auto r = h.run(h.coord->admin_restore(h.hash("A")));
   CHECK(r.body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
