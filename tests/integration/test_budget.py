@@ -25,7 +25,7 @@ import pytest
 
 import harness
 from admin_client import acts, admin_addr, idle, ok, run_cli, scrape, settled_calls, sid, value
-from harness import Conversation, manifest_for, manifests
+from harness import Conversation, manifests
 
 pytestmark = pytest.mark.fake_only  # exact management-call records; manifests written directly
 
