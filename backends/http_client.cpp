@@ -28,10 +28,13 @@ net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb 
   stream.socket().set_option(tcp::no_delay(true));
 
   http::request<http::string_body> req{method, ep.base_path + target, 11};
-  req.set(http::field::host, fmt::format("{}:{}", ep.host, ep.port));
+  const bool ipv6 = ep.host.find(':') != std::string::npos;
+  req.set(http::field::host, ipv6 ? fmt::format("[{}]:{}", ep.host, ep.port)
+                                  : fmt::format("{}:{}", ep.host, ep.port));
   req.set(http::field::user_agent, "kvpersist");
   if (!ep.api_key.empty()) req.set(http::field::authorization, "Bearer " + ep.api_key);
-  if (!body.empty() || method == http::verb::post) {
+  // POST and DELETE always say JSON: kvpersist's admin API refuses them otherwise (CSRF).
+  if (!body.empty() || method == http::verb::post || method == http::verb::delete_) {
     req.set(http::field::content_type, "application/json");
     req.body() = std::move(body);
     req.prepare_payload();

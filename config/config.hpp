@@ -109,12 +109,13 @@ struct admin_config {
   bool operator==(const admin_config&) const = default;
 };
 
-// Disk retention (spec §42-43). Enforced only with snapshots.management shared-filesystem;
-// 0 means no limit. Invalid snapshots go first, then the least recently used; the session
-// that owns the slot is never evicted.
+// Retention (spec §42-43); 0 means no limit. Invalid snapshots go first, then the least
+// recently saved; a session that owns a slot is never evicted. maxSessions and maxAgeDays
+// apply in every mode (server-owned: the manifest is forgotten, llama-server's files stay);
+// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files).
 struct retention_config {
   std::uint64_t max_total_bytes = 0;
-  std::size_t max_sessions = 0;
+  std::size_t max_sessions = 1000;
   int max_age_days = 0;
   milliseconds interval{3'600'000};  // gc timer; 0 = only on demand (POST /kv/gc)
   bool operator==(const retention_config&) const = default;

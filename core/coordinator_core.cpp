@@ -571,6 +571,39 @@ std::vector<coordinator_core::session_view> coordinator_core::sessions() const {
   return out;
 }
 
+bool coordinator_core::in_use(const std::string& hash) const {
+  return std::any_of(slots_.begin(), slots_.end(), [&](const slot_rec& s) {
+    return s.owner == hash || s.pending_hash == hash;
+  });
+}
+
+std::vector<retention_entry> coordinator_core::retention_entries() const {
+  std::vector<retention_entry> out;
+  for (const auto& [h, r] : sessions_) {
+    if (!r.snapshot) continue;
+    out.push_back({h, r.snapshot->state == snapshot_state::invalid,
+                   parse_utc(r.snapshot->updated_at), 0, in_use(h)});
+  }
+  return out;
+}
+
+std::vector<coordinator_core::session_view> coordinator_core::sessions_after(
+    std::string_view after, std::size_t n) const {
+  std::vector<const std::string*> keys;
+  for (const auto& [h, r] : sessions_)
+    if (h > after) keys.push_back(&h);
+  auto by_hash = [](const std::string* a, const std::string* b) { return *a < *b; };
+  if (keys.size() > n) {
+    std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n), keys.end(), by_hash);
+    keys.resize(n);
+  }
+  std::sort(keys.begin(), keys.end(), by_hash);
+  std::vector<session_view> out;
+  out.reserve(keys.size());
+  for (const auto* k : keys) out.push_back(*session(*k));
+  return out;
+}
+
 std::optional<coordinator_core::session_view> coordinator_core::session(
     const std::string& hash) const {
   auto it = sessions_.find(hash);

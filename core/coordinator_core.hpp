@@ -24,6 +24,7 @@
 #include "core/manifest.hpp"
 #include "core/request_class.hpp"
 #include "core/result.hpp"
+#include "core/retention.hpp"
 
 namespace kvp::core {
 
@@ -207,6 +208,12 @@ class coordinator_core {
     const manifest* snapshot = nullptr;
   };
   std::vector<session_view> sessions() const;
+  // The first `n` sessions whose hash is greater than `after`, in hash order (a listing page).
+  std::vector<session_view> sessions_after(std::string_view after, std::size_t n) const;
+  // Every session with a snapshot, for retention (bytes left 0: the caller knows the files).
+  std::vector<retention_entry> retention_entries() const;
+  // The session owns a slot or one is being prepared for it: retention must not forget it.
+  bool in_use(const std::string& hash) const;
   std::optional<session_view> session(const std::string& hash) const;
   const std::string& owner(int slot) const;
   slot_state state(int slot) const;

@@ -2,6 +2,12 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
+#include <boost/asio/ip/address.hpp>
+#include <cctype>
+#include <charconv>
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "config/config.hpp"
@@ -19,13 +25,19 @@ using core::log_level;
 
 namespace {
 
-http::response<http::string_body> json(unsigned status, std::string body, unsigned version) {
-  http::response<http::string_body> res{static_cast<http::status>(status), version};
+response json(unsigned status, std::string body, unsigned version) {
+  response res{static_cast<http::status>(status), version};
   res.set(http::field::server, std::string("kvpersist/") + kvp::version);
   res.set(http::field::content_type, "application/json");
   res.set(http::field::cache_control, "no-store");
   res.body() = std::move(body);
   res.prepare_payload();
+  return res;
+}
+
+response err(unsigned status, std::string_view message, unsigned version) {
+  auto res = error_response(static_cast<http::status>(status), message, version, true);
+  res.set(http::field::cache_control, "no-store");
   return res;
 }
 
@@ -36,17 +48,151 @@ bool token_matches(std::string_view header, const std::string& token) {
   return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
 }
 
-// Coroutines that read coordinator state on its strand (plain functions, not capturing
-// lambdas: CP.51).
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// "application/json", with or without parameters ("; charset=utf-8").
+bool is_json_media_type(std::string_view content_type) {
+  auto type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  return iequals(type, "application/json");
+}
+
+// The percent-decoded value of `name` in the target's query, if present.
+std::optional<std::string> query_param(std::string_view target, std::string_view name) {
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  const std::string_view query = target.substr(q + 1);
+  for (std::size_t pos = 0; pos <= query.size();) {
+    const auto amp = query.find('&', pos);
+    const auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
+    if (part.size() > name.size() && part.starts_with(name) && part[name.size()] == '=')
+      return core::decode_path(part.substr(name.size() + 1));
+    if (amp == std::string_view::npos) break;
+    pos = amp + 1;
+  }
+  return std::nullopt;
+}
+
+bool is_session_hash(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// ?limit=N (1..1000, default 100) and ?after=HASH (a 64-hex session hash). nullopt: invalid.
+struct page_query {
+  std::string after;
+  std::size_t limit = 100;
+};
+std::optional<page_query> parse_page_query(std::string_view target) {
+  page_query p;
+  if (auto limit = query_param(target, "limit")) {
+    std::size_t n = 0;
+    auto [end, ec] = std::from_chars(limit->data(), limit->data() + limit->size(), n);
+    if (ec != std::errc{} || end != limit->data() + limit->size() || n < 1 || n > 1000)
+      return std::nullopt;
+    p.limit = n;
+  }
+  if (auto after = query_param(target, "after")) {
+    if (!is_session_hash(*after)) return std::nullopt;
+    p.after = std::move(*after);
+  }
+  return p;
+}
+
+// Coroutines that run on a coordinator's strand (plain functions, not capturing lambdas:
+// CP.51). Each only reads or copies: JSON of a listing is formatted by the caller, off the
+// strand.
+template <class T>
+net::awaitable<T> on_strand(coordinator* c, net::awaitable<T> work) {
+  return net::co_spawn(c->strand(), std::move(work), net::use_awaitable);
+}
 net::awaitable<core::prom_writer> metrics_of(coordinator* c) {
   core::prom_writer w;
   c->write_metrics(w);
   co_return w;
 }
 net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json(); }
-net::awaitable<std::string> sessions_of(coordinator* c) { co_return c->sessions_json(); }
+net::awaitable<session_page> page_of(coordinator* c, std::string after, std::size_t limit) {
+  co_return c->sessions_page(after, limit);
+}
 net::awaitable<admin_reply> session_of(coordinator* c, std::string id) {
   co_return c->session_json(id);
+}
+
+net::awaitable<response> all_metrics(std::vector<coordinator*> coords, unsigned v) {
+  core::prom_writer all;
+  for (auto* c : coords) {
+    auto part = co_await on_strand(c, metrics_of(c));
+    all.merge(part);
+  }
+  response res{http::status::ok, v};
+  res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+  res.body() = all.text();
+  res.prepare_payload();
+  co_return res;
+}
+
+net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v) {
+  std::string servers;
+  for (auto* c : coords) {
+    auto part = co_await on_strand(c, status_of(c));
+    servers += (servers.empty() ? "" : ",") + part;
+  }
+  co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, servers), v);
+}
+
+net::awaitable<std::string> json_of(session_page page) { co_return sessions_page_json(page); }
+
+// GET /kv/sessions: one page, in hash order. Only the page's rows are copied on the strand;
+// the JSON (the costly part with long session ids) is built on the admin's own thread, so
+// that a listing never holds up the threads serving requests.
+net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::executor_type formatter,
+                                       std::string target, unsigned v) {
+  auto q = parse_page_query(target);
+  if (!q) co_return err(400, "limit must be 1..1000 and after a 64-hex session hash", v);
+  auto page = co_await on_strand(coord, page_of(coord, std::move(q->after), q->limit));
+  auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
+  co_return json(200, std::move(body), v);
+}
+
+// /kv/sessions/{id}[/action]; `rest` is the raw path after that prefix.
+net::awaitable<response> session_route(coordinator* coord, http::verb method, std::string rest,
+                                       unsigned v) {
+  // Split before decoding: a session id may contain an encoded '/' (a%2Fb).
+  std::string action;
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    action = core::decode_path(rest.substr(slash + 1));
+    rest.resize(slash);
+  }
+  rest = core::decode_path(rest);
+  if (rest.empty()) co_return err(404, "no session id in the path", v);
+  // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
+  admin_reply r;
+  if (action.empty()) {
+    if (method == http::verb::get) {
+      r = co_await on_strand(coord, session_of(coord, rest));
+    } else if (method == http::verb::delete_) {
+      r = co_await on_strand(coord, coord->admin_purge(rest));
+    } else {
+      co_return err(405, "use GET or DELETE", v);
+    }
+  } else {
+    if (method != http::verb::post) co_return err(405, "use POST", v);
+    if (action == "save" || action == "flush")
+      r = co_await on_strand(coord, coord->admin_save(rest));
+    else if (action == "restore")
+      r = co_await on_strand(coord, coord->admin_restore(rest));
+    else if (action == "invalidate")
+      r = co_await on_strand(coord, coord->admin_invalidate(rest));
+    else
+      co_return err(404, "unknown action (save, flush, restore, invalidate)", v);
+  }
+  co_return json(r.status, std::move(r.body), v);
 }
 
 }  // namespace
@@ -59,6 +205,9 @@ core::result<std::string> admin_server::start() {
   auto a = listen_on(ioc_, listen_, "admin");
   if (!a) return a.err();
   acceptor_ = std::move(a.value());
+  std::uint16_t configured_port = 0;
+  config::parse_host_port(listen_, listen_host_, configured_port);
+  bound_port_ = acceptor_->local_endpoint().port();
   net::co_spawn(ioc_, accept_loop(), log_exception);
   return local_address(*acceptor_);
 }
@@ -110,121 +259,96 @@ net::awaitable<void> admin_server::run_session(tcp_stream s) {
   s.socket().shutdown(tcp::socket::shutdown_send, ignored);
 }
 
-net::awaitable<http::response<http::string_body>> admin_server::route(
-    http::request<http::string_body> req) {
+// DNS rebinding: a page of attacker.example whose name now resolves to 127.0.0.1 reaches us
+// with "Host: attacker.example". A rebound page cannot name localhost or an IP address (an
+// address is not rebindable), so those and admin.listen's own name (with its port) are
+// served; an IP address also covers probes that name the container's or pod's address.
+bool admin_server::host_is_ours(std::string_view host_header) const {
+  std::string host, base_path;
+  std::uint16_t port = 80;
+  if (!config::parse_http_url(fmt::format("http://{}", host_header), host, port, base_path) ||
+      !base_path.empty())
+    return false;
+  boost::system::error_code not_an_address;
+  net::ip::make_address(host, not_an_address);
+  if (!not_an_address || iequals(host, "localhost")) return true;
+  return iequals(host, listen_host_) && port == bound_port_;
+}
+
+// A browser names the page that sent a request in Origin (on every POST, and on cross-origin
+// GETs); only our own origin may talk to us. Refused with 403, as Jupyter's and Syncthing's
+// host checks do: 421 would invite the client to retry on another connection, which cannot
+// help. The message echoes nothing the client sent.
+std::optional<std::string_view> admin_server::cross_site_refusal(
+    const http::request<http::string_body>& req) const {
+  const auto host = req[http::field::host];
+  if (!host_is_ours(host))
+    return "the Host header names neither localhost, an IP address nor admin.listen's host "
+           "(DNS rebinding guard)";
+  if (req.find(http::field::origin) != req.end() &&
+      !iequals(req[http::field::origin], fmt::format("http://{}", host)))
+    return "cross-origin requests are refused";
+  return std::nullopt;
+}
+
+net::awaitable<response> admin_server::route(http::request<http::string_body> req) {
   const unsigned v = req.version();
   const std::string target(req.target());
-  const std::string path = core::decode_path(target.substr(0, target.find('?')));
-  auto err = [&](unsigned status, std::string_view msg) {
-    return json(status,
-                fmt::format(R"({{"error":{{"code":{},"message":"{}"}}}})", status, msg), v);
-  };
+  const std::string raw_path = target.substr(0, target.find('?'));
+  const std::string path = core::decode_path(raw_path);
   const auto method = req.method();
+  // /healthz answers a constant and changes nothing, so it stays open to container health
+  // checks whatever Host they send (Docker and Kubernetes probes may name a service).
   if (path == "/healthz") {
-    if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET");
+    if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET", v);
     co_return json(200, R"({"status":"ok"})", v);
   }
+  if (auto why = cross_site_refusal(req)) co_return err(403, *why, v);
   if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
-    auto res = err(401, "missing or wrong bearer token");
+    auto res = err(401, "missing or wrong bearer token", v);
     res.set(http::field::www_authenticate, "Bearer");
     co_return res;
   }
+  // CSRF: a browser sends a cross-site POST without asking first (no CORS preflight) only
+  // with no Content-Type or a form/text one. Requiring application/json on every state
+  // change forces the preflight, which this API never grants.
+  if ((method == http::verb::post || method == http::verb::delete_) &&
+      !is_json_media_type(req[http::field::content_type]))
+    co_return err(415, "POST and DELETE need Content-Type: application/json", v);
   // ?server=NAME picks the llama-server for session operations (default: the first).
-  std::string server_name;
-  if (auto q = target.find('?'); q != std::string::npos) {
-    std::string_view query = std::string_view(target).substr(q + 1);
-    for (std::size_t pos = 0; pos <= query.size();) {
-      auto amp = query.find('&', pos);
-      auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
-      if (part.starts_with("server=")) server_name = core::decode_path(part.substr(7));
-      if (amp == std::string_view::npos) break;
-      pos = amp + 1;
-    }
-  }
   coordinator* coord = coords_.front();
-  if (!server_name.empty()) {
-    coord = nullptr;
-    for (auto* c : coords_)
-      if (c->name() == server_name) coord = c;
-    if (!coord) co_return err(404, "unknown server");
+  if (auto name = query_param(target, "server"); name && !name->empty()) {
+    auto it = std::find_if(coords_.begin(), coords_.end(),
+                           [&](coordinator* c) { return c->name() == *name; });
+    if (it == coords_.end()) co_return err(404, "unknown server", v);
+    coord = *it;
   }
-  auto on_strand = [&](auto fn) {
-    return net::co_spawn(coord->strand(), std::move(fn), net::use_awaitable);
-  };
   if (path == "/metrics") {
-    if (method != http::verb::get) co_return err(405, "use GET");
-    core::prom_writer all;
-    for (auto* c : coords_) {
-      auto part = co_await net::co_spawn(c->strand(), metrics_of(c), net::use_awaitable);
-      all.merge(part);
-    }
-    std::string text = all.text();
-    http::response<http::string_body> res{http::status::ok, v};
-    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-    res.body() = std::move(text);
-    res.prepare_payload();
-    co_return res;
+    if (method != http::verb::get) co_return err(405, "use GET", v);
+    co_return co_await all_metrics(coords_, v);
   }
   if (path == "/kv/status") {
-    if (method != http::verb::get) co_return err(405, "use GET");
-    std::string servers;
-    for (auto* c : coords_) {
-      auto part = co_await net::co_spawn(c->strand(), status_of(c), net::use_awaitable);
-      servers += (servers.empty() ? "" : ",") + part;
-    }
-    co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, servers), v);
+    if (method != http::verb::get) co_return err(405, "use GET", v);
+    co_return co_await all_status(coords_, v);
   }
   if (path == "/kv/sessions") {
-    if (method != http::verb::get) co_return err(405, "use GET");
-    auto s = co_await on_strand(sessions_of(coord));
-    co_return json(200, std::move(s), v);
+    if (method != http::verb::get) co_return err(405, "use GET", v);
+    co_return co_await list_sessions(coord, formatter_.get_executor(), target, v);
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
-    if (method != http::verb::post) co_return err(405, "use POST");
-    // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
+    if (method != http::verb::post) co_return err(405, "use POST", v);
     admin_reply r;
     if (path == "/kv/flush") {
-      r = co_await on_strand(coord->admin_flush());
+      r = co_await on_strand(coord, coord->admin_flush());
     } else {
-      r = co_await on_strand(coord->admin_gc());
+      r = co_await on_strand(coord, coord->admin_gc());
     }
     co_return json(r.status, std::move(r.body), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
-  const std::string raw_path = target.substr(0, target.find('?'));
-  if (raw_path.starts_with(prefix)) {
-    // Split before decoding: a session id may contain an encoded '/' (a%2Fb).
-    std::string rest = raw_path.substr(prefix.size());
-    std::string action;
-    if (auto slash = rest.find('/'); slash != std::string::npos) {
-      action = core::decode_path(rest.substr(slash + 1));
-      rest.resize(slash);
-    }
-    rest = core::decode_path(rest);
-    if (rest.empty()) co_return err(404, "no session id in the path");
-    admin_reply r;
-    if (action.empty()) {
-      if (method == http::verb::get) {
-        r = co_await on_strand(session_of(coord, rest));
-      } else if (method == http::verb::delete_) {
-        r = co_await on_strand(coord->admin_purge(rest));
-      } else {
-        co_return err(405, "use GET or DELETE");
-      }
-    } else {
-      if (method != http::verb::post) co_return err(405, "use POST");
-      if (action == "save" || action == "flush")
-        r = co_await on_strand(coord->admin_save(rest));
-      else if (action == "restore")
-        r = co_await on_strand(coord->admin_restore(rest));
-      else if (action == "invalidate")
-        r = co_await on_strand(coord->admin_invalidate(rest));
-      else
-        co_return err(404, "unknown action (save, flush, restore, invalidate)");
-    }
-    co_return json(r.status, std::move(r.body), v);
-  }
-  co_return err(404, "not found");
+  if (raw_path.starts_with(prefix))
+    co_return co_await session_route(coord, method, raw_path.substr(prefix.size()), v);
+  co_return err(404, "not found", v);
 }
 
 }  // namespace kvp::proxy

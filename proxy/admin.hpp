@@ -1,11 +1,19 @@
 // The admin API on its own listener (default 127.0.0.1:8082): status, sessions, lifecycle
 // hints from harnesses (flush, dispose), gc, Prometheus /metrics and /healthz.
 // With admin.token set, every route except /healthz needs "Authorization: Bearer <token>".
+// Every route except /healthz also refuses what a browser page elsewhere could send: a Host
+// that is not ours (DNS rebinding), a foreign Origin, and POST/DELETE without
+// "Content-Type: application/json" (cross-site request forgery).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <boost/asio/thread_pool.hpp>
 
 #include "backends/net.hpp"
 #include "core/result.hpp"
@@ -30,12 +38,19 @@ class admin_server {
  private:
   net::awaitable<void> accept_loop();
   net::awaitable<void> run_session(tcp_stream s);
+  bool host_is_ours(std::string_view host_header) const;
+  std::optional<std::string_view> cross_site_refusal(const http::request<http::string_body>& req) const;
 
   net::io_context& ioc_;
   std::vector<coordinator*> coords_;
   std::string listen_;
+  std::string listen_host_;      // admin.listen's host (a name is served only with our port)
+  std::uint16_t bound_port_ = 0;
   std::string token_;
   std::unique_ptr<acceptor> acceptor_;
+  // Builds large responses (session listings) off the io_context's threads. Last member:
+  // destroyed (joined) first.
+  net::thread_pool formatter_{1};
 };
 
 }  // namespace kvp::proxy

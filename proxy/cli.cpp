@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include "backends/http_client.hpp"
 #include "config/load_yaml.hpp"
@@ -162,6 +164,43 @@ void print_sessions(const rapidjson::Document& d) {
   }
 }
 
+// `list`: GET /kv/sessions page by page, following `next`, merged into one document (the
+// first page's, with every page's sessions). A failed page is returned as it came.
+core::result<backends::http_reply> list_all_sessions(const backends::http_endpoint& ep,
+                                                     const std::string& path,
+                                                     const std::string& server_query) {
+  rapidjson::Document all;
+  std::string after;
+  for (;;) {
+    std::string query = server_query;
+    if (!after.empty()) query += (query.empty() ? "after=" : "&after=") + after;
+    const std::string target = query.empty() ? path : path + "?" + query;
+    auto r = run_sync(backends::http_call(ep, http::verb::get, target, "", std::chrono::minutes(10)));
+    if (!r || r->status != 200) return r;
+    rapidjson::Document page(&all.GetAllocator());
+    page.Parse(r->body.c_str());
+    if (page.HasParseError() || !page.IsObject() || !page.HasMember("sessions") ||
+        !page["sessions"].IsArray())
+      return r;
+    std::string next = s_of(page, "next");
+    if (all.IsNull()) {
+      all.CopyFrom(page, all.GetAllocator());
+      all.RemoveMember("next");
+    } else {
+      for (auto& s : page["sessions"].GetArray()) all["sessions"].PushBack(s, all.GetAllocator());
+    }
+    // Hashes only grow page to page; anything else would loop.
+    if (next.empty() || next <= after) {
+      rapidjson::StringBuffer sb;
+      rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+      all.Accept(w);
+      r->body = sb.GetString();
+      return r;
+    }
+    after = std::move(next);
+  }
+}
+
 }  // namespace
 
 int run_admin_command(const std::string& command, const std::vector<std::string>& args) {
@@ -190,8 +229,12 @@ int run_admin_command(const std::string& command, const std::vector<std::string>
   else if (command == "gc") target = "/kv/gc";
   else if (command == "purge") verb = http::verb::delete_, target = "/kv/sessions/" + sid;
   else target = fmt::format("/kv/sessions/{}/{}", sid, command);
-  if (!o.server.empty()) target += "?server=" + url_escape(o.server);
-  auto r = run_sync(backends::http_call(ep, verb, target, "", std::chrono::minutes(10)));
+  const std::string server_query = o.server.empty() ? "" : "server=" + url_escape(o.server);
+  auto r = command == "list"
+               ? list_all_sessions(ep, target, server_query)
+               : run_sync(backends::http_call(ep, verb,
+                                              server_query.empty() ? target : target + "?" + server_query,
+                                              "", std::chrono::minutes(10)));
   if (!r) {
     fmt::print(stderr, "kvpersist: cannot reach the admin API at {}: {}\n"
                        "  is `kvpersist serve` running? (--admin HOST:PORT or admin.listen)\n",

@@ -39,6 +39,12 @@ std::string wall_now() {
 
 std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Coroutines spawned in the background log what escapes them instead of swallowing it.
 }  // namespace
 
@@ -66,6 +72,7 @@ net::awaitable<void> coordinator::start() {
     for (auto& m : all) core_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(all.size())}});
+    enforce_session_budget();
   }
   if (!opts_.snapshot_dir.empty() && ::access(opts_.snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0) {
     // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
@@ -78,8 +85,7 @@ net::awaitable<void> coordinator::start() {
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
-  if (!opts_.snapshot_dir.empty() && opts_.retention_interval.count() > 0)
-    net::co_spawn(strand_, gc_loop(), log_exception);
+  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, gc_loop(), log_exception);
 }
 
 void coordinator::stop() {
@@ -327,7 +333,9 @@ void coordinator::write_manifest(const core::manifest& m) {
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", r.err().message}});
     return;
   }
+  const bool new_session = core_.find_manifest(m.session_hash) == nullptr;
   core_.store_manifest(m);
+  if (new_session) enforce_session_budget();
 }
 
 net::awaitable<bool> coordinator::run_save(const core::save_step& s) {
@@ -636,9 +644,9 @@ void coordinator::record_response(core::prepare_kind kind, response_timings t) {
   }
 }
 
-std::string coordinator::resolve_hash(const std::string& hash_or_id) const {
-  if (core_.session(hash_or_id)) return hash_or_id;
-  return core_.hash_for(hash_or_id);
+coordinator::session_ref coordinator::resolve_session(const std::string& hash_or_id) const {
+  if (auto known = core_.session(hash_or_id)) return {hash_or_id, known->session_id};
+  return {core_.hash_for(hash_or_id), hash_or_id};
 }
 
 namespace {
@@ -649,7 +657,13 @@ void jstr(json_writer& w, std::string_view v) {
   w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
 }
 
-void write_session(json_writer& w, const core::coordinator_core::session_view& v) {
+session_row row_of(core::coordinator_core::session_view v) {
+  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt};
+  if (v.snapshot) r.snapshot = *v.snapshot;
+  return r;
+}
+
+void write_session(json_writer& w, const session_row& v) {
   w.StartObject();
   w.Key("sessionId");
   jstr(w, core::valid_utf8(v.session_id));
@@ -821,39 +835,49 @@ std::string coordinator::status_json() const {
   return sb.GetString();
 }
 
-std::string coordinator::sessions_json() const {
+session_page coordinator::sessions_page(const std::string& after, std::size_t limit) const {
+  session_page page{opts_.server_name, {}, {}};
+  auto views = core_.sessions_after(after, limit + 1);
+  if (views.size() > limit) {
+    views.resize(limit);
+    page.next = views.back().hash;
+  }
+  page.sessions.reserve(views.size());
+  for (auto& v : views) page.sessions.push_back(row_of(std::move(v)));
+  return page;
+}
+
+std::string sessions_page_json(const session_page& page) {
   rapidjson::StringBuffer sb;
   json_writer w(sb);
-  auto all = core_.sessions();
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    const std::string ua = a.snapshot ? a.snapshot->updated_at : "";
-    const std::string ub = b.snapshot ? b.snapshot->updated_at : "";
-    return ua != ub ? ua > ub : a.hash < b.hash;
-  });
   w.StartObject();
   w.Key("server");
-  jstr(w, opts_.server_name);
+  jstr(w, page.server);
   w.Key("sessions");
   w.StartArray();
-  for (const auto& v : all) write_session(w, v);
+  for (const auto& row : page.sessions) write_session(w, row);
   w.EndArray();
+  if (!page.next.empty()) {
+    w.Key("next");
+    jstr(w, page.next);
+  }
   w.EndObject();
   return sb.GetString();
 }
 
 admin_reply coordinator::session_json(const std::string& hash_or_id) const {
-  auto v = core_.session(resolve_hash(hash_or_id));
+  auto v = core_.session(resolve_session(hash_or_id).hash);
   if (!v) return error_reply(404, "unknown session");
   rapidjson::StringBuffer sb;
   json_writer w(sb);
-  write_session(w, *v);
+  write_session(w, row_of(std::move(*v)));
   return admin_reply{200, sb.GetString()};
 }
 
 net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
   if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
   auto t = co_await acquire_internal();
-  const auto hash = resolve_hash(hash_or_id);
+  const auto hash = resolve_session(hash_or_id).hash;
   admin_reply out;
   if (!core_.session(hash)) {
     out = error_reply(404, "unknown session");
@@ -869,12 +893,12 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_restore(std::string session_id) {
+net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
   auto t = co_await acquire_internal();
   // An eager restore (spec §51 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
-  core::request_identity who{session_id, ""};
+  core::request_identity who{resolve_session(hash_or_id).session_id, ""};
   const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());
   auto plan = core_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) write_manifest(m);
@@ -910,7 +934,7 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string session_id) {
 
 net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id) {
   auto t = co_await acquire_internal();
-  const auto hash = resolve_hash(hash_or_id);
+  const auto hash = resolve_session(hash_or_id).hash;
   admin_reply out;
   if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now())) {
     write_manifest(*m);
@@ -926,18 +950,11 @@ net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id
 
 net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
   auto t = co_await acquire_internal();
-  const auto hash = resolve_hash(hash_or_id);
-  std::uint64_t freed = 0;
+  const auto hash = resolve_session(hash_or_id).hash;
   const bool known = core_.forget(hash);
   if (auto r = store_.remove(hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  if (!opts_.snapshot_dir.empty()) {
-    for (char g : {'a', 'b'}) {
-      const auto path = opts_.snapshot_dir + "/" + core::snapshot_filename(hash, g);
-      struct stat st {};
-      if (::stat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) == 0) freed += st.st_size;
-    }
-  }
+  const std::uint64_t freed = opts_.snapshot_dir.empty() ? 0 : snapshot_files(hash, true);
   release_and_wake(t);
   if (!known) co_return error_reply(404, "unknown session");
   log(log_level::info, "kv.session.purged",
@@ -960,90 +977,82 @@ net::awaitable<admin_reply> coordinator::admin_flush() {
   co_return ok ? json_reply(200, "result", "flushed") : error_reply(502, "save failed");
 }
 
-namespace {
-// Seconds since the epoch of an RFC 3339 UTC time "YYYY-MM-DDTHH:MM:SSZ"; 0 if malformed.
-std::int64_t parse_utc(const std::string& s) {
-  std::tm tm{};
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6)
-    return 0;
-  tm.tm_year -= 1900;
-  tm.tm_mon -= 1;
-  return static_cast<std::int64_t>(timegm(&tm));
+// The bytes of the session's two generation files; with `remove`, of those deleted.
+std::uint64_t coordinator::snapshot_files(const std::string& hash, bool remove) {
+  std::uint64_t bytes = 0;
+  for (char g : {'a', 'b'}) {
+    const auto path = opts_.snapshot_dir + "/" + core::snapshot_filename(hash, g);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && (!remove || ::unlink(path.c_str()) == 0))
+      bytes += st.st_size;
+  }
+  return bytes;
 }
-}  // namespace
+
+// REQUIRES: the session is not in use. Returns the bytes freed (shared-filesystem mode only:
+// in server-owned mode the files are llama-server's, and kvpersist names them once in the log
+// for the operator, see README "Retention").
+std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
+  if (auto r = store_.remove(e.hash); !r)
+    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
+  core_.forget(e.hash);
+  const auto sess = std::string(core::abbrev(e.hash));
+  if (opts_.snapshot_dir.empty()) {
+    ++sessions_forgotten_;
+    log(log_level::info, "kv.session.forgotten",
+        {{"session", sess}, {"why", std::string(e.why)},
+         {"files", core::snapshot_filename(e.hash, 'a') + "," + core::snapshot_filename(e.hash, 'b')}});
+    return 0;
+  }
+  const auto freed = snapshot_files(e.hash, true);
+  ++gc_evicted_;
+  gc_freed_bytes_ += freed;
+  log(log_level::info, "kv.gc.evicted",
+      {{"session", sess}, {"bytes", std::to_string(freed)}, {"why", std::string(e.why)}});
+  return freed;
+}
 
 std::string coordinator::run_gc() {
   // REQUIRES: lease held (we may forget sessions).
-  struct entry {
-    std::string hash;
-    bool invalid;
-    std::int64_t updated;
-    std::uint64_t bytes;  // both generations on disk
-  };
-  std::vector<entry> all;
-  std::uint64_t total = 0;
-  for (const auto& v : core_.sessions()) {
-    if (!v.snapshot) continue;
-    entry e{v.hash, v.snapshot->state == core::snapshot_state::invalid,
-            parse_utc(v.snapshot->updated_at), 0};
-    for (char g : {'a', 'b'}) {
-      struct stat st {};
-      if (::stat((opts_.snapshot_dir + "/" + core::snapshot_filename(v.hash, g)).c_str(), &st) == 0)
-        e.bytes += st.st_size;
-    }
-    total += e.bytes;
-    all.push_back(std::move(e));
-  }
-  // Spec §43: invalid first, then least recently used.
-  std::sort(all.begin(), all.end(), [](const entry& a, const entry& b) {
-    return a.invalid != b.invalid ? a.invalid : a.updated < b.updated;
-  });
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                               std::chrono::system_clock::now().time_since_epoch()).count();
-  std::size_t count = all.size();
-  std::uint64_t freed = 0, evicted = 0;
-  for (const auto& e : all) {
-    if (core_.slot_of(e.hash) >= 0) continue;  // never a session that owns a slot
-    const bool too_old = opts_.retention_max_age_days > 0 &&
-                         now - e.updated > std::int64_t{opts_.retention_max_age_days} * 86400;
-    const bool too_many = opts_.retention_max_sessions > 0 && count > opts_.retention_max_sessions;
-    const bool too_big = opts_.retention_max_bytes > 0 && total > opts_.retention_max_bytes;
-    if (!too_old && !too_many && !too_big) continue;
-    for (char g : {'a', 'b'})
-      ::unlink((opts_.snapshot_dir + "/" + core::snapshot_filename(e.hash, g)).c_str());
-    (void)store_.remove(e.hash);
-    core_.forget(e.hash);
-    total -= e.bytes;
-    freed += e.bytes;
-    --count;
-    ++evicted;
-    log(log_level::info, "kv.gc.evicted",
-        {{"session", std::string(core::abbrev(e.hash))}, {"bytes", std::to_string(e.bytes)},
-         {"why", too_old ? "age" : too_many ? "sessions" : "bytes"}});
-  }
-  gc_freed_bytes_ += freed;
-  gc_evicted_ += evicted;
+  auto entries = core_.retention_entries();
+  if (!opts_.snapshot_dir.empty())
+    for (auto& e : entries) e.bytes = snapshot_files(e.hash, false);
+  const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
+                                      opts_.retention_max_age_days};
+  const auto plan = core::plan_retention(std::move(entries), limits, unix_now());
+  std::uint64_t freed = 0;
+  for (const auto& e : plan.evict) freed += forget_session(e);
   rapidjson::StringBuffer sb;
   json_writer w(sb);
   w.StartObject();
   w.Key("evicted");
-  w.Uint64(evicted);
+  w.Uint64(plan.evict.size());
   w.Key("freedBytes");
   w.Uint64(freed);
   w.Key("remainingSessions");
-  w.Uint64(count);
+  w.Uint64(plan.remaining_sessions);
   w.Key("remainingBytes");
-  w.Uint64(total);
+  w.Uint64(plan.remaining_bytes);
+  if (opts_.snapshot_dir.empty()) {
+    w.Key("note");
+    jstr(w, "server-owned snapshots: evicted sessions' manifests are removed; their files stay "
+            "in llama-server's --slot-save-path (see kv.session.forgotten in the log)");
+  }
   w.EndObject();
   return sb.GetString();
 }
 
+// The session budget between gc runs, kept as each new session's first manifest is written:
+// a burst of new sessions never outgrows it. Only the count (sizes and ages wait for gc).
+// Off when gc runs only on demand (retention.intervalMs 0).
+void coordinator::enforce_session_budget() {
+  if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) return;
+  const auto plan = core::plan_retention(core_.retention_entries(),
+                                         {0, opts_.retention_max_sessions, 0}, unix_now());
+  for (const auto& e : plan.evict) forget_session(e);
+}
+
 net::awaitable<admin_reply> coordinator::admin_gc() {
-  if (opts_.snapshot_dir.empty())
-    co_return admin_reply{200,
-                          R"({"evicted":0,"freedBytes":0,"note":"server-owned snapshots: )"
-                          R"(kvpersist deletes nothing; two rotating files per session bound growth"})"};
   auto t = co_await acquire_internal();
   auto body = run_gc();
   release_and_wake(t);
@@ -1096,6 +1105,9 @@ void coordinator::write_metrics(core::prom_writer& w) const {
           prefill_seconds_saved_);
   counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
   counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
+  counter("kvpersist_session_forgotten_total",
+          "Sessions retention forgot in server-owned mode (their snapshot files stay with llama-server).",
+          sessions_forgotten_);
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
   w.histo("kvpersist_save_duration_ms", lbl, save_ms_);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");

@@ -17,6 +17,7 @@
 #include "backends/net.hpp"
 #include "core/coordinator_core.hpp"
 #include "core/metrics.hpp"
+#include "core/retention.hpp"
 #include "proxy/manifest_store.hpp"
 
 namespace kvp::proxy {
@@ -44,6 +45,23 @@ struct response_timings {
   std::int64_t prompt_n = -1;
   double prompt_ms = -1;
 };
+
+// One session as the admin API lists it: a copy, so that it can be formatted off the strand.
+struct session_row {
+  std::string hash;
+  std::string session_id;
+  bool resident = false;
+  bool dirty = false;
+  std::optional<core::manifest> snapshot;
+};
+
+// A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
+struct session_page {
+  std::string server;
+  std::vector<session_row> sessions;
+  std::string next;
+};
+std::string sessions_page_json(const session_page& page);
 
 // Result of an admin operation: an HTTP status and a JSON body.
 struct admin_reply {
@@ -144,12 +162,13 @@ class coordinator {
   void record_response(core::prepare_kind kind, response_timings t);
 
   // Admin API (spec §47, §50), each on the strand. Session operations take the harness's
-  // session id; `hash_or_id` also accepts a 64-hex session hash.
+  // session id or a known session's 64-hex hash (resolve_session).
   std::string status_json() const;
-  std::string sessions_json() const;
+  // Up to `limit` sessions with a hash greater than `after`, in hash order.
+  session_page sessions_page(const std::string& after, std::size_t limit) const;
   admin_reply session_json(const std::string& hash_or_id) const;
   net::awaitable<admin_reply> admin_save(std::string hash_or_id);
-  net::awaitable<admin_reply> admin_restore(std::string session_id);
+  net::awaitable<admin_reply> admin_restore(std::string hash_or_id);
   net::awaitable<admin_reply> admin_invalidate(std::string hash_or_id);
   net::awaitable<admin_reply> admin_purge(std::string hash_or_id);
   net::awaitable<admin_reply> admin_flush();
@@ -185,10 +204,19 @@ class coordinator {
   void write_manifest(const core::manifest& m);
   net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
-  std::string resolve_hash(const std::string& hash_or_id) const;
+  struct session_ref {
+    std::string hash;
+    std::string session_id;
+  };
+  // The one rule of every admin session route: the hash of a known session names it,
+  // anything else is a harness's session id.
+  session_ref resolve_session(const std::string& hash_or_id) const;
   bool verify_snapshot_file(const std::string& filename, std::uint64_t n_written) const;
   net::awaitable<void> gc_loop();
   std::string run_gc();
+  void enforce_session_budget();
+  std::uint64_t forget_session(const core::retention_eviction& e);
+  std::uint64_t snapshot_files(const std::string& hash, bool remove);
 
   net::io_context& ioc_;
   net::strand<net::io_context::executor_type> strand_;
@@ -221,6 +249,7 @@ class coordinator {
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
   std::uint64_t gc_freed_bytes_ = 0;
   std::uint64_t gc_evicted_ = 0;
+  std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
 };
 
 }  // namespace kvp::proxy

@@ -300,6 +300,8 @@ class KvPersist:
         headers = dict(kw.pop("headers", None) or {})
         if token is not None:
             headers["Authorization"] = "Bearer " + token
+        if method in ("POST", "DELETE") and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"  # refused without it (CSRF guard)
         return http_request(port, method, path, headers=headers, **kw)
 
     def metrics(self, token: str | None = None) -> dict:

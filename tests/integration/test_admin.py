@@ -11,6 +11,7 @@ Run: KVPERSIST_BIN=$PWD/build/kvpersist /usr/bin/python3 -m pytest -q tests/inte
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -447,9 +448,15 @@ def test_gc_server_owned_deletes_nothing(stack):
     before_manifests = [m["_file"] for m in manifests(stack.state_dir)]
     assert len(before_manifests) == 2 and len(before_files) == 2
     j = jadm(stack, "POST", "/kv/gc")
-    assert j["evicted"] == 0 and j["freedBytes"] == 0 and "server-owned" in j["note"]
+    # over maxSessions: one manifest is forgotten; llama-server's files are not kvpersist's
+    assert j["evicted"] == 1 and j["freedBytes"] == 0 and "server-owned" in j["note"], j
     assert sorted(os.listdir(stack.upstream.save_dir)) == before_files
-    assert [m["_file"] for m in manifests(stack.state_dir)] == before_manifests
+    after_manifests = [m["_file"] for m in manifests(stack.state_dir)]
+    assert len(after_manifests) == 1 and set(after_manifests) < set(before_manifests)
+    gone = (set(before_manifests) - set(after_manifests)).pop()[:-len(".json")]
+    assert harness.wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
+    ev = stack.proxy.events("kv.session.forgotten")
+    assert [e.fields["files"] for e in ev] == ["%s.a.bin,%s.b.bin" % (gone, gone)]
 
 
 def _four_sessions_spaced(stack):
@@ -484,6 +491,7 @@ def test_gc_max_sessions_invalid_first_then_lru_never_resident(stack):
         jadm(stack, "GET", "/kv/sessions/%s" % gone.session, status=404)
     for kept in (B, D):
         assert snap_files(stack, H[kept.session]) and manifest_for(stack.state_dir, kept.session)
+    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 2, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[C.session][:8], H[A.session][:8]], evicted   # invalid first, then LRU
 
@@ -507,6 +515,7 @@ def test_gc_max_total_bytes_spares_resident(stack):
         assert snap_files(stack, H[gone.session]) == {} and manifest_for(stack.state_dir, gone.session) is None
     assert snap_files(stack, H[D.session]), "the resident session's snapshot must never be evicted"
     assert manifest_for(stack.state_dir, D.session)["state"] == "ready"
+    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 3, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[s.session][:8] for s in (A, B, C)], evicted   # least recently used first
     # the resident session keeps working without a management call
@@ -858,3 +867,166 @@ def test_two_servers_metrics_one_family_each(stack, tmp_path):
         assert value(m, "kvpersist_cold_prefill_total", server="two") == 1
     finally:
         second.stop()
+
+
+# ============================================================================ DNS rebinding, CSRF
+class RawReply:
+    def __init__(self, data: bytes):
+        head, _, self.body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        self.status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
+        self.headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+
+    def header(self, name):
+        return self.headers.get(name.lower())
+
+    @property
+    def json(self):
+        return json.loads(self.body)
+
+
+def raw_admin(stack, method, path, headers, body=None) -> RawReply:
+    """An admin request with exactly these headers (Host 127.0.0.1:PORT unless given; no
+    Content-Type added), on a connection closed after the response."""
+    port = stack.proxy.admin_port
+    hdrs = {"Host": "127.0.0.1:%d" % port}
+    hdrs.update(headers)
+    if body is not None:
+        hdrs["Content-Length"] = str(len(body))
+    hdrs["Connection"] = "close"
+    head = "%s %s HTTP/1.1\r\n%s\r\n" % (method, path, "".join("%s: %s\r\n" % kv for kv in hdrs.items()))
+    return RawReply(raw_exchange(port, head.encode("latin-1") + (body or b"")))
+
+
+def refused_json(r, status):
+    assert r.status == status, (r.status, r.body[:300])
+    assert (r.header("content-type") or "").startswith("application/json"), r.headers
+    assert r.json["error"]["code"] == status
+    return r
+
+
+def dirty_session(stack):
+    """One session resident and dirty (no snapshot yet); management calls taken."""
+    stack.start()
+    A = Conversation(sid("A"))
+    ok(A.turn(stack.port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    return A
+
+
+@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:%(port)d", "localhost.attacker.example",
+                                  "127.0.0.1.nip.io:%(port)d", "LOCALHOST.evil", "localhost:%(port)d.evil", ""])
+def test_foreign_host_is_refused(stack, host):
+    """DNS rebinding: a page of attacker.example whose name now resolves to 127.0.0.1 sends
+    `Host: attacker.example`. Nothing but /healthz answers it, and no session id leaks."""
+    A = dirty_session(stack)
+    port = stack.proxy.admin_port
+    h = host % {"port": port}
+    for path in ("/kv/sessions", "/kv/status", "/kv/sessions/" + A.session, "/metrics"):
+        r = refused_json(raw_admin(stack, "GET", path, {"Host": h}), 403)
+        assert A.session.encode() not in r.body and b"sessionHash" not in r.body
+    r = raw_admin(stack, "POST", "/kv/flush", {"Host": h, "Content-Type": "application/json"}, body=b"")
+    refused_json(r, 403)
+    assert settled_calls(stack) == [], "a refused request reached llama-server"
+    # /healthz stays open to container probes, which name the container's address
+    assert raw_admin(stack, "GET", "/healthz", {"Host": h}).status == 200
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:%(port)d", "127.0.0.1", "127.0.0.1:%(port)d",
+                                  "[::1]:%(port)d", "[::1]", "LocalHost:%(port)d", "10.1.2.3:8082"])
+def test_loopback_and_address_hosts_are_served(stack, host):
+    A = dirty_session(stack)
+    r = raw_admin(stack, "GET", "/kv/sessions", {"Host": host % {"port": stack.proxy.admin_port}})
+    assert r.status == 200, (r.status, r.body[:200])
+    assert [s["sessionId"] for s in r.json["sessions"]] == [A.session]
+
+
+def test_host_checked_also_with_a_token(stack):
+    stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": TOKEN}})
+    auth = {"Authorization": "Bearer " + TOKEN}
+    refused_json(raw_admin(stack, "GET", "/kv/sessions", dict(auth, Host="attacker.example")), 403)
+    assert raw_admin(stack, "GET", "/kv/sessions", auth).status == 200
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://127.0.0.1:1",
+                                    "http://attacker.example:%(port)d"])
+@pytest.mark.parametrize("ctype", ["text/plain", "application/json"])
+def test_foreign_origin_is_refused_and_nothing_is_saved(stack, origin, ctype):
+    """CSRF: a page elsewhere posts to http://127.0.0.1:ADMIN/kv/flush (a text/plain form post
+    with an empty body, or a fetch); the browser adds its Origin. No checkpoint happens."""
+    dirty_session(stack)
+    o = origin % {"port": stack.proxy.admin_port}
+    r = raw_admin(stack, "POST", "/kv/flush", {"Origin": o, "Content-Type": ctype}, body=b"")
+    refused_json(r, 403)
+    r = raw_admin(stack, "GET", "/kv/sessions", {"Origin": o})
+    refused_json(r, 403)
+    assert settled_calls(stack) == [], "a cross-site request reached llama-server"
+    # the admin's own origin is fine
+    own = "http://127.0.0.1:%d" % stack.proxy.admin_port
+    r = raw_admin(stack, "POST", "/kv/flush", {"Origin": own, "Content-Type": "application/json"}, body=b"")
+    assert r.status == 200, (r.status, r.body[:200])
+    assert acts(settled_calls(stack)) == ["save"]
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x", "application/jsonp"])
+@pytest.mark.parametrize("body", [b"", b"{}"])
+def test_state_changes_need_a_json_content_type(stack, ctype, body):
+    """The requests a browser sends cross-site without a CORS preflight: POST with no
+    Content-Type or a form/text one. Refused before anything happens, Origin or not."""
+    A = dirty_session(stack)
+    hdrs = {} if ctype is None else {"Content-Type": ctype}
+    for method, path in (("POST", "/kv/flush"), ("POST", "/kv/sessions/%s/save" % A.session),
+                         ("DELETE", "/kv/sessions/" + A.session)):
+        r = raw_admin(stack, method, path, hdrs, body=body)
+        refused_json(r, 415)
+    assert settled_calls(stack) == []
+    assert jadm(stack, "GET", "/kv/sessions/" + A.session)["dirty"] is True
+    r = raw_admin(stack, "POST", "/kv/flush", {"Content-Type": "application/json; charset=utf-8"}, body=body)
+    assert r.status == 200, (r.status, r.body[:200])
+    assert acts(settled_calls(stack)) == ["save"]
+
+
+def test_cli_complies_with_the_cross_site_rules(stack):
+    """kvpersist's own CLI: flush (POST), purge (DELETE), list (GET) still work."""
+    A = dirty_session(stack)
+    addr = ["--admin", "127.0.0.1:%d" % stack.proxy.admin_port]
+    r = run_cli(["flush"] + addr)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert acts(settled_calls(stack)) == ["save"]
+    r = run_cli(["list"] + addr)
+    assert r.returncode == 0 and A.session in r.stdout, (r.stdout, r.stderr)
+    r = run_cli(["purge", A.session] + addr)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert manifest_for(stack.state_dir, A.session) is None
+    r = run_cli(["status", "--admin", "localhost:%d" % stack.proxy.admin_port])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+# ============================================================================ restore by hash
+def test_session_restore_by_hash_resolves_like_get(stack):
+    """POST /kv/sessions/{64-hex}/restore restores that session (the hash is not taken as a
+    new session id: no erase, no phantom owner)."""
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port)); ok(B.turn(port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    m = manifest_for(stack.state_dir, A.session)
+    h = m["sessionHash"]
+
+    j = jadm(stack, "POST", "/kv/sessions/%s/restore" % h)
+    assert j == {"result": "restored"}
+    calls = settled_calls(stack)
+    assert acts(calls) == ["save", "restore"], calls        # B saved, then A's snapshot
+    assert calls[1].filename == m["snapshotFile"]
+    st = jadm(stack, "GET", "/kv/status")
+    assert [sl["owner"] for sl in st["servers"][0]["slots"]] == [h[:8]]
+    listed = jadm(stack, "GET", "/kv/sessions")["sessions"]
+    assert sorted(s["sessionId"] for s in listed) == sorted([A.session, B.session])
+    assert jadm(stack, "GET", "/kv/sessions/%s" % h)["resident"] is True
+    r = ok(A.turn(port))                                    # resident: no management call
+    assert settled_calls(stack) == []
+    assert harness.is_warm(r)

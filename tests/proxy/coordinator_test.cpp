@@ -88,6 +88,14 @@ struct harness {
   }
 
   void start() { run(coord->start()); }
+  // Starts, then A (1000 tokens, saved when B took the slot) and B (500, resident and
+  // dirty); forgets the calls so far.
+  void start_with_a_saved_b_dirty() {
+    start();
+    request("A", 1000);
+    request("B", 500);
+    fake->clear_calls();
+  }
 
   std::shared_ptr<lease_ticket> ticket() {
     auto t = std::make_shared<lease_ticket>(ioc.get_executor());
@@ -223,10 +231,7 @@ TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
 
   SECTION("the server rejects the file") { h.fake->corrupt_snapshot(h.file("A", 'a')); }
   SECTION("the file was deleted by hand (acceptance 17)") {
@@ -360,10 +365,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path(), strict_options());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
   h.fake->fail_next_restore(failure::http(400));
   auto t = h.acquire();
   auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
@@ -551,10 +553,7 @@ TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coor
 TEST_CASE("management calls are serialized with the lease (spec §20)", "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
-  h.fake->clear_calls();
+  h.start_with_a_saved_b_dirty();
   h.fake->delay_restore(100ms);
 
   auto t1 = h.acquire();
@@ -738,4 +737,62 @@ TEST_CASE("a lease released after prepare still lets the shutdown checkpoint sav
   CHECK_FALSE(h.coord->busy());
   CHECK(h.run(h.coord->checkpoint()));
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
+}
+
+TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves it",
+          "[proxy][coordinator][admin]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start_with_a_saved_b_dirty();
+  auto r = h.run(h.coord->admin_restore(h.hash("A")));
+  CHECK(r.body == R"({"result":"restored"})");
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+  CHECK(h.coord->core().owner() == h.hash("A"));
+  auto page = h.coord->sessions_page("", 10);
+  REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
+  CHECK(page.next.empty());
+}
+
+TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coordinator][admin]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  std::vector<std::string> hashes;
+  for (const char* s : {"S0", "S1", "S2", "S3", "S4"}) {
+    h.request(s, 100);
+    hashes.push_back(h.hash(s));
+  }
+  std::sort(hashes.begin(), hashes.end());
+  std::vector<std::string> seen;
+  std::string after;
+  for (int pages = 1;; ++pages) {
+    auto page = h.coord->sessions_page(after, 2);
+    for (const auto& row : page.sessions) seen.push_back(row.hash);
+    if (page.next.empty()) {
+      CHECK(pages == 3);
+      break;
+    }
+    CHECK(page.next == page.sessions.back().hash);
+    after = page.next;
+  }
+  CHECK(seen == hashes);
+}
+
+TEST_CASE("server-owned budget: a new session's manifest makes the oldest clean one go",
+          "[proxy][coordinator][retention]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.retention_max_sessions = 2;
+  o.retention_interval = 1h;
+  harness h(tmp.path(), o);
+  h.start();
+  for (const char* s : {"S0", "S1", "S2", "S3"}) h.request(s, 100);  // S0, S1, S2 saved
+  // S2 was saved while it still owned the slot; of S0 and S1 (saved within a second or
+  // two), the older goes, by hash when the second is the same. No file is touched.
+  const bool s0_kept = h.manifest_on_disk("S0").has_value();
+  const bool s1_kept = h.manifest_on_disk("S1").has_value();
+  CHECK(s0_kept != s1_kept);
+  CHECK(h.manifest_on_disk("S2"));
+  CHECK(h.coord->sessions_page("", 10).sessions.size() == 3);  // two snapshots + resident S3
+  CHECK(h.fake->snapshot_tokens(h.file(s0_kept ? "S1" : "S0", 'a')) == 100u);
 }
