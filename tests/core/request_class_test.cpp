@@ -122,15 +122,19 @@ TEST_CASE("only POST on an inference path needs the slot", "[core][request_class
 }
 
 TEST_CASE("the prediction route is matched as llama-server routes it", "[core][request_class]") {
-  using kvp::core::is_prediction_route;
-  CHECK(is_prediction_route("/predict", "/predict"));
-  CHECK(is_prediction_route("/%70redict?x=1", "/predict"));
-  CHECK(is_prediction_route("/predict/", "/predict"));
-  CHECK(is_prediction_route("/vertex/predict", "/vertex/predict"));
-  CHECK_FALSE(is_prediction_route("/predict", "/vertex/predict"));
-  CHECK_FALSE(is_prediction_route("/predictions", "/predict"));
-  CHECK_FALSE(is_prediction_route("/", ""));
-  CHECK_FALSE(is_prediction_route("", ""));
+  struct row {
+    std::string_view target, route;
+    bool match;
+  };
+  for (const auto& r : {row{"/predict", "/predict", true}, row{"/%70redict?x=1", "/predict", true},
+                        row{"/predict/", "/predict", true},
+                        row{"/vertex/predict", "/vertex/predict", true},
+                        row{"/predict", "/vertex/predict", false},
+                        row{"/predictions", "/predict", false}, row{"/", "", false},
+                        row{"", "", false}}) {
+    INFO(r.target << " vs " << r.route);
+    CHECK(kvp::core::is_prediction_route(r.target, r.route) == r.match);
+  }
 }
 
 // llama-server's middleware_validate_api_key (tools/server/server-http.cpp).
