@@ -140,6 +140,11 @@ std::optional<invalid_field> check_upstream_url(const std::string& url) {
   return std::nullopt;
 }
 
+std::optional<invalid_field> check_predict_route(std::string key, const std::string& route) {
+  if (route.empty() || route.front() == '/') return std::nullopt;
+  return problem(std::move(key), fmt::format("'{}' must start with '/' (\"\" = none)", route));
+}
+
 }  // namespace
 
 std::string resolve_state_dir(const config& cfg, std::string_view xdg_state_home,
@@ -267,6 +272,7 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
   if (auto p = check_upstream_url(cfg.upstream.url)) return p;
   if (auto p = check_ms("upstream.connectTimeoutMs", cfg.upstream.connect_timeout, true)) return p;
   if (auto p = check_ms("upstream.idleTimeoutMs", cfg.upstream.idle_timeout, true)) return p;
+  if (auto p = check_predict_route("upstream.predictRoute", cfg.upstream.predict_route)) return p;
   if (cfg.instance_key.empty()) return problem("instanceKey", "must not be empty");
   if (auto p = check_at_least("slotId", cfg.slot_id, 0)) return p;
 
@@ -308,6 +314,13 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
     return problem("limits.maxBodyBytes",
                    fmt::format("must be >= 1024 (got {})", cfg.limits.max_body_bytes));
   }
+  if (cfg.limits.max_buffered_body_bytes < cfg.limits.max_body_bytes) {
+    return problem("limits.maxBufferedBodyBytes",
+                   fmt::format("must be >= limits.maxBodyBytes ({}), or a body of the allowed "
+                               "size could never be read (got {})",
+                               cfg.limits.max_body_bytes, cfg.limits.max_buffered_body_bytes));
+  }
+  if (cfg.limits.max_connections < 1) return problem("limits.maxConnections", "must be >= 1 (got 0)");
   if (auto p = check_ms("limits.headerTimeoutMs", cfg.limits.header_timeout, false)) return p;
   if (auto p = check_ms("limits.clientWriteTimeoutMs", cfg.limits.client_write_timeout, false)) {
     return p;
@@ -339,6 +352,7 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
       return p;
     }
     if (sv.slot_id < 0) return problem(key + ".slotId", "must be >= 0");
+    if (auto p = check_predict_route(key + ".predictRoute", sv.upstream.predict_route)) return p;
     if (sv.snapshots.management == snapshot_management::shared_filesystem && sv.snapshots.path.empty())
       return problem(key + ".snapshots.management", "shared-filesystem requires snapshots.path");
   }

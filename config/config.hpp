@@ -36,6 +36,8 @@ struct upstream_config {
   milliseconds connect_timeout{5'000};
   milliseconds idle_timeout{3'600'000};  // per read: tolerate long silent prefills
   std::size_t max_idle_connections = 16;
+  // llama-server's Vertex AI prediction route (its AIP_PREDICT_ROUTE); kvpersist refuses it.
+  std::string predict_route = "/predict";
 
   bool operator==(const upstream_config&) const = default;
 };
@@ -97,6 +99,12 @@ struct limits_config {
   std::size_t max_body_bytes = 64 * 1024 * 1024;       // 413 beyond
   milliseconds header_timeout{30'000};                 // slowloris guard for request headers
   milliseconds client_write_timeout{60'000};           // a stalled client is dropped
+  // Open client connections; beyond, kvpersist stops accepting until one closes (they wait
+  // in the kernel's listen backlog). Also clamped to what RLIMIT_NOFILE allows.
+  std::size_t max_connections = 1024;
+  // Request bodies buffered at once over all connections; a body that does not fit gets
+  // 503 + Retry-After. At least max_body_bytes.
+  std::uint64_t max_buffered_body_bytes = 256ull * 1024 * 1024;
 
   bool operator==(const limits_config&) const = default;
 };

@@ -283,6 +283,7 @@ config reader::read_document(const YAML::Node& root) {
         {"idleTimeoutMs", [&](V v2, P p2) { c.upstream.idle_timeout = read_ms(v2, p2); }},
         {"maxIdleConnections",
          [&](V v2, P p2) { c.upstream.max_idle_connections = read_size(v2, p2); }},
+        {"predictRoute", [&](V v2, P p2) { c.upstream.predict_route = read_string(v2, p2); }},
       });
     }},
     {"instanceKey", [&](V v, P p) { c.instance_key = read_string(v, p); }},
@@ -352,6 +353,9 @@ config reader::read_document(const YAML::Node& root) {
         {"headerTimeoutMs", [&](V v2, P p2) { c.limits.header_timeout = read_ms(v2, p2); }},
         {"clientWriteTimeoutMs",
          [&](V v2, P p2) { c.limits.client_write_timeout = read_ms(v2, p2); }},
+        {"maxConnections", [&](V v2, P p2) { c.limits.max_connections = read_size(v2, p2); }},
+        {"maxBufferedBodyBytes",
+         [&](V v2, P p2) { c.limits.max_buffered_body_bytes = read_size(v2, p2); }},
       });
     }},
     {"shutdownGraceMs", [&](V v, P p) { c.shutdown_grace = read_ms(v, p); }},
@@ -372,6 +376,7 @@ config reader::read_document(const YAML::Node& root) {
           {"idleTimeoutMs", [&](V v2, P p2) { sv.upstream.idle_timeout = read_ms(v2, p2); }},
           {"maxIdleConnections",
            [&](V v2, P p2) { sv.upstream.max_idle_connections = read_size(v2, p2); }},
+          {"predictRoute", [&](V v2, P p2) { sv.upstream.predict_route = read_string(v2, p2); }},
           {"runtimeKey", [&](V v2, P p2) { sv.runtime_key = read_string(v2, p2); }},
           {"mode", [&](V v2, P p2) {
             sv.mode = read_enum(v2, p2, parse_slot_mode,

@@ -1,6 +1,10 @@
 #include "core/request_class.hpp"
 
+#include <openssl/crypto.h>
+
 #include <array>
+
+#include "core/identity.hpp"
 
 namespace kvp::core {
 
@@ -68,28 +72,47 @@ std::string decode_path(std::string_view path) {
   return out;
 }
 
+namespace {
+
+// llama-server's HTTP library percent-decodes the path before routing, so classify what it
+// will route, or "/%73lots/0" would reach the slot API and "/v1/chat/%63ompletions" would
+// run on the slot without a lease. A trailing slash is collapsed so "/v1/chat/completions/"
+// is not a way around the lease.
+std::string routed_path(std::string_view target) {
+  std::string path = decode_path(target.substr(0, target.find_first_of("?#")));
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+}  // namespace
+
 endpoint_kind classify_target(std::string_view target) {
-  // llama-server's HTTP library percent-decodes the path before routing, so classify what
-  // it will route, or "/%73lots/0" would reach the slot API and "/v1/chat/%63ompletions"
-  // would run on the slot without a lease.
-  const std::string decoded = decode_path(target.substr(0, target.find_first_of("?#")));
-  std::string_view path = decoded;
-  // Collapse a trailing slash so "/v1/chat/completions/" is not a way around the lease.
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  const std::string path = routed_path(target);
   if (path == "/slots" || path.starts_with("/slots/")) return endpoint_kind::slots;
   for (auto p : inference_paths)
     if (path == p) return endpoint_kind::inference;
   return endpoint_kind::passthrough;
 }
 
-}  // namespace kvp::core
+bool needs_slot(std::string_view method, std::string_view target) {
+  // Methods are case-sensitive (RFC 9110 §9.1); cpp-httplib matches "POST" exactly.
+  return method == "POST" && classify_target(target) == endpoint_kind::inference;
+}
 
-namespace kvp::core {
+bool is_prediction_route(std::string_view target, std::string_view route) {
+  return !route.empty() && routed_path(target) == route;
+}
+
+bool client_key_matches(std::string_view authorization, std::string_view x_api_key,
+                        std::string_view api_key) {
+  std::string_view given = authorization.empty() ? x_api_key : authorization;
+  if (given.starts_with("Bearer ")) given.remove_prefix(7);
+  const std::string a = sha256_hex(given), b = sha256_hex(api_key);
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
 
 bool is_unpinnable(std::string_view target) {
-  const std::string decoded = decode_path(target.substr(0, target.find_first_of("?#")));
-  std::string_view path = decoded;
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  const std::string path = routed_path(target);
   for (std::string_view p : {"/v1/messages", "/embedding", "/embeddings", "/v1/embeddings",
                              "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
                              "/v1/audio/transcriptions", "/audio/transcriptions", "/api/chat",

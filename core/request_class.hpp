@@ -21,6 +21,24 @@ std::string decode_path(std::string_view path);
 // is passthrough (llama-server answers 404 to it anyway).
 endpoint_kind classify_target(std::string_view target);
 
+// True when the request runs on a slot and so goes through the coordinator: POST on an
+// inference path. llama-server registers its inference routes for POST only; an OPTIONS (a
+// browser's CORS preflight), GET or HEAD there never creates a slot task (llama-server
+// answers the preflight itself, the rest with 404), so it passes straight through.
+bool needs_slot(std::string_view method, std::string_view target);
+
+// True when the decoded path of `target` is llama-server's Vertex AI prediction route
+// `route` (AIP_PREDICT_ROUTE, "/predict" by default; "" = none). See proxy/server.cpp for
+// why kvpersist refuses it.
+bool is_prediction_route(std::string_view target, std::string_view route);
+
+// llama-server's API-key check (tools/server/server-http.cpp, middleware_validate_api_key),
+// mirrored: the key is the Authorization header's value, or X-Api-Key's when Authorization
+// is empty, with a leading "Bearer " (exactly that spelling) removed. Compared in constant
+// time (SHA-256 of both sides), so a wrong key's prefix length cannot be timed.
+bool client_key_matches(std::string_view authorization, std::string_view x_api_key,
+                        std::string_view api_key);
+
 // Inference endpoints whose requests llama-server cannot pin to a slot: it ignores
 // "id_slot" for them (llama-server.md §4.1), so in managed multi-slot mode they need the
 // whole server.

@@ -157,6 +157,24 @@ net::awaitable<verify_result> verify_cycle(backends::llama_http_backend& be,
   co_return out;
 }
 
+// llama-server in Vertex AI prediction mode (AIP_MODE=PREDICTION) serves its prediction
+// route, whose instances can call the slot API; kvpersist refuses the route. It shows from
+// outside: an empty JSON object there gets 400 ("... instances"), where a llama-server not
+// in prediction mode answers 404.
+void check_prediction_mode(report& rep, const backends::http_endpoint& ep,
+                           const std::string& route, std::chrono::milliseconds timeout) {
+  if (route.empty()) return;
+  auto r = run_sync(backends::http_call(ep, http::verb::post, route, "{}", timeout));
+  if (r && r->status == 400 && r->body.find("instances") != std::string::npos)
+    rep.warn("Prediction mode",
+             fmt::format("llama-server serves the Vertex AI route {} (AIP_MODE=PREDICTION): its "
+                         "instances can save or erase slots, so kvpersist answers 403 there; "
+                         "unset AIP_MODE for a llama-server behind kvpersist",
+                         route));
+  else
+    rep.ok("Prediction mode", fmt::format("off ({} not served)", route));
+}
+
 std::string wall_now() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -250,6 +268,7 @@ int run_doctor(const std::vector<std::string>& args) {
         rep.bad("Slot API", "disabled: start llama-server with --slot-save-path DIR");
       else
         rep.bad("Slot API", p.err().message);
+      check_prediction_mode(rep, ep, cfg.upstream.predict_route, timeout);
     }
   }
   // State directory: manifests must be writable.

@@ -1,5 +1,6 @@
 // kvpersist: command line, config loading, logging sink, signals, and the io_context.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
@@ -71,6 +72,31 @@ void stderr_sink(core::log_level, std::string_view line) {
   (void)!::write(STDERR_FILENO, out.data(), out.size());
 }
 
+// Raises the soft RLIMIT_NOFILE to the hard limit, as Go's runtime and nginx
+// (worker_rlimit_nofile) do: the soft default of 1024 is a relic of select(), which kvpersist
+// does not use, and every client may also hold an upstream connection. The server clamps
+// limits.maxConnections to what the result allows.
+void raise_nofile_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v); };
+  core::log(core::log_level::info, "kv.proxy.nofile",
+            {{"soft", text(rl.rlim_cur)}, {"hard", text(rl.rlim_max)}});
+}
+
+// The kv.proxy.listening line's upstream fields: with `servers:`, each as name=url.
+std::string upstream_list(const config::config& cfg) {
+  std::string out;
+  for (const auto& sv : cfg.servers)
+    out += fmt::format("{}{}={}", out.empty() ? "" : ",", sv.name, sv.upstream.url);
+  return out;
+}
+
 int config_error(const std::string& msg) {
   fmt::print(stderr, "kvpersist: {}\n", msg);
   return 2;
@@ -131,6 +157,7 @@ int serve(const std::vector<std::string>& args) {
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
 
   ::signal(SIGPIPE, SIG_IGN);
+  raise_nofile_limit();
   // The hint lets a single-threaded daemon (the default) skip cross-thread wakeups.
   net::io_context ioc(cfg.threads);
   proxy::server srv(ioc, cfg);
@@ -162,8 +189,10 @@ int serve(const std::vector<std::string>& args) {
           io.stop();
           co_return;
         }
+        const bool several = !c.servers.empty();
         core::log(core::log_level::info, "kv.proxy.listening",
-                  {{"address", r.value()}, {"admin", s.admin_address()}, {"upstream", c.upstream.url},
+                  {{"address", r.value()}, {"admin", s.admin_address()},
+                   {several ? "servers" : "upstream", several ? upstream_list(c) : c.upstream.url},
                    {"state_dir", config::resolve_state_dir(c)}, {"version", kvp::version}});
 #ifdef KVP_HAVE_SYSTEMD
         sd_notify(0, "READY=1");

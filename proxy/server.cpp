@@ -1,11 +1,13 @@
 #include "proxy/server.hpp"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/string.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -72,6 +74,48 @@ net::awaitable<void> stop_coordinator(coordinator* co) {
   co_return;
 }
 
+// A warning that can repeat in a tight loop (accept failures while descriptors are
+// exhausted): logged at most once per second, with the count of the ones left out.
+class rate_limited_warning {
+ public:
+  explicit rate_limited_warning(std::string_view event) : event_(event) {}
+  void note(std::string reason) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(1)) {
+      ++suppressed_;
+      return;
+    }
+    log(log_level::warn, event_,
+        {{"reason", std::move(reason)}, {"suppressed", std::to_string(suppressed_)}});
+    last_ = now;
+    suppressed_ = 0;
+  }
+
+ private:
+  std::string_view event_;
+  std::chrono::steady_clock::time_point last_{};
+  std::uint64_t suppressed_ = 0;
+};
+
+// limits.maxConnections, clamped so that every client can also hold an upstream connection
+// without exhausting RLIMIT_NOFILE: two descriptors per client, plus the idle upstream pools
+// and a fixed reserve (listeners, admin clients, manifest files, the event loop).
+std::size_t connection_cap(const config::config& cfg, std::uint64_t nofile) {
+  std::uint64_t reserve = 64;
+  for (const auto& sv : config::effective_servers(cfg)) reserve += sv.upstream.max_idle_connections;
+  const std::uint64_t fit = nofile > reserve + 2 ? (nofile - reserve) / 2 : 1;
+  return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
+}
+
+// A body that does not fit limits.maxBufferedBodyBytes. The connection closes: the body
+// was not read, so the stream has no request boundary left to continue from.
+response body_budget_exhausted(unsigned version) {
+  auto res = busy_response("too many request bodies are buffered (limits.maxBufferedBodyBytes)",
+                           2, version);
+  res.keep_alive(false);
+  return res;
+}
+
 }  // namespace
 
 response_timings parse_timings(std::string_view tail) {
@@ -100,7 +144,12 @@ response_timings parse_timings(std::string_view tail) {
   return t;
 }
 
-server::server(net::io_context& ioc, config::config cfg) : ioc_(ioc), cfg_(std::move(cfg)) {
+server::server(net::io_context& ioc, config::config cfg)
+    : ioc_(ioc),
+      cfg_(std::move(cfg)),
+      bodies_(cfg_.limits.max_buffered_body_bytes),
+      accept_strand_(net::make_strand(ioc)),
+      accept_gate_(accept_strand_) {
   const auto servers = config::effective_servers(cfg_);
   const std::string state_root = config::resolve_state_dir(cfg_);
   for (const auto& sc : servers) {
@@ -172,6 +221,16 @@ net::awaitable<core::result<std::string>> server::start() {
   auto bound = listen_on(ioc_, cfg_.listen, "proxy");
   if (!bound) co_return bound.err();
   acceptor_ = std::move(bound.value());
+  max_connections_ = cfg_.limits.max_connections;
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    max_connections_ = connection_cap(cfg_, rl.rlim_cur);
+    if (max_connections_ < cfg_.limits.max_connections)
+      log(log_level::warn, "kv.proxy.connection_cap",
+          {{"max_connections", std::to_string(max_connections_)},
+           {"configured", std::to_string(cfg_.limits.max_connections)},
+           {"nofile", std::to_string(rl.rlim_cur)},
+           {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
+  }
   std::vector<coordinator*> coords;
   for (auto& up : ups_) {
     auto start_op = up->coord->start();
@@ -184,24 +243,56 @@ net::awaitable<core::result<std::string>> server::start() {
     if (!a) co_return a.err();
     admin_address_ = a.value();
   }
-  net::co_spawn(ioc_, accept_loop(), log_exception);
+  net::co_spawn(accept_strand_, accept_loop(), log_exception);
   co_return local_address(*acceptor_);
 }
 
 net::awaitable<void> server::accept_loop() {
+  using std::chrono::milliseconds;
+  rate_limited_warning full("kv.proxy.connections_full"), failed("kv.proxy.accept_failed");
+  steady_timer backoff(accept_strand_);
+  milliseconds pause{0};
   for (;;) {
+    // At the cap kvpersist stops accepting, as HAProxy (maxconn) and nginx
+    // (worker_connections) do, instead of accepting to answer 503: that accept would spend
+    // the very descriptor that is short, and a client left in the kernel's listen backlog is
+    // served as soon as a connection closes, where a 503 would make it retry blind.
+    while (open_connections_.load() >= max_connections_ && !draining_) {
+      full.note(fmt::format("{} client connections open (limits.maxConnections)", max_connections_));
+      accept_gate_.expires_at(steady_timer::time_point::max());
+      co_await accept_gate_.async_wait(token);
+    }
     tcp::socket sock(net::make_strand(ioc_));
     auto [ec] = co_await acceptor_->async_accept(sock);
     if (ec) {
       if (draining_ || ec == net::error::operation_aborted) co_return;
-      log(log_level::warn, "kv.proxy.accept_failed", {{"reason", ec.message()}});
+      // After EMFILE/ENFILE the pending connection stays in the backlog and the listener
+      // stays readable: accepting again at once fails again at once, a busy loop. Back off
+      // 50 ms doubling to 1 s, as Go's net/http Server.Serve does; a success resets it.
+      failed.note(ec.message());
+      pause = std::clamp(pause * 2, milliseconds(50), milliseconds(1000));
+      backoff.expires_after(pause);
+      co_await backoff.async_wait(token);
       continue;
     }
+    pause = milliseconds(0);
     beast::error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored);
     auto ex = sock.get_executor();
-    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), log_exception);
+    ++open_connections_;
+    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), [this](std::exception_ptr e) {
+      connection_closed();
+      log_exception(e);
+    });
   }
+}
+
+void server::connection_closed() {
+  // Only accept_loop raises the count, and only below the cap; a decrement from the cap
+  // wakes it. The check and the wait happen in one handler on accept_strand_, so this
+  // cancel, posted there, can never slip in between and be lost.
+  if (open_connections_.fetch_sub(1) >= max_connections_)
+    net::post(accept_strand_, [this] { accept_gate_.cancel(); });
 }
 
 net::awaitable<bool> server::send(client_conn& c, response res) {
@@ -259,6 +350,12 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
       --active_;
       break;
     }
+    body_budget::hold body_share(bodies_);  // returned when this request is done
+    if (!body_share.admit(p)) {
+      co_await send(*c, body_budget_exhausted(h.version()));
+      --active_;
+      break;
+    }
     bool keep = true;
     bool ok = true;
     if (!p.is_done()) {
@@ -274,6 +371,9 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
           auto res = error_response(http::status::payload_too_large,
                                            "request body too large", h.version(), false);
           co_await send(*c, std::move(res));
+          ok = false;
+        } else if (body_share.exceeded()) {
+          co_await send(*c, body_budget_exhausted(h.version()));
           ok = false;
         } else if (bec) {
           ok = false;
@@ -422,8 +522,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                               "TRACE and CONNECT are not forwarded", version, false);
     co_return co_await send(c, std::move(res));
   }
-  const auto kind = core::classify_target(req.target());
-  if (kind == core::endpoint_kind::slots) {
+  if (core::classify_target(req.target()) == core::endpoint_kind::slots) {
     auto res = error_response(http::status::forbidden,
                               "kvpersist manages llama-server's slots; /slots is not forwarded",
                               version, keep);
@@ -431,11 +530,31 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   }
   const auto who = identity_of(req);
   auto& up = route(req);
+  // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
+  // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
+  // save, restore, erase behind kvpersist's back) as well as inference. Treating it as
+  // exclusive would still let an instance rewrite the slot while kvpersist's manifests
+  // vouch for it, so it is refused like /slots.
+  if (core::is_prediction_route(req.target(), up.cfg.upstream.predict_route)) {
+    auto res = error_response(http::status::forbidden,
+                              "kvpersist manages llama-server's slots; the prediction route "
+                              "(upstream.predictRoute) is not forwarded",
+                              version, keep);
+    co_return co_await send(c, std::move(res));
+  }
   relay_state st;
-  const bool managed = kind == core::endpoint_kind::inference &&
+  const bool managed = core::needs_slot(req.method_string(), req.target()) &&
                        (!who.session_id.empty() ||
                         cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
   if (!managed) co_return co_await forward(up, c, req, std::nullopt, st);
+  // Checked before admission, as llama-server would check it: a client without the key
+  // must not make kvpersist save or evict the resident session with its own key.
+  if (!up.cfg.upstream.api_key.empty() &&
+      !core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
+                                up.cfg.upstream.api_key)) {
+    auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
+    co_return co_await send(c, std::move(res));
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = c.stream.get_executor();
@@ -578,6 +697,7 @@ net::awaitable<void> server::shutdown() {
        {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
   beast::error_code ignored;
   if (acceptor_) acceptor_->close(ignored);
+  net::post(accept_strand_, [this] { accept_gate_.cancel(); });
   if (admin_) admin_->stop();
   auto close_conns = [this](bool only_idle) {
     std::lock_guard lk(conns_mu_);

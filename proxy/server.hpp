@@ -11,6 +11,7 @@
 #include "backends/net.hpp"
 #include "config/config.hpp"
 #include "proxy/admin.hpp"
+#include "proxy/body_budget.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/relay.hpp"
@@ -52,6 +53,8 @@ class server {
   };
   upstream_entry& route(const http::request<http::string_body>& req);
   net::awaitable<void> accept_loop();
+  // A client connection ended: below the cap again, the accept loop resumes.
+  void connection_closed();
   net::awaitable<void> run_session(tcp_stream stream);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
   net::awaitable<bool> forward(upstream_entry& up, client_conn& c,
@@ -65,6 +68,12 @@ class server {
 
   net::io_context& ioc_;
   config::config cfg_;
+  body_budget bodies_;
+  // The accept loop runs on accept_strand_; accept_gate_ wakes it when a connection closes.
+  net::strand<net::io_context::executor_type> accept_strand_;
+  steady_timer accept_gate_;
+  std::size_t max_connections_ = 0;  // limits.maxConnections clamped by RLIMIT_NOFILE
+  std::atomic<std::size_t> open_connections_{0};
   std::unique_ptr<acceptor> acceptor_;
   std::vector<std::unique_ptr<upstream_entry>> ups_;
   std::unique_ptr<admin_server> admin_;

@@ -106,3 +106,50 @@ TEST_CASE("%uXXXX escapes are decoded as llama-server's HTTP library does",
   CHECK(classify_target("/%u0073lots/0?action=erase") == kind::slots);
   CHECK(classify_target("/v1/chat/%u0063ompletions") == kind::inference);
 }
+
+TEST_CASE("only POST on an inference path needs the slot", "[core][request_class]") {
+  using kvp::core::needs_slot;
+  CHECK(needs_slot("POST", "/v1/chat/completions"));
+  CHECK(needs_slot("POST", "/v1/chat/%63ompletions/"));
+  // llama-server answers a CORS preflight itself and has no GET/HEAD route there.
+  CHECK_FALSE(needs_slot("OPTIONS", "/v1/chat/completions"));
+  CHECK_FALSE(needs_slot("GET", "/v1/chat/completions"));
+  CHECK_FALSE(needs_slot("HEAD", "/completion"));
+  CHECK_FALSE(needs_slot("PUT", "/completion"));
+  CHECK_FALSE(needs_slot("post", "/completion"));  // methods are case-sensitive
+  CHECK_FALSE(needs_slot("POST", "/tokenize"));
+  CHECK_FALSE(needs_slot("POST", "/slots/0?action=save"));
+}
+
+TEST_CASE("the prediction route is matched as llama-server routes it", "[core][request_class]") {
+  struct row {
+    std::string_view target, route;
+    bool match;
+  };
+  for (const auto& r : {row{"/predict", "/predict", true}, row{"/%70redict?x=1", "/predict", true},
+                        row{"/predict/", "/predict", true},
+                        row{"/vertex/predict", "/vertex/predict", true},
+                        row{"/predict", "/vertex/predict", false},
+                        row{"/predictions", "/predict", false}, row{"/", "", false},
+                        row{"", "", false}}) {
+    INFO(r.target << " vs " << r.route);
+    CHECK(kvp::core::is_prediction_route(r.target, r.route) == r.match);
+  }
+}
+
+// llama-server's middleware_validate_api_key (tools/server/server-http.cpp).
+TEST_CASE("client API keys are checked as llama-server checks them", "[core][request_class]") {
+  using kvp::core::client_key_matches;
+  const std::string key = "k3y";
+  CHECK(client_key_matches("Bearer k3y", "", key));
+  CHECK(client_key_matches("k3y", "", key));              // the prefix is optional
+  CHECK(client_key_matches("", "k3y", key));              // X-Api-Key when no Authorization
+  CHECK(client_key_matches("", "Bearer k3y", key));       // ... with the same prefix rule
+  CHECK_FALSE(client_key_matches("", "", key));
+  CHECK_FALSE(client_key_matches("bearer k3y", "", key)); // exact spelling only
+  CHECK_FALSE(client_key_matches("Bearer  k3y", "", key));
+  CHECK_FALSE(client_key_matches("Bearer k3", "", key));
+  CHECK_FALSE(client_key_matches("Bearer k3yy", "", key));
+  CHECK_FALSE(client_key_matches("Bearer wrong", "k3y", key));  // Authorization wins
+  CHECK_FALSE(client_key_matches("Bearer ", "", key));
+}

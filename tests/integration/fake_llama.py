@@ -227,6 +227,7 @@ class FakeLlamaServer:
         # hostile replies (persistent): "props" or "save" -> raw bytes sent as the 200 body
         # instead of the JSON (test_hostile_json.py: deep nesting from llama-server's side)
         self.raw_replies: dict[str, bytes] = {}
+        self.predict_route = None  # e.g. "/predict": llama-server with AIP_MODE=PREDICTION
 
     # ------------------------------------------------------------------ lifecycle
     def _reset_slot(self):
@@ -550,6 +551,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(200, {"tokens": [zlib.crc32(t.encode()) % 32000 for t in toks]})
         if m == "POST" and path in INFERENCE_PATHS:
             return self._inference(path, body_json)
+        if m == "POST" and f.predict_route and path == f.predict_route:
+            if not isinstance(body_json, dict) or not isinstance(body_json.get("instances"), list):
+                return self._send_json(400, err_body(400, "request body must include an array field named "
+                                                          "instances", "invalid_request_error"))
+            return self._send_json(200, {"predictions": []})  # instances are not modelled
         return self._send_json(404, {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})
 
     def _props(self):
