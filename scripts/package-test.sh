@@ -57,7 +57,8 @@ out=$(systemd-analyze verify --man=no "$unit" 2>&1) || fail "systemd-analyze ver
 [[ -z $out ]] || fail "systemd-analyze verify warns: $out"
 
 say "the installed binary against the fake llama-server (tests/integration/test_deb.py)"
-KVP_DEB_TEST=1 KVPERSIST_BIN=/usr/bin/kvpersist /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_deb.py
+KVP_DEB_TEST=1 KVPERSIST_BIN=/usr/bin/kvpersist \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration/test_deb.py
 
 say "dpkg -r: the conffile stays, nothing else"
 mapfile -t files < <(dpkg -L kvpersist)

@@ -825,6 +825,17 @@ def npm_ready(node_dir: str = NODE_DIR, packages=("openai",)) -> str | None:
     return None
 
 
+def run_node_driver(node_dir: str, script: str, scenario: dict, tmp_path) -> dict:
+    """Runs `node script SCENARIO.json` in node_dir; returns the JSON object it printed last."""
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    r = subprocess.run(["node", os.path.join(node_dir, script), str(path)], cwd=node_dir,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
+    out = r.stdout.decode("utf-8", "replace").strip()
+    assert r.returncode == 0, "%s failed (rc %s):\n%s\n%s" % (script, r.returncode, out, r.stderr.decode()[-2000:])
+    return json.loads(out.splitlines()[-1])
+
+
 def test_openai_node_client_switch(world, llama, tmp_path):
     """§74 with the official OpenAI Node client (defaultHeaders X-Session-Id): A, B, A streamed
     with include_usage; the third turn is a restore reusing >= 90% of A's first prompt."""
@@ -838,13 +849,7 @@ def test_openai_node_client_switch(world, llama, tmp_path):
     scenario = {"baseURL": "%s/v1" % proxy.url, "sessions": ids,
                 "system": {k: make_text(llama, "node-" + ids[k], PROMPT) for k in "AB"},
                 "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}
-    path = tmp_path / "scenario.json"
-    path.write_text(json.dumps(scenario))
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "switch.mjs"), str(path)], cwd=NODE_DIR,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    assert r.returncode == 0, "switch.mjs failed (rc %s):\n%s\n%s" % (r.returncode, out, r.stderr.decode()[-2000:])
-    res = json.loads(out.splitlines()[-1])
+    res = run_node_driver(NODE_DIR, "switch.mjs", scenario, tmp_path)
     turns = res["turns"]
     print("openai %s: %s" % (res["openai_version"], [(t["label"], t["prompt_tokens"], t["cache_n"], round(t["ttft_ms"] or 0))
                                                      for t in turns]))

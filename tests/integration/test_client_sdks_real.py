@@ -22,10 +22,8 @@ llama-server and kvpersist launchers are test_acceptance_real.py's fixtures:
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import uuid
 
 import pytest
@@ -34,7 +32,7 @@ import harness
 from harness import http_request
 # llama (a module-scoped llama-server) and world (a kvpersist Stack on it) are fixtures
 from test_acceptance_real import (MAX_TOKENS, PROMPT, REUSE, acts, llama, make_text, npm_ready,  # noqa: F401
-                                  settled_calls, world)
+                                  run_node_driver, settled_calls, world)
 
 pytestmark = pytest.mark.real_only
 
@@ -55,24 +53,15 @@ def sdk_clients():
     return NODE_DIR
 
 
-def run_driver(scenario: dict, tmp_path) -> dict:
-    path = tmp_path / "scenario.json"
-    path.write_text(json.dumps(scenario))
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "sessions.mjs"), str(path)], cwd=NODE_DIR,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=80)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    assert r.returncode == 0, "sessions.mjs failed (rc %s):\n%s\n%s" % (r.returncode, out, r.stderr.decode()[-2000:])
-    return json.loads(out.splitlines()[-1])
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=STREAM_IDS)
 @pytest.mark.parametrize("api", sorted(PATHS))
 def test_sdk_session_switch(world, llama, sdk_clients, tmp_path, api, stream):
     proxy = world.start_proxy()
     ids = {k: "sdk-%s-%s-%s" % (api, k, uuid.uuid4().hex[:10]) for k in "AB"}
-    res = run_driver({"api": api, "stream": stream, "baseURL": proxy.url, "sessions": ids,
-                      "system": {k: make_text(llama, "sdk-" + ids[k], PROMPT) for k in "AB"},
-                      "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}, tmp_path)
+    scenario = {"api": api, "stream": stream, "baseURL": proxy.url, "sessions": ids,
+                "system": {k: make_text(llama, "sdk-" + ids[k], PROMPT) for k in "AB"},
+                "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}
+    res = run_node_driver(NODE_DIR, "sessions.mjs", scenario, tmp_path)
     turns = res["turns"]
     print("%s %s stream=%s: %s" % (res["sdk"], api, stream,
                                     [(t["label"], t["prompt_tokens"], t["cached_tokens"]) for t in turns]))
