@@ -21,9 +21,28 @@ for tool in cpack lintian dpkg-shlibdeps systemd-analyze; do
   command -v "$tool" >/dev/null || fail "$tool is missing: run scripts/setup.sh"
 done
 
+# dpkg does not wait for its lock (apt-get does, with DPkg::Lock::Timeout): retry, for up to
+# 10 minutes, while another package operation (a concurrent apt-get, an unattended upgrade)
+# holds it.
+dpkg_wait() {
+  local out try
+  for ((try = 0; try < 300; try++)); do
+    if out=$(dpkg "$@" 2>&1); then
+      printf '%s\n' "$out"
+      return 0
+    fi
+    if ! grep -q "locked by another process" <<<"$out"; then
+      printf '%s\n' "$out" >&2
+      return 1
+    fi
+    sleep 2
+  done
+  fail "dpkg $*: the dpkg lock stayed taken for 10 minutes"
+}
+
 purge() {
   if dpkg-query -W -f='${db:Status-Abbrev}' kvpersist 2>/dev/null | grep -q '^[ir][ic]'; then
-    dpkg -P kvpersist >/dev/null
+    dpkg_wait -P kvpersist >/dev/null
   fi
 }
 trap purge EXIT
@@ -47,7 +66,7 @@ say "lintian $deb"
 lintian --fail-on error --display-info "$deb" || fail "lintian reports errors (E: above)"
 
 say "dpkg -i"
-dpkg -i "$deb"
+dpkg_wait -i "$deb"
 unit=/lib/systemd/system/kvpersist.service
 
 say "systemd-analyze verify $unit"
@@ -63,7 +82,7 @@ KVP_DEB_TEST=1 KVPERSIST_BIN=/usr/bin/kvpersist \
 say "dpkg -r: the conffile stays, nothing else"
 mapfile -t files < <(dpkg -L kvpersist)
 conffile=/etc/kvpersist/kvpersist.yaml
-dpkg -r kvpersist
+dpkg_wait -r kvpersist
 [[ $(dpkg-query -W -f='${db:Status-Abbrev}' kvpersist) == "rc "* ]] || fail "not in config-files state after dpkg -r"
 [[ -f $conffile ]] || fail "dpkg -r removed the conffile $conffile"
 for f in "${files[@]}"; do
@@ -71,7 +90,7 @@ for f in "${files[@]}"; do
 done
 
 say "dpkg -P: nothing of the package is left"
-dpkg -P kvpersist
+dpkg_wait -P kvpersist
 ! dpkg-query -W kvpersist >/dev/null 2>&1 || fail "dpkg still knows kvpersist after dpkg -P"
 for f in "${files[@]}"; do
   # directories shared with other packages (/usr/bin, /etc, ...) stay; ours go
