@@ -812,17 +812,28 @@ def test_streaming_large_events_forwarded_in_large_pieces(world1, llama1):
 
 
 # ============================================================================ OpenAI Node client
-def _npm_ready() -> str | None:
-    """Installs the locked openai package if needed; returns a reason to skip, or None."""
-    if os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")):
+def npm_ready(node_dir: str = NODE_DIR, packages=("openai",)) -> str | None:
+    """Installs node_dir's locked packages if needed; returns a reason to skip, or None."""
+    if all(os.path.isdir(os.path.join(node_dir, "node_modules", p)) for p in packages):
         return None
     npm = shutil.which("npm")
     if not npm:
-        return "npm is not available (needed to install tests/integration/openai_client)"
-    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, stdin=subprocess.DEVNULL,
+        return "npm is not available (needed to install %s)" % os.path.relpath(node_dir, harness.REPO_ROOT)
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=node_dir, stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=75)
-    assert r.returncode == 0, "npm ci failed in %s:\n%s" % (NODE_DIR, (r.stdout + r.stderr).decode()[-2000:])
+    assert r.returncode == 0, "npm ci failed in %s:\n%s" % (node_dir, (r.stdout + r.stderr).decode()[-2000:])
     return None
+
+
+def run_node_driver(node_dir: str, script: str, scenario: dict, tmp_path) -> dict:
+    """Runs `node script SCENARIO.json` in node_dir; returns the JSON object it printed last."""
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    r = subprocess.run(["node", os.path.join(node_dir, script), str(path)], cwd=node_dir,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
+    out = r.stdout.decode("utf-8", "replace").strip()
+    assert r.returncode == 0, "%s failed (rc %s):\n%s\n%s" % (script, r.returncode, out, r.stderr.decode()[-2000:])
+    return json.loads(out.splitlines()[-1])
 
 
 def test_openai_node_client_switch(world, llama, tmp_path):
@@ -830,7 +841,7 @@ def test_openai_node_client_switch(world, llama, tmp_path):
     with include_usage; the third turn is a restore reusing >= 90% of A's first prompt."""
     if not shutil.which("node"):
         pytest.skip("node is not available")
-    reason = _npm_ready()
+    reason = npm_ready()
     if reason:
         pytest.skip(reason)
     proxy = world.start_proxy()
@@ -838,13 +849,7 @@ def test_openai_node_client_switch(world, llama, tmp_path):
     scenario = {"baseURL": "%s/v1" % proxy.url, "sessions": ids,
                 "system": {k: make_text(llama, "node-" + ids[k], PROMPT) for k in "AB"},
                 "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}
-    path = tmp_path / "scenario.json"
-    path.write_text(json.dumps(scenario))
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "switch.mjs"), str(path)], cwd=NODE_DIR,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    assert r.returncode == 0, "switch.mjs failed (rc %s):\n%s\n%s" % (r.returncode, out, r.stderr.decode()[-2000:])
-    res = json.loads(out.splitlines()[-1])
+    res = run_node_driver(NODE_DIR, "switch.mjs", scenario, tmp_path)
     turns = res["turns"]
     print("openai %s: %s" % (res["openai_version"], [(t["label"], t["prompt_tokens"], t["cache_n"], round(t["ttft_ms"] or 0))
                                                      for t in turns]))

@@ -1,0 +1,121 @@
+"""The Debian package (cmake/packaging.cmake, packaging/).
+
+* test_man_page_covers_help: packaging/kvpersist.1 is hand-written; every command and option
+  `kvpersist --help` lists is described in it (runs everywhere, nothing installed).
+* The installed package, once scripts/package-test.sh has run `dpkg -i` (skipped when
+  kvpersist is not installed by dpkg, unless KVP_DEB_TEST=1, which that script sets, makes it
+  a failure): the files are where Debian expects them, the configuration is a conffile, the
+  installed unit starts the installed binary and differs from systemd/kvpersist.service only
+  there, and /usr/bin/kvpersist serves with /etc/kvpersist/kvpersist.yaml against the fake
+  llama-server: a session switch makes the management calls of README's table.
+
+Run: KVPERSIST_BIN=$PWD/build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_deb.py
+(scripts/package-test.sh runs it between dpkg -i and dpkg -r)
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+
+import harness
+from harness import FakeUpstream, KvPersist, http_request
+from test_packaging import directive, parse_unit
+
+MAN_PAGE = os.path.join(harness.REPO_ROOT, "packaging", "kvpersist.1")
+SOURCE_UNIT = os.path.join(harness.REPO_ROOT, "systemd", "kvpersist.service")
+BINARY = "/usr/bin/kvpersist"
+UNIT = "/lib/systemd/system/kvpersist.service"
+CONFFILE = "/etc/kvpersist/kvpersist.yaml"
+DOC = "/usr/share/doc/kvpersist"
+PACKAGE_FILES = [BINARY, UNIT, CONFFILE, "/usr/share/man/man1/kvpersist.1.gz", DOC + "/copyright",
+                 DOC + "/changelog.Debian.gz"]
+
+
+def man_text(groff: str) -> str:
+    """The words of a man page source: groff's escaped minus signs as plain '-'."""
+    return groff.replace("\\-", "-").replace("\\e", "\\")
+
+
+def test_man_page_covers_help(binary):
+    helptext = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=10).stdout
+    usage = helptext.split("\n\n")[1]
+    commands = set(re.findall(r"(?:kvpersist |\| )([a-z]+)", usage))
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", helptext))
+    assert {"serve", "doctor", "purge", "gc"} <= commands and "--admin-listen" in options, helptext
+    with open(MAN_PAGE) as f:
+        man = man_text(f.read())
+    missing = sorted(w for w in commands | options if not re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(w), man))
+    assert missing == [], "packaging/kvpersist.1 does not describe %s (from kvpersist --help)" % missing
+
+
+# ---------------------------------------------------------------------------- installed package
+def dpkg_query(fmt: str) -> str | None:
+    r = subprocess.run(["dpkg-query", "-W", "-f", fmt, "kvpersist"], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+@pytest.fixture
+def installed():
+    status = dpkg_query("${db:Status-Abbrev}") or ""
+    if not status.startswith("ii"):
+        msg = "the kvpersist package is not installed (dpkg status %r): scripts/package-test.sh" % status
+        if os.environ.get("KVP_DEB_TEST") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def test_installed_files(installed):
+    listed = set(subprocess.run(["dpkg", "-L", "kvpersist"], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert set(PACKAGE_FILES) <= listed, sorted(set(PACKAGE_FILES) - listed)
+    assert [l.split()[0] for l in dpkg_query("${Conffiles}").strip().splitlines()] == [CONFFILE]
+    with open(CONFFILE) as f, open(os.path.join(harness.REPO_ROOT, "config", "kvpersist.example.yaml")) as g:
+        assert f.read() == g.read()
+    with gzip.open("/usr/share/man/man1/kvpersist.1.gz", "rt") as f, open(MAN_PAGE) as g:
+        assert f.read() == g.read()
+
+
+def test_installed_unit_starts_installed_binary(installed):
+    unit = parse_unit(UNIT)
+    argv = shlex.split(directive(unit, "Service", "ExecStart"))
+    assert argv[0] == BINARY and os.access(BINARY, os.X_OK), argv
+    assert argv[argv.index("--config") + 1] == CONFFILE
+    assert directive(unit, "Unit", "Documentation") == "man:kvpersist(1)"
+    # everything else is systemd/kvpersist.service as it is in the tree
+    changed = ("ExecStart", "Documentation")
+    with open(UNIT) as f, open(SOURCE_UNIT) as g:
+        strip = lambda text: [l for l in text.splitlines() if l.split("=", 1)[0] not in changed]  # noqa: E731
+        assert strip(f.read()) == strip(g.read())
+
+
+def test_installed_binary_serves_with_installed_config(installed, tmp_path):
+    """/usr/bin/kvpersist serve --config /etc/kvpersist/kvpersist.yaml, listen, upstream and
+    state dir from flags, against the fake llama-server: session A, then B (erase, save A,
+    erase), then SIGTERM: exit 0 after saving B (the config's checkpoint.onShutdown)."""
+    upstream = FakeUpstream(str(tmp_path)).start()
+    proxy = KvPersist(upstream.url, str(tmp_path / "state"), binary=BINARY, work_dir=str(tmp_path),
+                      extra_args=["--config", CONFFILE])
+    try:
+        proxy.start()
+        upstream.attach(proxy)
+        assert "--config %s" % CONFFILE in " ".join(proxy.cmd)
+        for session in ("deb-A", "deb-B"):
+            r = http_request(proxy.port, "POST", "/v1/chat/completions", headers={"X-Session-Id": session},
+                             body=harness.chat_body([{"role": "user", "content": "hello %s" % session}], False))
+            assert r.status == 200 and r.json["choices"][0]["message"]["content"], (r.status, r.body[:300])
+        upstream.settle()
+        calls = upstream.take_calls()
+        assert [c.action for c in calls] == ["erase", "save", "erase"], calls
+        assert proxy.stop(timeout=20) == 0, proxy.log_text()
+        calls += upstream.take_calls()
+        assert [c.action for c in calls] == ["erase", "save", "erase", "save"], calls
+        assert all(c.status == 200 for c in calls), calls
+    finally:
+        proxy.stop()
+        upstream.stop()
