@@ -435,7 +435,7 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (design note 12)",
 TEST_CASE("1xx interim responses are read past, dropped, and the connection not pooled",
           "[proxy][relay]") {
   const std::string final_response =
-      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n"
       "{\"id\":\"A\"}";
   const std::string interim = GENERATE(
       std::string("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"),
