@@ -30,8 +30,9 @@ bool routed_by_llama_server(http::verb v) {
   }
 }
 
-// Whether server::prepare_upstream_request keeps field `f` of `h`.
-bool forwarded(const http::request_header<>& h, const http::fields::value_type& f,
+// Whether server::prepare_upstream_request keeps field `f` of a request whose Connection field
+// is `connection`.
+bool forwarded(const http::fields::value_type& f, std::string_view connection,
                const std::vector<std::string>& dropped) {
   if (f.name() == http::field::expect ||
       std::find(std::begin(hop_by_hop_fields), std::end(hop_by_hop_fields), f.name()) !=
@@ -39,7 +40,7 @@ bool forwarded(const http::request_header<>& h, const http::fields::value_type& 
     return false;
   const auto named = [&](std::string_view n) { return beast::iequals(n, f.name_string()); };
   if (std::any_of(dropped.begin(), dropped.end(), named)) return false;
-  for (auto tok : http::token_list{h[http::field::connection]})
+  for (auto tok : http::token_list{connection})
     if (named(tok)) return false;
   return true;
 }
@@ -57,9 +58,10 @@ std::optional<response> refuse_unforwardable(const http::request_header<>& h,
   if (h.target().size() > upstream_limits::target)
     return refusal(http::status::uri_too_long,
                    fmt::format("request target longer than {} bytes", upstream_limits::target));
+  const std::string_view connection = h[http::field::connection];
   std::size_t count = upstream_limits::added_fields;
   for (const auto& f : h) {
-    if (!forwarded(h, f, dropped)) continue;
+    if (!forwarded(f, connection, dropped)) continue;
     if (++count > upstream_limits::fields)
       return refusal(http::status::request_header_fields_too_large,
                      fmt::format("more than {} header fields",
