@@ -53,11 +53,11 @@ std::optional<response> refuse_unforwardable(const http::request_header<>& h,
   if (!routed_by_llama_server(h.method()))
     return refusal(http::status::method_not_allowed,
                    "method not allowed (GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH)");
-  // The base path of a server URL is not counted: a target it pushes over the limit gets
-  // cpp-httplib's own 414, and that one closes the connection.
-  if (h.target().size() > upstream_limits::target)
+  // "METHOD SP target SP HTTP/1.1 CRLF". The base path of a server URL is not counted: a line it
+  // pushes over the limit makes cpp-httplib close the connection, which smuggles nothing.
+  if (h.method_string().size() + h.target().size() + 12 > upstream_limits::request_line)
     return refusal(http::status::uri_too_long,
-                   fmt::format("request target longer than {} bytes", upstream_limits::target));
+                   fmt::format("request line longer than {} bytes", upstream_limits::request_line));
   const std::string_view connection = h[http::field::connection];
   std::size_t count = upstream_limits::added_fields;
   for (const auto& f : h) {

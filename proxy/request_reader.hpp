@@ -25,7 +25,10 @@ namespace kvp::proxy {
 namespace upstream_limits {
 inline constexpr std::size_t field_line = 8192;  // CPPHTTPLIB_HEADER_MAX_LENGTH, CRLF included
 inline constexpr std::size_t fields = 100;       // CPPHTTPLIB_HEADER_MAX_COUNT
-inline constexpr std::size_t target = 8192;      // CPPHTTPLIB_REQUEST_URI_MAX_LENGTH
+// CPPHTTPLIB_MAX_LINE_LENGTH, CRLF included. llama.cpp raises CPPHTTPLIB_REQUEST_URI_MAX_LENGTH
+// to the same 32768 (its vendor/cpp-httplib/CMakeLists.txt: prompts in a query string), so the
+// request line is the binding limit for the target.
+inline constexpr std::size_t request_line = 32768;
 // Fields kvpersist may add to what the client sent (server::prepare_upstream_request: Host
 // and Content-Length); they count against `fields`.
 inline constexpr std::size_t added_fields = 2;
