@@ -17,6 +17,7 @@
 #include "core/request_class.hpp"
 #include "core/version.hpp"
 #include "proxy/http_status.hpp"
+#include "proxy/request_reader.hpp"
 
 namespace kvp::proxy {
 
@@ -232,22 +233,12 @@ net::awaitable<void> admin_server::accept_loop() {
 
 net::awaitable<void> admin_server::run_session(tcp_stream s) {
   beast::flat_buffer buf;
+  const read_limits limits{16 * 1024, 64 * 1024, std::chrono::seconds(30),
+                           std::chrono::seconds(30), std::chrono::seconds(30), {}};
   for (;;) {
-    http::request_parser<http::string_body> p;
-    p.header_limit(16 * 1024);
-    p.body_limit(64 * 1024);
-    s.expires_after(std::chrono::seconds(30));
-    auto [ec, n] = co_await http::async_read(s, buf, p);
-    if (ec) {
-      if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
-          ec != net::error::connection_reset && ec != net::error::operation_aborted) {
-        auto res = json(400, R"({"error":{"code":400,"message":"malformed request"}})", 11);
-        res.keep_alive(false);
-        co_await http::async_write(s, res);
-      }
-      break;
-    }
-    auto req = p.release();
+    request_reader reader(s, buf, limits);
+    if (!co_await reader.read_header() || !co_await reader.read_body()) break;
+    auto req = reader.release();
     const bool keep = req.keep_alive();
     auto res = co_await route(std::move(req));
     res.keep_alive(keep);

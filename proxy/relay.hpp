@@ -41,17 +41,19 @@ struct relay_state {
   std::size_t body_bytes = 0;
 };
 
-// Removes hop-by-hop fields (RFC 9110 §7.6.1), including any named in Connection.
+// Hop-by-hop fields (RFC 9110 §7.6.1), besides those named in Connection.
+inline constexpr http::field hop_by_hop_fields[] = {
+    http::field::connection, http::field::keep_alive,         http::field::proxy_connection,
+    http::field::te,         http::field::trailer,            http::field::transfer_encoding,
+    http::field::upgrade,    http::field::proxy_authenticate, http::field::proxy_authorization};
+
+// Removes hop-by-hop fields, including any named in Connection.
 template <class Fields>
 void strip_hop_by_hop(Fields& f) {
   std::vector<std::string> named;
   for (auto tok : http::token_list{f[http::field::connection]}) named.emplace_back(tok);
   for (const auto& n : named) f.erase(n);
-  for (auto fld : {http::field::connection, http::field::keep_alive, http::field::proxy_connection,
-                   http::field::te, http::field::trailer, http::field::transfer_encoding,
-                   http::field::upgrade, http::field::proxy_authenticate,
-                   http::field::proxy_authorization})
-    f.erase(fld);
+  for (auto fld : hop_by_hop_fields) f.erase(fld);
 }
 
 namespace detail {
@@ -66,6 +68,9 @@ inline void keep_tail(std::string* tail, const char* data, std::size_t n) {
   tail->append(data, n);
   if (tail->size() > 16 * 1024) tail->erase(0, tail->size() - 8 * 1024);
 }
+
+// 1xx responses read past before the exchange is taken as broken.
+inline constexpr int max_interim_responses = 8;
 
 inline void upstream_error(relay_state& st, const beast::error_code& ec) {
   st.upstream_failed = true;
@@ -86,22 +91,40 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
                                     std::string* tail = nullptr) {
   static_assert(beast::is_async_read_stream<Upstream>::value, "Upstream must be readable");
   static_assert(beast::is_async_write_stream<Client>::value, "Client must be writable");
-  http::response_parser<http::buffer_body> p;
-  p.body_limit(boost::none);  // an SSE stream has no natural bound
-  if (head_request) p.skip(true);
-  detail::expire(upstream, opts.upstream_idle);
-  auto [hec, hn] = co_await http::async_read_header(upstream, ubuf, p, token);
-  if (hec) {
-    detail::upstream_error(st, hec);
-    co_return;
+  // RFC 9110 §15.2: 1xx responses are interim; the final response follows on the same
+  // connection. llama-server sends none (kvpersist strips Expect, and never asks for an
+  // Upgrade), so one comes from something between the two: it is read past and dropped, not
+  // relayed (103 Early Hints only suggests preloads to browsers, and HTTP/1.0 clients must
+  // not get a 1xx at all), and the connection is closed afterwards rather than pooled. A 101
+  // switches to a protocol kvpersist does not speak: the exchange fails, and the connection
+  // with it.
+  std::optional<http::response_parser<http::buffer_body>> parser;
+  bool interim = false;
+  for (int n = 0;; ++n) {
+    parser.emplace();
+    parser->body_limit(boost::none);  // an SSE stream has no natural bound
+    if (head_request) parser->skip(true);
+    detail::expire(upstream, opts.upstream_idle);
+    auto [hec, hn] = co_await http::async_read_header(upstream, ubuf, *parser, token);
+    if (hec) {
+      detail::upstream_error(st, hec);
+      co_return;
+    }
+    st.header_received = true;
+    st.status = parser->get().result_int();
+    if (st.status >= 200) break;
+    if (st.status == 101 || n == detail::max_interim_responses) {
+      st.upstream_failed = true;
+      co_return;
+    }
+    interim = true;
   }
-  st.header_received = true;
+  auto& p = *parser;
   // Not eager: with eager(true) Beast 1.81 parses past the end of a chunk's body into the
   // next chunk header, gets need_more and reads again without returning the body it has,
   // which holds whole SSE events back until the buffer fills (found by the fake-server
   // streaming test). Header-only reads this leaves are skipped by the guard below.
   auto& res = p.get();
-  st.status = res.result_int();
   const bool upstream_keep = res.keep_alive();
   const auto length = p.content_length();
   const bool chunked_in = p.chunked();
@@ -202,7 +225,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   }
   st.header_sent = true;
   st.done = true;
-  st.upstream_reusable = upstream_keep;
+  st.upstream_reusable = upstream_keep && !interim;
 }
 
 }  // namespace kvp::proxy

@@ -6,7 +6,6 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/beast/core/string.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -19,6 +18,7 @@
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
+#include "proxy/request_reader.hpp"
 
 namespace kvp::proxy {
 
@@ -69,6 +69,18 @@ class lease_guard {
   std::shared_ptr<lease_ticket> t_;
 };
 
+// How client requests are read: the configured limits, and the fields prepare_upstream_request
+// drops (they do not count against llama-server's limits).
+read_limits client_read_limits(const config::config& cfg) {
+  read_limits r{cfg.limits.max_header_bytes, cfg.limits.max_body_bytes, cfg.limits.header_timeout,
+                cfg.limits.client_write_timeout, cfg.limits.client_write_timeout,
+                cfg.sessions.headers};
+  r.dropped_fields.push_back(cfg.sessions.purpose_header);
+  r.dropped_fields.insert(r.dropped_fields.end(), cfg.sessions.strip_headers.begin(),
+                          cfg.sessions.strip_headers.end());
+  return r;
+}
+
 net::awaitable<void> stop_coordinator(coordinator* co) {
   co->stop();
   co_return;
@@ -105,15 +117,6 @@ std::size_t connection_cap(const config::config& cfg, std::uint64_t nofile) {
   for (const auto& sv : config::effective_servers(cfg)) reserve += sv.upstream.max_idle_connections;
   const std::uint64_t fit = nofile > reserve + 2 ? (nofile - reserve) / 2 : 1;
   return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
-}
-
-// A body that does not fit limits.maxBufferedBodyBytes. The connection closes: the body
-// was not read, so the stream has no request boundary left to continue from.
-response body_budget_exhausted(unsigned version) {
-  auto res = busy_response("too many request bodies are buffered (limits.maxBufferedBodyBytes)",
-                           2, version);
-  res.keep_alive(false);
-  return res;
 }
 
 }  // namespace
@@ -308,86 +311,25 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
     std::lock_guard lk(conns_mu_);
     conns_.insert(c);
   }
+  const read_limits limits = client_read_limits(cfg_);
   for (;;) {
     if (draining_) break;
-    http::request_parser<http::string_body> p;
-    p.header_limit(static_cast<std::uint32_t>(cfg_.limits.max_header_bytes));
-    p.body_limit(cfg_.limits.max_body_bytes);
-    c->stream.expires_after(cfg_.limits.header_timeout);  // idle keep-alive and slowloris
-    auto [ec, n] = co_await http::async_read_header(c->stream, c->buf, p);
-    if (ec) {
-      if (ec == http::error::header_limit) {
-        auto res = error_response(http::status::request_header_fields_too_large,
-                                         "request header too large", 11, false);
-        co_await send(*c, std::move(res));
-      } else if (ec == http::error::body_limit) {
-        // A Content-Length above the limit is refused while the header is parsed.
-        auto res = error_response(http::status::payload_too_large, "request body too large", 11,
-                                  false);
-        co_await send(*c, std::move(res));
-      } else if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
-                 ec != net::error::operation_aborted && ec != net::error::connection_reset &&
-                 ec != net::error::eof && ec != net::error::bad_descriptor) {
-        auto res = error_response(http::status::bad_request,
-                                         fmt::format("malformed request: {}", ec.message()), 11,
-                                         false);
-        co_await send(*c, std::move(res));
-      }
-      break;
-    }
+    request_reader reader(c->stream, c->buf, limits);
+    if (!co_await reader.read_header()) break;
     {
       std::lock_guard lk(conns_mu_);
       c->busy = true;
     }
     ++active_;
-    auto& h = p.get();
-    // RFC 9112 §6.3: a Transfer-Encoding that does not end in chunked cannot frame a request
-    // body; reading on would take the body for the next request (request smuggling).
-    if (h.count(http::field::transfer_encoding) > 0 && !p.chunked()) {
-      auto res = error_response(http::status::bad_request,
-                                "Transfer-Encoding must end in chunked", 11, false);
-      co_await send(*c, std::move(res));
-      --active_;
-      break;
-    }
+    bool keep = false;
     body_budget::hold body_share(bodies_);  // returned when this request is done
-    if (!body_share.admit(p)) {
-      co_await send(*c, body_budget_exhausted(h.version()));
-      --active_;
-      break;
-    }
-    bool keep = true;
-    bool ok = true;
-    if (!p.is_done()) {
-      if (beast::iequals(h[http::field::expect], "100-continue")) {
-        http::response<http::empty_body> cont{http::status::continue_, h.version()};
-        auto [cec, cn] = co_await http::async_write(c->stream, cont);
-        ok = !cec;
-      }
-      if (ok) {
-        c->stream.expires_after(cfg_.limits.client_write_timeout);
-        auto [bec, bn] = co_await http::async_read(c->stream, c->buf, p);
-        if (bec == http::error::body_limit) {
-          auto res = error_response(http::status::payload_too_large,
-                                           "request body too large", h.version(), false);
-          co_await send(*c, std::move(res));
-          ok = false;
-        } else if (body_share.exceeded()) {
-          co_await send(*c, body_budget_exhausted(h.version()));
-          ok = false;
-        } else if (bec) {
-          ok = false;
-        }
-      }
-    }
-    if (ok) {
+    if (co_await reader.read_body(&body_share)) {
       c->stream.expires_never();
       try {
-        keep = co_await handle(*c, p.release());
+        keep = co_await handle(*c, reader.release());
       } catch (const std::exception& e) {
         // A bug, not an I/O outcome: log it and drop the connection, but never leak it.
         log(log_level::error, "kv.internal.exception", {{"what", e.what()}});
-        keep = false;
       }
     }
     --active_;
@@ -395,7 +337,7 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
       std::lock_guard lk(conns_mu_);
       c->busy = false;
     }
-    if (!ok || !keep) break;
+    if (!keep) break;
   }
   beast::error_code ignored;
   c->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);

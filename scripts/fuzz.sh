@@ -7,6 +7,7 @@
 #   --no-build   reuse build-fuzz as it is
 #   --merge      afterwards, minimize what was found into tests/fuzz/corpus/<target> (-merge=1)
 #   TARGET       request_path http_request config manifest llama_replies request_rewrite
+#                request_reader
 #                (default: all)
 # Env:   KVP_FUZZ_STRICT=1  also check the properties of known, reported bugs (they fail at once)
 #        KVP_FUZZ_JOBS      compile jobs (default: nproc)
@@ -32,7 +33,7 @@ while (($#)); do
   esac
   shift
 done
-all=(request_path http_request config manifest llama_replies request_rewrite)
+all=(request_path http_request config manifest llama_replies request_rewrite request_reader)
 ((${#targets[@]})) || targets=("${all[@]}")
 
 build=build-fuzz
@@ -46,7 +47,7 @@ fi
 
 dict_for() {
   case $1 in
-    request_path|http_request) echo tests/fuzz/http.dict ;;
+    request_path|http_request|request_reader) echo tests/fuzz/http.dict ;;
     config) echo tests/fuzz/yaml.dict ;;
     *) echo tests/fuzz/json.dict ;;
   esac

@@ -26,12 +26,13 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 
 import pytest
 
-from harness import Conversation, http_request, manifests, now
+from harness import Conversation, Stack, http_request, manifests, now
 
 pytestmark = pytest.mark.fake_only
 
@@ -230,16 +231,15 @@ BODY_FRAMING_CASES = {
 
 @pytest.mark.parametrize("case", sorted(BODY_FRAMING_CASES))
 def test_bad_chunked_body_refused_nothing_forwarded(stack, case):
-    """A chunked body that breaks mid-way: kvpersist drops the connection (today without a 400:
-    body-phase read errors in proxy/server.cpp run_session close silently) and forwards nothing;
-    the bytes after it are never parsed as a request."""
+    """A chunked body that breaks mid-way: kvpersist answers 400, drops the connection and
+    forwards nothing; the bytes after it are never parsed as a request."""
     stack.start()
     port = stack.port
     data = request_bytes("POST", "/v1/chat/completions",
                          [(b"X-Session-Id", sid(case).encode()), (b"Transfer-Encoding", b"chunked")],
                          BODY_FRAMING_CASES[case], port)
     got, closed = raw_exchange(port, data, timeout=3)
-    assert closed and statuses(got) in ([], [400]), (case, statuses(got), got[:300])
+    assert closed and statuses(got) == [400], (case, statuses(got), got[:300])
     assert forwarded(stack.fake) == [] and stack.fake.management_calls() == []
 
 
@@ -623,3 +623,234 @@ def test_trace_with_body_does_not_block_others(stack):
                                      [(b"X-Session-Id", b"trace"), (b"Content-Length", b"2")], b"{}", port), timeout=1)
     assert Conversation(sid("after")).turn(port, timeout=10).status == 200
     assert http_request(port, "GET", "/health").status == 200
+
+
+# ============================================================================ what llama-server parses differently
+# llama-server's HTTP parser (cpp-httplib) answers 400 to a request it cannot parse but keeps
+# reading the connection, and takes the body kvpersist forwarded behind the header for the next
+# request (proxy/request_reader.hpp). So kvpersist refuses those requests itself: a 4xx with a
+# JSON body, Connection: close, nothing forwarded. test_hostile_real.py runs the same vectors
+# against the real llama-server.
+SMUGGLED_SAVE = b"POST /slots/0?action=save HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" \
+                b"Content-Length: 27\r\n\r\n{\"filename\":\"witness.bin\"}\n"
+SMUGGLING_BODY = b"{}" + SMUGGLED + SMUGGLED_SAVE
+
+
+def assert_refused(got: bytes, closed: bool, status: int):
+    """One `status` answer with a JSON error body and Connection: close, then the close."""
+    assert statuses(got) == [status], (statuses(got), got[:300])
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert b"\r\nconnection: close" in head.lower(), head
+    assert json.loads(body)["error"]["code"] == status, body[:300]
+    assert closed
+
+
+@pytest.mark.parametrize("method", ["FOO", "get", "PRI", "PROPFIND", "TRACE", "CONNECT"])
+def test_method_llama_server_does_not_route_405(stack, method):
+    stack.start()
+    data = request_bytes(method, "/tokenize", [(b"Content-Length", b"2")], SMUGGLING_BODY, stack.port)
+    got, closed = raw_exchange(stack.port, data, timeout=3)
+    assert_refused(got, closed, 405)
+    assert forwarded(stack.fake) == [] and stack.fake.management_calls() == []
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"])
+def test_methods_llama_server_routes_are_forwarded(stack, method):
+    stack.start()
+    r = http_request(stack.port, method, "/health", timeout=5)
+    # answered by the fake (which has no PATCH handler: 501), not refused by kvpersist
+    assert not (r.header("server") or "").startswith("kvpersist"), (method, r.status, r.body[:200])
+
+
+def _field_of_line(total: int) -> tuple[str, str]:
+    """A header field whose line `name: value\\r\\n` is `total` bytes."""
+    return "X-Pad", "v" * (total - len("X-Pad: \r\n"))
+
+
+def test_header_line_over_8k_431(stack):
+    stack.start()
+    port = stack.port
+    at_limit = http_request(port, "POST", "/tokenize", headers=[_field_of_line(8192)], body=b"{}")
+    assert at_limit.status == 200 and len(forwarded(stack.fake)) == 1, at_limit.body[:200]
+    name, value = _field_of_line(8193)
+    data = request_bytes("POST", "/tokenize", [(name.encode(), value.encode()), (b"Content-Length", b"2")],
+                         SMUGGLING_BODY, port)
+    got, closed = raw_exchange(port, data, timeout=3)
+    assert_refused(got, closed, 431)
+    assert len(forwarded(stack.fake)) == 1 and stack.fake.management_calls() == []
+
+
+def test_more_than_98_header_fields_431(stack):
+    """cpp-httplib reads at most 100 fields; kvpersist may add Host and Content-Length. Fields
+    kvpersist drops before forwarding (session headers, stripHeaders, hop-by-hop) do not count."""
+    stack.start()
+    port = stack.port
+    fields = lambda n: [(b"X-F%d" % i, b"1") for i in range(n)]  # noqa: E731
+    # request_bytes sends Host too: Host + 96 + Content-Length = 98 forwarded fields (Connection
+    # is hop-by-hop: not forwarded, not counted)
+    ok = request_bytes("POST", "/tokenize", fields(96) + [(b"Content-Length", b"2"), (b"Connection", b"close")],
+                       b"{}", port)
+    got, _ = raw_exchange(port, ok, timeout=3)
+    assert statuses(got) == [200], got[:300]
+    assert len(forwarded(stack.fake)[0]["headers_lower"]) <= 100
+    data = request_bytes("POST", "/tokenize", fields(97) + [(b"Content-Length", b"2"), (b"Connection", b"close")],
+                         SMUGGLING_BODY, port)
+    got, closed = raw_exchange(port, data, timeout=3)
+    assert_refused(got, closed, 431)
+    assert len(forwarded(stack.fake)) == 1 and stack.fake.management_calls() == []
+    dropped = http_request(port, "POST", "/tokenize", body=b"{}",
+                           headers=[("X-Conversation-Id", "c%d" % i) for i in range(120)])
+    assert dropped.status == 200, dropped.body[:200]
+    assert "x-conversation-id" not in forwarded(stack.fake)[-1]["headers_lower"]
+
+
+def test_request_line_over_32k_414(stack):
+    """cpp-httplib reads a request line of at most 32 KiB (llama.cpp raises its target limit to
+    the same): kvpersist answers 414 itself beyond it."""
+    stack.start()
+    port = stack.port
+    target = lambda line: "/tokenize?q=" + "a" * (line - len("POST /tokenize?q= HTTP/1.1\r\n"))  # noqa: E731
+    assert http_request(port, "POST", target(32768), body=b"{}").status == 200
+    data = request_bytes("POST", target(32769), [(b"Content-Length", b"2")], SMUGGLING_BODY, port)
+    got, closed = raw_exchange(port, data, timeout=3)
+    assert_refused(got, closed, 414)
+    assert len(forwarded(stack.fake)) == 1 and stack.fake.management_calls() == []
+
+
+# ============================================================================ trailers
+def test_trailer_fields_are_dropped(stack):
+    """Beast merges a chunked body's trailer fields into the header; kvpersist drops them (as
+    nginx does): a trailer X-Session-Id picks no session, a trailer Authorization never reaches
+    llama-server."""
+    stack.start()
+    port = stack.port
+    A = Conversation(sid("A"))
+    assert A.turn(port).status == 200
+    trailer_session = sid("trailer")
+    body = chat_json("trailer check")
+    payload = (b"%x\r\n%s\r\n0\r\nX-Session-Id: %s\r\nAuthorization: Bearer trailer-secret\r\n\r\n"
+               % (len(body), body, trailer_session.encode()))
+    data = request_bytes("POST", "/v1/chat/completions",
+                         [(b"Transfer-Encoding", b"chunked"), (b"Content-Type", b"application/json"),
+                          (b"Connection", b"close")], payload, port)
+    got, _ = raw_exchange(port, data, timeout=5)
+    assert statuses(got)[:1] == [200], got[:300]
+    rec = forwarded(stack.fake)[-1]
+    assert rec["body"] == body
+    assert "authorization" not in rec["headers_lower"], rec["headers_lower"]
+    assert b"trailer-secret" not in json.dumps(stack.fake.requests, default=str).encode()
+    short = expected_hash(trailer_session.encode())[:8]
+    used = [l.raw for l in stack.proxy.log_lines() if l.fields.get("session") == short]
+    assert used == [], "the trailer's session id was used: %s" % used
+
+
+# ============================================================================ memory
+def _rss_kb(pid: int, key: str = "VmHWM") -> int:
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (key, pid))
+
+
+ENDLESS_LINES = {
+    # name: (how the body starts, what repeats forever)
+    "chunk-extension": (b"2;ext=", b"x"),
+    "chunk-size": (b"", b"0"),
+    "trailer": (b"2\r\n{}\r\n0\r\nX-Trailer: ", b"t"),
+}
+ENDLESS_BYTES = 50 << 20
+RSS_BOUND_KB = 16 * 1024
+
+
+@pytest.mark.parametrize("listener", ["proxy", "admin"])
+@pytest.mark.parametrize("shape", sorted(ENDLESS_LINES))
+def test_endless_chunk_line_bounded_memory(stack, listener, shape):
+    """A chunked body whose chunk-size line, extension or trailer never ends: the read buffer
+    stays bounded (proxy/request_reader.hpp: read_buffer_limit), the client gets 400 and is
+    closed, and kvpersist still answers. On the admin port this comes before any token check."""
+    stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": "t0k3n"}})
+    pid = stack.proxy.pid
+    port = stack.port if listener == "proxy" else stack.proxy.admin_port
+    target = "/v1/chat/completions" if listener == "proxy" else "/kv/flush"
+    start, filler = ENDLESS_LINES[shape]
+    head = request_bytes("POST", target, [(b"Transfer-Encoding", b"chunked")], b"", port)
+    before = _rss_kb(pid)
+    got, _ = raw_exchange(port, head + start + filler * ENDLESS_BYTES, timeout=10)
+    grown = _rss_kb(pid) - before
+    assert grown < RSS_BOUND_KB, "peak RSS grew by %d KiB for %d bytes of one line" % (grown, ENDLESS_BYTES)
+    assert statuses(got) in ([], [400]), got[:300]
+    assert stack.proxy.alive()
+    assert http_request(stack.port, "GET", "/health", timeout=5).status == 200
+    assert stack.proxy.admin("GET", "/kv/status", token="t0k3n").status == 200
+    assert [r["path"] for r in forwarded(stack.fake)] == ["/health"]
+
+
+# ============================================================================ 1xx from upstream
+class InterimUpstream:
+    """A tiny upstream that answers every request with `103 Early Hints`, then the final
+    response: 200 with `{"echo": <the request body>}`, keeping the connection alive (what a
+    proxy between kvpersist and llama-server may do; llama-server itself sends no 1xx)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        buf = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        length = int(v)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                body, buf = buf[:length], buf[length:]
+                answer = json.dumps({"echo": body.decode("latin-1")}).encode()
+                conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+                             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(answer), answer))
+
+    def close(self):
+        self.sock.close()
+
+
+def test_interim_1xx_response_not_relayed_as_final(tmp_path):
+    """Client A and client B, each on its own connection: each gets its own final answer, byte
+    for byte, and no 103. (Before: A got only the 103, the connection went back to the pool with
+    A's answer unread, and B got A's answer.)"""
+    up = InterimUpstream()
+    s = Stack(str(tmp_path))
+    try:
+        s.start_proxy(upstream_url="http://127.0.0.1:%d" % up.port)
+        for who in ("client-A", "client-B", "client-C"):
+            body = json.dumps({"content": who}).encode()
+            got, _ = raw_exchange(s.port, request_bytes("POST", "/tokenize", [
+                (b"Content-Length", b"%d" % len(body)), (b"Connection", b"close")], body, s.port), timeout=5)
+            expected = json.dumps({"echo": body.decode()}).encode()
+            assert statuses(got) == [200], (who, got[:300])
+            assert got.partition(b"\r\n\r\n")[2] == expected, (who, got[:300])
+    finally:
+        s.close()
+        up.close()

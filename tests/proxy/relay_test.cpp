@@ -430,6 +430,69 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (design note 12)",
   }
 }
 
+// RFC 9110 §15.2. Before, a 1xx was relayed as the final response and the connection went
+// back to the pool with the real answer still unread, for the next client to receive.
+TEST_CASE("1xx interim responses are read past, dropped, and the connection not pooled",
+          "[proxy][relay]") {
+  const std::string final_response =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n"
+      "{\"id\":\"A\"}";
+  const std::string interim = GENERATE(
+      std::string("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"),
+      std::string("HTTP/1.1 100 Continue\r\n\r\n"),
+      std::string("HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n"));
+  CAPTURE(interim);
+  relay_setup s;
+  SECTION("in small pieces") { s.upstream_read_size = 1; }
+  SECTION("in one piece") {}
+  auto r = relay(interim + final_response, s);
+  INFO(r.wire);
+  CHECK(r.st.done);
+  CHECK(r.st.status == 200);
+  CHECK(r.wire.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(r.wire.find("HTTP/1.1 1") == std::string::npos);
+  CHECK(r.body() == "{\"id\":\"A\"}");
+  CHECK_FALSE(r.st.upstream_reusable);
+}
+
+// cpp-httplib's answer to a request it could not parse: it keeps reading that connection, so
+// kvpersist must never send another request on it.
+TEST_CASE("a 400 with Connection: close is relayed and its connection not pooled",
+          "[proxy][relay]") {
+  auto r = relay(
+      "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+  CHECK(r.st.done);
+  CHECK(r.st.status == 400);
+  CHECK_FALSE(r.st.upstream_reusable);
+}
+
+TEST_CASE("a response without 1xx before it may still be pooled", "[proxy][relay]") {
+  auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+  CHECK(r.st.done);
+  CHECK(r.st.upstream_reusable);
+}
+
+TEST_CASE("101 or an endless 1xx sequence fails the exchange, nothing relayed",
+          "[proxy][relay]") {
+  std::string upstream;
+  SECTION("101 Switching Protocols") {
+    upstream = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
+               "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+  }
+  SECTION("too many 1xx") {
+    for (int i = 0; i < 20; ++i) upstream += "HTTP/1.1 103 Early Hints\r\n\r\n";
+    upstream += "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+  }
+  auto r = relay(upstream);
+  INFO(r.wire);
+  CHECK(r.st.upstream_failed);
+  CHECK(r.st.header_received);  // the request reached upstream: never retried
+  CHECK_FALSE(r.st.done);
+  CHECK_FALSE(r.st.header_sent);
+  CHECK_FALSE(r.st.upstream_reusable);
+  CHECK(r.wire.empty());
+}
+
 TEST_CASE("a client that hung up is reported, not retried", "[proxy][relay]") {
   relay_setup s;
   s.client_gone = true;
