@@ -1,5 +1,7 @@
 #include "core/json.hpp"
 
+#include <cstring>
+
 #include <rapidjson/error/en.h>
 #include <rapidjson/memorystream.h>
 #include <rapidjson/reader.h>
@@ -66,6 +68,44 @@ result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
 std::optional<std::uint64_t> json_count(const rapidjson::Value& v) {
   if (!v.IsUint64() || v.GetUint64() > json_max_count) return std::nullopt;
   return v.GetUint64();
+}
+
+namespace {
+
+// From just past an opening quote: the position just past the closing one, or nullptr when
+// the string never ends (then the parser that reads the body says what is wrong).
+const char* skip_string(const char* p, const char* end) {
+  for (;;) {
+    const auto* quote =
+        static_cast<const char*>(std::memchr(p, '"', static_cast<std::size_t>(end - p)));
+    if (!quote) return nullptr;
+    const char* escapes = quote;
+    while (escapes > p && escapes[-1] == '\\') --escapes;
+    if ((quote - escapes) % 2 == 0) return quote + 1;  // not escaped
+    p = quote + 1;
+  }
+}
+
+}  // namespace
+
+bool json_nesting_exceeds(std::string_view body, int max_depth) {
+  const char* p = body.data();
+  const char* end = p + body.size();
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) ++p;
+  if (p == end || (*p != '{' && *p != '[')) return false;
+  int depth = 0;
+  while (p < end) {
+    const char c = *p++;
+    if (c == '"') {
+      p = skip_string(p, end);
+      if (!p) return false;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max_depth) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
 }
 
 }  // namespace kvp::core

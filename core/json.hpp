@@ -27,6 +27,13 @@ inline constexpr std::uint64_t json_max_count = std::uint64_t{1} << 53;
 // (errc::invariant: callers map it to their own) says why, for logs and 400 bodies.
 result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d);
 
+// Whether `body`, when it looks like JSON (its first byte past whitespace is '{' or '['),
+// nests arrays and objects deeper than `max_depth`. A byte scan, not a parse: strings are
+// skipped with memchr, so it costs about one read of the body. llama-server's JSON parser
+// recurses once per level and crashes on a few hundred thousand, so such a body is refused
+// before it is forwarded, whatever the mode.
+bool json_nesting_exceeds(std::string_view body, int max_depth = json_max_depth);
+
 // `v` as a count: an integer in [0, json_max_count], else nullopt.
 std::optional<std::uint64_t> json_count(const rapidjson::Value& v);
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "backends/llama_http_backend.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
@@ -459,9 +460,11 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
 net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
-  if (req.method() == http::verb::trace || req.method() == http::verb::connect) {
-    auto res = error_response(http::status::method_not_allowed,
-                              "TRACE and CONNECT are not forwarded", version, false);
+  if (core::json_nesting_exceeds(req.body())) {
+    auto res = error_response(http::status::bad_request,
+                              fmt::format("request body: JSON nested deeper than {} levels",
+                                          core::json_max_depth),
+                              version, keep);
     co_return co_await send(c, std::move(res));
   }
   if (core::classify_target(req.target()) == core::endpoint_kind::slots) {

@@ -63,3 +63,22 @@ TEST_CASE("json_count takes integers in [0, 2^53] only", "[core][json]") {
   CHECK(json_count(d[1]) == json_max_count);
   for (rapidjson::SizeType i = 2; i < d.Size(); ++i) CHECK_FALSE(json_count(d[i]));
 }
+
+TEST_CASE("json_nesting_exceeds counts brackets outside strings only", "[core][json]") {
+  using kvp::core::json_nesting_exceeds;
+  const std::string deep = "{\"a\":" + std::string(129, '[') + std::string(129, ']') + "}";
+  CHECK(json_nesting_exceeds(deep));
+  CHECK_FALSE(json_nesting_exceeds("{\"a\":" + std::string(127, '[') + std::string(127, ']') + "}"));
+  // brackets inside strings, escaped quotes and escaped backslashes do not count
+  const std::string in_string = "{\"p\":\"" + std::string(1000, '[') + "\\\"" +
+                                std::string(1000, '{') + "\\\\\",\"q\":[1]}";
+  CHECK_FALSE(json_nesting_exceeds(in_string));
+  const std::string after_escaped_backslash = "{\"p\":\"x\\\\\"," + std::string(200, '[') + "}";
+  CHECK(json_nesting_exceeds(after_escaped_backslash));
+  // not JSON (a multipart upload, plain text): never scanned
+  CHECK_FALSE(json_nesting_exceeds("--boundary\r\n" + std::string(1000, '[')));
+  CHECK_FALSE(json_nesting_exceeds(""));
+  // an unterminated string stops the scan (the parser reading the body reports it)
+  CHECK_FALSE(json_nesting_exceeds("{\"p\":\"" + std::string(1000, '[')));
+  CHECK(json_nesting_exceeds(" \n\t[" + std::string(300000, '[')));
+}

@@ -84,8 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string method(req.method_string());
   const std::string target(req.target());
   const std::string body = req.body();
-  // kvpersist refuses TRACE and CONNECT with 405 before preparing anything (server::handle;
-  // regression seeds corpus/http_request/regress_trace_*: Beast's prepare_payload throws for
+  // kvpersist refuses TRACE and CONNECT with 405 before preparing anything (the method
+  // allow-list in proxy/request_reader.cpp; regression seeds corpus/http_request/regress_trace_*: Beast's prepare_payload throws for
   // TRACE with a body, and that exception used to leak the connection).
   if (req.method() == http::verb::trace || req.method() == http::verb::connect) return 0;
   try {

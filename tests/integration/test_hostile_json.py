@@ -60,6 +60,24 @@ def test_deep_body_in_managed_slots_mode_is_a_400(stack):
     assert_alive_and_answering(stack)
 
 
+@pytest.mark.parametrize("path, headers", [
+    ("/v1/chat/completions", {"X-Session-Id": "deep"}),   # coordinated
+    ("/v1/chat/completions", {}),                          # auxiliary
+    ("/tokenize", {}),                                     # passed straight through
+])
+def test_deep_body_never_reaches_llama_server(stack, path, headers):
+    """llama-server's own JSON parser recurses per level: 300K levels crash it (SIGSEGV, every
+    slot's KV lost). kvpersist refuses such a body in every mode, before routing."""
+    stack.start(config=SINGLE)
+    for body in (DEEP_OBJECT, DEEP_BODY):
+        r = http_request(stack.port, "POST", path, headers=headers, body=body)
+        assert r.status == 400, (r.status, r.body[:300])
+        assert "nested deeper than 128 levels" in r.json["error"]["message"]
+    assert not [q for q in stack.fake.requests if b"[[[" in (q.get("body") or b"")]
+    assert management(stack) == []  # refused before any slot management
+    assert_alive_and_answering(stack)
+
+
 def test_deep_body_with_a_model_route_routes_like_one_without_model(stack):
     stack.start_upstream()
     cfg = dict(SINGLE, servers={"alpha": {"url": stack.fake.url, "runtimeKey": "alpha"}},
