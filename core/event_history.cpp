@@ -1,0 +1,24 @@
+#include "core/event_history.hpp"
+
+#include <algorithm>
+
+namespace kvp::core {
+
+void event_history::record(std::string event, std::string json) {
+  std::lock_guard lock(mu_);
+  if (ring_.size() == capacity) ring_.pop_front();
+  ring_.push_back(entry{++last_seq_, std::move(event), std::move(json)});
+}
+
+std::vector<event_history::entry> event_history::since(std::uint64_t after) const {
+  std::lock_guard lock(mu_);
+  auto first = std::find_if(ring_.begin(), ring_.end(), [&](const entry& e) { return e.seq > after; });
+  return {first, ring_.end()};
+}
+
+event_history& recent_events() {
+  static event_history history;
+  return history;
+}
+
+}  // namespace kvp::core
