@@ -118,7 +118,7 @@ function renderTotals(servers) {
   const restores = st((x) => x.restores);
   const hits = st((x) => x.restoreHits);
   const disk = card("total-disk", "Disk used", used, bytes,
-    quota > 0 ? "of " + bytes(quota) + " quota" : "no quota (retention.maxBytes)");
+    quota > 0 ? "of " + bytes(quota) + " quota" : "no quota set");
   if (quota > 0) {
     const bar = el("div", { class: "bar" }, el("span"));
     bar.firstChild.style.width = Math.min(100, (100 * used) / quota).toFixed(1) + "%";
@@ -227,12 +227,16 @@ function renderPlot() {
 
 // ---- the event feed -------------------------------------------------------------------
 
+function transfer(e) {
+  return num(e.tokens) + " tokens \u00b7 " + bytes(Number(e.bytes)) + " \u00b7 " + e.ms + " ms";
+}
+
 const FEED_KINDS = [
-  ["kv.session.save.success", "save", (e) => "saved " + e.tokens + " tokens, " + bytes(+e.bytes) + " in " + e.ms + " ms"],
+  ["kv.session.save.success", "save", (e) => transfer(e)],
   ["kv.session.save.failed", "fail", (e) => "save failed: " + e.reason],
-  ["kv.session.restore.success", "restore", (e) => "restored " + e.tokens + " tokens, " + bytes(+e.bytes) + " in " + e.ms + " ms"],
-  ["kv.session.restore.failed", "fail", (e) => "restore failed (" + e.code + "): cold prefill"],
-  ["kv.session.cold", "cold", () => "cold start: full prefill"],
+  ["kv.session.restore.success", "restore", (e) => transfer(e)],
+  ["kv.session.restore.failed", "fail", (e) => "restore failed (" + e.code + "), prefilling"],
+  ["kv.session.cold", "cold", () => "full prefill"],
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
   ["breaker", "breaker", (e) => "backend " + e.from + " \u2192 " + e.to],
 ];
@@ -251,7 +255,7 @@ function addFeedItem(e) {
     el("time", {}, clock(e.ts)),
     el("span", { class: "kind" }, kind),
     e.session ? el("span", { class: "mono session" }, e.session) : "",
-    el("span", { class: "text" }, text));
+    el("span", { class: "text", title: text }, text));
   const feed = document.getElementById("feed");
   feed.prepend(item);
   while (feed.children.length > FEED_MAX) feed.lastChild.remove();

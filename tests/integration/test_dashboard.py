@@ -165,27 +165,41 @@ def in_page(selector: str) -> str:
 
 @pytest.mark.skipif(chromium_binary() is None, reason="chromium is not installed (scripts/setup.sh installs it)")
 def test_dashboard_in_headless_chromium(stack):
-    port = start_with_token(stack)
+    # shared-filesystem mode, so that a disk quota applies and shows
+    stack.start_upstream()
+    stack.start_proxy({"admin": {"listen": "127.0.0.1:0", "token": TOKEN},
+                       "snapshots": {"management": "shared-filesystem", "path": stack.upstream.save_dir},
+                       "retention": {"maxTotalBytes": 256 * 1024}})
+    port = stack.proxy.admin_port
     A, B, C, D = (Conversation(sid(t)) for t in "ABCD")
-    switch(stack, A, B, C, D, A, C, B, A)  # ends with A resident, B, C, D saved
+    switch(stack, A, B, A)
     a, b = prefix(stack, A), prefix(stack, B)
     with Browser() as browser:
         # the token comes in the fragment, which the browser never sends to the server
         browser.open("http://127.0.0.1:%d/ui#token=%s" % (port, TOKEN))
         rendered = browser.wait_for(
             in_page('#sessions tr[data-hash="%s"][data-state="resident"]' % a) + " && " +
-            in_page('#feed li[data-event="kv.session.restore.success"][data-session="%s"]' % a) + " && " +
-            in_page('#plot polyline'))
+            in_page('#feed li[data-event="kv.session.restore.success"][data-session="%s"]' % a))
         dom = Dom(browser.dom())
         assert rendered, dom.by_id("dash")["text"] if dom.by_id("dash") else browser.dom()[:2000]
-        time.sleep(2.5)  # one more poll: two points on the plot
+
+        # while the page is open: its feed gets events pushed, its table and plot follow
+        for batch in ((C, D), (B, C), (D, A)):
+            time.sleep(2.1)
+            switch(stack, *batch)
+        c = prefix(stack, C)
+        assert browser.wait_for(
+            in_page('#feed li[data-event="kv.session.restore.success"][data-session="%s"]' % c) + " && " +
+            in_page('#sessions tr[data-hash="%s"][data-state="saved"]' % c) + " && " +
+            "document.getElementById('total-restores').dataset.value === '5'"), browser.dom()[:3000]
+        live = Dom(browser.dom())
         shot = os.path.join(artifacts_dir(), "dashboard.png")
         browser.screenshot(shot)
     if os.environ.get("KVP_UPDATE_DOCS") == "1":
         shutil.copyfile(shot, os.path.join(REPO, "docs", "dashboard.png"))
 
     rows = {r["attrs"]["data-hash"]: r["attrs"]["data-state"] for r in dom.with_attr("tr", "data-hash")}
-    assert rows == {a: "resident", b: "saved", prefix(stack, C): "saved", prefix(stack, D): "saved"}, rows
+    assert rows == {a: "resident", b: "saved"}, rows
     feed = [(li["attrs"]["data-event"], li["attrs"]["data-session"]) for li in dom.with_attr("li", "data-event")]
     assert ("kv.session.save.success", b) in feed, feed
     assert ("kv.session.restore.success", a) in feed, feed
@@ -195,7 +209,11 @@ def test_dashboard_in_headless_chromium(stack):
     slot_owner = [r["text"] for r in dom.with_attr("tr", "data-slot")]
     assert len(slot_owner) == 1 and a in slot_owner[0], slot_owner
     assert "hidden" in dom.by_id("login")["attrs"]  # the fragment's token was used
-    shown = dom.by_id("dash")["text"]
+
+    rows = {r["attrs"]["data-hash"]: r["attrs"]["data-state"] for r in live.with_attr("tr", "data-hash")}
+    assert rows == {a: "resident", b: "saved", c: "saved", prefix(stack, D): "saved"}, rows
+    assert "of 256.0 KiB quota" in live.by_id("total-disk")["text"]
+    shown = live.by_id("dash")["text"]
     for conv in (A, B, C, D):
         assert conv.session not in shown  # hash prefixes only
 
