@@ -197,10 +197,11 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   co_return json(r.status, std::move(r.body), v);
 }
 
-// The dashboard file a path names: "/" and "/ui" are the page, "/ui/<name>" its files.
+// The dashboard file a path names: "/ui" is the page, "/ui/<name>" its files. ("/" stays
+// 404: nothing else on this listener answers without the token.)
 const ui_asset* ui_file(std::string_view path) {
   std::string_view name;
-  if (path == "/" || path == "/ui" || path == "/ui/")
+  if (path == "/ui" || path == "/ui/")
     name = "index.html";
   else if (path.starts_with("/ui/"))
     name = path.substr(4);

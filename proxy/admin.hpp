@@ -4,7 +4,7 @@
 // Every route except /healthz also refuses what a browser page elsewhere could send: a Host
 // that is not ours (DNS rebinding), a foreign Origin, and POST/DELETE without
 // "Content-Type: application/json" (cross-site request forgery).
-// The dashboard (GET /, /ui, /ui/<file>) is static and holds no data: it passes the Host and
+// The dashboard (GET /ui, /ui/<file>) is static and holds no data: it passes the Host and
 // Origin checks but not the token, which its script asks for and sends on every data request.
 // GET /kv/events streams core::recent_events() as text/event-stream.
 #pragma once

@@ -1,4 +1,4 @@
-"""The admin dashboard (GET /, /ui, /ui/<file>) and its live event feed (GET /kv/events).
+"""The admin dashboard (GET /ui, /ui/<file>) and its live event feed (GET /kv/events).
 
 The page is loaded in headless Chromium (Debian's `chromium`, from scripts/setup.sh) after a
 scripted switch A, B, A through the proxy, and its DOM is asserted on: sessions table, event
@@ -47,7 +47,7 @@ def switch(stack, *convs):
 def test_page_and_files_served_under_host_and_origin_rules(stack):
     port = start_with_token(stack)
     adm = stack.proxy.admin
-    for path in ("/", "/ui", "/ui/"):
+    for path in ("/ui", "/ui/"):
         r = adm("GET", path)  # no token: the page holds no data
         assert r.status == 200, (path, r.status, r.body[:200])
         assert r.header("content-type") == "text/html; charset=utf-8"
@@ -68,7 +68,7 @@ def test_page_and_files_served_under_host_and_origin_rules(stack):
     # the data behind the page still needs the token
     assert adm("GET", "/kv/status").status == 401
     # DNS rebinding and cross-origin pages are refused the page as well
-    assert adm("GET", "/", headers={"Host": "attacker.example:%d" % port}).status == 403
+    assert adm("GET", "/ui", headers={"Host": "attacker.example:%d" % port}).status == 403
     assert adm("GET", "/ui/app.js", headers={"Origin": "http://attacker.example"}).status == 403
 
 
