@@ -16,6 +16,11 @@ std::vector<event_history::entry> event_history::since(std::uint64_t after) cons
   return {first, ring_.end()};
 }
 
+std::uint64_t event_history::last_seq() const {
+  std::lock_guard lock(mu_);
+  return last_seq_;
+}
+
 event_history& recent_events() {
   static event_history history;
   return history;

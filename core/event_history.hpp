@@ -27,6 +27,8 @@ class event_history {
   void record(std::string event, std::string json);
   // The kept entries with seq > `after`, oldest first.
   std::vector<entry> since(std::uint64_t after) const;
+  // The seq of the newest entry ever recorded (0: none yet).
+  std::uint64_t last_seq() const;
 
  private:
   mutable std::mutex mu_;

@@ -248,12 +248,15 @@ bool is_event_stream(const http::request<http::string_body>& req) {
 }
 
 // Last-Event-ID (sent by a reconnecting client): resume after that event. Anything else
-// (absent, not a number) replays the whole kept history.
+// (absent, not a number, an id from before a restart of this daemon, which numbers from 1
+// again) replays the whole kept history.
 std::uint64_t resume_point(const http::request<http::string_body>& req) {
   const std::string_view id = req["Last-Event-ID"];
   std::uint64_t seq = 0;
   auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), seq);
-  return ec == std::errc{} && end == id.data() + id.size() ? seq : 0;
+  const bool ours = ec == std::errc{} && end == id.data() + id.size() &&
+                    seq <= core::recent_events().last_seq();
+  return ours ? seq : 0;
 }
 
 // One server-sent event per entry: "id", "event" (the log event name) and "data" (its JSON,

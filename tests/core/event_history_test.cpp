@@ -15,6 +15,7 @@ using namespace kvp::core;
 TEST_CASE("event_history keeps the newest entries, numbered in order", "[core][events]") {
   event_history h;
   CHECK(h.since(0).empty());
+  CHECK(h.last_seq() == 0);
   for (std::size_t i = 1; i <= event_history::capacity + 5; ++i)
     h.record("kv.e", std::to_string(i));
   auto all = h.since(0);
@@ -26,6 +27,7 @@ TEST_CASE("event_history keeps the newest entries, numbered in order", "[core][e
   REQUIRE(tail.size() == 2);
   CHECK(tail[0].seq == event_history::capacity + 4);
   CHECK(h.since(event_history::capacity + 5).empty());
+  CHECK(h.last_seq() == event_history::capacity + 5);
 }
 
 TEST_CASE("log() records info and above in the history whatever the level", "[core][events]") {
