@@ -18,7 +18,6 @@ const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
   history: [],                  // {t, reused, prefilled}
   lastEventId: 0,
-  breakers: new Map(),          // server name -> last seen backend state
   run: 0,                       // bumped to stop the running poll and event loops
 };
 
@@ -238,7 +237,8 @@ const FEED_KINDS = [
   ["kv.session.restore.failed", "fail", (e) => "restore failed (" + e.code + "), prefilling"],
   ["kv.session.cold", "cold", () => "full prefill"],
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
-  ["breaker", "breaker", (e) => "backend " + e.from + " \u2192 " + e.to],
+  ["kv.circuit.open", "breaker", (e) => "circuit open after " + e.failures + " failures: persistence paused"],
+  ["kv.circuit.closed", "breaker", () => "circuit closed: persistence resumed"],
 ];
 
 function describe(e) {
@@ -294,16 +294,6 @@ async function readEvents(run) {
   }
 }
 
-function noteBreakers(servers) {
-  for (const s of servers) {
-    const before = state.breakers.get(s.name);
-    if (before !== undefined && before !== s.backend.state)
-      addFeedItem({ ts: new Date().toISOString(), event: "breaker", level: "INFO",
-                    server: s.name, from: before, to: s.backend.state });
-    state.breakers.set(s.name, s.backend.state);
-  }
-}
-
 // ---- polling and auth -----------------------------------------------------------------
 
 function setConnected(ok, text) {
@@ -326,7 +316,6 @@ async function pollOnce() {
   renderServers(status.servers);
   renderSessions(pages);
   renderPlot();
-  noteBreakers(status.servers);
 }
 
 async function poll(run) {
