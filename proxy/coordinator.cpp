@@ -807,14 +807,10 @@ std::string coordinator::status_json() const {
   w.Key("bytes");
   w.Uint64(bytes);
   w.EndObject();
-  w.Key("retention");
+  w.Key("retention");  // the disk quota the dashboard shows usage against (0: none)
   w.StartObject();
-  w.Key("maxBytes");
+  w.Key("maxTotalBytes");
   w.Uint64(opts_.retention_max_bytes);
-  w.Key("maxSessions");
-  w.Uint64(opts_.retention_max_sessions);
-  w.Key("maxAgeDays");
-  w.Int(opts_.retention_max_age_days);
   w.EndObject();
   w.Key("stats");
   w.StartObject();

@@ -111,9 +111,9 @@ function card(id, label, raw, format, detail) {
 function renderTotals(servers) {
   const st = (pick) => sum(servers, (s) => pick(s.stats));
   const used = sum(servers, (s) => s.snapshots.bytes);
-  // retention.maxBytes holds per server; 0 is no limit, so one unlimited server means none.
-  const limited = servers.every((s) => s.retention.maxBytes > 0);
-  const quota = limited ? sum(servers, (s) => s.retention.maxBytes) : 0;
+  // retention.maxTotalBytes holds per server; 0 is no limit, so one unlimited server means none.
+  const limited = servers.every((s) => s.retention.maxTotalBytes > 0);
+  const quota = limited ? sum(servers, (s) => s.retention.maxTotalBytes) : 0;
   const restores = st((x) => x.restores);
   const hits = st((x) => x.restoreHits);
   const disk = card("total-disk", "Disk used", used, bytes,

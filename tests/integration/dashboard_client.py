@@ -183,7 +183,7 @@ class Browser:
     """Headless Chromium as root in a fresh profile, nothing fetched from the internet, one
     page driven over DevTools."""
 
-    def __init__(self, timeout: float = 30.0, size: tuple[int, int] = (1280, 900)):
+    def __init__(self, timeout: float = 60.0, size: tuple[int, int] = (1280, 900)):
         self.profile = tempfile.mkdtemp(prefix="kvp-chromium-")
         self.timeout = timeout
         self.proc = subprocess.Popen(
@@ -237,7 +237,7 @@ class Browser:
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)
 
-    def wait_for(self, expression: str, timeout: float = 15.0) -> bool:
+    def wait_for(self, expression: str, timeout: float = 30.0) -> bool:
         """Polls `expression` in the page until it is truthy; False at the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
