@@ -1,5 +1,7 @@
 #include "core/coordinator_core.hpp"
 
+#include "core/log.hpp"
+
 #include <algorithm>
 #include <fmt/format.h>
 
@@ -189,12 +191,17 @@ std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
 // Only failures that say "the server or the wire is unhappy" count towards the breaker.
 // A 4xx on restore is the snapshot's fault and is handled by invalidating it.
 void coordinator_core::record_backend_failure(const error& e, steady_time now) {
-  if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
-      e.code == errc::operation_timeout || e.http_status >= 500)
-    breaker_.on_failure(now);
+  const bool counts = e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
+                      e.code == errc::operation_timeout || e.http_status >= 500;
+  if (counts && breaker_.on_failure(now))
+    log(log_level::warn, "kv.circuit.open",
+        {{"instance", opts_.instance_key}, {"failures", std::to_string(breaker_.consecutive_failures())},
+         {"reason", e.message}, {"effect", "persistence paused for the cooldown"}});
 }
 
-void coordinator_core::record_backend_success() { breaker_.on_success(); }
+void coordinator_core::record_backend_success() {
+  if (breaker_.on_success()) log(log_level::info, "kv.circuit.closed", {{"instance", opts_.instance_key}});
+}
 
 std::optional<int> coordinator_core::choose_slot(const request_identity& who,
                                                  const std::vector<int>& free_slots) const {

@@ -1,5 +1,7 @@
 #include "core/log.hpp"
 
+#include "core/event_history.hpp"
+
 #include <chrono>
 #include <ctime>
 
@@ -109,8 +111,11 @@ std::string format_json(std::string_view ts, log_level lvl, std::string_view eve
 }
 
 void log(log_level lvl, std::string_view event, std::initializer_list<log_field> fields) {
+  const bool to_history = lvl <= log_level::info;
+  if (!to_history && !log_enabled(lvl)) return;
+  const auto ts = now_rfc3339();
+  if (to_history) recent_events().record(std::string(event), format_json(ts, lvl, event, fields));
   if (!log_enabled(lvl)) return;
-  auto ts = now_rfc3339();
   g_sink(lvl, g_json ? format_json(ts, lvl, event, fields) : format_plain(ts, lvl, event, fields));
 }
 

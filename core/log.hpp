@@ -24,6 +24,8 @@ void set_log_output(log_sink sink, log_level min, bool json);
 
 bool log_enabled(log_level lvl);
 
+// Events at info level and above are also kept in core::recent_events() (the dashboard's
+// feed), whatever the sink and minimum level.
 // Formats "<RFC3339 time> <LEVEL> <event> k=v ..." (values with spaces are quoted) or a JSON
 // object {"ts","level","event",k:v...}, and hands it to the sink.
 void log(log_level lvl, std::string_view event, std::initializer_list<log_field> fields = {});

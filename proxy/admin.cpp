@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "config/config.hpp"
+#include "core/event_history.hpp"
 #include "core/log.hpp"
 #include "proxy/listen.hpp"
 #include "core/metrics.hpp"
@@ -18,6 +19,7 @@
 #include "core/version.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/request_reader.hpp"
+#include "proxy/ui_assets.hpp"
 
 namespace kvp::proxy {
 
@@ -196,6 +198,77 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   co_return json(r.status, std::move(r.body), v);
 }
 
+// The dashboard file a path names: "/ui" is the page, "/ui/<name>" its files. ("/" stays
+// 404: nothing else on this listener answers without the token.)
+const ui_asset* ui_file(std::string_view path) {
+  std::string_view name;
+  if (path == "/ui" || path == "/ui/")
+    name = "index.html";
+  else if (path.starts_with("/ui/"))
+    name = path.substr(4);
+  else
+    return nullptr;
+  for (const auto& a : ui_assets())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+std::string_view media_type_of(std::string_view name) {
+  if (name.ends_with(".html")) return "text/html; charset=utf-8";
+  if (name.ends_with(".js")) return "text/javascript; charset=utf-8";
+  return "text/css; charset=utf-8";
+}
+
+// The page may load only its own files and talk only to this listener; no framing
+// (clickjacking), no sniffing, no Referer with the admin address in it.
+response ui_response(const ui_asset& file, unsigned v) {
+  response res{http::status::ok, v};
+  res.set(http::field::server, std::string("kvpersist/") + kvp::version);
+  res.set(http::field::content_type, media_type_of(file.name));
+  res.set(http::field::cache_control, "no-cache");
+  res.set("Content-Security-Policy",
+          "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+          "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+  res.set("X-Content-Type-Options", "nosniff");
+  res.set("X-Frame-Options", "DENY");
+  res.set("Referrer-Policy", "no-referrer");
+  res.body() = std::string(file.body);
+  res.prepare_payload();
+  return res;
+}
+
+// Event-stream limits: enough for a few open dashboards; each costs a timer and a socket.
+constexpr int max_event_streams = 8;
+constexpr auto event_poll_interval = std::chrono::milliseconds(250);
+constexpr auto event_keepalive_interval = std::chrono::seconds(5);
+constexpr auto event_write_timeout = std::chrono::seconds(10);
+
+bool is_event_stream(const http::request<http::string_body>& req) {
+  const std::string_view target = req.target();
+  return target.substr(0, target.find('?')) == "/kv/events";
+}
+
+// Last-Event-ID (sent by a reconnecting client): resume after that event. Anything else
+// (absent, not a number, an id from before a restart of this daemon, which numbers from 1
+// again) replays the whole kept history.
+std::uint64_t resume_point(const http::request<http::string_body>& req) {
+  const std::string_view id = req["Last-Event-ID"];
+  std::uint64_t seq = 0;
+  auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), seq);
+  const bool ours = ec == std::errc{} && end == id.data() + id.size() &&
+                    seq <= core::recent_events().last_seq();
+  return ours ? seq : 0;
+}
+
+// One server-sent event per entry: "id", "event" (the log event name) and "data" (its JSON,
+// one line: the log escapes control bytes).
+std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
+  std::string out;
+  for (const auto& e : entries)
+    out += fmt::format("id: {}\nevent: {}\ndata: {}\n\n", e.seq, e.event, e.json);
+  return out;
+}
+
 }  // namespace
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
@@ -214,6 +287,7 @@ core::result<std::string> admin_server::start() {
 }
 
 void admin_server::stop() {
+  stopping_ = true;  // open event streams end at their next poll
   beast::error_code ignored;
   if (acceptor_) acceptor_->close(ignored);
 }
@@ -239,6 +313,10 @@ net::awaitable<void> admin_server::run_session(tcp_stream s) {
     request_reader reader(s, buf, limits);
     if (!co_await reader.read_header() || !co_await reader.read_body()) break;
     auto req = reader.release();
+    if (is_event_stream(req)) {
+      co_await serve_events(s, req);
+      break;
+    }
     const bool keep = req.keep_alive();
     auto res = co_await route(std::move(req));
     res.keep_alive(keep);
@@ -282,6 +360,81 @@ std::optional<std::string_view> admin_server::cross_site_refusal(
   return std::nullopt;
 }
 
+// The bearer token, then CSRF: a browser sends a cross-site POST without asking first (no
+// CORS preflight) only with no Content-Type or a form/text one. Requiring application/json on
+// every state change forces the preflight, which this API never grants.
+std::optional<response> admin_server::credential_refusal(
+    const http::request<http::string_body>& req) const {
+  const unsigned v = req.version();
+  if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
+    auto res = err(401, "missing or wrong bearer token", v);
+    res.set(http::field::www_authenticate, "Bearer");
+    return res;
+  }
+  if ((req.method() == http::verb::post || req.method() == http::verb::delete_) &&
+      !is_json_media_type(req[http::field::content_type]))
+    return err(415, "POST and DELETE need Content-Type: application/json", v);
+  return std::nullopt;
+}
+
+// GET /kv/events under the same Host, Origin and token rules as every data route (the
+// dashboard reads it with fetch(), which sends the Authorization header; EventSource could
+// not). At most max_event_streams at once; the connection closes when the stream ends.
+net::awaitable<void> admin_server::serve_events(tcp_stream& s,
+                                                const http::request<http::string_body>& req) {
+  const unsigned v = req.version();
+  std::optional<response> refused;
+  if (auto why = cross_site_refusal(req)) {
+    refused = err(403, *why, v);
+  } else if (auto denied = credential_refusal(req)) {
+    refused = std::move(denied);
+  } else if (req.method() != http::verb::get) {
+    refused = err(405, "use GET", v);
+  } else if (event_streams_.fetch_add(1) >= max_event_streams) {
+    --event_streams_;
+    refused = err(503, fmt::format("at most {} event streams at once", max_event_streams), v);
+    refused->set(http::field::retry_after, "5");
+  }
+  if (refused) {
+    refused->keep_alive(false);
+    s.expires_after(event_write_timeout);
+    co_await http::async_write(s, *refused);
+    co_return;
+  }
+  co_await stream_events(s, resume_point(req));
+  --event_streams_;
+}
+
+// Polls the history every event_poll_interval and writes what is new; a comment line after
+// event_keepalive_interval of silence finds a client that has gone (the write fails).
+net::awaitable<void> admin_server::stream_events(tcp_stream& s, std::uint64_t after) {
+  http::response<http::empty_body> head{http::status::ok, 11};
+  head.set(http::field::server, std::string("kvpersist/") + kvp::version);
+  head.set(http::field::content_type, "text/event-stream; charset=utf-8");
+  head.set(http::field::cache_control, "no-store");
+  head.set("X-Accel-Buffering", "no");  // a reverse proxy in front must not buffer the stream
+  head.keep_alive(false);               // the body ends when the connection closes
+  http::response_serializer<http::empty_body> head_writer{head};
+  s.expires_after(event_write_timeout);
+  if (auto [ec, n] = co_await http::async_write_header(s, head_writer); ec) co_return;
+  steady_timer tick(s.get_executor());
+  auto last_write = std::chrono::steady_clock::now();
+  while (!stopping_) {
+    const auto fresh = core::recent_events().since(after);
+    std::string out = sse_frames(fresh);
+    if (!fresh.empty()) after = fresh.back().seq;
+    const auto now = std::chrono::steady_clock::now();
+    if (out.empty() && now - last_write >= event_keepalive_interval) out = ": keep-alive\n\n";
+    if (!out.empty()) {
+      s.expires_after(event_write_timeout);
+      if (auto [ec, n] = co_await net::async_write(s, net::buffer(out)); ec) co_return;
+      last_write = now;
+    }
+    tick.expires_after(event_poll_interval);
+    co_await tick.async_wait();
+  }
+}
+
 net::awaitable<response> admin_server::route(http::request<http::string_body> req) {
   const unsigned v = req.version();
   const std::string target(req.target());
@@ -295,17 +448,14 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
     co_return json(200, R"({"status":"ok"})", v);
   }
   if (auto why = cross_site_refusal(req)) co_return err(403, *why, v);
-  if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
-    auto res = err(401, "missing or wrong bearer token", v);
-    res.set(http::field::www_authenticate, "Bearer");
-    co_return res;
+  // The dashboard's files are the same for everyone and hold no data, so they need no token:
+  // a browser cannot send a bearer header when it navigates. Its script asks for the token
+  // and sends it on every request for data.
+  if (const auto* file = ui_file(path)) {
+    if (method != http::verb::get) co_return err(405, "use GET", v);
+    co_return ui_response(*file, v);
   }
-  // CSRF: a browser sends a cross-site POST without asking first (no CORS preflight) only
-  // with no Content-Type or a form/text one. Requiring application/json on every state
-  // change forces the preflight, which this API never grants.
-  if ((method == http::verb::post || method == http::verb::delete_) &&
-      !is_json_media_type(req[http::field::content_type]))
-    co_return err(415, "POST and DELETE need Content-Type: application/json", v);
+  if (auto refused = credential_refusal(req)) co_return std::move(*refused);
   // ?server=NAME picks the llama-server for session operations (default: the first).
   coordinator* coord = coords_.front();
   if (auto name = query_param(target, "server"); name && !name->empty()) {

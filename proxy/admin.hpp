@@ -4,8 +4,12 @@
 // Every route except /healthz also refuses what a browser page elsewhere could send: a Host
 // that is not ours (DNS rebinding), a foreign Origin, and POST/DELETE without
 // "Content-Type: application/json" (cross-site request forgery).
+// The dashboard (GET /ui, /ui/<file>) is static and holds no data: it passes the Host and
+// Origin checks but not the token, which its script asks for and sends on every data request.
+// GET /kv/events streams core::recent_events() as text/event-stream.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -18,6 +22,7 @@
 #include "backends/net.hpp"
 #include "core/result.hpp"
 #include "proxy/coordinator.hpp"
+#include "proxy/http_status.hpp"
 
 namespace kvp::proxy {
 
@@ -38,6 +43,9 @@ class admin_server {
  private:
   net::awaitable<void> accept_loop();
   net::awaitable<void> run_session(tcp_stream s);
+  net::awaitable<void> serve_events(tcp_stream& s, const http::request<http::string_body>& req);
+  net::awaitable<void> stream_events(tcp_stream& s, std::uint64_t after);
+  std::optional<response> credential_refusal(const http::request<http::string_body>& req) const;
   bool host_is_ours(std::string_view host_header) const;
   std::optional<std::string_view> cross_site_refusal(const http::request<http::string_body>& req) const;
 
@@ -48,6 +56,8 @@ class admin_server {
   std::uint16_t bound_port_ = 0;
   std::string token_;
   std::unique_ptr<acceptor> acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> event_streams_{0};  // open GET /kv/events responses
   // Builds large responses (session listings) off the io_context's threads. Last member:
   // destroyed (joined) first.
   net::thread_pool formatter_{1};

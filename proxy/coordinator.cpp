@@ -633,6 +633,7 @@ bool coordinator::verify_snapshot_file(const std::string& filename,
 
 void coordinator::record_response(core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
+  if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
     reused_tokens_ += static_cast<std::uint64_t>(t.cache_n);
     if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
@@ -806,6 +807,11 @@ std::string coordinator::status_json() const {
   w.Key("bytes");
   w.Uint64(bytes);
   w.EndObject();
+  w.Key("retention");  // the disk quota the dashboard shows usage against (0: none)
+  w.StartObject();
+  w.Key("maxTotalBytes");
+  w.Uint64(opts_.retention_max_bytes);
+  w.EndObject();
   w.Key("stats");
   w.StartObject();
   w.Key("restores");
@@ -828,6 +834,8 @@ std::string coordinator::status_json() const {
   w.Uint64(st.invalidations);
   w.Key("reusedTokens");
   w.Uint64(reused_tokens_);
+  w.Key("prefilledTokens");
+  w.Uint64(prefilled_tokens_);
   w.Key("prefillSecondsSaved");
   w.Double(prefill_seconds_saved_);
   w.EndObject();

@@ -245,6 +245,7 @@ class coordinator {
   core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   std::uint64_t reused_tokens_ = 0;       // sum of cache_n on requests right after a restore
+  std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
   std::uint64_t gc_freed_bytes_ = 0;

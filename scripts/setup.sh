@@ -10,6 +10,7 @@ pkgs=(
   python3 python3-numpy python3-pytest python3-requests python3-yaml nodejs npm
   systemd strace dpkg-dev lintian
   nginx-light wrk gnuplot-nox valgrind
+  chromium
   clang libclang-rt-14-dev
 )
 

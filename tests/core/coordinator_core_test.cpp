@@ -8,6 +8,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/event_history.hpp"
 #include "tests/support/core_strings.hpp"
 
 namespace {
@@ -902,6 +903,23 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (spec §33)"
   CHECK(c.circuit().current() == breaker::state::closed);
   CHECK(c.circuit().consecutive_failures() == 0);
   (void)b;
+}
+
+TEST_CASE("the circuit opening and closing are events for the dashboard's feed",
+          "[core][coordinator_core][events]") {
+  auto c = make_core();
+  const auto start = recent_events().last_seq();
+  open_breaker(c);
+  auto trial = c.prepare(session("A"), t0 + 61s, wall);
+  REQUIRE(trial.save);
+  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok);
+  std::vector<std::string> circuit;
+  for (const auto& e : recent_events().since(start))
+    if (e.event.starts_with("kv.circuit.")) circuit.push_back(e.json.substr(e.json.find("\"event\"")));
+  REQUIRE(circuit.size() == 2);
+  CHECK(circuit[0] == R"("event":"kv.circuit.open","instance":"test-instance","failures":"3",)"
+                      R"("reason":"connect: Connection refused","effect":"persistence paused for the cooldown"})");
+  CHECK(circuit[1] == R"("event":"kv.circuit.closed","instance":"test-instance"})");
 }
 
 TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinator_core]") {
