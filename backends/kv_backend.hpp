@@ -1,4 +1,4 @@
-// The KvBackend interface (spec §12): everything kvpersist asks of an inference server's
+// The KvBackend interface (docs/architecture.md): everything kvpersist asks of an inference server's
 // slot state. Only implementations know URLs; the coordinator sees these calls alone.
 #pragma once
 

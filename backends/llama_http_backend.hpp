@@ -1,5 +1,5 @@
 // kv_backend for llama.cpp's llama-server: GET /props, GET /slots and
-// POST /slots/{id}?action=save|restore|erase (see shared/docs/llama-server.md §1-2, §7).
+// POST /slots/{id}?action=save|restore|erase (see docs/llama-server.md §1-2, §7).
 #pragma once
 
 #include <chrono>

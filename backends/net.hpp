@@ -1,4 +1,4 @@
-// Namespace and type aliases for Asio/Beast, declared once (style.md §4.3). Errors come back
+// Namespace and type aliases for Asio/Beast, declared once (docs/conventions.md §3). Errors come back
 // as values: the default completion token is as_tuple(use_awaitable).
 #pragma once
 

@@ -20,7 +20,7 @@ enum class unmanaged_policy {
   passthrough,  // forwarded without touching the coordinator (the slot's owner may be overwritten)
 };
 
-// Who owns the snapshot binaries (spec §42).
+// Who owns the snapshot binaries (docs/design.md §12).
 enum class snapshot_management {
   server_owned,       // only llama-server sees the files; kvpersist never deletes them
   shared_filesystem,  // kvpersist sees llama-server's --slot-save-path at `snapshots.path`
@@ -117,7 +117,7 @@ struct admin_config {
   bool operator==(const admin_config&) const = default;
 };
 
-// Retention (spec §42-43); 0 means no limit. Invalid snapshots go first, then the least
+// Retention (docs/design.md §12); 0 means no limit. Invalid snapshots go first, then the least
 // recently saved; a session that owns a slot is never evicted. maxSessions and maxAgeDays
 // apply in every mode (server-owned: the manifest is forgotten, llama-server's files stay);
 // maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files).
@@ -129,7 +129,7 @@ struct retention_config {
   bool operator==(const retention_config&) const = default;
 };
 
-// One llama-server behind kvpersist (spec §38). Each gets its own coordinator, connection
+// One llama-server behind kvpersist (docs/design.md §15). Each gets its own coordinator, connection
 // pool, slot leases and snapshot namespace (its name is the instance key in snapshot ids).
 struct server_config {
   std::string name;

@@ -25,7 +25,7 @@ struct slot_erased {
   std::uint64_t n_erased = 0;
 };
 
-// Result of the startup/epoch probe (spec §34): the runtime, and whether slot actions work.
+// Result of the startup/epoch probe (docs/design.md §4): the runtime, and whether slot actions work.
 struct server_probe {
   runtime_info runtime;
   bool slot_actions = false;  // POST /slots/0?action=probe answered 400 (enabled), not 501

@@ -1,4 +1,4 @@
-// Circuit breaker for persistence (spec §33): consecutive management-call failures open it
+// Circuit breaker for persistence (docs/design.md §13): consecutive management-call failures open it
 // for a cooldown; then one half-open trial decides. Inference is never gated by it.
 #pragma once
 

@@ -281,7 +281,7 @@ prepare_plan coordinator_core::prepare(const request_identity& who, int slot, st
                                   r.snapshot->tokens, r.snapshot->bytes};
       if (!plan.save) sl.state = slot_state::restoring;
     } else {
-      // Spec §31: never restore across runtimes; mark, don't delete.
+      // docs/design.md §9: never restore across runtimes; mark, don't delete.
       r.snapshot->state = snapshot_state::invalid;
       r.snapshot->invalid_reason = std::string(to_string(errc::snapshot_incompatible));
       r.snapshot->updated_at = std::string(wall_now);
@@ -312,7 +312,7 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
   record_backend_success();
   if (r->n_saved == 0) {
     // llama-server cleared the slot behind our back (idle-slot caching): the KV is gone.
-    // Keep the previous generation (design note 4) and stop believing the owner is resident.
+    // Keep the previous generation (docs/design.md §8) and stop believing the owner is resident.
     ++stats_.empty_saves;
     if (owned) {
       sl->owner.clear();
@@ -394,7 +394,7 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
       d.restored = true;
       return d;
     }
-    // Spec §24, invariant 10: an HTTP 200 is not a verified restore. The slot holds
+    // docs/design.md §9, invariant 10: an HTTP 200 is not a verified restore. The slot holds
     // something we can't vouch for: clear it and go cold.
     ++stats_.restore_failures;
     invalidate_snapshot(errc::snapshot_corrupt,
@@ -424,7 +424,7 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
     sl.state = slot_state::unknown;
   } else if (e.http_status >= 400 && e.http_status < 500) {
     // The server rejected the file (missing, truncated, foreign layout) and, as it does on
-    // every failed restore, cleared the slot (llama-server.md §1.3). Never retry this file.
+    // every failed restore, cleared the slot (docs/llama-server.md §1.3). Never retry this file.
     record_backend_success();
     invalidate_snapshot(errc::restore_failed, e.message);
     sl.state = slot_state::idle;
@@ -456,7 +456,7 @@ void coordinator_core::abort_prepare(int slot) {
   slot_rec& sl = *find_slot(slot);
   if (sl.state == slot_state::inference) {
     // Released without end_inference (the request coroutine failed after prepare): the
-    // request may have reached the slot, so count it as a new revision (design note 3)
+    // request may have reached the slot, so count it as a new revision (docs/design.md §7)
     // and leave the owner checkpointable.
     if (!sl.pending_aux && !sl.owner.empty()) {
       ++sessions_[sl.owner].dirty_rev;

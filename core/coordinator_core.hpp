@@ -3,12 +3,12 @@
 // proxy's coordinator carries them out on its strand and reports the outcomes back.
 //
 // It manages a pool of slots: one in single-slot mode (the configured slotId), or every
-// slot of the server in managed mode (spec §63-64). Functions without a slot argument act
+// slot of the server in managed mode (docs/design.md §14). Functions without a slot argument act
 // on the first slot of the pool, which is the only one in single-slot mode.
 //
 // Thread safety: none. One instance per llama-server, touched only on that server's strand.
 // Every mutating call for a slot REQUIRES that the caller holds that slot's lease, so each
-// slot has one mutator at a time (spec §20, invariant 8).
+// slot has one mutator at a time (docs/design.md §5, invariant 8).
 #pragma once
 
 #include <array>
@@ -43,7 +43,7 @@ struct core_options {
   int max_consecutive_failures = 3;
   std::chrono::milliseconds cooldown{60'000};
   // Managed multi-slot mode: keep the highest slot for auxiliary calls (titles, summaries)
-  // so they never evict a session (spec §72).
+  // so they never evict a session (docs/design.md §6).
   bool reserve_aux_slot = false;
 };
 
@@ -105,7 +105,7 @@ class coordinator_core {
   explicit coordinator_core(core_options opts);
 
   // Persistence turns on when a probe shows a usable server; until then every plan is empty
-  // and requests are forwarded untouched (spec §32: inference never waits for persistence).
+  // and requests are forwarded untouched (docs/design.md §13: inference never waits for persistence).
   void set_runtime(const runtime_info& rt);
   void disable_persistence();
   bool persistence_enabled() const { return enabled_; }
@@ -130,7 +130,7 @@ class coordinator_core {
   // The session's snapshot key under the current runtime, or "" while persistence is off.
   std::string hash_for(std::string_view session_id) const;
 
-  // Slot selection (spec §64) among `free_slots` (not leased): the slot the session already
+  // Slot selection (docs/design.md §14) among `free_slots` (not leased): the slot the session already
   // owns (only that one: a session's requests stay in order), else an empty slot, else the
   // least recently used clean slot, else the least recently used dirty one (its owner is
   // saved first by the plan). Auxiliary calls take the reserved slot when there is one.
@@ -175,7 +175,7 @@ class coordinator_core {
   // The slot's content is unknown (an unpinnable request may have run on it): nobody owns it.
   void forget_slot(int slot);
 
-  // Idle checkpoint (spec §71): when the timer fires, REQUIRES the slot's lease, and
+  // Idle checkpoint (docs/design.md §10): when the timer fires, REQUIRES the slot's lease, and
   // re-checks that the same owner is still dirty at the same revision before asking for a save.
   std::optional<steady_time> idle_deadline() const;  // earliest over the pool
   std::optional<save_step> idle_checkpoint(int slot, steady_time now);

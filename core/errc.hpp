@@ -1,4 +1,4 @@
-// Stable error codes (spec §79). They appear in logs, manifests' invalidReason and metrics,
+// Stable error codes (docs/design.md §18). They appear in logs, manifests' invalidReason and metrics,
 // so never renumber or rename them.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Snapshot identity: who a snapshot belongs to and which runtime may restore it.
-// Filenames are hex SHA-256 digests, never raw session ids (spec §16, invariant 9).
+// Filenames are hex SHA-256 digests, never raw session ids (docs/design.md §3, invariant 9).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ struct runtime_info {
 };
 
 // The session's snapshot key: hash of the server instance, the model and the session id.
-// One session talking to two models gets two independent snapshots (spec §56).
+// One session talking to two models gets two independent snapshots (docs/design.md §3).
 std::string session_hash(std::string_view instance_key, std::string_view model_id,
                          std::string_view session_id);
 

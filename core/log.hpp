@@ -1,4 +1,4 @@
-// Structured log events (spec §45 names: kv.session.save.success, ...). Core formats; the
+// Structured log events (docs/design.md §18 names: kv.session.save.success, ...). Core formats; the
 // program installs the sink that writes. Session ids appear only as abbreviated hashes.
 #pragma once
 

@@ -40,7 +40,7 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
                         std::string_view api_key);
 
 // Inference endpoints whose requests llama-server cannot pin to a slot: it ignores
-// "id_slot" for them (llama-server.md §4.1), so in managed multi-slot mode they need the
+// "id_slot" for them (docs/llama-server.md §4), so in managed multi-slot mode they need the
 // whole server.
 bool is_unpinnable(std::string_view target);
 

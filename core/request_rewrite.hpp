@@ -1,4 +1,4 @@
-// Pins an inference request to a slot (managed multi-slot mode, spec §65-66): llama-server
+// Pins an inference request to a slot (managed multi-slot mode, docs/design.md §14): llama-server
 // honours "id_slot" in the JSON body of completion-style endpoints.
 #pragma once
 

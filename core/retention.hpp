@@ -1,4 +1,4 @@
-// Retention (spec §42-43): which sessions to forget when a budget is exceeded. Pure: the
+// Retention (docs/design.md §12): which sessions to forget when a budget is exceeded. Pure: the
 // caller gathers the facts (sizes on disk, which sessions are in use) and carries out the
 // decisions (remove manifests, and files where kvpersist owns them).
 #pragma once

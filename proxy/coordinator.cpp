@@ -567,7 +567,7 @@ net::awaitable<void> coordinator::idle_loop() {
       if (leased_.contains(id)) continue;  // a request is running there; finish re-arms
       auto s = core_.idle_checkpoint(id, now);
       if (!s) continue;
-      // Hold the slot's lease for the save so no request can slip in between (spec §71).
+      // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
       auto self = std::make_shared<lease_ticket>(strand_);
       self->slot = id;
       leased_[id] = self;
@@ -904,7 +904,7 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
 net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
   auto t = co_await acquire_internal();
-  // An eager restore (spec §51 prefers lazy ones): the same plan a request would get, then
+  // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   core::request_identity who{resolve_session(hash_or_id).session_id, ""};
   const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());

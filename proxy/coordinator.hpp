@@ -161,7 +161,7 @@ class coordinator {
   // the reuse metrics (tokens reused after restores, prefill seconds saved). Strand-only.
   void record_response(core::prepare_kind kind, response_timings t);
 
-  // Admin API (spec §47, §50), each on the strand. Session operations take the harness's
+  // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
   // session id or a known session's 64-hex hash (resolve_session).
   std::string status_json() const;
   // Up to `limit` sessions with a hash greater than `after`, in hash order.

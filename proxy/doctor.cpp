@@ -1,4 +1,4 @@
-// `kvpersist doctor [--verify]` (spec §48, §61): checks llama-server and the state directory
+// `kvpersist doctor [--verify]` (docs/design.md §18, docs/llama-server.md §10): checks llama-server and the state directory
 // the way the daemon would use them, and with --verify runs the cycle cold prompt, save,
 // erase, restore, same prompt on the loaded model to tell whether restores really reuse.
 #include <unistd.h>

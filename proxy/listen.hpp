@@ -19,7 +19,7 @@ core::result<std::unique_ptr<acceptor>> listen_on(net::io_context& ioc, const st
 std::string local_address(const acceptor& a);
 
 // Completion handler for co_spawn'ed background coroutines: logs what escaped them
-// (a bug) as kv.internal.exception instead of swallowing it (style.md §4.3: no `detached`).
+// (a bug) as kv.internal.exception instead of swallowing it (docs/conventions.md §3: no `detached`).
 void log_exception(std::exception_ptr e);
 
 }  // namespace kvp::proxy

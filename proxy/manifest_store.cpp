@@ -112,7 +112,7 @@ std::optional<core::manifest> manifest_store::read(const std::string& hash) cons
 
 namespace {
 
-// temp file, fsync, rename, fsync of the directory (spec §40). The temp file is always a
+// temp file, fsync, rename, fsync of the directory (docs/design.md §11). The temp file is always a
 // new one (O_EXCL) and never a symlink's target (O_NOFOLLOW, and O_EXCL refuses any existing
 // name): a stale one left by a crash is unlinked first, and whatever sits at the name when
 // the open runs (a symlink planted to redirect the write, a directory) fails the write.

@@ -1,5 +1,5 @@
 // Manifests on disk: <state_dir>/sessions/<hash>.json, written atomically
-// (temp file, fsync, rename, fsync of the directory: spec §40). Blocking file I/O; called
+// (temp file, fsync, rename, fsync of the directory: docs/design.md §11). Blocking file I/O; called
 // only on the save/restore path, never for a resident request.
 #pragma once
 

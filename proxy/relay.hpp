@@ -1,6 +1,6 @@
 // Streams one HTTP response from upstream to the client as it arrives (SSE included):
 // the header goes out first, then each body piece as soon as the parser yields it.
-// Follows Beast's relay recipe with the 1.81 pitfalls handled (style.md §3.2-3.3):
+// Follows Beast's relay recipe with the 1.81 pitfalls handled (docs/conventions.md §4):
 // buffer_body, async_read_some, no body limit, the empty-chunk guard (beast#3032), and
 // per-read/per-write timeouts instead of one deadline.
 #pragma once
@@ -188,7 +188,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     if (rec == http::error::need_buffer) rec = {};
     if (rec) {
       // Ending the client's response cleanly would make a truncated answer look complete;
-      // the caller closes the connection instead (design note 12).
+      // the caller closes the connection instead (docs/design.md §17).
       detail::upstream_error(st, rec);
       co_return;
     }

@@ -419,7 +419,7 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
                          client_gone(c.stream.socket()));
       if (r.index() == 1) {
         // Closing the upstream connection is the only portable cancel: llama-server notices
-        // within about a second and frees the slot (llama-server.md §9).
+        // within about a second and frees the slot (docs/llama-server.md §6).
         st.client_failed = true;
         conn->stream->close();
         co_return false;

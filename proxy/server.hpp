@@ -35,7 +35,7 @@ class server {
   // The admin listener's bound address ("" when disabled). Valid after start().
   const std::string& admin_address() const { return admin_address_; }
 
-  // Graceful stop (spec §58, design note 9): stop accepting, let in-flight requests finish
+  // Graceful stop (docs/design.md §16): stop accepting, let in-flight requests finish
   // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
   net::awaitable<void> shutdown();
 

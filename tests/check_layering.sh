@@ -5,7 +5,7 @@ set -euo pipefail
 root=${1:-.}
 fail=0
 if grep -rnE '#include *[<"](boost/(asio|beast)|yaml-cpp|sys/socket|netinet|arpa/)' "$root/core"; then
-  echo "layering: core/ must not include I/O libraries (see style.md §4.1)" >&2
+  echo "layering: core/ must not include I/O libraries (see docs/conventions.md §1)" >&2
   fail=1
 fi
 if grep -rlE '#include *[<"]yaml-cpp' "$root/config" | grep -v 'load_yaml.cpp$'; then

@@ -1,5 +1,5 @@
 // Tests for the reply parsers of backends/llama_http_backend.hpp, on bodies llama-server
-// actually sends (shared/docs/llama-server.md §1.3, §2, §7).
+// actually sends (docs/llama-server.md §1.3, §2, §7).
 #include "backends/llama_http_backend.hpp"
 
 #include <catch2/catch.hpp>

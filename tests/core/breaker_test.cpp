@@ -1,4 +1,4 @@
-// Tests for core/breaker.hpp (spec §33): consecutive failures open the circuit for a
+// Tests for core/breaker.hpp (docs/design.md §13): consecutive failures open the circuit for a
 // cooldown, one half-open trial decides, failed trials back off up to 16x.
 #include "core/breaker.hpp"
 

@@ -1,4 +1,4 @@
-// Tests for core/coordinator_core.hpp (spec §18-§33, §69-§72, §76, §84, invariants §85).
+// Tests for core/coordinator_core.hpp (docs/design.md §3-§13 and §19; the invariants of §2).
 // The core is driven the way proxy/coordinator drives it: plans in, hand-made backend
 // results back, with a fake monotonic clock built from steady_time values. No I/O.
 #include "core/coordinator_core.hpp"
@@ -123,7 +123,7 @@ void checkpoint(coordinator_core& c, steady_time now, std::uint64_t tokens) {
 
 }  // namespace
 
-TEST_CASE("a session goes cold, dirty, saving and clean (spec §18)", "[core][coordinator_core]") {
+TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   CHECK(c.state() == slot_state::unknown);
@@ -168,7 +168,7 @@ TEST_CASE("a session goes cold, dirty, saving and clean (spec §18)", "[core][co
   CHECK(c.stats().save_bytes == 24 + 2124 * 1024);
 }
 
-TEST_CASE("request A, A, B, A plans exactly the milestone's calls (spec §84)",
+TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.md §6)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -259,7 +259,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (spec §84)",
   CHECK(c.stats().cold_starts == 2);
 }
 
-TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (design note 5)",
+TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (docs/design.md §8)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -319,7 +319,7 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (de
   }
 }
 
-TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty (spec §28)",
+TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty (docs/design.md §7)",
           "[core][coordinator_core]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
@@ -349,7 +349,7 @@ TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty
   CHECK(c.state() == slot_state::ready);
 }
 
-TEST_CASE("checkpoint requests for the same revision coalesce (spec §27)",
+TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §7)",
           "[core][coordinator_core]") {
   auto c = make_core();
   CHECK_FALSE(c.checkpoint_owner(t0));  // nobody owns the slot
@@ -368,7 +368,7 @@ TEST_CASE("checkpoint requests for the same revision coalesce (spec §27)",
 
 TEST_CASE(
     "the idle checkpoint fires once, at its deadline, for the same owner and revision "
-    "(spec §71)",
+    "(docs/design.md §10)",
     "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -457,7 +457,7 @@ TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
 
 namespace {
 // A core whose session A was loaded from a manifest of `revision`, restored, and then ran a
-// turn that reached the slot (cancelled or not: design note 3).
+// turn that reached the slot (cancelled or not: docs/design.md §7).
 coordinator_core restored_turn(std::uint64_t revision) {
   auto c = make_core();
   c.add_manifest(ready_manifest(c, "A", 'a', 100, revision));
@@ -470,7 +470,7 @@ coordinator_core restored_turn(std::uint64_t revision) {
 }
 }  // namespace
 
-TEST_CASE("a cancelled request that reached the slot still makes it dirty (design note 3)",
+TEST_CASE("a cancelled request that reached the slot still makes it dirty (docs/design.md §7)",
           "[core][coordinator_core]") {
   auto c = restored_turn(3);
   CHECK(c.owner_dirty());
@@ -504,7 +504,7 @@ TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial compar
 
 TEST_CASE(
     "a save of an emptied slot keeps the previous manifest and ends ownership "
-    "(design note 4)",
+    "(docs/design.md §8)",
     "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -557,7 +557,7 @@ TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][coo
 
 TEST_CASE(
     "a failed save on a switch keeps the old snapshot and lets the new session run "
-    "(spec §32)",
+    "(docs/design.md §13)",
     "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -581,7 +581,7 @@ TEST_CASE(
   CHECK(c.stats().save_failures == 1);
 }
 
-TEST_CASE("restore outcomes are verified (spec §24, invariant 10)", "[core][coordinator_core]") {
+TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   c.add_manifest(ready_manifest(c, "A", 'b', 2124));
@@ -709,7 +709,7 @@ TEST_CASE("restore verification can be relaxed, and restores turned off",
   }
 }
 
-TEST_CASE("a snapshot from another runtime is invalidated, never restored (spec §31)",
+TEST_CASE("a snapshot from another runtime is invalidated, never restored (docs/design.md §9)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -760,7 +760,7 @@ TEST_CASE("a snapshot from the same runtime in an earlier process restores",
   CHECK(p.restore->expected_tokens == 777);
 }
 
-TEST_CASE("auxiliary requests save the owner and leave the slot unowned (spec §22, §72)",
+TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/design.md §3, §6)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -868,7 +868,7 @@ void open_breaker(coordinator_core& c) {
 
 }  // namespace
 
-TEST_CASE("an open circuit skips persistence, and inference goes on (spec §33)",
+TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design.md §13)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -955,7 +955,7 @@ TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinato
   CHECK_FALSE(c.prepare(session("A"), t0 + 61s + 120s, wall).fail);
 }
 
-TEST_CASE("a server epoch change ends residency, and the session restores (design note 2)",
+TEST_CASE("a server epoch change ends residency, and the session restores (docs/design.md §4)",
           "[core][coordinator_core]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
@@ -989,7 +989,7 @@ TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch 
     CHECK(c.owner() == a);
     CHECK(c.prepare(session("A"), t0 + 1s, wall).resident);
   }
-  SECTION("a different model file (spec §56)") {
+  SECTION("a different model file (docs/design.md §3)") {
     auto rt = test_runtime();
     rt.model_path = "/models/llama-3.1-8b-instruct-q4_k_m.gguf";
     c.set_runtime(rt);

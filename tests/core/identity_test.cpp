@@ -1,5 +1,5 @@
-// Tests for core/identity.hpp: SHA-256, session keys, snapshot filenames (spec §13, §16,
-// invariant 9) and the runtime fingerprint (spec §15, design note 8).
+// Tests for core/identity.hpp: SHA-256, session keys, snapshot filenames (docs/design.md §3,
+// invariant 9) and the runtime fingerprint (docs/design.md §4).
 #include "core/identity.hpp"
 
 #include <algorithm>

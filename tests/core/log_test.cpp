@@ -1,4 +1,4 @@
-// Tests for core/log.hpp: the plain and JSON renderings (spec §45). A value comes from
+// Tests for core/log.hpp: the plain and JSON renderings (docs/design.md §18). A value comes from
 // outside (a server message, a header) and must never forge a second log line.
 #include "core/log.hpp"
 

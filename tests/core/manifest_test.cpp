@@ -1,5 +1,5 @@
 // Tests for core/manifest.hpp: the JSON written per session and the strict parser that
-// guards restores (spec §14, §31: a manifest that does not parse costs a cold prefill).
+// guards restores (docs/design.md §11, §9: a manifest that does not parse costs a cold prefill).
 #include "core/manifest.hpp"
 
 #include <rapidjson/document.h>

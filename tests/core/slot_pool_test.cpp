@@ -1,4 +1,4 @@
-// Slot-pool policy of core/coordinator_core.hpp in managed multi-slot mode (spec §63-66, §72):
+// Slot-pool policy of core/coordinator_core.hpp in managed multi-slot mode (docs/design.md §14, §6):
 // choose_slot's selection order (owned, empty, least recently used clean, least recently used
 // dirty after a save), the reserved auxiliary slot, fairness under contention (expressed
 // through choose_slot and the free list a lease queue would pass), and epoch changes.
@@ -491,7 +491,7 @@ TEST_CASE("a dirty owner saved on eviction keeps its revision; a clean owner is 
   CHECK(c.find_manifest(c.hash_for("B"))->revision == 1);
 }
 
-// Spec §64/§66: "a session's requests stay in order". The session's first request on a slot
+// docs/design.md §14: "a session's requests stay in order". The session's first request on a slot
 // is prepared (its save/restore/erase are in flight) before start_inference makes it the
 // owner; during that window a second request of the same session must wait too.
 TEST_CASE("a session whose request is being prepared on one slot is not given a second slot",

@@ -2,7 +2,7 @@
 """A fake llama-server for kvpersist's integration tests.
 
 It models the parts of llama-server that a session-aware proxy depends on (see
-shared/docs/llama-server.md): one slot holding a token list, prompt-prefix reuse
+docs/llama-server.md): one slot holding a token list, prompt-prefix reuse
 (`cache_n`), slot save/restore/erase with llama-server's response shapes and
 error semantics (a failed restore clears the slot), `/props` with a per-process
 random `media_marker`, SSE streaming with chunked transfer, and cancellation

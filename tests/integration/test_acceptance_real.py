@@ -1,4 +1,4 @@
-"""Spec §74 acceptance criteria for v0.1, end to end: kvpersist in front of a real llama-server.
+"""Acceptance criteria (docs/design.md §19), end to end: kvpersist in front of a real llama-server.
 
 Runs only with a real upstream (marked `real_only`, skipped with the fake):
 

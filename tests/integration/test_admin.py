@@ -1,6 +1,6 @@
 """The admin API (issue 4): every endpoint asserted on behaviour against the fake llama-server.
 
-GET /healthz, /kv/status (spec §47 shape), /kv/sessions, /kv/sessions/{id}; POST
+GET /healthz, /kv/status (docs/design.md §18 shape), /kv/sessions, /kv/sessions/{id}; POST
 /kv/sessions/{id}/save|flush|restore|invalidate, DELETE /kv/sessions/{id} (server-owned and
 shared-filesystem), POST /kv/flush, POST /kv/gc (retention), GET /metrics (parsed strictly);
 bearer-token auth; the config refusal for an off-loopback listener without a token; malformed

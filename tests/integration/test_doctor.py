@@ -1,4 +1,4 @@
-"""`kvpersist doctor` (issue 4, spec §48, §61) against the fake llama-server (READY, NOT READY,
+"""`kvpersist doctor` (issue 4, docs/design.md §18, docs/llama-server.md §10) against the fake llama-server (READY, NOT READY,
 unreachable, --json, the --verify cycle and its verdict) and `doctor --verify` against the real
 llama-server test bed (real_only): the dense test model is `supported`, the verdict lands in
 <stateDir>/compatibility.json, and a kvpersist started afterwards stamps it into new manifests.
@@ -257,7 +257,7 @@ def test_verify_broken_when_restore_miscounts(binary, make_fake, tmp_path):
 # ============================================================================ real llama-server
 @real_only
 def test_verify_real_llama_server(binary, stack):
-    """Spec §61 on the real test bed: cold prompt, save, erase, restore, same prompt; the dense
+    """docs/llama-server.md §10 on the real test bed: cold prompt, save, erase, restore, same prompt; the dense
     test model reuses the restored prompt, so the verdict is `supported`."""
     up = stack.start_upstream()
     cfg = write_config(os.path.join(stack.workdir, "kvp.yaml"), up.url, stateDir=stack.state_dir)

@@ -1,7 +1,7 @@
 """A seeded random walk of 200 steps (issue 7, part 1): sessions, streams, auxiliary calls,
 client disconnects, concurrent sessions, pass-through and /slots requests, injected save and
 restore failures, llama-server restarts and kvpersist restarts (SIGTERM and SIGKILL), against
-the fake llama-server. After every step the spec §85 invariants are checked from the fake's own
+the fake llama-server. After every step the docs/design.md §2 invariants are checked from the fake's own
 records (what really reached the slot, in arrival order) and from the state on disk:
 
   I2/I8  at most one owner, mutations serialized: no slot action while an inference ran, no two

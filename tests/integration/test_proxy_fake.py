@@ -1,4 +1,4 @@
-"""kvpersist scenario tests (spec §75, §84) against the fake llama-server.
+"""kvpersist scenario tests (docs/design.md §19, §6) against the fake llama-server.
 
 Each test builds a fresh world (fake upstream + kvpersist + temp state dir) through the
 `stack` fixture. Tests without the `fake_only` mark only use the upstream interface

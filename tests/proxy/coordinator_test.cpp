@@ -1,4 +1,4 @@
-// Tests for proxy/coordinator.hpp driven with FakeBackend on an io_context (spec §75, §77,
+// Tests for proxy/coordinator.hpp driven with FakeBackend on an io_context (docs/design.md §19,
 // §84): the lease protocol (enqueue -> settle -> prepare -> finish) with the exact
 // management calls, manifests in a temporary state directory, idle and shutdown
 // checkpoints, the FIFO queue and its bound. No sockets.
@@ -169,7 +169,7 @@ kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
 
 }  // namespace
 
-TEST_CASE("A, A, B, A makes exactly the milestone's management calls (spec §84)",
+TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/design.md §6)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -215,7 +215,7 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (spec §84)
   CHECK(h.coord->core().owner() == h.hash("A"));
 }
 
-TEST_CASE("resident requests cost no management call and no disk write (spec §73)",
+TEST_CASE("resident requests cost no management call and no disk write (docs/design.md §2)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -227,7 +227,7 @@ TEST_CASE("resident requests cost no management call and no disk write (spec §7
   CHECK(h.coord->core().owner_dirty());
 }
 
-TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (spec §75)",
+TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (docs/design.md §19)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -282,7 +282,7 @@ TEST_CASE("a restore that reports the wrong token count is erased and invalidate
   CHECK(m->invalid_reason == "KV_SNAPSHOT_CORRUPT");
 }
 
-TEST_CASE("an unreachable backend never blocks requests (spec §75 'backend unavailable')",
+TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'backend unavailable')",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -316,7 +316,7 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
 }
 
-TEST_CASE("a failed save of the previous owner (spec §75 'save failure')", "[proxy][coordinator]") {
+TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failure')", "[proxy][coordinator]") {
   temp_dir tmp;
 
   SECTION("non-strict: B still runs") {
@@ -375,7 +375,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   CHECK(h.coord->core().owner().empty());  // the failed restore cleared the slot
 }
 
-TEST_CASE("auxiliary requests save the owner and never own the slot (spec §75)",
+TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design.md §19)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -404,7 +404,7 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (spec §75)"
   CHECK(m->tokens == 1000);  // the auxiliary request's 50 tokens were never saved as A
 }
 
-TEST_CASE("the idle checkpoint fires once after the idle time (spec §71)", "[proxy][coordinator]") {
+TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §10)", "[proxy][coordinator]") {
   temp_dir tmp;
   auto o = test_options();
   o.core.idle_checkpoint = 50ms;
@@ -550,7 +550,7 @@ TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coor
   CHECK(t2->granted);
 }
 
-TEST_CASE("management calls are serialized with the lease (spec §20)", "[proxy][coordinator]") {
+TEST_CASE("management calls are serialized with the lease (docs/design.md §5)", "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
@@ -574,7 +574,7 @@ TEST_CASE("management calls are serialized with the lease (spec §20)", "[proxy]
   CHECK(h.fake->calls().size() == 2);
 }
 
-TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (spec §26)",
+TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md §10)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
@@ -641,7 +641,7 @@ TEST_CASE("after a proxy restart the session restores from its manifest (accepta
   CHECK(h2.fake->calls() == calls{restore_call(file)});
 }
 
-TEST_CASE("a server restart is noticed on a fresh upstream connection (design note 2)",
+TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/design.md §4)",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());

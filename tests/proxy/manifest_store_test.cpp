@@ -1,5 +1,5 @@
 // Tests for proxy/manifest_store.hpp: <state>/sessions/<hash>.json written atomically
-// (spec §40), loaded strictly, removed on purge.
+// (docs/design.md §11), loaded strictly, removed on purge.
 #include "proxy/manifest_store.hpp"
 
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Tests for proxy/relay.hpp over connected pairs of beast::test::stream (style.md §4.7):
+// Tests for proxy/relay.hpp over connected pairs of beast::test::stream (docs/conventions.md §5):
 // the exact bytes the client receives for chunked SSE, Content-Length, HTTP/1.0 and broken
 // upstream responses. read_size(1) on the upstream side reaches the parser's
 // chunk-header-only path, where an empty body piece must not end the client's stream
@@ -360,7 +360,7 @@ TEST_CASE("a close-delimited upstream body is re-framed as chunks for HTTP/1.1",
   CHECK(std::count(c.sizes.begin(), c.sizes.end(), std::size_t{0}) == 1);
 }
 
-TEST_CASE("upstream EOF mid-body: no clean end for the client (design note 12)", "[proxy][relay]") {
+TEST_CASE("upstream EOF mid-body: no clean end for the client (docs/design.md §17)", "[proxy][relay]") {
   relay_setup s;
   s.upstream_closes = true;
 
@@ -514,7 +514,7 @@ TEST_CASE("a HEAD response carries headers only", "[proxy][relay]") {
   CHECK(r.body().empty());
 }
 
-// Spec §25: the relay must not buffer. Each event is forwarded while the upstream is still
+// docs/design.md §17: the relay must not buffer. Each event is forwarded while the upstream is still
 // silent about the next one (with eager parsing, Beast 1.81 held whole events back).
 TEST_CASE("every SSE event reaches the client before upstream sends the next", "[proxy][relay]") {
   std::size_t read_size = 0;

@@ -1,6 +1,6 @@
-// A deterministic, in-memory kv_backend (spec §77) for coordinator tests: one slot that holds
+// A deterministic, in-memory kv_backend (docs/design.md §19) for coordinator tests: one slot that holds
 // a token count, and "files" (name -> token count) standing in for --slot-save-path.
-// It answers like llama-server does (llama-server.md §1.3): a failed restore clears the slot,
+// It answers like llama-server does (docs/llama-server.md §1.3): a failed restore clears the slot,
 // a missing file is a 400, saving an empty slot writes a file with n_saved 0.
 // Every call is recorded in order, so tests assert the exact management sequence.
 #pragma once

@@ -1,4 +1,4 @@
-// Running coroutines to completion in tests (style.md §4.7): co_spawn with use_future, then
+// Running coroutines to completion in tests (docs/conventions.md §5): co_spawn with use_future, then
 // drive the io_context from the test thread until the future is ready. A bounded wait turns
 // a coroutine that never completes (a lost wakeup, a lease never released) into a test
 // failure instead of a hung test binary.
