@@ -58,7 +58,8 @@ struct session_config {
 struct checkpoint_config {
   bool on_switch = true;        // save a dirty owner before the slot is reassigned
   bool on_shutdown = true;      // save the dirty owner on SIGTERM/SIGINT
-  bool on_turn_end = false;     // save after every completed request
+  bool on_turn_end = false;     // save after a reply that hands the conversation to the user
+  bool on_step_end = false;     // save after every model call (each tool-loop step)
   milliseconds idle{30'000};    // save a dirty owner after this much idle time; 0 = off
 
   bool operator==(const checkpoint_config&) const = default;

@@ -311,6 +311,7 @@ config reader::read_document(const YAML::Node& root) {
         {"onSwitch", [&](V v2, P p2) { c.checkpoint.on_switch = read_bool(v2, p2); }},
         {"onShutdown", [&](V v2, P p2) { c.checkpoint.on_shutdown = read_bool(v2, p2); }},
         {"onTurnEnd", [&](V v2, P p2) { c.checkpoint.on_turn_end = read_bool(v2, p2); }},
+        {"onStepEnd", [&](V v2, P p2) { c.checkpoint.on_step_end = read_bool(v2, p2); }},
         {"idleMs", [&](V v2, P p2) { c.checkpoint.idle = read_ms(v2, p2); }},
       });
     }},

@@ -3,6 +3,7 @@
 #include "core/log.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <fmt/format.h>
 
 namespace kvp::core {
@@ -95,8 +96,9 @@ void coordinator_core::set_runtime(const runtime_info& rt) {
   if (model_changed) on_epoch_change();
 }
 
-void coordinator_core::disable_persistence() {
+void coordinator_core::disable_persistence(errc why) {
   enabled_ = false;
+  disabled_reason_ = why;
   on_epoch_change();
 }
 
@@ -191,16 +193,18 @@ std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
 // Only failures that say "the server or the wire is unhappy" count towards the breaker.
 // A 4xx on restore is the snapshot's fault and is handled by invalidating it.
 void coordinator_core::record_backend_failure(const error& e, steady_time now) {
-  const bool counts = e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
-                      e.code == errc::operation_timeout || e.http_status >= 500;
-  if (counts && breaker_.on_failure(now))
-    log(log_level::warn, "kv.circuit.open",
-        {{"instance", opts_.instance_key}, {"failures", std::to_string(breaker_.consecutive_failures())},
-         {"reason", e.message}, {"effect", "persistence paused for the cooldown"}});
+  if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
+      e.code == errc::operation_timeout || e.http_status >= 500) {
+    if (breaker_.on_failure(now)) circuit_changes_.push_back({true, e.code});
+  }
 }
 
 void coordinator_core::record_backend_success() {
-  if (breaker_.on_success()) log(log_level::info, "kv.circuit.closed", {{"instance", opts_.instance_key}});
+  if (breaker_.on_success()) circuit_changes_.push_back({false, errc::invariant});
+}
+
+std::vector<coordinator_core::circuit_change> coordinator_core::take_circuit_changes() {
+  return std::exchange(circuit_changes_, {});
 }
 
 std::optional<int> coordinator_core::choose_slot(const request_identity& who,
@@ -241,6 +245,10 @@ prepare_plan coordinator_core::prepare(const request_identity& who, int slot, st
   sl.pending_hash = sl.pending_aux ? std::string() : hash_for(who.session_id);
   sl.pending_kind = sl.pending_aux ? prepare_kind::auxiliary : prepare_kind::none;
   if (!enabled_) {
+    // Strict mode promises that a session's turns are persisted: without persistence its
+    // requests are refused. Auxiliary output is never persisted, so it runs.
+    plan.fail = opts_.strict && !sl.pending_aux;
+    plan.fail_code = disabled_reason_;
     sl.pending_kind = prepare_kind::none;
     return plan;
   }
@@ -259,6 +267,7 @@ prepare_plan coordinator_core::prepare(const request_identity& who, int slot, st
     // be overwritten, so nobody is resident afterwards except the requester.
     if (opts_.strict) {
       plan.fail = true;
+      plan.fail_code = errc::backend_unavailable;
       return plan;
     }
     sl.owner.clear();
@@ -451,8 +460,9 @@ bool coordinator_core::on_erase(int slot, const result<slot_erased>& r, steady_t
   return true;
 }
 
+// Also with persistence off (a strict-mode refusal): its slots are unowned and unknown, so
+// only the pending request is dropped.
 void coordinator_core::abort_prepare(int slot) {
-  if (!enabled_) return;
   slot_rec& sl = *find_slot(slot);
   if (sl.state == slot_state::inference) {
     // Released without end_inference (the request coroutine failed after prepare): the
@@ -484,14 +494,17 @@ prepare_kind coordinator_core::start_inference(const request_identity& who, int 
     sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
   } else {
     sl.owner = sl.pending_hash;
-    if (k == prepare_kind::cold || k == prepare_kind::cold_fallback) ++stats_.cold_starts;
+    if (k == prepare_kind::cold || k == prepare_kind::cold_fallback) {
+      ++stats_.cold_starts;
+      if (find_manifest(sl.owner)) ++stats_.restore_misses;
+    }
   }
   sl.state = slot_state::inference;
   return k;
 }
 
 std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_slot,
-                                                         steady_time now) {
+                                                         steady_time now, bool turn_end) {
   slot_rec& sl = *find_slot(slot);
   const bool aux = sl.pending_aux;
   sl.pending_hash.clear();
@@ -513,7 +526,8 @@ std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_
     sl.idle_deadline = now + opts_.idle_checkpoint;
     sl.idle_rev = r.dirty_rev;
   }
-  if (opts_.save_on_turn_end && breaker_.allow(now)) return make_save(sl);
+  const bool save_now = opts_.save_on_step_end || (opts_.save_on_turn_end && turn_end);
+  if (save_now && breaker_.allow(now)) return make_save(sl);
   return std::nullopt;
 }
 
@@ -544,12 +558,14 @@ std::optional<save_step> coordinator_core::checkpoint_slot(int slot, steady_time
 }
 
 std::optional<manifest> coordinator_core::invalidate(const std::string& hash, errc reason,
-                                                     std::string_view wall_now) {
+                                                     std::string_view wall_now,
+                                                     std::string_view note) {
   auto it = sessions_.find(hash);
   if (it == sessions_.end() || !it->second.snapshot) return std::nullopt;
   auto& m = *it->second.snapshot;
   m.state = snapshot_state::invalid;
   m.invalid_reason = std::string(to_string(reason));
+  m.invalid_note = std::string(note.substr(0, manifest::max_note_bytes));
   m.updated_at = std::string(wall_now);
   ++stats_.invalidations;
   return m;
@@ -567,6 +583,14 @@ std::optional<save_step> coordinator_core::checkpoint_session(const std::string&
   const int slot = slot_of(hash);
   if (slot < 0) return std::nullopt;
   return checkpoint_slot(slot, now);
+}
+
+bool coordinator_core::release_session(const std::string& hash) {
+  const int slot = slot_of(hash);
+  if (slot < 0) return true;
+  if (owner_dirty(slot)) return false;
+  forget_slot(slot);
+  return true;
 }
 
 std::vector<coordinator_core::session_view> coordinator_core::sessions() const {

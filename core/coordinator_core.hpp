@@ -35,7 +35,8 @@ struct core_options {
   std::string runtime_key;
   int slot_id = 0;
   bool save_on_switch = true;
-  bool save_on_turn_end = false;
+  bool save_on_turn_end = false;   // after a reply that hands the conversation to the user
+  bool save_on_step_end = false;   // after every model call
   std::chrono::milliseconds idle_checkpoint{30'000};  // 0: off
   bool restore_enabled = true;
   bool verify_restore = true;
@@ -74,6 +75,7 @@ struct prepare_plan {
   bool erase = false;                   // cold start: clear the slot
   bool resident = false;                // the session already owns the slot: nothing to do
   bool fail = false;                    // strict mode: persistence cannot run, answer 503
+  errc fail_code = errc::invariant;     // why, when fail
   std::vector<manifest> manifest_writes;  // invalidations decided while planning
 };
 
@@ -98,6 +100,10 @@ struct core_stats {
   std::uint64_t restores = 0, restore_hits = 0, restore_failures = 0, cold_starts = 0,
                 saves = 0, save_failures = 0, empty_saves = 0, switches = 0,
                 save_bytes = 0, restore_bytes = 0, invalidations = 0;
+  // A returning session (one with a snapshot record) that ran cold: its snapshot was invalid,
+  // from another runtime, failed to restore, or restores were off or paused. First visits
+  // are cold starts, not misses.
+  std::uint64_t restore_misses = 0;
 };
 
 class coordinator_core {
@@ -107,7 +113,10 @@ class coordinator_core {
   // Persistence turns on when a probe shows a usable server; until then every plan is empty
   // and requests are forwarded untouched (docs/design.md §13: inference never waits for persistence).
   void set_runtime(const runtime_info& rt);
-  void disable_persistence();
+  // `why`: backend_unsupported (the server answered, unusably: no --slot-save-path, wrong slot
+  // count) or backend_unavailable (it did not answer). Strict mode fails session requests
+  // with this code while persistence is off.
+  void disable_persistence(errc why = errc::backend_unsupported);
   bool persistence_enabled() const { return enabled_; }
   const runtime_info& runtime() const { return runtime_; }
 
@@ -162,11 +171,13 @@ class coordinator_core {
   prepare_kind start_inference(const request_identity& who, int slot);
   prepare_kind start_inference(const request_identity& who) { return start_inference(who, first_slot()); }
   // REQUIRES: lease of `slot` held. The forwarded request finished or was cancelled.
-  // `reached_slot`: llama-server received it (its KV may have changed). Returns a save to run
-  // before the lease is released when checkpoint.onTurnEnd is set.
-  std::optional<save_step> end_inference(int slot, bool reached_slot, steady_time now);
-  std::optional<save_step> end_inference(bool reached_slot, steady_time now) {
-    return end_inference(first_slot(), reached_slot, now);
+  // `reached_slot`: llama-server received it (its KV may have changed). `turn_end`: its reply
+  // handed the conversation back to the user (core/reply_end.hpp). Returns a save to run
+  // before the lease is released with checkpoint.onStepEnd, or onTurnEnd at a turn end.
+  std::optional<save_step> end_inference(int slot, bool reached_slot, steady_time now,
+                                         bool turn_end = false);
+  std::optional<save_step> end_inference(bool reached_slot, steady_time now, bool turn_end = false) {
+    return end_inference(first_slot(), reached_slot, now, turn_end);
   }
   // A strict-mode failure, or a lease released without end_inference.
   void abort_prepare(int slot);
@@ -186,15 +197,20 @@ class coordinator_core {
   std::optional<save_step> checkpoint_owner(steady_time now) { return checkpoint_slot(first_slot(), now); }
 
   // Admin operations. REQUIRES: lease of the session's slot held (if it owns one).
-  // Marks the session's snapshot invalid (reason: an errc name); returns the manifest to
-  // write, or nothing if the session has no snapshot.
+  // Marks the session's snapshot invalid (reason: an errc name; note: the operator's words,
+  // recorded as the manifest's invalidNote); returns the manifest to write, or nothing if the
+  // session has no snapshot.
   std::optional<manifest> invalidate(const std::string& hash, errc reason,
-                                     std::string_view wall_now);
+                                     std::string_view wall_now, std::string_view note = {});
   // Forgets the session (purge): its record and, if it owns a slot, the ownership.
   // Returns whether anything was known about it.
   bool forget(const std::string& hash);
   // A save of `hash` if it owns a slot and is dirty (flush of one session).
   std::optional<save_step> checkpoint_session(const std::string& hash, steady_time now);
+  // Dispose, second half: the session gives its slot up but stays known, so its next
+  // request restores from its snapshot. Only a clean owner lets go (checkpoint_session
+  // first); returns false, keeping the ownership, while the slot holds unsaved turns.
+  bool release_session(const std::string& hash);
   // The verdict of the last `doctor --verify` for this runtime; new manifests carry it.
   void set_compatibility(std::string verdict) { compatibility_ = std::move(verdict); }
 
@@ -226,6 +242,12 @@ class coordinator_core {
   std::vector<manifest> manifests() const;
   const core_stats& stats() const { return stats_; }
   const breaker& circuit() const { return breaker_; }
+  // The breaker's transitions since the last call, oldest first, for one log line each.
+  struct circuit_change {
+    bool opened = false;  // false: recovered (closed again)
+    errc cause = errc::invariant;  // the failure that opened it
+  };
+  std::vector<circuit_change> take_circuit_changes();
   const core_options& options() const { return opts_; }
 
  private:
@@ -261,6 +283,7 @@ class coordinator_core {
   core_options opts_;
   breaker breaker_;
   bool enabled_ = false;
+  errc disabled_reason_ = errc::backend_unavailable;  // not probed yet counts as unreachable
   runtime_info runtime_;
   std::string fingerprint_;
   std::unordered_map<std::string, session_rec> sessions_;
@@ -268,6 +291,7 @@ class coordinator_core {
   std::uint64_t use_clock_ = 0;
   core_stats stats_;
   std::string compatibility_ = "unknown";
+  std::vector<circuit_change> circuit_changes_;
   // hash_for's last few answers under the current runtime: one request asks for its session's
   // hash several times (queue, slot choice, plan), and each is a SHA-256. Cleared by set_runtime.
   struct hash_memo {

@@ -23,6 +23,7 @@ enum class errc {
   operation_timeout,      // a management call exceeded failure.managementTimeoutMs
   operator_invalidated,   // invalidated through the admin API or CLI
   invariant,              // a bug
+  listen_failed,          // a listen address that does not parse, or cannot be bound
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -43,6 +44,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::operation_timeout: return "KV_OPERATION_TIMEOUT";
     case errc::operator_invalidated: return "KV_OPERATOR_INVALIDATED";
     case errc::invariant: return "KV_INVARIANT";
+    case errc::listen_failed: return "KV_LISTEN_FAILED";
   }
   return "KV_INVARIANT";
 }

@@ -68,6 +68,8 @@ std::string to_json(const manifest& m) {
   w.Uint64(m.revision);
   str("state", m.state == snapshot_state::ready ? "ready" : "invalid");
   if (m.state == snapshot_state::invalid) str("invalidReason", m.invalid_reason);
+  if (m.state == snapshot_state::invalid && !m.invalid_note.empty())
+    str("invalidNote", valid_utf8(m.invalid_note));
   str("compatibility", m.compatibility);
   str("createdAt", m.created_at);
   str("updatedAt", m.updated_at);
@@ -128,6 +130,8 @@ result<manifest> parse_manifest(std::string_view json) {
   } else if (state == "invalid") {
     m.state = snapshot_state::invalid;
     get_str("invalidReason", m.invalid_reason);
+    get_str("invalidNote", m.invalid_note);
+    if (m.invalid_note.size() > manifest::max_note_bytes) m.invalid_note.resize(manifest::max_note_bytes);
   } else {
     return invalid("state must be \"ready\" or \"invalid\"");
   }

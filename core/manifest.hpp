@@ -26,6 +26,8 @@ struct manifest {
   std::uint64_t revision = 0;
   snapshot_state state = snapshot_state::ready;
   std::string invalid_reason;                   // an errc name when state is invalid
+  std::string invalid_note;                     // the operator's words (admin invalidate), or ""
+  static constexpr std::size_t max_note_bytes = 256;
   std::string compatibility = "unknown";        // supported | experimental | broken | unknown
   std::string created_at;                       // RFC 3339 UTC, from the caller's wall clock
   std::string updated_at;

@@ -12,7 +12,9 @@
 
 #include "config/config.hpp"
 #include "core/event_history.hpp"
+#include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/manifest.hpp"
 #include "proxy/listen.hpp"
 #include "core/metrics.hpp"
 #include "core/request_class.hpp"
@@ -163,9 +165,25 @@ net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::exe
   co_return json(200, std::move(body), v);
 }
 
+// The optional body of POST .../invalidate: {"reason": "..."} (at most 256 bytes of text).
+// nullopt: not that shape.
+std::optional<std::string> invalidate_note(const std::string& body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return std::string();
+  rapidjson::Document d;
+  if (!core::parse_json_bounded(body, d) || !d.IsObject()) return std::nullopt;
+  std::string note;
+  for (const auto& kv : d.GetObject()) {
+    if (std::string_view(kv.name.GetString()) != "reason" || !kv.value.IsString() ||
+        kv.value.GetStringLength() > core::manifest::max_note_bytes)
+      return std::nullopt;
+    note.assign(kv.value.GetString(), kv.value.GetStringLength());
+  }
+  return note;
+}
+
 // /kv/sessions/{id}[/action]; `rest` is the raw path after that prefix.
 net::awaitable<response> session_route(coordinator* coord, http::verb method, std::string rest,
-                                       unsigned v) {
+                                       std::string body, unsigned v) {
   // Split before decoding: a session id may contain an encoded '/' (a%2Fb).
   std::string action;
   if (auto slash = rest.find('/'); slash != std::string::npos) {
@@ -190,10 +208,15 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
       r = co_await on_strand(coord, coord->admin_save(rest));
     else if (action == "restore")
       r = co_await on_strand(coord, coord->admin_restore(rest));
-    else if (action == "invalidate")
-      r = co_await on_strand(coord, coord->admin_invalidate(rest));
+    else if (action == "invalidate") {
+      auto note = invalidate_note(body);
+      if (!note) co_return err(400, "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
+      r = co_await on_strand(coord, coord->admin_invalidate(rest, std::move(*note)));
+    }
+    else if (action == "dispose")
+      r = co_await on_strand(coord, coord->admin_dispose(rest));
     else
-      co_return err(404, "unknown action (save, flush, restore, invalidate)", v);
+      co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
   }
   co_return json(r.status, std::move(r.body), v);
 }
@@ -488,7 +511,8 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   }
   constexpr std::string_view prefix = "/kv/sessions/";
   if (raw_path.starts_with(prefix))
-    co_return co_await session_route(coord, method, raw_path.substr(prefix.size()), v);
+    co_return co_await session_route(coord, method, raw_path.substr(prefix.size()),
+                                     std::move(req.body()), v);
   co_return err(404, "not found", v);
 }
 

@@ -207,7 +207,8 @@ int run_admin_command(const std::string& command, const std::vector<std::string>
   cli_options o;
   if (auto rc = parse_common(args, o)) return *rc;
   const bool needs_session = command == "save" || command == "restore" ||
-                             command == "invalidate" || command == "purge";
+                             command == "invalidate" || command == "purge" ||
+                             command == "dispose";
   if (needs_session != (o.positional.size() == 1) || o.positional.size() > 1) {
     fmt::print(stderr, "kvpersist: usage: kvpersist {}{} [--admin HOST:PORT] [--token T] [--json]\n",
                command, needs_session ? " SESSION" : "");

@@ -45,7 +45,11 @@ std::int64_t unix_now() {
       .count();
 }
 
-// Coroutines spawned in the background log what escapes them instead of swallowing it.
+// Seconds since the snapshot was last saved (0 if its time does not parse or is ahead).
+std::int64_t snapshot_age_s(const core::manifest& m) {
+  const auto at = core::parse_utc(m.updated_at);
+  return at > 0 ? std::max<std::int64_t>(0, unix_now() - at) : 0;
+}
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -68,7 +72,8 @@ net::awaitable<void> coordinator::start() {
     std::vector<std::string> skipped;
     auto all = store_.load_all(skipped);
     for (auto& s : skipped)
-      log(log_level::warn, "kv.manifest.skipped", {{"file", s}});
+      log(log_level::warn, "kv.manifest.skipped",
+          {{"file", s}, {"code", std::string(core::to_string(core::errc::manifest_invalid))}});
     for (auto& m : all) core_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(all.size())}});
@@ -103,7 +108,10 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     return;
   }
   if (!p) {
-    if (core_.persistence_enabled()) core_.on_epoch_change();
+    if (core_.persistence_enabled())
+      core_.on_epoch_change();
+    else
+      core_.disable_persistence(core::errc::backend_unavailable);
     if (!warned_disabled_)
       log(log_level::warn, "kv.backend.unavailable",
           {{"reason", p.err().message},
@@ -159,7 +167,7 @@ void coordinator::disable_persistence(const std::string& why) {
   if (core_.persistence_enabled() || !warned_disabled_)
     log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
   warned_disabled_ = true;
-  core_.disable_persistence();
+  core_.disable_persistence(core::errc::backend_unsupported);
 }
 
 // Reads the runtime again when there is a reason to believe the server changed. While
@@ -242,6 +250,9 @@ bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
 
 void coordinator::grant(const std::shared_ptr<lease_ticket>& t) {
   t->granted = true;
+  log(log_level::debug, "kv.slot.acquire",
+      {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
+       {"ticket", std::to_string(t->id)}});
   if (t->admitting) return;  // admit reports the grant itself; nobody waits on the timer
   // Expiry in the past completes the wait whether or not it has started yet.
   net::post(t->wakeup.get_executor(),
@@ -308,7 +319,37 @@ net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
   co_return false;
 }
 
+// The slot changes hands: one line per switch (spec §84's B-after-A), not per request.
+void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
+  const bool aux = who.session_id.empty() || !who.purpose.empty();
+  const std::string to = aux ? std::string() : core_.hash_for(who.session_id);
+  if (from.empty() || from == to) return;
+  log(log_level::info, "kv.session.switch",
+      {{"from", std::string(core::abbrev(from))},
+       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
+       {"slot", std::to_string(slot)}});
+}
+
+// One line per breaker transition, as soon as the lease holder that caused it is done with
+// its management calls (core::breaker reports only changes, so an outage is one line).
+void coordinator::log_circuit_changes() {
+  for (const auto& c : core_.take_circuit_changes()) {
+    if (c.opened) {
+      log(log_level::warn, "kv.persistence.circuit_open",
+          {{"code", std::string(core::to_string(c.cause))},
+           {"failures", std::to_string(core_.circuit().consecutive_failures())},
+           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
+    } else {
+      log(log_level::info, "kv.persistence.circuit_recovered");
+    }
+  }
+}
+
 void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
+  log_circuit_changes();
+  log(log_level::debug, "kv.slot.release",
+      {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
+       {"ticket", std::to_string(t->id)}});
   std::erase_if(leased_, [&](const auto& kv) { return kv.second == t; });
   if (leased_.empty() && pending_probe_) {
     auto p = std::move(*pending_probe_);
@@ -327,18 +368,21 @@ net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   co_return;
 }
 
-void coordinator::write_manifest(const core::manifest& m) {
+bool coordinator::write_manifest(const core::manifest& m) {
   if (auto r = store_.write(m); !r) {
     log(log_level::warn, "kv.manifest.write_failed",
-        {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", r.err().message}});
-    return;
+        {{"session", std::string(core::abbrev(m.session_hash))},
+         {"code", std::string(core::to_string(core::errc::metadata_io))},
+         {"reason", r.err().message}});
+    return false;
   }
   const bool new_session = core_.find_manifest(m.session_hash) == nullptr;
   core_.store_manifest(m);
   if (new_session) enforce_session_budget();
+  return true;
 }
 
-net::awaitable<bool> coordinator::run_save(const core::save_step& s) {
+net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_step& s) {
   const auto sess = std::string(core::abbrev(s.hash));
   core::save_step step = s;
   // Another kvpersist sharing the state directory may have saved this session since we
@@ -358,18 +402,23 @@ net::awaitable<bool> coordinator::run_save(const core::save_step& s) {
     save_bytes_.observe(static_cast<double>(r->n_written));
   }
   auto d = core_.on_save(step, r, steady_clock::now(), wall_now());
+  if (d.ok && !write_manifest(*d.write)) {
+    // The snapshot is on disk but nothing points at it: not a checkpoint. The session stays
+    // dirty and its previous manifest (if any) stays the one a restore uses.
+    d.ok = false;
+    d.err = core::error{core::errc::metadata_io, 0, "the manifest could not be written"};
+  }
   if (d.ok) {
-    write_manifest(*d.write);
     log(log_level::info, "kv.session.save.success",
         {{"session", sess}, {"slot", std::to_string(step.slot)},
          {"tokens", std::to_string(d.write->tokens)}, {"bytes", std::to_string(d.write->bytes)},
          {"ms", ms_str(d.write->save_ms)}, {"generation", std::string(1, step.generation)}});
-    co_return true;
+    co_return core::unit{};
   }
   log(log_level::warn, "kv.session.save.failed",
       {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
        {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
-  co_return false;
+  co_return d.err;
 }
 
 net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket> t,
@@ -394,24 +443,31 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
       if (auto m = store_.read(h)) core_.add_manifest(std::move(*m));
     }
   }
+  const std::string before = core_.owner(slot);
   auto plan = core_.prepare(who, slot, now, wall_now());
+  if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
     write_manifest(m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
   }
-  auto fail = [&](std::string why) {
+  auto fail = [&](core::errc code, std::string why) {
     core_.abort_prepare(slot);
     release_and_wake(t);
     out.ok = false;
+    out.code = code;
     out.message = std::move(why);
     return out;
   };
-  if (plan.fail) co_return fail("persistence unavailable (circuit open) and strict mode is on");
+  if (plan.fail)
+    co_return fail(plan.fail_code, core_.persistence_enabled()
+                                       ? "persistence unavailable (circuit open) and strict mode is on"
+                                       : "persistence is off and strict mode is on");
 
   if (plan.save) {
-    const bool saved = co_await run_save(*plan.save);
-    if (!saved && opts_.strict) co_return fail("saving the previous session failed");
+    const auto saved = co_await run_save(*plan.save);
+    if (!saved && opts_.strict)
+      co_return fail(saved.err().code, "saving the previous session failed");
   }
   bool need_erase = plan.erase;
   if (plan.restore) {
@@ -454,7 +510,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
            {"status", std::to_string(r ? 200 : r.err().http_status)},
            {"reason", r ? d.err.message : r.err().message},
            {"effect", "cold prefill"}});
-      if (opts_.strict) co_return fail("restoring the session's snapshot failed");
+      if (opts_.strict) co_return fail(d.err.code, "restoring the session's snapshot failed");
       need_erase = d.need_erase;
     }
   }
@@ -462,10 +518,13 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     auto r = co_await backend_->erase(plan.slot);
     if (!core_.on_erase(slot, r, steady_clock::now())) {
       log(log_level::warn, "kv.slot.erase.failed",
-          {{"slot", std::to_string(plan.slot)}, {"reason", r ? "" : r.err().message}});
-      if (opts_.strict) co_return fail("erasing the slot failed");
+          {{"slot", std::to_string(plan.slot)},
+           {"code", std::string(core::to_string(core::errc::erase_failed))},
+           {"reason", r ? "" : r.err().message}});
+      if (opts_.strict) co_return fail(core::errc::erase_failed, "erasing the slot failed");
     }
   }
+  log_circuit_changes();
   out.kind = core_.start_inference(who, slot);
   if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
@@ -474,9 +533,10 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   co_return out;
 }
 
-net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot) {
+net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                                         bool turn_end) {
   if (!holds(t) || t->slot < 0) co_return;
-  if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now()))
+  if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
     co_await run_save(*s);
   release_and_wake(t);
 }
@@ -500,10 +560,11 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   if (!core_.persistence_enabled()) co_return out;
   for (int id : core_.slot_ids()) {
     if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
-      const bool saved = co_await run_save(*s);
+      const auto saved = co_await run_save(*s);
       if (!saved && opts_.strict) {
         release_and_wake(t);
         out.ok = false;
+        out.code = saved.err().code;
         out.message = "saving a session before an unpinnable request failed";
         co_return out;
       }
@@ -574,6 +635,7 @@ net::awaitable<void> coordinator::idle_loop() {
       log(log_level::debug, "kv.checkpoint.idle",
           {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
       co_await run_save(*s);
+      log_circuit_changes();
       std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
       pump();
     }
@@ -609,8 +671,8 @@ net::awaitable<bool> coordinator::checkpoint() {
   bool ok = true;
   for (int id : core_.slot_ids()) {
     if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
-      const bool saved = co_await run_save(*s);
-      ok = ok && saved;
+      const auto saved = co_await run_save(*s);
+      ok = ok && saved.ok();
     }
   }
   release_and_wake(t);
@@ -685,6 +747,10 @@ void write_session(json_writer& w, const session_row& v) {
     if (m.state == core::snapshot_state::invalid) {
       w.Key("invalidReason");
       jstr(w, m.invalid_reason);
+      if (!m.invalid_note.empty()) {
+        w.Key("invalidNote");
+        jstr(w, core::valid_utf8(m.invalid_note));
+      }
     }
     w.Key("file");
     jstr(w, m.snapshot_file());
@@ -696,6 +762,8 @@ void write_session(json_writer& w, const session_row& v) {
     jstr(w, m.compatibility);
     w.Key("updatedAt");
     jstr(w, m.updated_at);
+    w.Key("ageSeconds");
+    w.Int64(snapshot_age_s(m));
     w.EndObject();
   }
   w.EndObject();
@@ -892,8 +960,8 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
   } else if (core_.slot_of(hash) < 0) {
     out = json_reply(200, "result", "not resident: its last snapshot is current");
   } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
-    const bool ok = co_await run_save(*s);
-    out = ok ? json_reply(200, "result", "saved") : error_reply(502, "save failed");
+    const auto saved = co_await run_save(*s);
+    out = saved ? json_reply(200, "result", "saved") : error_reply(502, "save failed");
   } else {
     out = json_reply(200, "result", "clean: nothing to save");
   }
@@ -940,17 +1008,38 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id) {
+net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id, std::string note) {
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_reply out;
-  if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now())) {
+  if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     write_manifest(*m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
     out = json_reply(200, "result", "invalidated");
   } else {
     out = error_reply(404, "no snapshot for that session");
+  }
+  release_and_wake(t);
+  co_return out;
+}
+
+net::awaitable<admin_reply> coordinator::admin_dispose(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_reply out = json_reply(200, "result", "disposed");
+  if (!core_.session(hash)) {
+    out = error_reply(404, "unknown session");
+  } else if (core_.slot_of(hash) < 0) {
+    out = json_reply(200, "result", "not resident: nothing to dispose");
+  } else {
+    if (auto s = core_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
+    if (!core_.release_session(hash)) {
+      out = error_reply(502, "save failed: the session keeps its slot");
+    } else {
+      log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
+    }
   }
   release_and_wake(t);
   co_return out;
@@ -1091,8 +1180,13 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   };
   counter("kvpersist_restore_total", "Snapshot restores attempted.", st.restores);
   counter("kvpersist_restore_hit_total", "Restores that loaded a verified snapshot.", st.restore_hits);
-  counter("kvpersist_restore_miss_total", "Session requests with no usable snapshot (cold starts).",
-          st.cold_starts);
+  counter("kvpersist_restore_miss_total",
+          "Returning sessions whose snapshot could not be used (invalid, incompatible, failed).",
+          st.restore_misses);
+  const auto returning = st.restore_hits + st.restore_misses;
+  gauge("kvpersist_restore_hit_ratio",
+        "Restore hits / (hits + misses) over returning sessions; 0 before the first.",
+        returning ? static_cast<double>(st.restore_hits) / static_cast<double>(returning) : 0.0);
   counter("kvpersist_restore_failure_total", "Restores that failed or did not verify.",
           st.restore_failures);
   counter("kvpersist_save_total", "Snapshots saved.", st.saves);
@@ -1125,12 +1219,16 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
   w.histo("kvpersist_restore_bytes", lbl, restore_bytes_);
   std::uint64_t valid = 0, bytes = 0;
+  std::int64_t oldest = 0;
   for (const auto& m : core_.manifests())
     if (m.state == core::snapshot_state::ready) {
       ++valid;
       bytes += m.bytes;
+      oldest = std::max(oldest, snapshot_age_s(m));
     }
   gauge("kvpersist_snapshot_count", "Valid snapshots known.", valid);
+  gauge("kvpersist_snapshot_oldest_age_seconds",
+        "Age of the least recently saved valid snapshot (0 without any).", static_cast<double>(oldest));
   gauge("kvpersist_snapshot_bytes", "Bytes of the valid snapshots' current generations.", bytes);
   gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
   gauge("kvpersist_persistence_enabled", "1 when slot persistence is active.",

@@ -91,6 +91,7 @@ struct prepare_result {
   bool ok = true;               // false: strict-mode failure, answer 503 (lease released)
   core::prepare_kind kind = core::prepare_kind::none;
   std::string message;          // why, when !ok
+  core::errc code = core::errc::invariant;  // what failed, when !ok (the 503's kv_code)
 };
 
 // What admit did with a ticket.
@@ -136,9 +137,13 @@ class coordinator {
   // restarted; the runtime is re-read before deciding.
   net::awaitable<prepare_result> prepare(std::shared_ptr<lease_ticket> t,
                                          core::request_identity who, bool fresh_upstream);
-  // REQUIRES: t holds the lease. Marks the slot dirty, runs a turn-end checkpoint if
-  // configured, releases the lease and wakes the next waiter.
-  net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot);
+  // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
+  // configured (`turn_end`: the reply handed the conversation back to the user), releases
+  // the lease and wakes the next waiter.
+  net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                              bool turn_end = false);
+  // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
+  bool watches_turn_end() const { return opts_.core.save_on_turn_end && !opts_.core.save_on_step_end; }
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
   // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
   // task, so that finish_exclusive can tell which slot the server used and forget only its
@@ -169,7 +174,11 @@ class coordinator {
   admin_reply session_json(const std::string& hash_or_id) const;
   net::awaitable<admin_reply> admin_save(std::string hash_or_id);
   net::awaitable<admin_reply> admin_restore(std::string hash_or_id);
-  net::awaitable<admin_reply> admin_invalidate(std::string hash_or_id);
+  // `note`: the operator's reason, recorded in the manifest (invalidNote).
+  net::awaitable<admin_reply> admin_invalidate(std::string hash_or_id, std::string note);
+  // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
+  // session stays known and restores on its next request. Purge forgets it and its manifest.
+  net::awaitable<admin_reply> admin_dispose(std::string hash_or_id);
   net::awaitable<admin_reply> admin_purge(std::string hash_or_id);
   net::awaitable<admin_reply> admin_flush();
   net::awaitable<admin_reply> admin_gc();
@@ -193,6 +202,8 @@ class coordinator {
   bool holds(const std::shared_ptr<lease_ticket>& t) const;
   std::vector<int> free_slots() const;
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
+  void log_circuit_changes();
+  void log_switch(const std::string& from, const core::request_identity& who, int slot);
   void arm_idle_timer();
   net::awaitable<void> idle_loop();
   net::awaitable<void> probe_loop();
@@ -200,8 +211,10 @@ class coordinator {
   void apply_probe(const core::result<core::server_probe>& p);
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why);
-  net::awaitable<bool> run_save(const core::save_step& s);
-  void write_manifest(const core::manifest& m);
+  // The error, with its code, when the snapshot did not become the session's checkpoint.
+  net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);
+  // Stores the manifest durably and makes it current; false (logged) if the write failed.
+  bool write_manifest(const core::manifest& m);
   net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
   struct session_ref {

@@ -24,7 +24,7 @@ std::string_view type_for(http::status s) {
 }  // namespace
 
 response error_response(http::status status, std::string_view message, unsigned version,
-                        bool keep_alive) {
+                        bool keep_alive, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
   rapidjson::Writer<rapidjson::StringBuffer> w(sb);
   w.StartObject();
@@ -37,6 +37,10 @@ response error_response(http::status status, std::string_view message, unsigned 
   w.Key("type");
   auto t = type_for(status);
   w.String(t.data(), static_cast<rapidjson::SizeType>(t.size()));
+  if (!kv_code.empty()) {
+    w.Key("kv_code");
+    w.String(kv_code.data(), static_cast<rapidjson::SizeType>(kv_code.size()));
+  }
   w.EndObject();
   w.EndObject();
   response res{status, version};
@@ -48,8 +52,9 @@ response error_response(http::status status, std::string_view message, unsigned 
   return res;
 }
 
-response busy_response(std::string_view message, unsigned retry_after_s, unsigned version) {
-  auto res = error_response(http::status::service_unavailable, message, version, true);
+response busy_response(std::string_view message, unsigned retry_after_s, unsigned version,
+                       std::string_view kv_code) {
+  auto res = error_response(http::status::service_unavailable, message, version, true, kv_code);
   res.set(http::field::retry_after, std::to_string(retry_after_s));
   return res;
 }

@@ -16,7 +16,7 @@ core::result<std::unique_ptr<acceptor>> listen_on(net::io_context& ioc, const st
   beast::error_code ec;
   auto addr = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec)
-    return core::error{core::errc::invariant, 0, fmt::format("{}: bad address {}", what, host)};
+    return core::error{core::errc::listen_failed, 0, fmt::format("{}: bad address {}", what, host)};
   tcp::endpoint ep{addr, port};
   auto a = std::make_unique<acceptor>(ioc);
   a->open(ep.protocol(), ec);
@@ -24,7 +24,7 @@ core::result<std::unique_ptr<acceptor>> listen_on(net::io_context& ioc, const st
   if (!ec) a->bind(ep, ec);
   if (!ec) a->listen(net::socket_base::max_listen_connections, ec);
   if (ec)
-    return core::error{core::errc::invariant, 0,
+    return core::error{core::errc::listen_failed, 0,
                        fmt::format("cannot listen on {} ({}): {}", host_port, what, ec.message())};
   return a;
 }

@@ -33,7 +33,7 @@ constexpr const char* usage = R"(kvpersist - keeps llama-server sessions warm ac
 Usage:
   kvpersist serve [--config FILE] [options]      run the proxy
   kvpersist status | list [--json]               what the daemon knows (admin API)
-  kvpersist save | restore | invalidate | purge SESSION
+  kvpersist save | restore | invalidate | dispose | purge SESSION
   kvpersist flush | gc                           checkpoint the dirty slot; apply retention
   kvpersist doctor [--config FILE] [--upstream URL] [--verify] [--json]
   kvpersist --help | --version
@@ -184,7 +184,8 @@ int serve(const std::vector<std::string>& args) {
          net::signal_set& stop_signals) -> net::awaitable<void> {
         auto r = co_await s.start();
         if (!r) {
-          core::log(core::log_level::error, "kv.proxy.listen_failed", {{"reason", r.err().message}});
+          core::log(core::log_level::error, "kv.proxy.listen_failed",
+                    {{"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
           rc = 1;
           io.stop();
           co_return;
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
   }
   if (args[0] == "serve") return serve(rest);
   if (args[0] == "doctor") return proxy::run_doctor(rest);
-  for (const char* c : {"status", "list", "save", "restore", "invalidate", "purge", "flush", "gc"})
+  for (const char* c : {"status", "list", "save", "restore", "invalidate", "dispose", "purge", "flush", "gc"})
     if (args[0] == c) return proxy::run_admin_command(args[0], rest);
   fmt::print(stderr, "kvpersist: unknown command '{}' (see --help)\n", args[0]);
   return 2;

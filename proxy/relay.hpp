@@ -62,11 +62,15 @@ void expire(S& s, std::chrono::milliseconds d) {
   if constexpr (requires { s.expires_after(d); }) s.expires_after(d);
 }
 
-// Keeps the last few KiB of the body (where llama-server's final timings are).
+// Keeps the first 256 bytes and the last 8-16 KiB of the body: a stream's final event
+// (timings, finish reason) is at its end, a whole OpenAI reply's finish_reason at its start
+// (core/reply_end.hpp reads both).
+inline constexpr std::size_t kept_head_bytes = 256;
 inline void keep_tail(std::string* tail, const char* data, std::size_t n) {
   if (!tail || n == 0) return;
   tail->append(data, n);
-  if (tail->size() > 16 * 1024) tail->erase(0, tail->size() - 8 * 1024);
+  if (tail->size() > 16 * 1024)
+    tail->erase(kept_head_bytes, tail->size() - 8 * 1024 - kept_head_bytes);
 }
 
 // 1xx responses read past before the exchange is taken as broken.

@@ -16,6 +16,7 @@
 #include "backends/llama_http_backend.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/reply_end.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
@@ -171,6 +172,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.core.reserve_aux_slot = sc.reserve_aux_slot;
     co.core.save_on_switch = cfg_.checkpoint.on_switch;
     co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
+    co.core.save_on_step_end = cfg_.checkpoint.on_step_end;
     co.core.idle_checkpoint = cfg_.checkpoint.idle;
     co.core.restore_enabled = cfg_.restore.enabled;
     co.core.verify_restore = cfg_.restore.verify;
@@ -515,7 +517,8 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const auto adm = co_await net::co_spawn(up.coord->strand(), std::move(adm_op), net::use_awaitable);
   if (adm.what == admission::outcome::rejected) {
     if (idle) up.pool->release(std::move(idle));
-    auto res = busy_response("too many requests are waiting for the slot", 2, version);
+    auto res = busy_response("too many requests are waiting for the slot", 2, version,
+                             core::to_string(core::errc::slot_busy));
     co_return co_await send(c, std::move(res));
   }
   if (adm.what == admission::outcome::queued) {
@@ -526,7 +529,8 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
         co_await net::co_spawn(up.coord->strand(), up.coord->settle(t), net::use_awaitable);
     if (!granted) {
       if (gone) co_return false;
-      auto res = busy_response("timed out waiting for the slot", 2, version);
+      auto res = busy_response("timed out waiting for the slot", 2, version,
+                               core::to_string(core::errc::slot_busy));
       co_return co_await send(c, std::move(res));
     }
     if (gone) {
@@ -560,7 +564,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
       up.pool->release(std::move(conn->stream));
       auto res = error_response(http::status::service_unavailable,
                                 fmt::format("KV persistence failed in strict mode: {}", pr.message),
-                                version, keep);
+                                version, keep, core::to_string(pr.code));
       co_return co_await send(c, std::move(res));
     }
     const bool keep_x = co_await forward(up, c, req, std::move(conn.value()), st);
@@ -581,7 +585,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     up.pool->release(std::move(conn->stream));
     auto res = error_response(http::status::service_unavailable,
                               fmt::format("KV persistence failed in strict mode: {}", pr.message),
-                              version, keep);
+                              version, keep, core::to_string(pr.code));
     co_return co_await send(c, std::move(res));
   }
   if (t->pinned) {
@@ -601,13 +605,18 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     }
     req.body() = std::move(pinned.value());
   }
-  // Only requests that were not resident pay for reading llama-server's timings back.
+  // Only requests that were not resident pay for reading llama-server's timings back, and
+  // session requests for their finish reason when checkpoint.onTurnEnd needs it.
   const bool watch = pr.kind == core::prepare_kind::restored ||
                      pr.kind == core::prepare_kind::cold ||
                      pr.kind == core::prepare_kind::cold_fallback;
+  const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
+                          pr.kind != core::prepare_kind::auxiliary;
   std::string tail;
   const bool keep_after = co_await forward(up, c, req, std::move(conn.value()), st,
-                                           watch ? &tail : nullptr);
+                                           watch || watch_turn ? &tail : nullptr);
+  const bool turn_end = watch_turn && st.done &&
+                        core::classify_reply_end(tail) == core::reply_end::user_turn;
   if (watch && st.done) {
     auto timings = parse_timings(tail);
     net::co_spawn(
@@ -621,7 +630,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // Not awaited: the strand runs handlers in the order they were submitted, so whatever this
   // client (or anyone) asks of the coordinator after this line sees the lease released; a
   // turn-end checkpoint runs while the client already reads its next request.
-  net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent), log_exception);
+  net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent, turn_end), log_exception);
   guard.dismiss();
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(

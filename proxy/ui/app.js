@@ -237,8 +237,8 @@ const FEED_KINDS = [
   ["kv.session.restore.failed", "fail", (e) => "restore failed (" + e.code + "), prefilling"],
   ["kv.session.cold", "cold", () => "full prefill"],
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
-  ["kv.circuit.open", "breaker", (e) => "circuit open after " + e.failures + " failures: persistence paused"],
-  ["kv.circuit.closed", "breaker", () => "circuit closed: persistence resumed"],
+  ["kv.persistence.circuit_open", "breaker", (e) => "circuit open after " + e.failures + " failures (" + e.code + "): persistence paused"],
+  ["kv.persistence.circuit_recovered", "breaker", () => "circuit recovered: persistence resumed"],
 ];
 
 function describe(e) {

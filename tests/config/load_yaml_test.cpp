@@ -73,6 +73,7 @@ checkpoint:
   onSwitch: false
   onShutdown: false
   onTurnEnd: true
+  onStepEnd: true
   idleMs: 0
 restore:
   enabled: false
@@ -119,6 +120,7 @@ log:
   CHECK_FALSE(cfg.checkpoint.on_switch);
   CHECK_FALSE(cfg.checkpoint.on_shutdown);
   CHECK(cfg.checkpoint.on_turn_end);
+  CHECK(cfg.checkpoint.on_step_end);
   CHECK(cfg.checkpoint.idle == 0ms);
   CHECK_FALSE(cfg.restore.enabled);
   CHECK_FALSE(cfg.restore.verify);

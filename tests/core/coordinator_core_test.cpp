@@ -8,7 +8,6 @@
 #include <chrono>
 #include <string>
 
-#include "core/event_history.hpp"
 #include "tests/support/core_strings.hpp"
 
 namespace {
@@ -828,20 +827,65 @@ TEST_CASE("switch-only saving can be turned off", "[core][coordinator_core]") {
   CHECK(p.erase);
 }
 
-TEST_CASE("checkpoint.onTurnEnd saves when the request ends", "[core][coordinator_core]") {
+TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores",
+          "[core][coordinator_core][dispose]") {
+  auto c = make_core();
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);
+  REQUIRE(c.owner() == a);
+  // Dirty: the ownership is kept until the save is stored.
+  CHECK_FALSE(c.release_session(a));
+  CHECK(c.owner() == a);
+  auto s = c.checkpoint_session(a, t0 + 1s);
+  REQUIRE(s);
+  auto d = c.on_save(*s, saved(300), t0 + 1s, wall);
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  CHECK(c.release_session(a));
+  CHECK(c.owner().empty());
+  REQUIRE(c.session(a));  // still known, with its snapshot
+  CHECK(c.session(a)->snapshot->tokens == 300);
+
+  auto p = c.prepare(session("A"), t0 + 2s, wall);
+  CHECK_FALSE(p.resident);
+  CHECK_FALSE(p.save);
+  CHECK_FALSE(p.erase);
+  REQUIRE(p.restore);
+  CHECK(p.restore->expected_tokens == 300);
+  // A session that owns no slot has nothing to let go.
+  CHECK(c.release_session(c.hash_for("B")));
+}
+
+TEST_CASE("checkpoint.onTurnEnd saves when a reply ends the user's turn, not a tool step",
+          "[core][coordinator_core]") {
   auto o = test_options();
   o.save_on_turn_end = true;
   auto c = make_core(o);
+  run_request(c, session("A"), t0);  // a step (turn_end false): no save
+  CHECK(c.owner_dirty());
+  CHECK(c.state() == slot_state::dirty);
   auto p = c.prepare(session("A"), t0, wall);
-  REQUIRE(c.on_erase(erased(), t0));
+  REQUIRE(p.resident);
   c.start_inference(session("A"));
-  auto s = c.end_inference(true, t0 + 1s);
+  auto s = c.end_inference(true, t0 + 1s, true);
   REQUIRE(s);
   CHECK(s->hash == c.hash_for("A"));
-  CHECK(s->revision == 1);
+  CHECK(s->revision == 2);
   CHECK(s->generation == 'a');
   CHECK(c.state() == slot_state::saving);
-  (void)p;
+}
+
+TEST_CASE("checkpoint.onStepEnd saves after every model call", "[core][coordinator_core]") {
+  auto o = test_options();
+  o.save_on_step_end = true;
+  auto c = make_core(o);
+  auto p = c.prepare(session("A"), t0, wall);
+  REQUIRE(p.erase);
+  REQUIRE(c.on_erase(erased(), t0));
+  c.start_inference(session("A"));
+  auto s = c.end_inference(true, t0 + 1s, false);
+  REQUIRE(s);
+  CHECK(s->revision == 1);
 }
 
 namespace {
@@ -905,21 +949,60 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design
   (void)b;
 }
 
-TEST_CASE("the circuit opening and closing are events for the dashboard's feed",
-          "[core][coordinator_core][events]") {
+TEST_CASE("a restore miss is a returning session that runs cold, not a first visit",
+          "[core][coordinator_core][metrics]") {
   auto c = make_core();
-  const auto start = recent_events().last_seq();
+  run_request(c, session("A"), t0);
+  run_request(c, session("B"), t0 + 1s);  // saves A
+  CHECK(c.stats().cold_starts == 2);
+  CHECK(c.stats().restore_misses == 0);
+  auto p = c.prepare(session("A"), t0 + 2s, wall);  // saves B, restores A: it fails
+  REQUIRE(p.save);
+  REQUIRE(p.restore);
+  c.store_manifest(*c.on_save(*p.save, saved(100), t0 + 2s, wall).write);
+  auto d = c.on_restore(*p.restore, error{errc::restore_failed, 400, "bad file"}, t0 + 2s, wall);
+  CHECK_FALSE(d.restored);
+  CHECK(c.start_inference(session("A")) == prepare_kind::cold_fallback);
+  c.end_inference(true, t0 + 2s);
+  CHECK(c.stats().restore_misses == 1);
+  CHECK(run_request(c, session("B"), t0 + 3s) == prepare_kind::restored);
+  CHECK(c.stats().restore_misses == 1);
+  CHECK(c.stats().restore_hits == 1);
+}
+
+TEST_CASE("the breaker's transitions are reported once each, in order",
+          "[core][coordinator_core][circuit]") {
+  auto c = make_core();
+  CHECK(c.take_circuit_changes().empty());
   open_breaker(c);
-  auto trial = c.prepare(session("A"), t0 + 61s, wall);
+  auto opened = c.take_circuit_changes();
+  REQUIRE(opened.size() == 1);
+  CHECK(opened[0].opened);
+  CHECK(opened[0].cause == errc::backend_unavailable);
+  CHECK(c.take_circuit_changes().empty());  // taken once
+
+  // While open, more cold requests change nothing.
+  c.prepare(session("A"), t0 + 2s, wall);
+  c.start_inference(session("A"));
+  c.end_inference(true, t0 + 2s);
+  CHECK(c.take_circuit_changes().empty());
+
+  // A failed half-open trial reopens: still the same outage, no new report.
+  auto trial = c.prepare(session("B"), t0 + 61s, wall);
   REQUIRE(trial.save);
-  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok);
-  std::vector<std::string> circuit;
-  for (const auto& e : recent_events().since(start))
-    if (e.event.starts_with("kv.circuit.")) circuit.push_back(e.json.substr(e.json.find("\"event\"")));
-  REQUIRE(circuit.size() == 2);
-  CHECK(circuit[0] == R"("event":"kv.circuit.open","instance":"test-instance","failures":"3",)"
-                      R"("reason":"connect: Connection refused","effect":"persistence paused for the cooldown"})");
-  CHECK(circuit[1] == R"("event":"kv.circuit.closed","instance":"test-instance"})");
+  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok);
+  CHECK(c.take_circuit_changes().empty());
+  c.abort_prepare();
+
+  // A successful trial after the (doubled) cooldown recovers, reported once.
+  auto trial2 = c.prepare(session("B"), t0 + 61s + 121s, wall);
+  REQUIRE(trial2.save);
+  REQUIRE(c.on_save(*trial2.save, saved(100), t0 + 182s, wall).ok);
+  auto recovered = c.take_circuit_changes();
+  REQUIRE(recovered.size() == 1);
+  CHECK_FALSE(recovered[0].opened);
+  CHECK(c.on_erase(erased(), t0 + 182s));
+  CHECK(c.take_circuit_changes().empty());
 }
 
 TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinator_core]") {

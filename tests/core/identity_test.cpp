@@ -134,3 +134,14 @@ TEST_CASE("the runtime fingerprint ignores the epoch marker and nothing else", "
     CHECK(x.fingerprint() != y.fingerprint());
   }
 }
+
+// Golden values: every manifest and snapshot file on disk is named by these derivations. The
+// digests were computed independently (Python hashlib over the documented length-prefixed
+// layout), so a change to the layout, the tag or a field fails here. If a derivation must
+// change, follow docs/design.md §11 ("Changing an identity derivation") before updating them.
+TEST_CASE("identity derivations are pinned to golden digests", "[core][identity][golden]") {
+  CHECK(session_hash("default", "/models/qwen2.5-7b-instruct-q4_k_m.gguf", "session-1") ==
+        "6c78797625f1063d969986318e73f1ee5498f32f3d3e091e7cb4daae91d1d793");
+  CHECK(base_runtime().fingerprint() ==
+        "27e3c2a5073b9c382512d1b108a00098ff77e7607be8d36c5c2c4876748a8002");
+}

@@ -115,6 +115,20 @@ TEST_CASE("an invalid manifest keeps its reason", "[core][manifest]") {
   REQUIRE(r.ok());
   CHECK(r->state == snapshot_state::invalid);
   CHECK(r->invalid_reason == "KV_SNAPSHOT_CORRUPT");
+  CHECK_FALSE(dom(json).HasMember("invalidNote"));  // only when an operator gave one
+}
+
+TEST_CASE("an operator's invalidation note survives a round trip", "[core][manifest]") {
+  auto m = sample();
+  m.state = snapshot_state::invalid;
+  m.invalid_reason = "KV_OPERATOR_INVALIDATED";
+  m.invalid_note = "model file replaced";
+  const auto json = to_json(m);
+  CHECK(std::string(dom(json)["invalidNote"].GetString()) == "model file replaced");
+  auto r = parse_manifest(json);
+  REQUIRE(r.ok());
+  CHECK(r->invalid_note == "model file replaced");
+  CHECK(to_json(r.value()) == json);
 }
 
 TEST_CASE("next_generation alternates and never names the current file", "[core][manifest]") {

@@ -192,6 +192,8 @@ class FakeLlamaServer:
         self.n_predict = n_predict          # default tokens generated per request
         self.event_delay = event_delay      # seconds between SSE events
         self.prefill_delay = prefill_delay  # seconds between headers and the first event
+        self.finish_reason = "length"       # OpenAI chat/completions replies: stop, length, tool_calls
+        self.props_status = 200             # e.g. 503: /props answers as while the model loads
         self.kv_bytes_per_token = kv_bytes_per_token
         self.media_marker = ""
         self.epoch = 0
@@ -532,6 +534,8 @@ class _Handler(BaseHTTPRequestHandler):
         if m == "GET" and path in ("/health", "/v1/health"):
             return self._send_json(200, {"status": "ok"})
         if m == "GET" and path == "/props":
+            if f.props_status != 200:
+                return self._send_json(f.props_status, err_body(f.props_status, "Loading model", "unavailable_error"))
             return self._send_json(200, f.raw_replies.get("props") or self._props())
         if m == "GET" and path in ("/v1/models", "/models"):
             return self._send_json(200, self._models())
@@ -856,7 +860,7 @@ class _Handler(BaseHTTPRequestHandler):
                  "total_tokens": len(prompt) + len(gen), "prompt_tokens_details": {"cached_tokens": cache_n}}
         created = int(time.time())
         if path in ("/v1/chat/completions", "/chat/completions"):
-            obj = {"choices": [{"finish_reason": "length", "index": 0,
+            obj = {"choices": [{"finish_reason": f.finish_reason, "index": 0,
                                 "message": {"role": "assistant", "content": text}}],
                    "created": created, "model": j.get("model") or "fake", "system_fingerprint": f.build_info,
                    "object": "chat.completion", "usage": usage, "id": "chatcmpl-%d" % self.rec["id"],
@@ -926,7 +930,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         for i, word in enumerate(gen):
             events.append(b"data: " + json.dumps(chunk_obj((" " if i else "") + word)).encode() + b"\n\n")
-        final = chunk_obj(None if chat else "", finish="length")
+        final = chunk_obj(None if chat else "", finish=f.finish_reason)
         events.append(None)  # placeholder: the final chunk carries timings computed at the end
         done = [b"data: [DONE]\n\n"] if oai else []
 

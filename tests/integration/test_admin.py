@@ -320,6 +320,23 @@ def test_session_invalidate(stack):
     jadm(stack, "POST", "/kv/sessions/%s/invalidate" % sid("nobody"), status=404)
 
 
+def test_invalidate_records_the_operators_reason(stack):
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port)); ok(B.turn(port))
+    path = "/kv/sessions/%s/invalidate" % A.session
+    for bad in ('{"reason": 5}', '[1]', 'not json', '{"why": "x"}', json.dumps({"reason": "x" * 257})):
+        jadm(stack, "POST", path, status=400, body=bad)
+    assert manifest_for(stack.state_dir, A.session)["state"] == "ready"
+    assert jadm(stack, "POST", path, body=json.dumps({"reason": "model file replaced"})) == \
+        {"result": "invalidated"}
+    m = manifest_for(stack.state_dir, A.session)
+    assert m["invalidReason"] == "KV_OPERATOR_INVALIDATED" and m["invalidNote"] == "model file replaced", m
+    v = jadm(stack, "GET", "/kv/sessions/%s" % A.session)["snapshot"]
+    assert v["invalidNote"] == "model file replaced", v
+
+
 def test_invalidate_resident_session_without_snapshot_is_404(stack):
     stack.start()
     A = Conversation(sid("A"))
@@ -406,6 +423,69 @@ def test_purge_resident_session(stack):
     ok(A.turn(port))
     assert acts(settled_calls(stack)) == ["erase"]
     assert manifest_for(stack.state_dir, A.session) is None
+
+
+# ============================================================================ dispose
+def test_dispose_checkpoints_then_drops_ownership(stack):
+    """Dispose (the session may come back): save if dirty, let go of the slot, keep the
+    manifest; the next request restores exactly that snapshot."""
+    stack.start()
+    port = stack.port
+    A = Conversation(sid("A"))
+    ok(A.turn(port)); ok(A.turn(port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+
+    j = jadm(stack, "POST", "/kv/sessions/%s/dispose" % A.session)
+    assert j == {"result": "disposed"}
+    calls = settled_calls(stack)
+    assert acts(calls) == ["save"]
+    m = manifest_for(stack.state_dir, A.session)
+    assert m is not None and m["state"] == "ready"
+    assert calls[0].filename == m["snapshotFile"]
+    assert jadm(stack, "GET", "/kv/status")["servers"][0]["slots"][0]["owner"] is None
+    assert jadm(stack, "GET", "/kv/sessions/%s" % A.session)["resident"] is False
+    assert stack.proxy.wait_for_log(r"kv\.session\.disposed session=%s" % m["sessionHash"][:8], 2)
+
+    ok(A.turn(port))
+    calls = settled_calls(stack)
+    assert acts(calls) == ["restore"]
+    assert calls[0].filename == m["snapshotFile"]
+
+
+def test_dispose_clean_or_absent_session_makes_no_call(stack):
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port)); ok(B.turn(port))             # A saved on the switch, B resident
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    # A is not resident: nothing to save, nothing to drop
+    assert jadm(stack, "POST", "/kv/sessions/%s/dispose" % A.session)["result"].startswith("not resident")
+    jadm(stack, "POST", "/kv/sessions/%s/save" % B.session)
+    stack.upstream.take_calls()
+    # B is clean now: dispose only lets go
+    assert jadm(stack, "POST", "/kv/sessions/%s/dispose" % B.session) == {"result": "disposed"}
+    assert settled_calls(stack) == []
+    jadm(stack, "POST", "/kv/sessions/%s/dispose" % sid("nobody"), status=404)
+    ok(B.turn(port))
+    assert acts(settled_calls(stack)) == ["restore"]
+
+
+def test_dispose_failed_save_keeps_the_slot(stack):
+    """A dispose whose save fails must not drop the only copy of the session's turns."""
+    stack.start()
+    port = stack.port
+    A = Conversation(sid("A"))
+    ok(A.turn(port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    stack.fake.fail_next_save(500)
+    jadm(stack, "POST", "/kv/sessions/%s/dispose" % A.session, status=502)
+    assert acts(settled_calls(stack)) == ["save"]
+    assert jadm(stack, "GET", "/kv/sessions/%s" % A.session)["resident"] is True
+    ok(A.turn(port))
+    assert settled_calls(stack) == []               # still resident: no restore
 
 
 # ============================================================================ /kv/flush
@@ -554,6 +634,9 @@ def test_metrics_scrape_and_parse(stack):
     assert value(m, "kvpersist_save_total", **lbl) == 2
     assert value(m, "kvpersist_save_failure_total", **lbl) == 0
     assert value(m, "kvpersist_cold_prefill_total", **lbl) == 2
+    # two first visits are cold starts, not misses; the returning A was a hit
+    assert value(m, "kvpersist_restore_miss_total", **lbl) == 0
+    assert value(m, "kvpersist_restore_hit_ratio", **lbl) == 1.0
     assert value(m, "kvpersist_slot_switch_total", **lbl) == 2
     assert value(m, "kvpersist_reused_prompt_tokens_total", **lbl) == reused > 0
     assert value(m, "kvpersist_prefill_seconds_saved_total", **lbl) >= 0
@@ -568,6 +651,7 @@ def test_metrics_scrape_and_parse(stack):
     assert value(m, "kvpersist_save_bytes_sum", **lbl) == value(m, "kvpersist_save_bytes_total", **lbl)
     # gauges: per server
     assert value(m, "kvpersist_snapshot_count", **lbl) == 2
+    assert 0 <= value(m, "kvpersist_snapshot_oldest_age_seconds", **lbl) < 60
     assert value(m, "kvpersist_snapshot_bytes", **lbl) == sum(
         manifest_for(stack.state_dir, c.session)["bytes"] for c in (A, B))
     assert value(m, "kvpersist_queue_depth", **lbl) == 0
@@ -577,6 +661,27 @@ def test_metrics_scrape_and_parse(stack):
     slot_states = {s.labels["state"]: s.value for s in m["kvpersist_slot_state"].samples if s.labels["slot"] == "0"}
     assert sum(slot_states.values()) == 1 and slot_states["dirty"] == 1, slot_states
     assert value(m, "kvpersist_slot_owned", slot="0", **lbl) == 1
+
+
+def test_restore_miss_counts_returning_sessions_only(stack):
+    """A returning session whose snapshot fails to restore is a miss; first visits are not.
+    Snapshot age shows per session and as the oldest-snapshot gauge."""
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port)); ok(B.turn(port))
+    stack.fake.fail_next_restore(400)
+    ok(A.turn(port))                                     # restore fails: cold fallback
+    ok(B.turn(port))                                     # restores fine
+    idle(stack.proxy)
+    m = scrape(stack.proxy)
+    lbl = {"server": "default"}
+    assert value(m, "kvpersist_restore_miss_total", **lbl) == 1
+    assert value(m, "kvpersist_restore_hit_total", **lbl) == 1
+    assert value(m, "kvpersist_restore_hit_ratio", **lbl) == 0.5
+    assert value(m, "kvpersist_cold_prefill_total", **lbl) == 3
+    snap = jadm(stack, "GET", "/kv/sessions/%s" % B.session)["snapshot"]
+    assert isinstance(snap["ageSeconds"], int) and 0 <= snap["ageSeconds"] < 60, snap
 
 
 def test_metrics_parser_rejects_broken_expositions():
@@ -670,6 +775,28 @@ def test_admin_listen_off_loopback_without_token_is_refused(tmp_path):
     r = run_cli(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "[::]:0",
                  "--state-dir", str(tmp_path / "state"), "--upstream", "http://127.0.0.1:1"], timeout=10)
     assert r.returncode == 2 and "admin.token" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_listen_failure_has_a_listen_code(tmp_path):
+    """A listen address that cannot be bound is an operator's problem, not a bug: the error
+    line says KV_LISTEN_FAILED (it used to say KV_INVARIANT)."""
+    binary = harness.kvpersist_bin()
+    if not os.access(binary, os.X_OK):
+        pytest.skip("kvpersist binary not found")
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        r = run_cli(["serve", "--listen", "127.0.0.1:%d" % taken.getsockname()[1],
+                     "--admin-listen", "", "--state-dir", str(tmp_path / "state"),
+                     "--upstream", "http://127.0.0.1:1"], timeout=10)
+    finally:
+        taken.close()
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    line = [l for l in r.stderr.splitlines() if "kv.proxy.listen_failed" in l]
+    assert line and "code=KV_LISTEN_FAILED" in line[0], r.stderr
+    assert "KV_INVARIANT" not in r.stderr, r.stderr
 
 
 def test_admin_listener_disabled(stack):

@@ -157,6 +157,18 @@ def test_save_restore_invalidate_purge_flush_gc(stack):
 
 
 @pytest.mark.fake_only
+def test_dispose_saves_and_the_session_restores(stack):
+    A, B = two_sessions(stack)                      # B resident and dirty
+    r = cli(stack, "dispose", B.session)
+    assert r.returncode == 0 and "disposed" in r.stdout, (r.stdout, r.stderr)
+    assert acts(settled_calls(stack)) == ["save"]
+    assert manifest_for(stack.state_dir, B.session)["state"] == "ready"
+    ok(B.turn(stack.port))
+    assert acts(settled_calls(stack)) == ["restore"]
+    assert cli(stack, "dispose", sid("nobody")).returncode == 1
+
+
+@pytest.mark.fake_only
 def test_refused_operations_exit_1(stack):
     two_sessions(stack)
     nobody = sid("nobody")

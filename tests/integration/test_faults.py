@@ -290,6 +290,37 @@ def test_slow_management_opens_breaker(stack):
     time.sleep(0.3)
     assert len(f.management_calls(include_all=True)) == n, f.management_calls(include_all=True)[n:]
     assert f.violations == []
+    # one line for the outage, however many requests ran while it lasted
+    opened_lines = stack.proxy.events("kv.persistence.circuit_open")
+    assert len(opened_lines) == 1 and opened_lines[0].level == "WARN", stack.proxy.log_text()
+    assert opened_lines[0].fields.get("code") == "KV_OPERATION_TIMEOUT", opened_lines[0].raw
+    assert stack.proxy.events("kv.persistence.circuit_recovered") == []
+
+
+@fake_only
+def test_circuit_open_and_recovery_logged_once_each(stack):
+    """maxConsecutiveFailures 1: a failed save opens the breaker (one WARN line with the
+    failure's code); the erase planned after it succeeds and closes it (one INFO line). Each
+    transition is one line; the next failure is a new outage and a new line."""
+    stack.start(config={"failure": {"maxConsecutiveFailures": 1, "cooldownMs": 60000},
+                        "checkpoint": {"idleMs": 0}})
+    f = stack.fake
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port), "A")
+    f.fail_next_save(500)
+    f.fail_next_save(500)
+    ok(B.turn(port), "B: the save of A fails, the breaker opens")
+    line = stack.proxy.wait_for_log(r"kv\.persistence\.circuit_open", 3)
+    assert line is not None and line.fields.get("code") == "KV_SAVE_FAILED", stack.proxy.log_text()
+    # The erase that followed in the same plan succeeded: that is a recovery, logged once.
+    rec = stack.proxy.wait_for_log(r"kv\.persistence\.circuit_recovered", 3)
+    assert rec is not None and rec.level == "INFO", stack.proxy.log_text()
+    assert len(stack.proxy.events("kv.persistence.circuit_open")) == 1
+    assert len(stack.proxy.events("kv.persistence.circuit_recovered")) == 1
+    ok(A.turn(port), "A: save of B fails again, the breaker opens again")
+    assert harness.wait_until(lambda: len(stack.proxy.events("kv.persistence.circuit_open")) == 2, 3), \
+        stack.proxy.log_text()
 
 
 @fake_only

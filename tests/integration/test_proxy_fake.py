@@ -18,6 +18,7 @@ import pytest
 
 from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
                      manifests, now, wait_until)
+from multislot_helpers import session_hash
 
 SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
 SESSION_HEADERS = ["X-Session-Id", "x-claude-code-session-id", "session-id", "x-session-affinity",
@@ -313,6 +314,125 @@ def test_save_failure_strict(stack):
     r = B.turn(port, commit=False)
     assert r.status == 503 and is_json_error(r), (r.status, r.body)
     assert len(stack.fake.inference_requests()) == 1, "strict mode forwarded B after the failed save"
+    assert kv_error(r) == (503, "KV_SAVE_FAILED"), r.body
+
+
+def kv_error(r):
+    """(code, kv_code) of a kvpersist error body; `code` stays the numeric status."""
+    e = json.loads(r.body)["error"]
+    assert isinstance(e["code"], int) and isinstance(e["message"], str) and isinstance(e["type"], str), e
+    return e["code"], e.get("kv_code")
+
+
+@fake_only
+@pytest.mark.parametrize("stream", [False, True])
+def test_turn_end_checkpoint_skips_tool_call_steps(stack, stream):
+    """checkpoint.onTurnEnd saves when a reply hands the conversation back to the user
+    (finish_reason stop or length), not after a tool-call step (finish_reason tool_calls)."""
+    stack.start(config={"checkpoint": {"onTurnEnd": True, "idleMs": 0}})
+    f = stack.fake
+    port = stack.port
+    A = Conversation(sid("A"))
+    f.finish_reason = "tool_calls"
+    ok(A.turn(port, stream=stream), "tool step 1")
+    assert acts(settled_calls(stack)) == ["erase"]
+    ok(A.turn(port, stream=stream), "tool step 2")
+    assert settled_calls(stack) == [], "a tool-call step was checkpointed"
+    f.finish_reason = "stop"
+    ok(A.turn(port, stream=stream), "final answer")
+    calls = settled_calls(stack)
+    assert acts(calls) == ["save"], calls
+    assert manifest_for(stack.state_dir, A.session)["snapshotFile"] == calls[0].filename
+    f.finish_reason = "length"
+    ok(A.turn(port, stream=stream), "answer cut at max_tokens")
+    assert acts(settled_calls(stack)) == ["save"]
+
+
+@fake_only
+def test_step_end_checkpoint_saves_every_model_call(stack):
+    """checkpoint.onStepEnd: what onTurnEnd used to do, a save after every request."""
+    stack.start(config={"checkpoint": {"onStepEnd": True, "idleMs": 0}})
+    f = stack.fake
+    port = stack.port
+    A = Conversation(sid("A"))
+    f.finish_reason = "tool_calls"
+    ok(A.turn(port))
+    assert acts(settled_calls(stack)) == ["erase", "save"]
+    ok(A.turn(port, stream=True))
+    assert acts(settled_calls(stack)) == ["save"]
+
+
+@fake_only
+def test_switch_and_lease_events(stack):
+    """kv.session.switch once per change of hands (A, A, B: one line, A -> B);
+    kv.slot.acquire / kv.slot.release (debug) once per lease, paired by ticket."""
+    stack.start()
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port)); ok(A.turn(port)); ok(B.turn(port))
+    assert wait_until(lambda: len(stack.proxy.events("kv.slot.release")) >= 3, 3), stack.proxy.log_text()
+    ha = session_hash("default", stack.fake.model_path, A.session)[:8]
+    hb = session_hash("default", stack.fake.model_path, B.session)[:8]
+    switches = stack.proxy.events("kv.session.switch")
+    assert [(l.fields["from"], l.fields["to"], l.fields["slot"]) for l in switches] == [(ha, hb, "0")], \
+        [l.raw for l in switches]
+    acq = [l.fields["ticket"] for l in stack.proxy.events("kv.slot.acquire")]
+    rel = [l.fields["ticket"] for l in stack.proxy.events("kv.slot.release")]
+    assert len(acq) == 3 and acq == rel, (acq, rel)
+    assert all(l.level == "DEBUG" for l in stack.proxy.events("kv.slot")), stack.proxy.log_text()
+
+
+@fake_only
+def test_strict_persistence_off_refuses_session_requests(stack):
+    """failure.strict with a llama-server started without --slot-save-path (the probe gets
+    501): a session's request gets 503 KV_BACKEND_UNSUPPORTED and is not forwarded; an
+    auxiliary request (nothing of it is ever persisted) still runs."""
+    stack.start_upstream(slot_actions=False)
+    stack.start_proxy({"failure": {"strict": True}})
+    r = Conversation(sid("A")).turn(stack.port, commit=False)
+    assert r.status == 503 and kv_error(r) == (503, "KV_BACKEND_UNSUPPORTED"), (r.status, r.body)
+    assert stack.fake.inference_requests() == []
+    ok(Conversation(None).turn(stack.port), "auxiliary")
+    assert len(stack.fake.inference_requests()) == 1
+
+
+@fake_only
+def test_strict_probe_failing_refuses_session_requests(stack):
+    """failure.strict while the probe cannot read /props (503, as while llama-server loads its
+    model): 503 KV_BACKEND_UNAVAILABLE, not a forwarded request that nothing persists. Once
+    /props answers, persistence starts and requests run."""
+    stack.start_upstream()
+    stack.fake.props_status = 503
+    stack.start_proxy({"failure": {"strict": True}})
+    A = Conversation(sid("A"))
+    r = A.turn(stack.port, commit=False)
+    assert r.status == 503 and kv_error(r) == (503, "KV_BACKEND_UNAVAILABLE"), (r.status, r.body)
+    assert stack.fake.inference_requests() == []
+    stack.fake.props_status = 200
+    ok(A.turn(stack.port), "after the server is ready")
+
+
+@fake_only
+def test_strict_manifest_write_failure_fails_the_request(stack):
+    """failure.strict: a save whose manifest cannot be written (a directory where its temp file
+    goes) is no checkpoint: the switching request gets 503 KV_METADATA_IO, not forwarded."""
+    stack.start(config={"failure": {"strict": True}})
+    port = stack.port
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    ok(A.turn(port))
+    h = session_hash("default", stack.fake.model_path, A.session)
+    blocker = os.path.join(stack.state_dir, "sessions", h + ".json.tmp")
+    os.mkdir(blocker)
+    try:
+        r = B.turn(port, commit=False)
+        assert r.status == 503 and kv_error(r) == (503, "KV_METADATA_IO"), (r.status, r.body)
+        assert len(stack.fake.inference_requests()) == 1, "strict mode forwarded B"
+        line = stack.proxy.wait_for_log(r"kv\.session\.save\.failed .*code=KV_METADATA_IO", 2)
+        assert line is not None, stack.proxy.log_text()
+        assert stack.proxy.wait_for_log(r"kv\.manifest\.write_failed .*code=KV_METADATA_IO", 2)
+    finally:
+        os.rmdir(blocker)
+    ok(B.turn(port), "B once the directory heals")
 
 
 @fake_only
@@ -731,6 +851,7 @@ def test_queue_overflow(stack):
     rc = Conversation(sid("C")).turn(port, commit=False, timeout=5)
     assert rc.status == 503 and now() - t0 < 1.0, (rc.status, now() - t0)
     assert rc.header("retry-after") is not None and is_json_error(rc)
+    assert kv_error(rc) == (503, "KV_SLOT_BUSY"), rc.body
     ok(a.result(10), "A")
     ok(b.result(10), "B")
 
@@ -748,6 +869,7 @@ def test_queue_timeout(stack):
     waited = now() - t0
     assert rb.status == 503 and 0.3 <= waited < 1.5, (rb.status, waited)
     assert rb.header("retry-after") is not None and is_json_error(rb)
+    assert kv_error(rb) == (503, "KV_SLOT_BUSY"), rb.body
     ok(a.result(10), "A")
     assert len(f.inference_requests()) == 1
 

@@ -562,3 +562,20 @@ TEST_CASE("every SSE event reaches the client before upstream sends the next", "
   CHECK(c.data == sse_body());
   CHECK(std::count(c.sizes.begin(), c.sizes.end(), std::size_t{0}) == 1);
 }
+
+TEST_CASE("the kept body is its first 256 bytes and its last 8-16 KiB", "[relay][tail]") {
+  std::string kept;
+  std::string body;
+  for (int i = 0; i < 4000; ++i) {  // 32000 bytes, no 8-byte run repeated
+    char digits[16];
+    std::snprintf(digits, sizeof digits, "%08d", i);
+    body += digits;
+  }
+  for (std::size_t at = 0; at < body.size(); at += 1000)
+    kvp::proxy::detail::keep_tail(&kept, body.data() + at, std::min<std::size_t>(1000, body.size() - at));
+  REQUIRE(kept.size() >= 8 * 1024 + 256);
+  REQUIRE(kept.size() <= 16 * 1024);
+  CHECK(kept.substr(0, 256) == body.substr(0, 256));
+  const auto tail_len = kept.size() - 256;
+  CHECK(kept.substr(256) == body.substr(body.size() - tail_len));
+}
