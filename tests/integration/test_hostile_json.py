@@ -139,6 +139,8 @@ def test_huge_total_slots_turns_persistence_off_without_allocating(stack):
     assert "total_slots 4611686018427387904 is more than the 1024" in line.fields["reason"]
     assert_alive_and_answering(stack)
     assert management(stack) == []
+    if os.environ.get("KVP_SANITIZER"):
+        return  # RSS is mostly shadow memory there; an allocation sized from total_slots aborts
     with open("/proc/%d/status" % stack.proxy.pid) as f:
         rss_kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
     assert rss_kb < 100 * 1024, rss_kb
