@@ -209,4 +209,6 @@ def test_resident_requests_not_delayed_by_big_listings(stack):
         lister.kill()
         lister.wait()
     assert settled_calls(stack) == []                          # resident all along
-    assert lat[int(0.99 * len(lat))] < 0.050, ["%.1f ms" % (x * 1000) for x in lat[-5:]]
+    # The plain build's bound; ThreadSanitizer makes every request 5-15x slower by itself.
+    bound = 0.050 * (10 if os.environ.get("KVP_SANITIZER") == "tsan" else 1)
+    assert lat[int(0.99 * len(lat))] < bound, ["%.1f ms" % (x * 1000) for x in lat[-5:]]
