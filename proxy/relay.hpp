@@ -32,6 +32,7 @@ struct relay_state {
   bool header_received = false;  // upstream answered (its status is `status`)
   bool header_sent = false;      // the client has seen the status line
   bool done = false;             // the whole body reached the client
+  bool upstream_done = false;    // upstream's whole response was read (the slot's work is over)
   bool upstream_failed = false;  // upstream broke mid-body or timed out
   bool upstream_timeout = false;
   bool client_failed = false;    // writing to the client failed
@@ -173,6 +174,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = false;
     st.body_bytes = got;
+    st.upstream_done = true;
     detail::keep_tail(tail, buf.data(), got);
   } else {
     detail::expire(client, opts.client_write);
@@ -205,6 +207,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = !p.is_done();
     st.body_bytes += got;
+    st.upstream_done = p.is_done();
     detail::keep_tail(tail, buf.data(), got);
     detail::expire(client, opts.client_write);
     auto [wec, wn] = co_await http::async_write(client, sr, token);
@@ -228,6 +231,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     }
   }
   st.header_sent = true;
+  st.upstream_done = true;
   st.done = true;
   st.upstream_reusable = upstream_keep && !interim;
 }

@@ -615,9 +615,11 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   std::string tail;
   const bool keep_after = co_await forward(up, c, req, std::move(conn.value()), st,
                                            watch || watch_turn ? &tail : nullptr);
-  const bool turn_end = watch_turn && st.done &&
+  // What upstream finished counts even when the client left while its last bytes went out:
+  // the slot holds the whole reply either way.
+  const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  if (watch && st.done) {
+  if (watch && st.upstream_done) {
     auto timings = parse_timings(tail);
     net::co_spawn(
         up.coord->strand(),

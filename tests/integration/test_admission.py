@@ -370,7 +370,10 @@ def test_body_budget_bounds_rss(stack):
         t.result(80)
     assert wait_until(lambda: stack.fake.inference_requests()[1:], 60), "no body reached llama-server"
     peak = rss_kb(pid, "VmHWM")
-    assert peak - base < 300 * 1024, "peak RSS %d MB above the idle %d MB" % ((peak - base) // 1024, base // 1024)
+    # ThreadSanitizer keeps about four bytes of shadow per byte of heap (1.15 GB measured for
+    # the four admitted bodies); all eight bodies would still break the scaled bound.
+    bound_mb = 300 * (5 if os.environ.get("KVP_SANITIZER") == "tsan" else 1)
+    assert peak - base < bound_mb * 1024, "peak RSS %d MB above the idle %d MB" % ((peak - base) // 1024, base // 1024)
     for s in admitted:
         s.close()
     fifth = []

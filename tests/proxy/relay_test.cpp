@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <iterator>
 #include <string>
@@ -46,6 +47,7 @@ struct relay_setup {
   std::size_t upstream_read_size = 0;  // 0: unlimited
   bool upstream_closes = false;        // the upstream peer closes after sending its bytes
   bool client_gone = false;            // the client hung up before the response
+  std::size_t client_fails_at = 0;     // 0: never; n: the client's n-th write fails
 };
 
 // Feeds `upstream_bytes` to the relay's upstream stream and collects what the client gets.
@@ -54,7 +56,8 @@ relayed relay(const std::string& upstream_bytes, relay_setup s = {}) {
   test::stream upstream(ioc);
   test::stream upstream_peer(ioc);  // llama-server's end
   upstream.connect(upstream_peer);
-  test::stream client(ioc);
+  test::fail_count client_fc(s.client_fails_at ? s.client_fails_at : SIZE_MAX);
+  test::stream client(ioc, client_fc);
   test::stream client_peer(ioc);  // the harness's end
   client.connect(client_peer);
   if (s.upstream_read_size) upstream.read_size(s.upstream_read_size);
@@ -501,6 +504,26 @@ TEST_CASE("a client that hung up is reported, not retried", "[proxy][relay]") {
   CHECK(r.st.client_failed);
   CHECK_FALSE(r.st.header_sent);
   CHECK_FALSE(r.st.done);
+}
+
+// A client that leaves while the last bytes go out (it read `data: [DONE]` and closed) must
+// not hide that upstream finished: the turn-end checkpoint and the timings depend on it.
+TEST_CASE("upstream_done survives a client write that fails late", "[proxy][relay]") {
+  const std::string upstream = sse_upstream();
+  bool failed_after_upstream_end = false;
+  for (std::size_t n = 1; n <= 40; ++n) {
+    relay_setup s;
+    s.client_fails_at = n;
+    auto r = relay(upstream, s);
+    if (!r.st.client_failed) {
+      CHECK(r.st.done);
+      break;
+    }
+    CHECK_FALSE(r.st.done);
+    if (r.st.upstream_done) failed_after_upstream_end = true;
+  }
+  CHECK(failed_after_upstream_end);
+  CHECK(relay(upstream).st.upstream_done);
 }
 
 TEST_CASE("a HEAD response carries headers only", "[proxy][relay]") {
