@@ -66,6 +66,15 @@ std::string filename_body(const std::string& filename) {
 
 }  // namespace
 
+core::error slot_action_error(core::errc fallback, int status, std::string_view body) {
+  auto message = error_message(body);
+  // A negative or unparsable id is the only one llama-server refuses; a positive one out of
+  // range wraps onto another slot (docs/llama-server.md §1), which kvpersist prevents itself.
+  const auto code =
+      status == 400 && message == "Invalid slot ID" ? core::errc::slot_not_found : fallback;
+  return core::error{code, status, std::move(message)};
+}
+
 std::string error_message(std::string_view body) {
   rapidjson::Document d;
   if (core::parse_json_bounded(body, d) && d.IsObject()) {
@@ -204,7 +213,7 @@ net::awaitable<core::result<core::slot_saved>> llama_http_backend::save(int slot
   auto r = co_await slot_action(slot, "save", filename_body(filename));
   if (!r) co_return r.err();
   if (r->status != 200)
-    co_return core::error{core::errc::save_failed, r->status, error_message(r->body)};
+    co_return slot_action_error(core::errc::save_failed, r->status, r->body);
   co_return parse_save_reply(r->body);
 }
 
@@ -213,7 +222,7 @@ net::awaitable<core::result<core::slot_restored>> llama_http_backend::restore(
   auto r = co_await slot_action(slot, "restore", filename_body(filename));
   if (!r) co_return r.err();
   if (r->status != 200)
-    co_return core::error{core::errc::restore_failed, r->status, error_message(r->body)};
+    co_return slot_action_error(core::errc::restore_failed, r->status, r->body);
   co_return parse_restore_reply(r->body);
 }
 
@@ -221,7 +230,7 @@ net::awaitable<core::result<core::slot_erased>> llama_http_backend::erase(int sl
   auto r = co_await slot_action(slot, "erase", "");
   if (!r) co_return r.err();
   if (r->status != 200)
-    co_return core::error{core::errc::erase_failed, r->status, error_message(r->body)};
+    co_return slot_action_error(core::errc::erase_failed, r->status, r->body);
   co_return parse_erase_reply(r->body);
 }
 

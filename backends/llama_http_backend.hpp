@@ -37,5 +37,8 @@ core::result<core::slot_erased> parse_erase_reply(std::string_view json);
 core::result<std::vector<slot_info>> parse_slots(std::string_view json);
 // The "message" of llama-server's {"error":{...}} body, or the body itself (truncated).
 std::string error_message(std::string_view body);
+// The error for a slot action answered with `status`: KV_SLOT_NOT_FOUND when llama-server
+// says the slot id is invalid, else `fallback`.
+core::error slot_action_error(core::errc fallback, int status, std::string_view body);
 
 }  // namespace kvp::backends

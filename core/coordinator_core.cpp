@@ -424,6 +424,11 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
     invalidate_snapshot(e.code, e.message);
     d.need_erase = true;
     sl.state = slot_state::unknown;
+  } else if (e.code == errc::slot_not_found) {
+    // The slot is wrong, not the snapshot: keep the file for the next restore, which runs
+    // after the coordinator has read the server's slot layout again.
+    d.err = e;
+    sl.state = slot_state::unknown;
   } else if (e.code == errc::backend_disconnected || e.code == errc::operation_timeout) {
     // The server took the request and then broke off or ran out of time. This snapshot
     // may be what broke it (llama-server aborts on some truncated files) or is too slow to

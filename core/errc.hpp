@@ -24,6 +24,8 @@ enum class errc {
   operator_invalidated,   // invalidated through the admin API or CLI
   invariant,              // a bug
   listen_failed,          // a listen address that does not parse, or cannot be bound
+  slot_not_found,         // the slot does not exist on the server (an id it would wrap)
+  slot_state_invalid,     // the server cannot tell what its slots hold (no slot list)
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -45,6 +47,8 @@ constexpr std::string_view to_string(errc e) {
     case errc::operator_invalidated: return "KV_OPERATOR_INVALIDATED";
     case errc::invariant: return "KV_INVARIANT";
     case errc::listen_failed: return "KV_LISTEN_FAILED";
+    case errc::slot_not_found: return "KV_SLOT_NOT_FOUND";
+    case errc::slot_state_invalid: return "KV_SLOT_STATE_INVALID";
   }
   return "KV_INVARIANT";
 }

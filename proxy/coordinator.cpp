@@ -54,8 +54,7 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
                          manifest_store store, coordinator_options opts)
-    : ioc_(ioc),
-      strand_(net::make_strand(ioc)),
+    : strand_(net::make_strand(ioc)),
       backend_(std::move(backend)),
       store_(std::move(store)),
       opts_(std::move(opts)),
@@ -114,7 +113,7 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
       core_.disable_persistence(core::errc::backend_unavailable);
     if (!warned_disabled_)
       log(log_level::warn, "kv.backend.unavailable",
-          {{"reason", p.err().message},
+          {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
            {"effect", "requests are forwarded; persistence resumes when the server answers"}});
     warned_disabled_ = true;
     upstream_trouble_.store(true);  // look again before the next request
@@ -149,6 +148,13 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     disable_persistence(why);
     return;
   }
+  if (opts_.single_slot && opts_.core.slot_id >= rt.total_slots) {
+    // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
+    disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
+                                    opts_.core.slot_id, rt.total_slots),
+                        core::errc::slot_not_found);
+    return;
+  }
   core_.set_runtime(rt);
   core_.set_compatibility(store_.read_compatibility(core_.runtime().fingerprint()));
   if (restarted) {
@@ -163,11 +169,17 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   }
 }
 
-void coordinator::disable_persistence(const std::string& why) {
+void coordinator::disable_persistence(const std::string& why, core::errc code) {
   if (core_.persistence_enabled() || !warned_disabled_)
-    log(log_level::warn, "kv.backend.unsupported", {{"reason", why}, {"effect", "persistence off"}});
+    log(log_level::warn, "kv.backend.unsupported",
+        {{"code", std::string(core::to_string(code))}, {"reason", why},
+         {"effect", "persistence off"}});
   warned_disabled_ = true;
-  core_.disable_persistence(core::errc::backend_unsupported);
+  core_.disable_persistence(code);
+}
+
+void coordinator::note_slot_error(const core::error& e) {
+  if (e.code == core::errc::slot_not_found) upstream_trouble_.store(true);
 }
 
 // Reads the runtime again when there is a reason to believe the server changed. While
@@ -415,6 +427,7 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
          {"ms", ms_str(d.write->save_ms)}, {"generation", std::string(1, step.generation)}});
     co_return core::unit{};
   }
+  note_slot_error(d.err);
   log(log_level::warn, "kv.session.save.failed",
       {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
        {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
@@ -510,6 +523,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
            {"status", std::to_string(r ? 200 : r.err().http_status)},
            {"reason", r ? d.err.message : r.err().message},
            {"effect", "cold prefill"}});
+      note_slot_error(d.err);
       if (opts_.strict) co_return fail(d.err.code, "restoring the session's snapshot failed");
       need_erase = d.need_erase;
     }
@@ -517,11 +531,14 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (need_erase) {
     auto r = co_await backend_->erase(plan.slot);
     if (!core_.on_erase(slot, r, steady_clock::now())) {
+      const auto code = !r && r.err().code == core::errc::slot_not_found
+                            ? core::errc::slot_not_found
+                            : core::errc::erase_failed;
+      if (!r) note_slot_error(r.err());
       log(log_level::warn, "kv.slot.erase.failed",
-          {{"slot", std::to_string(plan.slot)},
-           {"code", std::string(core::to_string(core::errc::erase_failed))},
+          {{"slot", std::to_string(plan.slot)}, {"code", std::string(core::to_string(code))},
            {"reason", r ? "" : r.err().message}});
-      if (opts_.strict) co_return fail(core::errc::erase_failed, "erasing the slot failed");
+      if (opts_.strict) co_return fail(code, "erasing the slot failed");
     }
   }
   log_circuit_changes();
@@ -581,6 +598,7 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
   if (!holds(t) || !t->exclusive) co_return;
   if (reached_slot && core_.persistence_enabled()) {
     auto after = co_await last_tasks();
+    note_slots_readable(after.has_value() && !tasks_before_.empty());
     for (int id : core_.slot_ids()) {
       // The slot that ran the request has a new last task; if the server cannot tell us,
       // nobody's slot can be trusted.
@@ -597,6 +615,22 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
     }
   }
   release_and_wake(t);
+}
+
+// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
+// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
+void coordinator::note_slots_readable(bool readable) {
+  if (readable == !slots_unreadable_) return;
+  slots_unreadable_ = !readable;
+  if (readable) {
+    log(log_level::info, "kv.slot.state_known", {{"server", opts_.server_name}});
+    return;
+  }
+  log(log_level::warn, "kv.slot.state_unknown",
+      {{"server", opts_.server_name},
+       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
+       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
+       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
 }
 
 void coordinator::arm_idle_timer() {

@@ -210,7 +210,11 @@ class coordinator {
   net::awaitable<void> refresh_runtime();
   void apply_probe(const core::result<core::server_probe>& p);
   // Turns persistence off, with one warning line until it comes back.
-  void disable_persistence(const std::string& why);
+  void disable_persistence(const std::string& why,
+                           core::errc code = core::errc::backend_unsupported);
+  // A slot action answered that the slot does not exist: read the layout again first thing.
+  void note_slot_error(const core::error& e);
+  void note_slots_readable(bool readable);
   // The error, with its code, when the snapshot did not become the session's checkpoint.
   net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);
   // Stores the manifest durably and makes it current; false (logged) if the write failed.
@@ -231,7 +235,6 @@ class coordinator {
   std::uint64_t forget_session(const core::retention_eviction& e);
   std::uint64_t snapshot_files(const std::string& hash, bool remove);
 
-  net::io_context& ioc_;
   net::strand<net::io_context::executor_type> strand_;
   std::unique_ptr<backends::kv_backend> backend_;
   manifest_store store_;
@@ -250,6 +253,7 @@ class coordinator {
   std::atomic<bool> upstream_trouble_{false};
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
+  bool slots_unreadable_ = false;  // GET /slots failed after the last unpinnable request
   net::steady_timer gc_timer_;
 
   // Metrics not kept by the core.

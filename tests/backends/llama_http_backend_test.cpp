@@ -138,6 +138,21 @@ TEST_CASE("error_message extracts llama-server's message", "[backends][llama_htt
   }
 }
 
+TEST_CASE("slot_action_error names an invalid slot id KV_SLOT_NOT_FOUND", "[backends][llama_http]") {
+  const auto invalid_slot =
+      R"({"error":{"code":400,"message":"Invalid slot ID","type":"invalid_request_error"}})";
+  auto e = slot_action_error(errc::restore_failed, 400, invalid_slot);
+  CHECK(e.code == errc::slot_not_found);
+  CHECK(e.http_status == 400);
+  CHECK(e.message == "Invalid slot ID");
+  const auto bad_file =
+      R"({"error":{"code":400,"message":"Unable to restore slot","type":"invalid_request_error"}})";
+  CHECK(slot_action_error(errc::restore_failed, 400, bad_file).code ==
+        errc::restore_failed);
+  CHECK(slot_action_error(errc::save_failed, 500, invalid_slot).code ==
+        errc::save_failed);
+}
+
 TEST_CASE("parse_slots reads GET /slots", "[backends][llama_http]") {
   auto r = parse_slots(R"([
     {"id":0,"id_task":42,"n_ctx":8192,"speculative":false,"is_processing":false,

@@ -672,6 +672,18 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
     CHECK(p2.restore->filename == a + ".b.bin");
   }
 
+  SECTION("KV_SLOT_NOT_FOUND: the slot is wrong, the snapshot stays ready") {
+    auto d = c.on_restore(*p.restore, error{errc::slot_not_found, 400, "Invalid slot ID"}, t0,
+                          wall);
+    CHECK_FALSE(d.restored);
+    CHECK_FALSE(d.need_erase);
+    CHECK_FALSE(d.write);
+    CHECK(d.err.code == errc::slot_not_found);
+    CHECK(c.state() == slot_state::unknown);
+    CHECK(c.circuit().consecutive_failures() == 0);
+    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
+  }
+
   SECTION("HTTP 500: a server problem, not the file's") {
     auto d = c.on_restore(*p.restore, error{errc::restore_failed, 500, "boom"}, t0, wall);
     CHECK_FALSE(d.restored);
