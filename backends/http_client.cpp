@@ -5,6 +5,12 @@
 
 namespace kvp::backends {
 
+std::string host_field(const http_endpoint& ep) {
+  const bool ipv6 = ep.host.find(':') != std::string::npos;
+  const auto host = ipv6 ? fmt::format("[{}]", ep.host) : ep.host;
+  return ep.port == 80 ? host : fmt::format("{}:{}", host, ep.port);
+}
+
 net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb method,
                                                    std::string target, std::string body,
                                                    std::chrono::milliseconds timeout) {
@@ -25,12 +31,11 @@ net::awaitable<core::result<http_reply>> http_call(http_endpoint ep, http::verb 
   stream.expires_after(timeout);  // one deadline for connect, write and read
   auto [cec, _] = co_await stream.async_connect(endpoints);
   if (cec) co_return fail(cec);
-  stream.socket().set_option(tcp::no_delay(true));
+  beast::error_code nodelay_ec;  // an optimisation: a socket that refuses it still works
+  stream.socket().set_option(tcp::no_delay(true), nodelay_ec);
 
   http::request<http::string_body> req{method, ep.base_path + target, 11};
-  const bool ipv6 = ep.host.find(':') != std::string::npos;
-  req.set(http::field::host, ipv6 ? fmt::format("[{}]:{}", ep.host, ep.port)
-                                  : fmt::format("{}:{}", ep.host, ep.port));
+  req.set(http::field::host, host_field(ep));
   req.set(http::field::user_agent, "kvpersist");
   if (!ep.api_key.empty()) req.set(http::field::authorization, "Bearer " + ep.api_key);
   // POST and DELETE always say JSON: kvpersist's admin API refuses them otherwise (CSRF).

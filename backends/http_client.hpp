@@ -18,6 +18,9 @@ struct http_endpoint {
   std::string api_key;    // sent as "Authorization: Bearer <key>" when non-empty
 };
 
+// The Host field for `ep`: an IPv6 literal in brackets (RFC 9110 §7.2), the port unless 80.
+std::string host_field(const http_endpoint& ep);
+
 struct http_reply {
   int status = 0;
   std::string body;

@@ -26,7 +26,6 @@ struct coordinator_options {
   core::core_options core;
   bool strict = false;
   std::size_t max_waiting = 64;
-  std::chrono::milliseconds queue_timeout{600'000};
   std::chrono::milliseconds epoch_probe_interval{10'000};
   bool single_slot = true;
   std::string server_name = "default";

@@ -181,7 +181,6 @@ server::server(net::io_context& ioc, config::config cfg)
     co.core.cooldown = cfg_.failure.cooldown;
     co.strict = cfg_.failure.strict;
     co.max_waiting = cfg_.queue.max_waiting;
-    co.queue_timeout = cfg_.queue.timeout;
     co.epoch_probe_interval = cfg_.epoch_probe_interval;
     co.single_slot = sc.mode == config::slot_mode::single_slot;
     co.server_name = sc.name;
@@ -370,7 +369,7 @@ void server::prepare_upstream_request(const upstream_entry& up,
   for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
   strip_hop_by_hop(req.base());
   req.erase(http::field::expect);
-  req.set(http::field::host, up.pool->host_header());
+  req.set(http::field::host, backends::host_field(up.pool->endpoint()));
   const auto& base = up.pool->endpoint().base_path;
   if (!base.empty()) req.target(base + std::string(req.target()));
   req.version(11);

@@ -39,9 +39,6 @@ class server {
   // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
   net::awaitable<void> shutdown();
 
-  // The first (default) server's coordinator.
-  coordinator& coord() { return *ups_.front()->coord; }
-
  private:
   struct client_conn;
   // One llama-server: its pool, its coordinator (own strand, own leases), its timeouts.

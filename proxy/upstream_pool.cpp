@@ -20,9 +20,6 @@ bool still_open(tcp_stream& s) {
 
 }  // namespace
 
-std::string upstream_pool::host_header() const {
-  return ep_.port == 80 ? ep_.host : fmt::format("{}:{}", ep_.host, ep_.port);
-}
 
 std::unique_ptr<tcp_stream> upstream_pool::take_idle(const net::any_io_executor& ex) {
   for (;;) {
@@ -35,9 +32,13 @@ std::unique_ptr<tcp_stream> upstream_pool::take_idle(const net::any_io_executor&
     }
     if (!still_open(*s)) continue;
     if (s->get_executor() == ex) return s;
-    // Rebind to the caller's executor: the stream object moves, its socket stays open.
+    // Rebind to the caller's executor: the stream object moves, its socket stays open and
+    // keeps its protocol (an IPv6 upstream's socket is not an IPv4 one).
+    beast::error_code ec;
+    const auto protocol = s->socket().local_endpoint(ec).protocol();
+    if (ec) continue;
     auto sock = s->release_socket();
-    return std::make_unique<tcp_stream>(tcp::socket(ex, tcp::v4(), sock.release()));
+    return std::make_unique<tcp_stream>(tcp::socket(ex, protocol, sock.release()));
   }
 }
 
@@ -56,7 +57,8 @@ net::awaitable<core::result<upstream_conn>> upstream_pool::acquire(net::any_io_e
                                                        : core::errc::backend_unavailable,
                           0, fmt::format("connect {}:{}: {}", ep_.host, ep_.port, cec.message())};
   s->expires_never();
-  s->socket().set_option(tcp::no_delay(true));
+  beast::error_code nodelay_ec;  // an optimisation: a socket that refuses it still works
+  s->socket().set_option(tcp::no_delay(true), nodelay_ec);
   co_return upstream_conn{std::move(s), true};
 }
 

@@ -36,7 +36,6 @@ class upstream_pool {
   void release(std::unique_ptr<tcp_stream> s);
 
   const backends::http_endpoint& endpoint() const { return ep_; }
-  std::string host_header() const;
 
  private:
   backends::http_endpoint ep_;

@@ -152,6 +152,10 @@ def httplib_split_target(target: str) -> tuple[str, str]:
     return httplib_decode_path(path), query
 
 
+class _ThreadingHTTPServerV6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def err_body(code: int, message: str, typ: str) -> dict:
     return {"error": {"code": code, "message": message, "type": typ}}
 
@@ -194,6 +198,7 @@ class FakeLlamaServer:
         self.prefill_delay = prefill_delay  # seconds between headers and the first event
         self.finish_reason = "length"       # OpenAI chat/completions replies: stop, length, tool_calls
         self.props_status = 200             # e.g. 503: /props answers as while the model loads
+        self.slots_status = 200             # e.g. 501: GET /slots as with llama-server --no-slots
         self.kv_bytes_per_token = kv_bytes_per_token
         self.media_marker = ""
         self.epoch = 0
@@ -239,7 +244,8 @@ class FakeLlamaServer:
 
     @property
     def url(self) -> str:
-        return "http://%s:%d" % (self.host, self.port)
+        host = "[%s]" % self.host if ":" in self.host else self.host
+        return "http://%s:%d" % (host, self.port)
 
     def start(self):
         self._stopping.clear()
@@ -247,7 +253,8 @@ class FakeLlamaServer:
             self._reset_slot()
             self.epoch += 1
             self.media_marker = "<__media_%016x__>" % random.getrandbits(64)
-        httpd = ThreadingHTTPServer((self.host, self.port), _Handler, bind_and_activate=False)
+        server_class = _ThreadingHTTPServerV6 if ":" in self.host else ThreadingHTTPServer
+        httpd = server_class((self.host, self.port), _Handler, bind_and_activate=False)
         httpd.allow_reuse_address = True
         httpd.daemon_threads = True
         # socketserver's default backlog (5) drops SYNs when a proxy opens many upstream
@@ -540,6 +547,9 @@ class _Handler(BaseHTTPRequestHandler):
         if m == "GET" and path in ("/v1/models", "/models"):
             return self._send_json(200, self._models())
         if m == "GET" and path == "/slots":
+            if f.slots_status != 200:
+                return self._send_json(f.slots_status, err_body(f.slots_status, "This server does not support slots endpoint.",
+                                                                "not_supported_error"))
             with f._lock:
                 n = len(f.slot_tokens)
             slots = [{"id": i, "n_ctx": f.n_ctx, "speculative": False, "is_processing": False}
