@@ -513,6 +513,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
           {{"session", sess}, {"reason", d.write->invalid_reason}});
     }
     if (d.restored) {
+      restored_on_[rs.slot] = {rs.hash, r->n_restored};
       log(log_level::info, "kv.session.restore.success",
           {{"session", sess}, {"slot", std::to_string(rs.slot)},
            {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
@@ -727,8 +728,9 @@ bool coordinator::verify_snapshot_file(const std::string& filename,
   return ok;
 }
 
-void coordinator::record_response(core::prepare_kind kind, response_timings t) {
+void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
+  if (kind == core::prepare_kind::restored) note_restore_reuse(slot, t.cache_n);
   if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
     reused_tokens_ += static_cast<std::uint64_t>(t.cache_n);
@@ -739,6 +741,22 @@ void coordinator::record_response(core::prepare_kind kind, response_timings t) {
     prompt_tokens_per_s_ =
         prompt_tokens_per_s_ > 0 ? 0.7 * prompt_tokens_per_s_ + 0.3 * speed : speed;
   }
+}
+
+// docs/design.md §9: a restore that the next response reuses less than half of did not pay
+// for itself (a prompt that diverged early, a model kind that reprocesses after a restore).
+void coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
+  auto it = restored_on_.find(slot);
+  if (it == restored_on_.end()) return;
+  const auto [hash, restored] = it->second;
+  restored_on_.erase(it);
+  last_restore_[hash] = restore_reuse{restored, cache_n};
+  if (static_cast<std::uint64_t>(cache_n) * 2 >= restored) return;
+  ++unpaid_restores_;
+  log(log_level::info, "kv.session.restore.unpaid",
+      {{"session", std::string(core::abbrev(hash))}, {"slot", std::to_string(slot)},
+       {"restored", std::to_string(restored)}, {"reused", std::to_string(cache_n)},
+       {"effect", "the prompt was reprocessed after the restore"}});
 }
 
 coordinator::session_ref coordinator::resolve_session(const std::string& hash_or_id) const {
@@ -755,7 +773,8 @@ void jstr(json_writer& w, std::string_view v) {
 }
 
 session_row row_of(core::coordinator_core::session_view v) {
-  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt};
+  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
+                std::nullopt};
   if (v.snapshot) r.snapshot = *v.snapshot;
   return r;
 }
@@ -798,6 +817,17 @@ void write_session(json_writer& w, const session_row& v) {
     jstr(w, m.updated_at);
     w.Key("ageSeconds");
     w.Int64(snapshot_age_s(m));
+    w.EndObject();
+  }
+  w.Key("lastRestore");
+  if (!v.last_restore) {
+    w.Null();
+  } else {
+    w.StartObject();
+    w.Key("tokens");
+    w.Uint64(v.last_restore->restored);
+    w.Key("reused");
+    w.Int64(v.last_restore->reused);
     w.EndObject();
   }
   w.EndObject();
@@ -953,7 +983,7 @@ session_page coordinator::sessions_page(const std::string& after, std::size_t li
     page.next = views.back().hash;
   }
   page.sessions.reserve(views.size());
-  for (auto& v : views) page.sessions.push_back(row_of(std::move(v)));
+  for (auto& v : views) page.sessions.push_back(row_with_reuse(std::move(v)));
   return page;
 }
 
@@ -975,12 +1005,19 @@ std::string sessions_page_json(const session_page& page) {
   return sb.GetString();
 }
 
+session_row coordinator::row_with_reuse(core::coordinator_core::session_view v) const {
+  auto row = row_of(std::move(v));
+  if (auto it = last_restore_.find(row.hash); it != last_restore_.end())
+    row.last_restore = it->second;
+  return row;
+}
+
 admin_reply coordinator::session_json(const std::string& hash_or_id) const {
   auto v = core_.session(resolve_session(hash_or_id).hash);
   if (!v) return error_reply(404, "unknown session");
   rapidjson::StringBuffer sb;
   json_writer w(sb);
-  write_session(w, row_of(std::move(*v)));
+  write_session(w, row_with_reuse(std::move(*v)));
   return admin_reply{200, sb.GetString()};
 }
 
@@ -1083,6 +1120,7 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   const bool known = core_.forget(hash);
+  last_restore_.erase(hash);
   if (auto r = store_.remove(hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
   const std::uint64_t freed = opts_.snapshot_dir.empty() ? 0 : snapshot_files(hash, true);
@@ -1127,6 +1165,7 @@ std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
   if (auto r = store_.remove(e.hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
   core_.forget(e.hash);
+  last_restore_.erase(e.hash);
   const auto sess = std::string(core::abbrev(e.hash));
   if (opts_.snapshot_dir.empty()) {
     ++sessions_forgotten_;
@@ -1223,6 +1262,9 @@ void coordinator::write_metrics(core::prom_writer& w) const {
         returning ? static_cast<double>(st.restore_hits) / static_cast<double>(returning) : 0.0);
   counter("kvpersist_restore_failure_total", "Restores that failed or did not verify.",
           st.restore_failures);
+  counter("kvpersist_restore_unpaid_total",
+          "Restores whose next response reused less than half of the restored tokens.",
+          unpaid_restores_);
   counter("kvpersist_save_total", "Snapshots saved.", st.saves);
   counter("kvpersist_save_failure_total", "Saves that failed.", st.save_failures);
   counter("kvpersist_save_empty_total", "Saves that wrote 0 tokens (previous snapshot kept).",

@@ -45,6 +45,13 @@ struct response_timings {
   double prompt_ms = -1;
 };
 
+// What the session's last restore paid: tokens restored, and how many of them the next
+// response reused (llama-server's cache_n; -1 until that response is read).
+struct restore_reuse {
+  std::uint64_t restored = 0;
+  std::int64_t reused = -1;
+};
+
 // One session as the admin API lists it: a copy, so that it can be formatted off the strand.
 struct session_row {
   std::string hash;
@@ -52,6 +59,7 @@ struct session_row {
   bool resident = false;
   bool dirty = false;
   std::optional<core::manifest> snapshot;
+  std::optional<restore_reuse> last_restore;
 };
 
 // A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
@@ -163,7 +171,9 @@ class coordinator {
 
   // After a prepared request completed: what its response said about cache reuse. Feeds
   // the reuse metrics (tokens reused after restores, prefill seconds saved). Strand-only.
-  void record_response(core::prepare_kind kind, response_timings t);
+  // `slot`: where the request ran; after a restore, compares what the response reused with
+  // what was restored and logs kv.session.restore.unpaid below half.
+  void record_response(int slot, core::prepare_kind kind, response_timings t);
 
   // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
   // session id or a known session's 64-hex hash (resolve_session).
@@ -214,6 +224,8 @@ class coordinator {
   // A slot action answered that the slot does not exist: read the layout again first thing.
   void note_slot_error(const core::error& e);
   void note_slots_readable(bool readable);
+  void note_restore_reuse(int slot, std::int64_t cache_n);
+  session_row row_with_reuse(core::coordinator_core::session_view v) const;
   // The error, with its code, when the snapshot did not become the session's checkpoint.
   net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);
   // Stores the manifest durably and makes it current; false (logged) if the write failed.
@@ -260,6 +272,9 @@ class coordinator {
   core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
   core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
+  std::map<int, std::pair<std::string, std::uint64_t>> restored_on_;  // slot -> (hash, tokens)
+  std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
+  std::uint64_t unpaid_restores_ = 0;
   std::uint64_t reused_tokens_ = 0;       // sum of cache_n on requests right after a restore
   std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed

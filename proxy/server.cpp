@@ -622,10 +622,11 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     auto timings = parse_timings(tail);
     net::co_spawn(
         up.coord->strand(),
-        [](coordinator* co, core::prepare_kind k, response_timings tm) -> net::awaitable<void> {
-          co->record_response(k, tm);
+        [](coordinator* co, int slot, core::prepare_kind k,
+           response_timings tm) -> net::awaitable<void> {
+          co->record_response(slot, k, tm);
           co_return;
-        }(up.coord.get(), pr.kind, timings),
+        }(up.coord.get(), t->slot, pr.kind, timings),
         log_exception);
   }
   // Not awaited: the strand runs handlers in the order they were submitted, so whatever this

@@ -1,0 +1,61 @@
+"""Per-restore honesty (issue 13, item 4): after a restore, the next response's cache_n says
+how much of the restored KV llama-server reused. A restore reused below half is logged
+(`kv.session.restore.unpaid`), counted (`kvpersist_restore_unpaid_total`) and shown per
+session (`lastRestore` in /kv/sessions). Runs against the fake and the real llama-server: the
+real one decides cache_n by its own prefix matching.
+
+Run: KVPERSIST_BIN=$PWD/build/kvpersist python3 -m pytest -q -p no:cacheprovider tests/integration/test_restore_reuse.py
+"""
+
+from __future__ import annotations
+
+from admin_client import acts, idle, ok, settled_calls, sid
+from harness import Conversation, cached_tokens
+
+
+def unpaid_total(proxy) -> float:
+    return sum(v for k, v in proxy.metrics().items() if k.startswith("kvpersist_restore_unpaid_total"))
+
+
+def last_restore(stack, conv):
+    r = stack.proxy.admin("GET", "/kv/sessions/" + conv.session)
+    assert r.status == 200, (r.status, r.body[:300])
+    return r.json["lastRestore"]
+
+
+def switch_away_and_back(stack, conv, diverge: bool):
+    """conv, then another session (which saves conv), then conv again, its system prompt
+    changed at the first word when `diverge`. Returns the last response."""
+    port = stack.port
+    ok(conv.turn(port))
+    ok(Conversation(sid("other")).turn(port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    if diverge:
+        conv.messages[0]["content"] = "Changed. " + conv.messages[0]["content"]
+    r = ok(conv.turn(port), "return")
+    assert "restore" in acts(settled_calls(stack)), "the session was not restored"
+    return r
+
+
+def test_a_restore_the_prompt_reuses_is_paid(stack):
+    stack.start()
+    A = Conversation(sid("A"))
+    r = switch_away_and_back(stack, A, diverge=False)
+    idle(stack.proxy)
+    lr = last_restore(stack, A)
+    assert lr["reused"] == cached_tokens(r) and lr["reused"] * 2 >= lr["tokens"] > 0, lr
+    assert not stack.proxy.events("kv.session.restore.unpaid")
+    assert unpaid_total(stack.proxy) == 0
+
+
+def test_a_restore_of_a_prompt_that_diverged_early_is_unpaid(stack):
+    stack.start()
+    A = Conversation(sid("A"))
+    r = switch_away_and_back(stack, A, diverge=True)
+    line = stack.proxy.wait_for_log(r"kv\.session\.restore\.unpaid", 5)
+    assert line is not None, stack.proxy.log_text()
+    restored, reused = int(line.fields["restored"]), int(line.fields["reused"])
+    assert reused == cached_tokens(r) and reused * 2 < restored, line
+    assert unpaid_total(stack.proxy) == 1
+    assert last_restore(stack, A) == {"tokens": restored, "reused": reused}
