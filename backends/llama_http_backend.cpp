@@ -97,6 +97,8 @@ core::result<core::runtime_info> parse_props(std::string_view json) {
   rt.build_info = get_str(d, "build_info");
   rt.total_slots = get_i64(d, "total_slots", 0);
   rt.media_marker = get_str(d, "media_marker");
+  if (auto s = d.FindMember("is_sleeping"); s != d.MemberEnd() && s->value.IsBool())
+    rt.sleeping = s->value.GetBool();
   if (auto g = d.FindMember("default_generation_settings");
       g != d.MemberEnd() && g->value.IsObject())
     rt.n_ctx = get_i64(g->value, "n_ctx", 0);

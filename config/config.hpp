@@ -38,6 +38,10 @@ struct upstream_config {
   std::size_t max_idle_connections = 16;
   // llama-server's Vertex AI prediction route (its AIP_PREDICT_ROUTE); kvpersist refuses it.
   std::string predict_route = "/predict";
+  // llama-server's --sleep-idle-seconds (0: it never sleeps). kvpersist checkpoints a dirty
+  // slot before that much idle time ends, and checks for sleep before trusting a slot idle
+  // that long (docs/design.md §4).
+  std::chrono::seconds sleep_idle{0};
 
   bool operator==(const upstream_config&) const = default;
 };

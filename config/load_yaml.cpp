@@ -94,6 +94,8 @@ class reader {
   int read_int(const YAML::Node& node, const std::string& path);
   std::size_t read_size(const YAML::Node& node, const std::string& path);
   milliseconds read_ms(const YAML::Node& node, const std::string& path);
+  // Whole seconds, 0 to a year.
+  std::chrono::seconds read_seconds(const YAML::Node& node, const std::string& path);
   std::string read_string(const YAML::Node& node, const std::string& path);
   std::vector<std::string> read_string_list(const YAML::Node& node, const std::string& path);
   template <typename Enum, typename Parse>
@@ -214,6 +216,11 @@ milliseconds reader::read_ms(const YAML::Node& node, const std::string& path) {
                                    std::numeric_limits<long long>::max())};
 }
 
+std::chrono::seconds reader::read_seconds(const YAML::Node& node, const std::string& path) {
+  constexpr long long year = 365LL * 24 * 3600;
+  return std::chrono::seconds{read_integer(node, path, 0, year)};
+}
+
 std::string reader::read_string(const YAML::Node& node, const std::string& path) {
   if (node.IsNull()) return {};  // `apiKey:` with no value means empty
   return scalar_of(node, path, "a string");
@@ -284,6 +291,7 @@ config reader::read_document(const YAML::Node& root) {
         {"maxIdleConnections",
          [&](V v2, P p2) { c.upstream.max_idle_connections = read_size(v2, p2); }},
         {"predictRoute", [&](V v2, P p2) { c.upstream.predict_route = read_string(v2, p2); }},
+        {"sleepIdleSeconds", [&](V v2, P p2) { c.upstream.sleep_idle = read_seconds(v2, p2); }},
       });
     }},
     {"instanceKey", [&](V v, P p) { c.instance_key = read_string(v, p); }},
@@ -378,6 +386,8 @@ config reader::read_document(const YAML::Node& root) {
           {"maxIdleConnections",
            [&](V v2, P p2) { sv.upstream.max_idle_connections = read_size(v2, p2); }},
           {"predictRoute", [&](V v2, P p2) { sv.upstream.predict_route = read_string(v2, p2); }},
+          {"sleepIdleSeconds",
+           [&](V v2, P p2) { sv.upstream.sleep_idle = read_seconds(v2, p2); }},
           {"runtimeKey", [&](V v2, P p2) { sv.runtime_key = read_string(v2, p2); }},
           {"mode", [&](V v2, P p2) {
             sv.mode = read_enum(v2, p2, parse_slot_mode,

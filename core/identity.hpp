@@ -23,6 +23,7 @@ struct runtime_info {
   std::int64_t total_slots = 0;
   std::string runtime_key;
   std::string media_marker;  // per-process random: an epoch, never part of the fingerprint
+  bool sleeping = false;     // is_sleeping: the model and every slot's KV are unloaded
 
   // Hex SHA-256 over every field except media_marker.
   std::string fingerprint() const;

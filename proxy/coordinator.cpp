@@ -196,8 +196,10 @@ net::awaitable<void> coordinator::refresh_runtime() {
     auto rt = co_await backend_->read_runtime();
     if (rt && rt->media_marker == core_.runtime().media_marker &&
         rt->model_path == core_.runtime().model_path &&
-        rt->build_info == core_.runtime().build_info)
+        rt->build_info == core_.runtime().build_info) {
+      note_sleeping(rt->sleeping);
       co_return;
+    }
   }
   auto p = co_await backend_->probe();
   apply_probe(p);
@@ -211,8 +213,12 @@ net::awaitable<void> coordinator::probe_loop() {
     // Off the request path: only compare. Changes are applied now if the slot is free,
     // else by the next lease holder.
     if (core_.persistence_enabled()) {
+      // GET /props never wakes a sleeping server; the full probe (a slot action) would.
       auto rt = co_await backend_->read_runtime();
-      if (rt && rt->media_marker == core_.runtime().media_marker) continue;
+      if (rt && rt->media_marker == core_.runtime().media_marker) {
+        if (leased_.empty()) note_sleeping(rt->sleeping);
+        continue;
+      }
     }
     auto p = co_await backend_->probe();
     if (leased_.empty()) {
@@ -444,7 +450,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     co_return out;
   }
   const int slot = t->slot;
-  if (fresh_upstream) upstream_trouble_.store(true);
+  if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
   co_await refresh_runtime();
   const auto now = steady_clock::now();
   if (core_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
@@ -554,6 +560,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end) {
   if (!holds(t) || t->slot < 0) co_return;
+  finished_at_[t->slot] = steady_clock::now();
   if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
     co_await run_save(*s);
   release_and_wake(t);
@@ -616,6 +623,27 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
     }
   }
   release_and_wake(t);
+}
+
+void coordinator::note_sleeping(bool sleeping) {
+  if (sleeping == server_sleeping_) return;
+  server_sleeping_ = sleeping;
+  if (!sleeping) {
+    log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
+    return;
+  }
+  int dirty = 0;
+  for (int id : core_.slot_ids()) dirty += core_.owner_dirty(id) ? 1 : 0;
+  core_.on_epoch_change();
+  log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
+      {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
+       {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
+}
+
+bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
+  if (opts_.sleep_idle.count() <= 0 || core_.owner(slot).empty()) return false;
+  auto it = finished_at_.find(slot);
+  return it != finished_at_.end() && now - it->second >= opts_.sleep_idle;
 }
 
 // Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),

@@ -27,6 +27,7 @@ struct coordinator_options {
   bool strict = false;
   std::size_t max_waiting = 64;
   std::chrono::milliseconds epoch_probe_interval{10'000};
+  std::chrono::seconds sleep_idle{0};  // llama-server's --sleep-idle-seconds; 0: never sleeps
   bool single_slot = true;
   std::string server_name = "default";
   std::string endpoint;  // for status output
@@ -224,6 +225,10 @@ class coordinator {
   // A slot action answered that the slot does not exist: read the layout again first thing.
   void note_slot_error(const core::error& e);
   void note_slots_readable(bool readable);
+  // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
+  void note_sleeping(bool sleeping);
+  // The slot's owner has been idle for llama-server's whole sleep period.
+  bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   void note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::coordinator_core::session_view v) const;
   // The error, with its code, when the snapshot did not become the session's checkpoint.
@@ -264,7 +269,9 @@ class coordinator {
   std::atomic<bool> upstream_trouble_{false};
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
-  bool slots_unreadable_ = false;  // GET /slots failed after the last unpinnable request
+  bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
+  bool server_sleeping_ = false;   // /props said is_sleeping
+  std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
   net::steady_timer gc_timer_;
 
   // Metrics not kept by the core.

@@ -123,6 +123,16 @@ std::size_t connection_cap(const config::config& cfg, std::uint64_t nofile) {
 
 }  // namespace
 
+// The idle checkpoint runs at the latest a second before llama-server would sleep (at half
+// the sleep period for short ones), so a dirty slot is saved while its KV still exists.
+std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
+                                                  std::chrono::seconds sleep_idle) {
+  if (sleep_idle.count() <= 0) return idle;
+  const std::chrono::milliseconds period = sleep_idle;
+  const auto before = std::max(period - std::chrono::seconds(1), period / 2);
+  return idle.count() > 0 ? std::min(idle, before) : before;
+}
+
 response_timings parse_timings(std::string_view tail) {
   // The last occurrence wins: in a stream, the final event carries the request's totals.
   auto number_after = [&](std::string_view key) -> std::optional<double> {
@@ -173,7 +183,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.core.save_on_switch = cfg_.checkpoint.on_switch;
     co.core.save_on_turn_end = cfg_.checkpoint.on_turn_end;
     co.core.save_on_step_end = cfg_.checkpoint.on_step_end;
-    co.core.idle_checkpoint = cfg_.checkpoint.idle;
+    co.core.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
     co.core.restore_enabled = cfg_.restore.enabled;
     co.core.verify_restore = cfg_.restore.verify;
     co.core.strict = cfg_.failure.strict;
@@ -182,6 +192,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.strict = cfg_.failure.strict;
     co.max_waiting = cfg_.queue.max_waiting;
     co.epoch_probe_interval = cfg_.epoch_probe_interval;
+    co.sleep_idle = sc.upstream.sleep_idle;
     co.single_slot = sc.mode == config::slot_mode::single_slot;
     co.server_name = sc.name;
     co.endpoint = sc.upstream.url;

@@ -199,6 +199,8 @@ class FakeLlamaServer:
         self.finish_reason = "length"       # OpenAI chat/completions replies: stop, length, tool_calls
         self.props_status = 200             # e.g. 503: /props answers as while the model loads
         self.slots_status = 200             # e.g. 501: GET /slots as with llama-server --no-slots
+        self.sleeping = False               # sleep(): as --sleep-idle-seconds, until a request wakes it
+        self.wakes = 0
         self.kv_bytes_per_token = kv_bytes_per_token
         self.media_marker = ""
         self.epoch = 0
@@ -322,6 +324,13 @@ class FakeLlamaServer:
         self.stop()
 
     # ------------------------------------------------------------------ fault controls
+    def sleep(self):
+        """llama-server's sleep: the model and every slot's KV are unloaded; /props and
+        /health answer without waking it, any other request wakes it (slots stay empty)."""
+        with self._lock:
+            self.sleeping = True
+            self.slot_tokens = []
+
     def fail_next_save(self, status: int = 500, message: str = "Unable to save slot"):
         with self._lock:
             self._fail_save.append((status, message))
@@ -538,6 +547,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, path, query, body_json, body):
         f = self.fake
         m = self.command
+        if f.sleeping and not (m == "GET" and path in ("/health", "/v1/health", "/props")):
+            with f._lock:
+                f.sleeping = False
+                f.wakes += 1
         if m == "GET" and path in ("/health", "/v1/health"):
             return self._send_json(200, {"status": "ok"})
         if m == "GET" and path == "/props":
@@ -586,7 +599,7 @@ class _Handler(BaseHTTPRequestHandler):
             "chat_template": "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>",
             "bos_token": "<s>", "eos_token": "</s>",
             "build_info": f.build_info,
-            "is_sleeping": False,
+            "is_sleeping": f.sleeping,
         }
 
     def _models(self):
