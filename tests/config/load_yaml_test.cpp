@@ -59,6 +59,7 @@ upstream:
   connectTimeoutMs: 1234
   idleTimeoutMs: 99
   maxIdleConnections: 2
+  sleepIdleSeconds: 300
 instanceKey: box-a
 runtimeKey: qwen-q4kv
 mode: managed-slots
@@ -108,6 +109,7 @@ log:
   CHECK(cfg.upstream.connect_timeout == 1234ms);
   CHECK(cfg.upstream.idle_timeout == 99ms);
   CHECK(cfg.upstream.max_idle_connections == 2);
+  CHECK(cfg.upstream.sleep_idle == std::chrono::seconds(300));
   CHECK(cfg.instance_key == "box-a");
   CHECK(cfg.runtime_key == "qwen-q4kv");
   CHECK(cfg.mode == slot_mode::managed_slots);
@@ -172,6 +174,15 @@ TEST_CASE("an unknown key is an error at its line", "[config][load_yaml]") {
     CHECK_FALSE(contains(error.message, "did you mean"));
     CHECK(contains(error.message, "enabled, verify"));
   }
+}
+
+TEST_CASE("sleepIdleSeconds is whole seconds from 0 to a year", "[config][load_yaml]") {
+  auto negative = load_error("upstream:\n  sleepIdleSeconds: -1\n");
+  CHECK(negative.to_string() ==
+        "tests.yaml:2:21: upstream.sleepIdleSeconds: must be >= 0 (got -1)");
+  auto huge = load_error("servers:\n  a:\n    url: http://h:1\n    sleepIdleSeconds: 99999999999\n");
+  CHECK(huge.line == 4);
+  CHECK(contains(huge.message, "out of range"));
 }
 
 TEST_CASE("a duplicate key is an error", "[config][load_yaml]") {
