@@ -24,9 +24,10 @@ import uuid
 import pytest
 
 import harness
-from harness import Async, http_request, wait_until
-from multislot_helpers import (CallTaker, Chat, Llama, abbrev, admin_json, ok, require_real_llama,
-                               session_hash, slot_owners, start_proxy)
+from harness import Async, Chat, http_request, wait_until
+from kvptest.checks import ok
+from kvptest.identity import abbrev, session_hash
+from multislot_helpers import CallTaker, Llama, admin_json, require_real_llama, slot_owners, start_proxy
 
 pytestmark = pytest.mark.real_only
 
@@ -78,7 +79,7 @@ class World:
         return Chat(self.llama.port, tag, tokens)
 
     def short(self, chat: Chat) -> str:
-        return abbrev(session_hash(INSTANCE, self.model, chat.id))
+        return abbrev(session_hash(chat.id, self.model, INSTANCE))
 
     def close(self):
         for p in self.proxies:
