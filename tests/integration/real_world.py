@@ -18,12 +18,12 @@ import pytest
 import harness
 from harness import RealUpstream, RealUpstreamView, Stack, wait_until
 from kvptest import checks
+from kvptest.checks import REUSE  # noqa: F401  (a restored turn reuses at least this share)
 from kvptest.procs import tail
 
 N_CTX = 16384            # room for the long prefill on a fast machine (the KV cache is only ~32 MB)
 MAX_TOKENS = 8
 PROMPT = 2000            # tokens of a session's first prompt (the ci model prefills it in ~0.15-0.4 s)
-REUSE = 0.9              # a restored turn reuses at least this share of the session's first prompt
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_DIR = os.path.join(HERE, "openai_client")
 

@@ -36,8 +36,9 @@ import uuid
 import pytest
 
 from harness import Async, Chat, RealUpstream, chat_body, http_request, manifest_for, now, wait_until
-from kvptest.checks import acts, ok
-from kvptest.reply import Reply, parse_reply
+from kvptest.checks import acts, assert_cold, ok
+from kvptest.checks import assert_reused as assert_restored
+from kvptest.reply import parse_reply
 # llama / llama1 (module-scoped llama-servers) and world / world1 (a Stack on one) are fixtures
 from real_world import (MAX_TOKENS, NODE_DIR, PROMPT, REUSE, ensure_llama, llama, llama1,  # noqa: F401
                         make_text, npm_ready, run_node_driver, settled_calls, world, world1)
@@ -61,19 +62,6 @@ class Session(Chat):
     def __init__(self, server: RealUpstream, tag: str, tokens: int = PROMPT, text: str | None = None):
         super().__init__(server.port, tag, tokens, text=text, prefix="acc", digits=12,
                          user_text="Turn %d. Summarise the notes above.", strict=True)
-
-
-def assert_restored(rep: Reply, session: Session, what: str):
-    need = REUSE * session.first_prompt
-    assert rep.cache_n is not None and rep.cache_n >= need, \
-        "%s: cache_n=%s < %.0f (%d%% of the session's first prompt, %d tokens); %s" % (
-            what, rep.cache_n, need, REUSE * 100, session.first_prompt, rep.describe())
-
-
-def assert_cold(rep: Reply, what: str):
-    limit = max(16, 0.1 * rep.prompt_tokens)
-    assert rep.cache_n is not None and rep.cache_n <= limit, \
-        "%s: expected a cold prefill, cache_n=%s (prompt %s)" % (what, rep.cache_n, rep.prompt_tokens)
 
 
 def snapshot_path(server: RealUpstream, manifest: dict) -> str:

@@ -29,3 +29,22 @@ def settled_calls(stack, quiet: float = 0.15, timeout: float | None = None):
     else:
         stack.upstream.settle(quiet=quiet, timeout=timeout)
     return stack.upstream.take_calls()
+
+
+REUSE = 0.9   # a resident or restored turn reuses at least this share of the session's first prompt
+
+
+def assert_reused(rep, chat, what: str, reuse: float = REUSE):
+    """A Reply reused the cache: cache_n >= `reuse` of the chat's first prompt (harness.Chat)."""
+    need = reuse * chat.first_prompt
+    assert rep.cache_n is not None and rep.cache_n >= need, \
+        "%s: cache_n=%s < %.0f (%.0f%% of the session's first prompt, %d tokens); %s" % (
+            what, rep.cache_n, need, reuse * 100, chat.first_prompt, rep.describe())
+
+
+def assert_cold(rep, what: str):
+    """A Reply was a cold prefill: cache_n at most 16 tokens or a tenth of the prompt."""
+    limit = max(16, 0.1 * rep.prompt_tokens)
+    assert rep.cache_n is not None and rep.cache_n <= limit, \
+        "%s: expected a cold prefill, cache_n=%s (prompt %s); %s" % (what, rep.cache_n, rep.prompt_tokens,
+                                                                     rep.describe())
