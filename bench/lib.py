@@ -1,4 +1,5 @@
-"""Shared helpers for kvpersist's benchmarks (standard library only, /usr/bin/python3).
+"""Shared helpers for kvpersist's benchmarks (/usr/bin/python3: standard library, PyYAML and
+tests/kvptest, the helpers shared with the tests and the demo).
 
 Processes: every child runs in its own session with PR_SET_PDEATHSIG, is stopped by its own
 pid (SIGTERM, then SIGKILL), and logs to a file in the benchmark's work directory.
@@ -8,7 +9,6 @@ the exact command) and optional <out>/results/<name>-*.dat files that report.py 
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import os
@@ -25,9 +25,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 
-# The test models have random weights and can end a reply on a lone byte-fallback token
-# (ids 3..258), which llama-server's chat parser rejects with a 500; ban them (as demo.py does).
-BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
+sys.path.insert(1, os.path.join(REPO, "tests"))
+from kvptest.config import to_yaml  # noqa: E402  (tests/kvptest, shared with the tests and the demo)
+from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401  (lib.BAN_BYTE_TOKENS too)
+from kvptest.logs import parse_log_line  # noqa: E402
+from kvptest.net import free_port  # noqa: E402,F401  (lib.free_port for the benchmarks)
+from kvptest.procs import die_with_parent, stop_process, tail  # noqa: E402
+
 
 
 class BenchError(Exception):
@@ -36,29 +40,6 @@ class BenchError(Exception):
 
 def log(msg: str) -> None:
     print("[bench] " + msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent():
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def tail(path: str, n: int = 20) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 32768))
-            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 class Proc:
@@ -72,7 +53,7 @@ class Proc:
         self.log = open(self.log_path, "ab", buffering=0)
         self.log.write(("$ %s\n" % " ".join(shlex.quote(c) for c in cmd)).encode())
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=work, start_new_session=True, preexec_fn=_die_with_parent,
+                                     cwd=work, start_new_session=True, preexec_fn=die_with_parent,
                                      env=env)
         self.pid = self.proc.pid
         Proc.ALL.append(self)
@@ -83,7 +64,7 @@ class Proc:
     def check(self) -> None:
         if not self.alive():
             raise BenchError("%s exited with status %s; last lines of %s:\n%s"
-                             % (self.name, self.proc.returncode, self.log_path, tail(self.log_path)))
+                             % (self.name, self.proc.returncode, self.log_path, tail(self.log_path, 20)))
 
     def signal(self, sig) -> None:
         if self.alive():
@@ -93,13 +74,7 @@ class Proc:
                 pass
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
         if self in Proc.ALL:
             Proc.ALL.remove(self)
         try:
@@ -146,7 +121,7 @@ def wait_until(pred, timeout: float, what: str, procs: list[Proc] = (), interval
             pass
         if time.monotonic() > deadline:
             raise BenchError("timed out after %.0f s waiting for %s%s" % (
-                timeout, what, "".join("\nlast lines of %s:\n%s" % (p.log_path, tail(p.log_path)) for p in procs)))
+                timeout, what, "".join("\nlast lines of %s:\n%s" % (p.log_path, tail(p.log_path, 20)) for p in procs)))
         time.sleep(interval)
 
 
@@ -221,12 +196,8 @@ class KvPersist:
                        ready_timeout, "kvpersist to probe its upstream (kv.backend.ready)", [self.proc])
 
     def events(self, since: int = 0) -> list[tuple[str, dict]]:
-        out = []
-        for line in read(self.log_path).splitlines()[since:]:
-            m = re.match(r"^\S+\s+(?:ERROR|WARN|INFO|DEBUG)\s+(\S+)(.*)$", line)
-            if m:
-                out.append((m.group(1), dict(re.findall(r'([A-Za-z_][\w.\-]*)=("(?:[^"\\]|\\.)*"|\S*)', m.group(2)))))
-        return out
+        lines = (parse_log_line(raw) for raw in read(self.log_path).splitlines()[since:])
+        return [(l.event, l.fields) for l in lines if l.event]
 
     def lines(self) -> int:
         return len(read(self.log_path).splitlines())
@@ -240,19 +211,6 @@ class KvPersist:
 
     def stop(self, timeout: float = 15.0):
         return self.proc.stop(timeout)
-
-
-def to_yaml(v, indent: int = 0) -> str:
-    pad = "  " * indent
-    if isinstance(v, dict):
-        out = []
-        for k, x in v.items():
-            if isinstance(x, dict):
-                out.append("%s%s:\n%s" % (pad, k, to_yaml(x, indent + 1)))
-            else:
-                out.append("%s%s: %s" % (pad, k, json.dumps(x)))
-        return "\n".join(out) + "\n"
-    return pad + json.dumps(v) + "\n"
 
 
 def read(path: str) -> str:
@@ -287,15 +245,8 @@ class LlamaServer:
         self.starts = 0
 
     def cmd(self) -> list[str]:
-        c = [self.binary, "-m", self.model, "-c", str(self.ctx), "-np", "1", "-t", str(self.threads),
-             "--host", HOST, "--port", str(self.port)]
-        if self.slot_dir:
-            c += ["--slot-save-path", self.slot_dir]
-        if self.no_cache_idle:
-            c += ["--no-cache-idle-slots"]
-        if self.cache_ram is not None:
-            c += ["--cache-ram", str(self.cache_ram)]
-        return c + self.extra
+        return llama_server_cmd(self.binary, self.model, self.port, self.ctx, self.threads, slot_dir=self.slot_dir,
+                                no_cache_idle=self.no_cache_idle, cache_ram=self.cache_ram, extra=self.extra)
 
     def start(self) -> "LlamaServer":
         self.starts += 1

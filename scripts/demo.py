@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import http.client
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +52,12 @@ import threading
 import time
 
 from prompt_text import sized_text  # scripts/, next to this file
+
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402  (tests/kvptest, shared with the tests and bench/)
+from kvptest.logs import parse_log_line  # noqa: E402
+from kvptest.net import free_port  # noqa: E402
+from kvptest.procs import die_with_parent, stop_process, tail as tail_lines  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
@@ -64,11 +68,6 @@ MODELS = {
     "bench": dict(ctx=16384, prompt=8000, health_s=300, request_s=900),
 }
 MAX_TOKENS = 8
-# The test models have random weights, so they can end a reply on a lone byte-fallback token
-# (<0x00>..<0xFF> are ids 3..258 in their llama SPM vocabulary); llama-server's chat parser then
-# rejects the invalid UTF-8 with "output that does not match the expected peg-native format".
-# Banning those tokens keeps every reply valid text. Real models do not need this.
-BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
 
 
 # ----------------------------------------------------------------------------- output
@@ -102,25 +101,10 @@ def fmt_n(n) -> str:
 
 
 def tail_of(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return tail_lines(path, lines, 64 * 1024)
 
 
 # ----------------------------------------------------------------------------- processes
-def _die_with_parent():
-    """Runs in the child before exec: SIGKILL it if this demo dies without cleaning up."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort only
-        pass
-
-
 class Child:
     """A child process whose output goes to a log file (and, optionally, to a line callback)."""
 
@@ -132,7 +116,7 @@ class Child:
             cmd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if on_line else self.log,
             stderr=subprocess.STDOUT, cwd=os.path.dirname(log_path),
-            start_new_session=True, preexec_fn=_die_with_parent)
+            start_new_session=True, preexec_fn=die_with_parent)
         self.thread = None
         if on_line:
             self.thread = threading.Thread(target=self._pump, args=(on_line,), daemon=True)
@@ -150,15 +134,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.terminate()
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-            except OSError:
-                pass
+        stop_process(self.proc, timeout)
         if self.thread:
             self.thread.join(2)
 
@@ -185,12 +161,6 @@ def on_signal(signum, _frame):
 
 
 # ----------------------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def run_helper(script: list[str], label: str, log_path: str, slow_note: str) -> str:
     """Runs one of the scripts/*.sh helpers: stdout is a path; its progress lines are echoed,
     everything it prints goes to log_path, and a long silence gets a heartbeat line."""
@@ -200,7 +170,7 @@ def run_helper(script: list[str], label: str, log_path: str, slow_note: str) -> 
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(script, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
         def pump_err():
             for raw in iter(proc.stderr.readline, b""):
@@ -297,9 +267,7 @@ class LlamaServer:
         log = os.path.join(self.work, "llama-server.log" if self.starts == 1
                            else "llama-server-restart%d.log" % (self.starts - 1))
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        cmd = [self.binary, "-m", self.model, "-c", str(self.ctx), "-np", "1",
-               "--slot-save-path", self.slot_dir, "--no-cache-idle-slots", "-t", str(threads),
-               "--host", HOST, "--port", str(self.port)]
+        cmd = llama_server_cmd(self.binary, self.model, self.port, self.ctx, threads, slot_dir=self.slot_dir)
         try:
             self.child = Child("llama-server", cmd, log)
         except OSError as e:
@@ -353,23 +321,10 @@ class LlamaServer:
 
 
 # ----------------------------------------------------------------------------- kvpersist
-LOG_RE = re.compile(r"^(\S+)\s+(ERROR|WARN|INFO|DEBUG)\s+(\S+)(.*)$")
-FIELD_RE = re.compile(r'([A-Za-z_][\w.\-]*)=("(?:[^"\\]|\\.)*"|\S*)')
-
-
 def parse_line(raw: str) -> tuple[str, str, dict] | None:
-    m = LOG_RE.match(raw.strip())
-    if not m:
-        return None
-    fields = {}
-    for k, v in FIELD_RE.findall(m.group(4)):
-        if v.startswith('"'):
-            try:
-                v = json.loads(v)
-            except ValueError:
-                v = v[1:-1]
-        fields[k] = v
-    return m.group(2), m.group(3), fields
+    """(level, event, fields) of a kvpersist log line, None for any other line."""
+    line = parse_log_line(raw)
+    return (line.level, line.event, line.fields) if line.event else None
 
 
 class KvPersist:

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the kvptest package
 
 import fake_llama  # noqa: E402
 import harness  # noqa: E402

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 
 from harness import HOST
+from kvptest.procs import stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -261,12 +262,7 @@ class Browser:
     def close(self):
         if self.ws:
             self.ws.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc, 10)
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self):

@@ -8,7 +8,9 @@
 * Upstreams: FakeUpstream (the in-process fake_llama.FakeLlamaServer) and RealUpstream
   (a real llama-server; management calls parsed from kvpersist's debug log), behind
   one interface: start/stop/restart/url/management_calls()/take_calls().
-* Conversation: a chat client that keeps history per session, like an agent harness.
+* Conversation: a chat client that keeps history per session, like an agent harness; Chat: the
+  same against a real llama-server, with long prompts and checked replies (kvptest.reply).
+* The helpers that bench/ and scripts/demo.py use too live in tests/kvptest (on sys.path here).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ import zlib
 from dataclasses import dataclass, field
 
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from prompt_text import sized_text  # noqa: E402  (scripts/prompt_text.py)
+# tests/kvptest, shared with bench/ and scripts/demo.py; LogLine, parse_log_line, free_port and
+# BAN_BYTE_TOKENS stay importable from harness for the tests
+from kvptest.config import write_config  # noqa: E402
+from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401
+from kvptest.logs import LogLine, parse_log_line  # noqa: E402,F401
+from kvptest.net import free_port  # noqa: E402,F401
+from kvptest.procs import stop_process  # noqa: E402
+from kvptest.prometheus import flat_metrics  # noqa: E402
+from kvptest.reply import Reply, parse_reply  # noqa: E402
 
 import fake_llama
 
@@ -68,12 +80,6 @@ def deep_merge(base: dict, over: dict | None) -> dict:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01):
     deadline = now() + timeout
     while True:
@@ -81,69 +87,6 @@ def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01):
         if v or now() > deadline:
             return v
         time.sleep(interval)
-
-
-# ----------------------------------------------------------------------------- YAML
-def to_yaml(obj, indent: int = 0) -> str:
-    """Enough YAML for kvpersist's config: nested maps, lists, scalars."""
-    pad = "  " * indent
-    out = []
-    for k, v in obj.items():
-        if isinstance(v, dict):
-            out.append("%s%s:\n%s" % (pad, k, to_yaml(v, indent + 1)))
-        elif isinstance(v, list):
-            out.append("%s%s:\n" % (pad, k) + "".join("%s  - %s\n" % (pad, _scalar(x)) for x in v))
-        else:
-            out.append("%s%s: %s\n" % (pad, k, _scalar(v)))
-    return "".join(out)
-
-
-def _scalar(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return json.dumps(str(v))  # a JSON string is a valid YAML double-quoted scalar
-
-
-# ----------------------------------------------------------------------------- logs
-LOG_RE = re.compile(r"^(\S+)\s+(ERROR|WARN|INFO|DEBUG)\s+(\S+)(.*)$")
-FIELD_RE = re.compile(r'([A-Za-z_][\w.\-]*)=("(?:[^"\\]|\\.)*"|\S*)')
-
-
-@dataclass
-class LogLine:
-    raw: str
-    time: float            # monotonic time the harness read it
-    level: str = ""
-    event: str = ""
-    fields: dict = field(default_factory=dict)
-
-
-def parse_log_line(raw: str, t: float = 0.0) -> LogLine:
-    line = LogLine(raw=raw, time=t)
-    s = raw.strip()
-    if s.startswith("{"):
-        try:
-            j = json.loads(s)
-            line.level = str(j.get("level", "")).upper()
-            line.event = str(j.get("event", ""))
-            line.fields = {k: str(v) for k, v in j.items() if k not in ("ts", "level", "event")}
-            return line
-        except ValueError:
-            pass
-    m = LOG_RE.match(s)
-    if not m:
-        return line
-    line.level, line.event = m.group(2), m.group(3)
-    for k, v in FIELD_RE.findall(m.group(4)):
-        if v.startswith('"'):
-            try:
-                v = json.loads(v)
-            except ValueError:
-                v = v[1:-1]
-        line.fields[k] = v
-    return line
 
 
 # ----------------------------------------------------------------------------- kvpersist
@@ -197,9 +140,7 @@ class KvPersist:
         extra = env_config()
         config = deep_merge(extra, self.config) if extra else self.config
         if config:
-            path = os.path.join(self.work_dir, "kvpersist-%s.yaml" % uuid.uuid4().hex[:8])
-            with open(path, "w") as f:
-                f.write(to_yaml(config))
+            path = write_config(config, self.work_dir)
             self.config_path = path
             cmd += ["--config", path]
         if self.runtime_key:
@@ -308,15 +249,7 @@ class KvPersist:
         """GET /metrics from the admin API as {'name{labels}': value}."""
         r = self.admin("GET", "/metrics", token=token)
         assert r.status == 200, (r.status, r.body[:300])
-        out = {}
-        for line in r.text.splitlines():
-            if line and not line.startswith("#"):
-                k, _, v = line.rpartition(" ")
-                try:
-                    out[k] = float(v)
-                except ValueError:
-                    pass
-        return out
+        return flat_metrics(r.text)
 
     # logs
     def log_lines(self) -> list[LogLine]:
@@ -628,11 +561,8 @@ DEFAULT_MAX_TOKENS: int | None = None
 # Merged into every Conversation request body (conftest sets REAL_MODEL_BODY with a real server).
 DEFAULT_EXTRA: dict = {}
 
-# The random-weight test models can end a reply on a lone byte-fallback token (<0x00>..<0xFF>,
-# ids 3..258 of the llama SPM vocabulary); llama-server then answers 500 "The model produced
-# output that does not match the expected peg-native format". Banning them keeps replies valid
-# text (the same form as scripts/demo.py). Temperature 0 and a seed make them deterministic.
-BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
+# kvptest.llama.BAN_BYTE_TOKENS keeps the random-weight test models' replies valid text;
+# temperature 0 and a seed make them deterministic.
 REAL_MODEL_BODY = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
 
 _TEXT_CACHE: dict = {}
@@ -657,6 +587,40 @@ def chat_body(messages, stream=True, max_tokens=8, **extra) -> dict:
         b["stream_options"] = {"include_usage": True}
     b.update(extra)
     return b
+
+
+class Chat:
+    """An agent-style session against a real llama-server: a long system prompt (about `tokens`
+    tokens by the tokenizer of the llama-server on `tokenizer_port`, or `text`), the whole
+    history resent on every turn; each turn a Reply (kvptest.reply, `strict` framing checks)."""
+
+    def __init__(self, tokenizer_port: int, tag: str, tokens: int = 1500, session_id: str | None = None,
+                 text: str | None = None, prefix: str = "ms", digits: int = 10,
+                 user_text: str = "Turn %d. Summarise the notes.", strict: bool = False):
+        self.id = session_id or "%s-%s-%s" % (prefix, tag, uuid.uuid4().hex[:digits])
+        self.system = text or make_text(tokenizer_port, "%s/%s" % (tag, self.id), tokens)
+        self.messages = [{"role": "system", "content": self.system}]
+        self.replies: list[Reply] = []
+        self.user_text, self.strict = user_text, strict
+
+    def ask(self, port: int, text: str | None = None, stream: bool = True, headers=None, body_extra=None,
+            timeout: float = 60.0, path: str = "/v1/chat/completions", session_header: bool = True,
+            **kw) -> Reply:
+        user = {"role": "user", "content": text or self.user_text % (len(self.replies) + 1)}
+        h = {"X-Session-Id": self.id} if session_header else {}
+        h.update(headers or {})
+        r = http_request(port, "POST", path, headers=h,
+                         body=chat_body(self.messages + [user], stream=stream, **(body_extra or {})),
+                         timeout=timeout, **kw)
+        rep = parse_reply(r, stream, strict=self.strict)
+        if rep.ok:
+            self.messages += [user, {"role": "assistant", "content": rep.content}]
+        self.replies.append(rep)
+        return rep
+
+    @property
+    def first_prompt(self) -> int:
+        return self.replies[0].prompt_tokens
 
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
@@ -734,17 +698,28 @@ def assistant_text(r: Response, stream: bool) -> str:
     return "".join(out)
 
 
-def total_tokens(r: Response) -> int | None:
+def reported(r: Response, section: str, key: str):
+    """j[section][key] of a chat response: of the last SSE event that has `section` (None if
+    none has), or of the JSON body; None where the value is missing or malformed."""
     try:
         if r.events:
             for e in reversed(r.events):
                 j = e.json
-                if j and "usage" in j:
-                    return j["usage"]["total_tokens"]
+                if j and section in j:
+                    return j[section][key]
             return None
-        return r.json["usage"]["total_tokens"]
+        return r.json[section][key]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def total_tokens(r: Response) -> int | None:
+    return reported(r, "usage", "total_tokens")
+
+
+def cache_n(r: Response) -> int | None:
+    """timings.cache_n as llama-server reports it (None when it does not)."""
+    return reported(r, "timings", "cache_n")
 
 
 def is_warm(r: Response) -> bool:
@@ -793,6 +768,38 @@ def manifest_for(state_dir: str, session: str) -> dict | None:
         if m.get("sessionId") == session:
             return m
     return None
+
+
+def strict_manifests(state_dir: str) -> dict[str, dict]:
+    """Every *.json under <state>/sessions, parsed strictly (UTF-8, JSON); raises if one does not
+    parse. *.tmp files are left out: kvpersist never reads them."""
+    out = {}
+    d = os.path.join(state_dir, "sessions")
+    if not os.path.isdir(d):
+        return out
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".json"):
+            with open(os.path.join(d, name), "rb") as f:
+                raw = f.read()
+            try:
+                out[name] = json.loads(raw.decode("utf-8"))
+            except ValueError as e:
+                raise AssertionError("manifest %s does not parse (%s): %r" % (name, e, raw[:200]))
+    return out
+
+
+def check_manifests_trustworthy(state_dir: str, save_dir: str):
+    """Each manifest parses; a ready one points at a snapshot file that exists, that the fake can
+    read back in full, with the token count the manifest records."""
+    for name, m in strict_manifests(state_dir).items():
+        assert m["sessionHash"] + ".json" == name, name
+        if m["state"] == "ready":
+            path = os.path.join(save_dir, m["snapshotFile"])
+            assert os.path.isfile(path), "ready manifest %s points at a missing %s" % (name, m["snapshotFile"])
+            tokens, nbytes = fake_llama.FakeLlamaServer.read_snapshot(path)
+            assert len(tokens) == m["tokens"] and nbytes == m["bytes"], (name, len(tokens), m["tokens"])
+        else:
+            assert m["state"] == "invalid" and m.get("invalidReason"), m
 
 
 # ----------------------------------------------------------------------------- upstreams
@@ -889,8 +896,8 @@ class RealUpstream(Upstream):
         return "http://%s:%d" % (HOST, self.port)
 
     def start(self, timeout: float = 120.0):
-        cmd = [self.binary, "-m", self.model, "--host", HOST, "--port", str(self.port), "-c", str(self.n_ctx),
-               "-np", "1", "--slot-save-path", self.save_dir, "--no-cache-idle-slots", "-t", "2"] + self.extra_args
+        cmd = llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2, slot_dir=self.save_dir,
+                               extra=self.extra_args)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         ok = wait_until(lambda: self._healthy(), timeout, 0.2)
         if not ok:
@@ -905,13 +912,7 @@ class RealUpstream(Upstream):
             return False
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 20)
 
     def restart(self):
         self.stop()

@@ -2,81 +2,35 @@
 
 * Llama: a real llama-server started by the test itself with any -np / -c / --slot-save-path
   (harness.RealUpstream always uses -np 1), skipped when KVP_LLAMA_SERVER / KVP_MODEL are unset.
-* start_proxy(): a kvpersist (harness.KvPersist) with a config written by to_yaml(), which,
-  unlike harness.to_yaml, also writes lists of maps (`routes:`).
+* start_proxy(): a kvpersist (harness.KvPersist) with a config written by kvptest.config
+  (lists of maps too: `routes:`).
 * Calls: the management calls a kvpersist made, parsed from its debug log, with their slot
   and the session they were for (the first 8 hex digits of the session hash, which is what
   kvpersist logs), so a test can say "save of B on slot 1".
-* session_hash(): kvpersist's snapshot identity (core/identity.cpp), to know a session's
-  abbreviation and snapshot names before kvpersist logs them.
-* Chat helpers for the random test model (chat_body and make_text from harness.py, the prompts
-  from scripts/prompt_text.py, sized with llama-server's tokenizer).
+* kvptest.identity.session_hash() gives kvpersist's snapshot identity (core/identity.cpp), to
+  know a session's abbreviation and snapshot names before kvpersist logs them.
+* harness.Chat is the agent-style session the real-llama-server tests use.
 * Nginx: nginx (Debian's nginx-light) in the foreground with a config in a temp dir.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 import harness
-from harness import HOST, KvPersist, Response, chat_body, http_request, make_text, wait_until
+from harness import HOST, KvPersist, http_request, wait_until
+from kvptest.config import write_config
+from kvptest.llama import llama_server_cmd
+from kvptest.procs import stop_process, tail
 
 REPO_ROOT = harness.REPO_ROOT
-
-
-# ============================================================================ identity
-def _field(v: str) -> str:
-    return "%d:%s;" % (len(v.encode("utf-8")), v)
-
-
-def session_hash(instance_key: str, model_path: str, session_id: str) -> str:
-    """core::session_hash: the hex SHA-256 that names a session's manifest and snapshots."""
-    data = "kvpersist-session-v1;" + _field(instance_key) + _field(model_path) + _field(session_id)
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
-
-
-def abbrev(h: str) -> str:
-    return h[:8]
-
-
-# ============================================================================ YAML
-def _scalar(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return json.dumps(str(v))
-
-
-def to_yaml(obj, indent: int = 0) -> str:
-    """Nested maps, lists of scalars and lists of maps (block style)."""
-    pad = "  " * indent
-    out = []
-    for k, v in obj.items():
-        if isinstance(v, dict):
-            out.append("%s%s:\n%s" % (pad, k, to_yaml(v, indent + 1) if v else ""))
-        elif isinstance(v, list):
-            out.append("%s%s:\n" % (pad, k))
-            for item in v:
-                if isinstance(item, dict):
-                    body = to_yaml(item, indent + 2)
-                    first, _, rest = body.partition("\n")
-                    out.append("%s  - %s\n%s" % (pad, first.strip(), rest))
-                else:
-                    out.append("%s  - %s\n" % (pad, _scalar(item)))
-        else:
-            out.append("%s%s: %s\n" % (pad, k, _scalar(v)))
-    return "".join(out)
 
 
 def start_proxy(upstream_url: str, state_dir: str, workdir: str, config: dict | None = None,
@@ -89,10 +43,7 @@ def start_proxy(upstream_url: str, state_dir: str, workdir: str, config: dict | 
     args = list(extra_args or [])
     if config:
         os.makedirs(workdir, exist_ok=True)
-        path = os.path.join(workdir, "kvpersist-%s.yaml" % uuid.uuid4().hex[:8])
-        with open(path, "w") as f:
-            f.write(to_yaml(config))
-        args = ["--config", path] + args
+        args = ["--config", write_config(config, workdir)] + args
     p = KvPersist(upstream_url, state_dir, config=None, runtime_key=runtime_key, extra_args=args,
                   work_dir=workdir, **kw)
     p.start()
@@ -206,9 +157,8 @@ class Llama:
         return "http://%s:%d" % (HOST, self.port)
 
     def command(self) -> list[str]:
-        return [self.binary, "-m", self.model, "--host", HOST, "--port", str(self.port),
-                "-c", str(self.n_ctx), "-np", str(self.n_parallel), "--slot-save-path", self.save_dir,
-                "--no-cache-idle-slots", "-t", str(self.threads)] + self.extra_args
+        return llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, self.threads,
+                                parallel=self.n_parallel, slot_dir=self.save_dir, extra=self.extra_args)
 
     def start(self, timeout: float = 120.0) -> "Llama":
         log = open(self.log_path, "ab")
@@ -232,13 +182,7 @@ class Llama:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self):
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 20)
 
     def kill(self):
         if self.alive():
@@ -259,110 +203,10 @@ class Llama:
         return bool(wait_until(lambda: not any(s["is_processing"] for s in self.slots()), timeout, 0.1))
 
     def log_tail(self, n: int = 40) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 32768))
-                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return tail(self.log_path, n)
 
 
 # ============================================================================ prompts and chat
-@dataclass
-class Reply:
-    resp: Response
-    content: str = ""
-    usage: dict | None = None
-    timings: dict | None = None
-    problems: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def cache_n(self):
-        return None if self.timings is None else self.timings.get("cache_n")
-
-    @property
-    def prompt_tokens(self):
-        return None if self.usage is None else self.usage.get("prompt_tokens")
-
-    def describe(self) -> str:
-        return "status=%s problems=%s cache_n=%s usage=%s body=%r" % (
-            self.resp.status, self.problems, self.cache_n, self.usage, self.resp.body[:300])
-
-
-def parse_reply(r: Response, stream: bool) -> Reply:
-    rep = Reply(r)
-    if r.status != 200 or not r.complete:
-        rep.problems.append("status %s complete=%s error=%s" % (r.status, r.complete, r.error))
-        return rep
-    try:
-        if not stream:
-            j = r.json
-            rep.content = j["choices"][0]["message"]["content"]
-            rep.usage, rep.timings = j.get("usage"), j.get("timings")
-        else:
-            parts = []
-            for e in r.events:
-                j = e.json
-                if not j:
-                    continue
-                if "error" in j:
-                    rep.problems.append("error event %r" % e.data[:200])
-                for ch in j.get("choices") or []:
-                    parts.append((ch.get("delta") or {}).get("content") or "")
-                if j.get("usage"):
-                    rep.usage = j["usage"]
-                if j.get("timings"):
-                    rep.timings = j["timings"]
-            rep.content = "".join(parts)
-            if not r.events or r.events[-1].data != b"data: [DONE]\n\n":
-                rep.problems.append("no [DONE]")
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        rep.problems.append("malformed: %s" % e)
-    if not rep.content:
-        rep.problems.append("empty content")
-    if not rep.usage or rep.cache_n is None:
-        rep.problems.append("no usage/timings")
-    return rep
-
-
-class Chat:
-    """An agent-style session against a real llama-server: a long system prompt, the whole
-    history resent on every turn."""
-
-    def __init__(self, tokenizer_port: int, tag: str, tokens: int = 1500, session_id: str | None = None):
-        self.id = session_id or "ms-%s-%s" % (tag, uuid.uuid4().hex[:10])
-        self.system = make_text(tokenizer_port, "%s/%s" % (tag, self.id), tokens)
-        self.messages = [{"role": "system", "content": self.system}]
-        self.replies: list[Reply] = []
-
-    def ask(self, port: int, text: str | None = None, stream: bool = True, headers=None,
-            timeout: float = 60.0, path: str = "/v1/chat/completions") -> Reply:
-        user = {"role": "user", "content": text or "Turn %d. Summarise the notes." % (len(self.replies) + 1)}
-        h = {"X-Session-Id": self.id}
-        h.update(headers or {})
-        r = http_request(port, "POST", path, headers=h, body=chat_body(self.messages + [user], stream=stream),
-                         timeout=timeout)
-        rep = parse_reply(r, stream)
-        if rep.ok:
-            self.messages += [user, {"role": "assistant", "content": rep.content}]
-        self.replies.append(rep)
-        return rep
-
-    @property
-    def first_prompt(self) -> int:
-        return self.replies[0].prompt_tokens
-
-
-def ok(rep: Reply, what: str) -> Reply:
-    assert rep.ok, "%s: %s" % (what, rep.describe())
-    return rep
-
-
 # ============================================================================ nginx
 def nginx_binary() -> str | None:
     for p in ("/usr/sbin/nginx", shutil.which("nginx") or ""):
@@ -433,13 +277,7 @@ class Nginx:
         return self
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10, signal.SIGQUIT)   # nginx's graceful shutdown
 
     def log(self) -> str:
         try:

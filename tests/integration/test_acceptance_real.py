@@ -26,27 +26,25 @@ tokens (run with -s, or see the "ttft report" in the captured output).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import pytest
 
-import harness
-from harness import (Async, RealUpstream, RealUpstreamView, Response, Stack, http_request,
-                     manifest_for, now, wait_until)
+from harness import Async, Chat, RealUpstream, chat_body, http_request, manifest_for, now, wait_until
+from kvptest.checks import acts, assert_cold, ok
+from kvptest.checks import assert_reused as assert_restored
+from kvptest.reply import parse_reply
+# llama / llama1 (module-scoped llama-servers) and world / world1 (a Stack on one) are fixtures
+from real_world import (MAX_TOKENS, NODE_DIR, PROMPT, REUSE, ensure_llama, llama, llama1,  # noqa: F401
+                        make_text, npm_ready, run_node_driver, settled_calls, world, world1)
 
 pytestmark = pytest.mark.real_only
 
-N_CTX = 16384            # room for the long prefill on a fast machine (the KV cache is only ~32 MB)
-MAX_TOKENS = 8
-PROMPT = 2000            # tokens of a session's first prompt (the ci model prefills it in ~0.15-0.4 s)
 SMALL_PROMPT = 1000      # for the fault and shutdown tests, where the size is not the point
 LONG_PROMPT = 7300       # first guess for the disconnect tests, grown until the prefill takes > 3 s
 MAX_LONG_PROMPT = 15000
@@ -54,175 +52,16 @@ MAX_LONG_PROMPT = 15000
 # cancellation: the disconnect tests want well over 2.3 s (the brief's minimum is 1.5 s).
 LONG_PREFILL_MS = 3000
 MIN_LONG_PREFILL_MS = 2500
-REUSE = 0.9              # a restored turn reuses at least this share of the session's first prompt
 SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
-HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_DIR = os.path.join(HERE, "openai_client")
 
 
-# ============================================================================ prompts and requests
-def make_text(server: RealUpstream, seed: str, target: int) -> str:
-    """About `target` tokens (by llama-server's tokenizer) of text for `seed`."""
-    return harness.make_text(server.port, seed, target)
-
-
-def chat_body(messages, stream=True, max_tokens=MAX_TOKENS, **extra) -> dict:
-    return harness.chat_body(messages, stream, max_tokens, **extra)
-
-
-@dataclass
-class Reply:
-    """A chat completion response, streamed or not, with what the tests assert on."""
-    resp: Response
-    stream: bool
-    content: str = ""
-    deltas: list = field(default_factory=list)   # content of each streamed delta, in order
-    chunks: list = field(default_factory=list)   # parsed JSON of each streamed event
-    finish_reason: str | None = None
-    usage: dict | None = None
-    timings: dict | None = None
-    ttft: float | None = None                    # seconds from sending to the first event with content
-    problems: list = field(default_factory=list)
-
-    @property
-    def status(self):
-        return self.resp.status
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def cache_n(self) -> int | None:
-        return None if self.timings is None else self.timings.get("cache_n")
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        return None if self.usage is None else self.usage.get("prompt_tokens")
-
-    @property
-    def total_tokens(self) -> int | None:
-        return None if self.usage is None else self.usage.get("total_tokens")
-
-    def describe(self) -> str:
-        return "status=%s problems=%s cache_n=%s usage=%s error=%r body=%r" % (
-            self.status, self.problems, self.cache_n, self.usage, self.resp.error, self.resp.body[:300])
-
-
-def parse_reply(r: Response, stream: bool) -> Reply:
-    rep = Reply(r, stream)
-    p = rep.problems
-    if r.status != 200 or not r.complete:
-        p.append("status %s complete=%s error=%s" % (r.status, r.complete, r.error))
-        return rep
-    if not stream:
-        try:
-            j = r.json
-            choice = j["choices"][0]
-            rep.content = choice["message"]["content"]
-            rep.finish_reason = choice.get("finish_reason")
-            rep.usage, rep.timings = j.get("usage"), j.get("timings")
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            p.append("malformed completion: %s" % e)
-            return rep
-    else:
-        if (r.header("content-type") or "").split(";")[0].strip() != "text/event-stream":
-            p.append("content-type %r" % r.header("content-type"))
-        for i, e in enumerate(r.events):
-            lines = e.data.split(b"\n")
-            if not (e.data.endswith(b"\n\n") and len(lines) == 3 and lines[0].startswith(b"data: ")):
-                p.append("event %d is not one 'data: ' line: %r" % (i, e.data[:80]))
-                continue
-            payload = lines[0][6:]
-            if payload == b"[DONE]":
-                if i != len(r.events) - 1:
-                    p.append("[DONE] is event %d of %d" % (i, len(r.events)))
-                continue
-            try:
-                j = json.loads(payload)
-            except ValueError:
-                p.append("event %d is not JSON: %r" % (i, payload[:80]))
-                continue
-            rep.chunks.append(j)
-            if "error" in j:
-                p.append("error event: %r" % payload[:200])
-            for ch in j.get("choices") or []:
-                piece = (ch.get("delta") or {}).get("content")
-                if piece:
-                    rep.deltas.append(piece)
-                    if rep.ttft is None:
-                        rep.ttft = e.time - r.sent_at
-                if ch.get("finish_reason"):
-                    rep.finish_reason = ch["finish_reason"]
-            if j.get("usage"):
-                rep.usage = j["usage"]
-            if j.get("timings"):
-                rep.timings = j["timings"]
-        rep.content = "".join(rep.deltas)
-        if not r.events or r.events[-1].data != b"data: [DONE]\n\n":
-            p.append("no [DONE] terminator")
-    if not rep.content:
-        p.append("empty content")
-    if rep.finish_reason not in ("length", "stop"):
-        p.append("finish_reason %r" % rep.finish_reason)
-    if not rep.usage or not rep.timings or rep.timings.get("cache_n") is None:
-        p.append("no usage/timings")
-    return rep
-
-
-class Session:
-    """An agent-style conversation: a long system prompt, the whole history resent each turn."""
+class Session(Chat):
+    """An agent-style conversation (harness.Chat) with the acceptance tests' ids, prompt and
+    strict reply checks."""
 
     def __init__(self, server: RealUpstream, tag: str, tokens: int = PROMPT, text: str | None = None):
-        self.id = "acc-%s-%s" % (tag, uuid.uuid4().hex[:12])
-        self.system = text or make_text(server, "%s/%s" % (tag, self.id), tokens)
-        self.messages = [{"role": "system", "content": self.system}]
-        self.replies: list[Reply] = []
-
-    def ask(self, port: int, text: str | None = None, stream: bool = True, headers=None, body_extra=None,
-            timeout: float = 60.0, session_header: bool = True, **kw) -> Reply:
-        user = {"role": "user", "content": text or "Turn %d. Summarise the notes above." % (len(self.replies) + 1)}
-        h = {"X-Session-Id": self.id} if session_header else {}
-        h.update(headers or {})
-        r = http_request(port, "POST", "/v1/chat/completions", headers=h,
-                         body=chat_body(self.messages + [user], stream=stream, **(body_extra or {})),
-                         timeout=timeout, **kw)
-        rep = parse_reply(r, stream)
-        if rep.ok:
-            self.messages += [user, {"role": "assistant", "content": rep.content}]
-        self.replies.append(rep)
-        return rep
-
-    @property
-    def first_prompt(self) -> int:
-        return self.replies[0].prompt_tokens
-
-
-def ok(rep: Reply, what: str) -> Reply:
-    assert rep.ok, "%s: %s" % (what, rep.describe())
-    return rep
-
-
-def acts(calls) -> list[str]:
-    return [c.action for c in calls]
-
-
-def settled_calls(stack: Stack, quiet: float = 0.2):
-    stack.upstream.settle(quiet=quiet)
-    return stack.upstream.take_calls()
-
-
-def assert_restored(rep: Reply, session: Session, what: str):
-    need = REUSE * session.first_prompt
-    assert rep.cache_n is not None and rep.cache_n >= need, \
-        "%s: cache_n=%s < %.0f (%d%% of the session's first prompt, %d tokens); %s" % (
-            what, rep.cache_n, need, REUSE * 100, session.first_prompt, rep.describe())
-
-
-def assert_cold(rep: Reply, what: str):
-    limit = max(16, 0.1 * rep.prompt_tokens)
-    assert rep.cache_n is not None and rep.cache_n <= limit, \
-        "%s: expected a cold prefill, cache_n=%s (prompt %s)" % (what, rep.cache_n, rep.prompt_tokens)
+        super().__init__(server.port, tag, tokens, text=text, prefix="acc", digits=12,
+                         user_text="Turn %d. Summarise the notes above.", strict=True)
 
 
 def snapshot_path(server: RealUpstream, manifest: dict) -> str:
@@ -231,81 +70,6 @@ def snapshot_path(server: RealUpstream, manifest: dict) -> str:
 
 def events_after(proxy, name: str, t0: float):
     return [l for l in proxy.log_lines() if l.event == name and l.time >= t0]
-
-
-# ============================================================================ fixtures
-def _start_llama(tmp_path_factory, name: str, threads: int) -> RealUpstream:
-    if not os.environ.get("KVP_MODEL"):
-        pytest.skip("KVP_MODEL is not set (use $(scripts/test-model.sh ci))")
-    d = tmp_path_factory.mktemp(name)
-    server = RealUpstream(str(d), n_ctx=N_CTX, extra_args=["-t", str(threads)])
-    server.start()
-    return server
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """The llama-server most tests share (-t 2; the restart test restarts it in place)."""
-    server = _start_llama(tmp_path_factory, "llama", 2)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def llama1(tmp_path_factory):
-    """A second llama-server with one thread (-t 1), for the timing tests (streaming, disconnect):
-    on 2 cores a -t 2 llama-server busy-waits on both, and kvpersist's and the test client's
-    threads then run late; with -t 1 one core is left for them, as on a GPU machine."""
-    server = _start_llama(tmp_path_factory, "llama1", 1)
-    yield server
-    server.stop()
-
-
-def _world(request, server: RealUpstream, tmp_path):
-    ensure_llama(server)
-    idle = wait_until(lambda: not server.slots()[0]["is_processing"], 20, 0.05)
-    assert idle, "the shared llama-server is still busy from an earlier test"
-    s = Stack(str(tmp_path), "real")
-    s.upstream = RealUpstreamView(server)
-    yield s
-    try:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print("\n==== diagnostics for %s ====\n%s" % (request.node.name, s.dump()))
-            print("---- management calls: %s" % s.upstream.management_calls())
-            print("---- llama-server log (tail):\n%s" % _tail(server.log_path))
-    finally:
-        s.close()
-
-
-@pytest.fixture
-def world(request, llama, tmp_path):
-    """A Stack on the shared llama-server: start kvpersist with world.start_proxy(config)."""
-    yield from _world(request, llama, tmp_path)
-
-
-@pytest.fixture
-def world1(request, llama1, tmp_path):
-    """A Stack on the one-thread llama-server (llama1)."""
-    yield from _world(request, llama1, tmp_path)
-
-
-def ensure_llama(llama: RealUpstream):
-    """(Re)starts the shared llama-server if an earlier test left it dead (a crash)."""
-    if llama.alive() and llama._healthy():
-        return
-    llama.kill()
-    llama.start()
-
-
-def _tail(path: str, n: int = 40) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 32768))
-            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 # ============================================================================ §74 steps 3-7
@@ -812,30 +576,6 @@ def test_streaming_large_events_forwarded_in_large_pieces(world1, llama1):
 
 
 # ============================================================================ OpenAI Node client
-def npm_ready(node_dir: str = NODE_DIR, packages=("openai",)) -> str | None:
-    """Installs node_dir's locked packages if needed; returns a reason to skip, or None."""
-    if all(os.path.isdir(os.path.join(node_dir, "node_modules", p)) for p in packages):
-        return None
-    npm = shutil.which("npm")
-    if not npm:
-        return "npm is not available (needed to install %s)" % os.path.relpath(node_dir, harness.REPO_ROOT)
-    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=node_dir, stdin=subprocess.DEVNULL,
-                       capture_output=True, timeout=75)
-    assert r.returncode == 0, "npm ci failed in %s:\n%s" % (node_dir, (r.stdout + r.stderr).decode()[-2000:])
-    return None
-
-
-def run_node_driver(node_dir: str, script: str, scenario: dict, tmp_path) -> dict:
-    """Runs `node script SCENARIO.json` in node_dir; returns the JSON object it printed last."""
-    path = tmp_path / "scenario.json"
-    path.write_text(json.dumps(scenario))
-    r = subprocess.run(["node", os.path.join(node_dir, script), str(path)], cwd=node_dir,
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=75)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    assert r.returncode == 0, "%s failed (rc %s):\n%s\n%s" % (script, r.returncode, out, r.stderr.decode()[-2000:])
-    return json.loads(out.splitlines()[-1])
-
-
 def test_openai_node_client_switch(world, llama, tmp_path):
     """§74 with the official OpenAI Node client (defaultHeaders X-Session-Id): A, B, A streamed
     with include_usage; the third turn is a restore reusing >= 90% of A's first prompt."""

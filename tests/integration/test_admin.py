@@ -19,8 +19,10 @@ import time
 import pytest
 
 import harness
-from admin_client import (acts, idle, ok, parse_prometheus, raw_exchange, run_cli, scrape, settled_calls, sid,
-                          value)
+from admin_client import idle, raw_exchange, run_cli, scrape
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
+from kvptest.prometheus import parse_prometheus, value
 from harness import Conversation, cached_tokens, manifest_for, manifests
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and fault controls

@@ -18,13 +18,14 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 
 import pytest
 
 import harness
 from admin_client import run_cli
 from harness import Conversation, http_request, wait_until
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid_factory
 
 pytestmark = pytest.mark.fake_only
 
@@ -32,17 +33,11 @@ HOST = "127.0.0.1"
 KEY = "s3cret-key"
 
 
-def sid(tag: str) -> str:
-    return "adm-%s-%s" % (tag, uuid.uuid4().hex[:10])
-
-
-def acts(calls) -> list[str]:
-    return [c.action for c in calls]
+sid = sid_factory("adm", 10)
 
 
 def settled(stack) -> list[str]:
-    stack.upstream.settle(quiet=0.2)
-    return acts(stack.upstream.take_calls())
+    return acts(settled_calls(stack, quiet=0.2))
 
 
 def error_json(r) -> dict:
@@ -50,11 +45,6 @@ def error_json(r) -> dict:
     j = json.loads(r.body)
     assert set(j) == {"error"} and j["error"]["code"] == r.status, j
     return j["error"]
-
-
-def ok(r, what=""):
-    assert r.status == 200 and r.complete, "%s: %s %r" % (what, r.status, r.body[:300])
-    return r
 
 
 # ============================================================================ item 10: methods

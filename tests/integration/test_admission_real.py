@@ -11,30 +11,24 @@ Run: KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 
 from harness import Conversation, http_request
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid_factory
 
 pytestmark = pytest.mark.real_only
 
 KEY = "kvp-real-key"
 
 
-def sid(tag: str) -> str:
-    return "admr-%s-%s" % (tag, uuid.uuid4().hex[:10])
+sid = sid_factory("admr", 10)
 
 
 def calls(stack) -> list[str]:
     """Management calls (kv.backend.call lines of kvpersist's debug log) since the last look."""
-    stack.upstream.settle(quiet=0.3)
-    return [c.action for c in stack.upstream.take_calls()]
-
-
-def ok(r, what=""):
-    assert r.status == 200 and r.complete, "%s: %s %r" % (what, r.status, r.body[:300])
-    return r
+    return acts(settled_calls(stack, quiet=0.3))
 
 
 def cache_n(r) -> int:

@@ -24,7 +24,10 @@ import time
 import pytest
 
 import harness
-from admin_client import acts, admin_addr, idle, ok, run_cli, scrape, settled_calls, sid, value
+from admin_client import admin_addr, idle, run_cli, scrape
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
+from kvptest.prometheus import value
 from harness import Conversation, manifests
 
 pytestmark = pytest.mark.fake_only  # exact management-call records; manifests written directly

@@ -14,7 +14,10 @@ import re
 import pytest
 
 import harness
-from admin_client import acts, admin_addr, idle, ok, run_cli, settled_calls, sid
+from admin_client import admin_addr, idle, run_cli
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.config import to_yaml
+from kvptest.identity import sid
 from harness import Conversation, manifest_for, manifests
 
 TOKEN = "cli-token-" + "7" * 8
@@ -207,7 +210,7 @@ def test_admin_address_and_token_from_config(stack, tmp_path):
     """`--config FILE` gives the CLI admin.listen and admin.token (as the daemon reads them)."""
     stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": TOKEN}})
     cfg = tmp_path / "cli.yaml"
-    cfg.write_text(harness.to_yaml({"admin": {"listen": admin_addr(stack.proxy), "token": TOKEN}}))
+    cfg.write_text(to_yaml({"admin": {"listen": admin_addr(stack.proxy), "token": TOKEN}}))
     r = run_cli(["status", "--config", str(cfg), "--json"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["servers"][0]["name"] == "default"

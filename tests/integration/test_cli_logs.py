@@ -12,7 +12,9 @@ import re
 
 import pytest
 
-from admin_client import JsonKvPersist, ok, sid
+from admin_client import JsonKvPersist
+from kvptest.checks import ok
+from kvptest.identity import sid
 from harness import Conversation, manifest_for
 
 pytestmark = pytest.mark.fake_only   # fault injection (upstream error messages with quotes)

@@ -30,9 +30,10 @@ import pytest
 
 import harness
 from harness import http_request
+from kvptest.checks import acts
 # llama (a module-scoped llama-server) and world (a kvpersist Stack on it) are fixtures
-from test_acceptance_real import (MAX_TOKENS, PROMPT, REUSE, acts, llama, make_text, npm_ready,  # noqa: F401
-                                  run_node_driver, settled_calls, world)
+from real_world import (MAX_TOKENS, PROMPT, REUSE, llama, make_text, npm_ready, run_node_driver,  # noqa: F401
+                        settled_calls, world)
 
 pytestmark = pytest.mark.real_only
 

@@ -18,7 +18,9 @@ import time
 import pytest
 
 import harness
-from admin_client import idle, ok, sid
+from admin_client import idle
+from kvptest.checks import ok
+from kvptest.identity import sid
 from dashboard_client import REPO, Browser, Dom, EventStream, artifacts_dir, chromium_binary
 from harness import Conversation, manifest_for
 

@@ -25,7 +25,7 @@ import pytest
 
 import harness
 from harness import FakeUpstream, KvPersist, http_request
-from test_packaging import directive, parse_unit
+from kvptest.units import directive, parse_unit
 
 MAN_PAGE = os.path.join(harness.REPO_ROOT, "packaging", "kvpersist.1")
 SOURCE_UNIT = os.path.join(harness.REPO_ROOT, "systemd", "kvpersist.service")

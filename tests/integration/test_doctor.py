@@ -16,7 +16,10 @@ import pytest
 
 import fake_llama
 import harness
-from admin_client import ok, run_cli, sid
+from admin_client import run_cli
+from kvptest.checks import ok
+from kvptest.config import to_yaml
+from kvptest.identity import sid
 from harness import Conversation, manifest_for
 
 fake_only = pytest.mark.fake_only
@@ -51,7 +54,7 @@ def write_config(path, upstream, **extra) -> str:
     cfg = {"upstream": {"url": upstream}, "runtimeKey": RUNTIME_KEY}
     cfg.update(extra)
     with open(path, "w") as f:
-        f.write(harness.to_yaml(cfg))
+        f.write(to_yaml(cfg))
     return str(path)
 
 

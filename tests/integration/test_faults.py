@@ -13,7 +13,7 @@ Run:  KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integrat
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import os
 import random
@@ -24,14 +24,17 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 
 import pytest
 
 import harness
-from harness import (REPO_ROOT, Async, Conversation, KvPersist, RealUpstream, Stack, cached_tokens, free_port,
-                     http_request, manifest_for, manifests, now, wait_until)
-from fake_llama import FakeLlamaServer
+from harness import (REPO_ROOT, Async, Conversation, KvPersist, RealUpstream, Stack, cache_n, cached_tokens,
+                     check_manifests_trustworthy, free_port, http_request, manifest_for, manifests, now, wait_until)
+from kvptest import checks
+from kvptest.checks import acts, ok
+from kvptest.identity import session_hash, sid_factory
+from kvptest.llama import llama_server_cmd
+from real_world import module_llama, need_real_model
 from prompt_text import pseudo_text  # scripts/prompt_text.py (on sys.path through harness)
 
 fake_only = pytest.mark.fake_only
@@ -39,66 +42,12 @@ real_only = pytest.mark.real_only
 
 
 # ----------------------------------------------------------------------------- helpers
-def sid(tag: str) -> str:
-    return "fault-%s-%s" % (tag, uuid.uuid4().hex[:12])
-
-
-def acts(calls) -> list[str]:
-    return [c.action for c in calls]
-
-
-def ok(r, what=""):
-    assert r.status == 200 and r.complete, "%s: status=%s error=%s body=%r" % (what, r.status, r.error, r.body[:300])
-    return r
-
-
-def settled_calls(stack, quiet=0.2, timeout=5.0):
-    stack.upstream.settle(quiet=quiet, timeout=timeout)
-    return stack.upstream.take_calls()
+sid = sid_factory("fault")
+settled_calls = functools.partial(checks.settled_calls, quiet=0.2, timeout=5.0)   # this module's quiet period
 
 
 def events(proxy, name):
     return [l for l in proxy.log_lines() if l.event == name]
-
-
-def strict_manifests(state_dir: str) -> dict[str, dict]:
-    """Every *.json under <state>/sessions, parsed strictly (UTF-8, JSON); raises if one does not
-    parse. *.tmp files are left out: kvpersist never reads them."""
-    out = {}
-    d = os.path.join(state_dir, "sessions")
-    if not os.path.isdir(d):
-        return out
-    for name in sorted(os.listdir(d)):
-        if name.endswith(".json"):
-            with open(os.path.join(d, name), "rb") as f:
-                raw = f.read()
-            try:
-                out[name] = json.loads(raw.decode("utf-8"))
-            except ValueError as e:
-                raise AssertionError("manifest %s does not parse (%s): %r" % (name, e, raw[:200]))
-    return out
-
-
-def check_manifests_trustworthy(state_dir: str, save_dir: str):
-    """Each manifest parses; a ready one points at a snapshot file that exists, that the fake can
-    read back in full, with the token count the manifest records."""
-    for name, m in strict_manifests(state_dir).items():
-        assert m["sessionHash"] + ".json" == name, name
-        if m["state"] == "ready":
-            path = os.path.join(save_dir, m["snapshotFile"])
-            assert os.path.isfile(path), "ready manifest %s points at a missing %s" % (name, m["snapshotFile"])
-            tokens, nbytes = FakeLlamaServer.read_snapshot(path)
-            assert len(tokens) == m["tokens"] and nbytes == m["bytes"], (name, len(tokens), m["tokens"])
-        else:
-            assert m["state"] == "invalid" and m.get("invalidReason"), m
-
-
-def session_hash(session: str, model: str = "/models/fake-model-Q8_0.gguf", instance: str = "default") -> str:
-    """core::session_hash (core/identity.cpp): SHA-256 over length-prefixed fields."""
-    def field(v: bytes) -> bytes:
-        return b"%d:" % len(v) + v + b";"
-    return hashlib.sha256(b"kvpersist-session-v1;" + field(instance.encode()) + field(model.encode())
-                          + field(session.encode())).hexdigest()
 
 
 def two_sessions(stack):
@@ -864,31 +813,9 @@ class RealConv:
         return r
 
 
-def cache_n(r) -> int | None:
-    try:
-        if r.events:
-            for e in reversed(r.events):
-                j = e.json
-                if j and "timings" in j:
-                    return j["timings"]["cache_n"]
-            return None
-        return r.json["timings"]["cache_n"]
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _need_real():
-    if not os.environ.get("KVP_MODEL"):
-        pytest.skip("KVP_MODEL is not set (use $(scripts/test-model.sh ci))")
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    _need_real()
-    server = RealUpstream(str(tmp_path_factory.mktemp("faults-llama")), n_ctx=N_CTX)
-    server.start()
-    yield server
-    server.stop()
+    yield from module_llama(tmp_path_factory, "faults-llama", N_CTX)
 
 
 @pytest.fixture
@@ -1007,8 +934,7 @@ def test_real_surrogate_escape_reaches_slot_actions(world, llama):
 
 class _RealNoSlots(RealUpstream):
     def start(self, timeout: float = 120.0):
-        cmd = [self.binary, "-m", self.model, "--host", harness.HOST, "--port", str(self.port), "-c", str(self.n_ctx),
-               "-np", "1", "--no-cache-idle-slots", "-t", "2"]
+        cmd = llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2)   # no --slot-save-path
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         assert wait_until(lambda: self._healthy(), timeout, 0.2), "llama-server did not start"
         return self
@@ -1018,7 +944,7 @@ class _RealNoSlots(RealUpstream):
 def test_real_slot_actions_disabled(tmp_path):
     """llama-server without --slot-save-path answers 501 to slot actions: one warning,
     persistence off, every request answered, no management call."""
-    _need_real()
+    need_real_model()
     s = Stack(str(tmp_path), "real")
     s.upstream = _RealNoSlots(str(tmp_path), n_ctx=4096).start()
     try:
@@ -1057,7 +983,7 @@ def test_real_foreign_model_same_geometry_refused(tmp_path):
         restore, a cold answer, A's old manifest untouched;
     (2) the same path now holding the other model, with runtimeKey bumped as the README asks:
         A's manifest is marked invalid KV_SNAPSHOT_INCOMPATIBLE, no restore, a cold answer."""
-    _need_real()
+    need_real_model()
     model0 = os.environ["KVP_MODEL"]
     model1 = _other_seed_model()
     assert os.path.getsize(model0) == os.path.getsize(model1)

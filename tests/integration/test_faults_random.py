@@ -30,7 +30,6 @@ expected calls follow from the records alone; the breaker has its own tests in t
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import signal
@@ -38,22 +37,14 @@ import uuid
 
 import pytest
 
-from harness import Async, Conversation, http_request, now, wait_until
+from harness import Async, Conversation, check_manifests_trustworthy, http_request, now, wait_until
 from fake_llama import INFERENCE_PATHS
-from test_faults import check_manifests_trustworthy
+from kvptest.identity import session_hash
 
 pytestmark = pytest.mark.fake_only
 
-FAKE_MODEL = "/models/fake-model-Q8_0.gguf"
 LONG = os.environ.get("KVP_LONG") == "1"
 STEPS = int(os.environ.get("KVP_FAULT_STEPS") or (2000 if LONG else 200))
-
-
-def session_hash(session: str) -> str:
-    def f(v: bytes) -> bytes:
-        return b"%d:" % len(v) + v + b";"
-    return hashlib.sha256(b"kvpersist-session-v1;" + f(b"default") + f(FAKE_MODEL.encode()) + f(session.encode())
-                          ).hexdigest()
 
 
 def agent_of(tokens) -> str | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import glob
 import signal
-import hashlib
 import json
 import os
 import socket
@@ -33,59 +32,19 @@ import uuid
 import pytest
 
 from harness import Conversation, Stack, http_request, manifests, now
+from kvptest.identity import session_hash, sid_factory
+from kvptest.net import raw_exchange
 
 pytestmark = pytest.mark.fake_only
 
-FAKE_MODEL = "/models/fake-model-Q8_0.gguf"   # fake_llama.FakeLlamaServer's default model_path
-
-
 # ----------------------------------------------------------------------------- helpers
-def sid(tag: str) -> str:
-    return "host-%s-%s" % (tag, uuid.uuid4().hex[:12])
-
-
-def expected_hash(session: bytes, instance_key: str = "default", model: str = FAKE_MODEL) -> str:
-    """core::session_hash: SHA-256 over length-prefixed fields (core/identity.cpp)."""
-    def field(v: bytes) -> bytes:
-        return b"%d:" % len(v) + v + b";"
-    return hashlib.sha256(b"kvpersist-session-v1;" + field(instance_key.encode()) + field(model.encode())
-                          + field(session)).hexdigest()
+sid = sid_factory("host")
 
 
 def forwarded(fake) -> list[dict]:
     """What kvpersist sent to llama-server, minus its own probes (/props, the slot probe)."""
     return [r for r in fake.requests
             if r["path"] != "/props" and r["query"].get("action") != "probe"]
-
-
-def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> tuple[bytes, bool]:
-    """Sends `data` on a fresh connection and reads until the server closes it or `timeout`
-    passes. Returns (bytes read, whether the server closed the connection)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    out = bytearray()
-    closed = False
-    deadline = now() + timeout
-    try:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        while now() < deadline:
-            s.settimeout(max(0.01, deadline - now()))
-            try:
-                chunk = s.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not chunk:
-                closed = True
-                break
-            out += chunk
-    finally:
-        s.close()
-    return bytes(out), closed
 
 
 def statuses(data: bytes) -> list[int]:
@@ -419,7 +378,7 @@ def test_hostile_session_id(stack, tmp_path, name):
     assert _chat_raw(port, session, "second turn") == 200                 # restores it
     calls = stack.fake.management_calls()
     assert [c["action"] for c in calls] == ["erase", "save", "erase", "save", "restore"], calls
-    h = expected_hash(session)
+    h = session_hash(session)
     saved = calls[1]["filename"]
     assert saved == h + ".a.bin", (saved, h)
     assert calls[4]["filename"] == saved and calls[4]["status"] == 200
@@ -461,10 +420,10 @@ def test_manifest_is_utf8_json_for_non_utf8_session_id(stack):
     session = b"\xff\xfe-bad-utf8-" + uuid.uuid4().hex[:8].encode()
     assert _chat_raw(stack.port, session, "one") == 200
     assert _chat_raw(stack.port, b"other", "two") == 200
-    with open(os.path.join(stack.state_dir, "sessions", expected_hash(session) + ".json"), "rb") as f:
+    with open(os.path.join(stack.state_dir, "sessions", session_hash(session) + ".json"), "rb") as f:
         raw = f.read()
     m = json.loads(raw.decode("utf-8"))   # strict: must be UTF-8 text
-    assert m["sessionHash"] == expected_hash(session)
+    assert m["sessionHash"] == session_hash(session)
     r = stack.proxy.admin("GET", "/kv/sessions")
     assert r.status == 200
     json.loads(r.body.decode("utf-8"))
@@ -489,7 +448,7 @@ def test_session_id_at_info_level_not_logged(stack):
     assert A.turn(stack.port).status == 200
     log = stack.proxy.log_text()
     assert s not in log and s[-12:] not in log
-    assert expected_hash(s.encode())[:8] in log
+    assert session_hash(s.encode())[:8] in log
 
 
 # ============================================================================ admin API
@@ -739,7 +698,7 @@ def test_trailer_fields_are_dropped(stack):
     assert rec["body"] == body
     assert "authorization" not in rec["headers_lower"], rec["headers_lower"]
     assert b"trailer-secret" not in json.dumps(stack.fake.requests, default=str).encode()
-    short = expected_hash(trailer_session.encode())[:8]
+    short = session_hash(trailer_session.encode())[:8]
     used = [l.raw for l in stack.proxy.log_lines() if l.fields.get("session") == short]
     assert used == [], "the trailer's session id was used: %s" % used
 

@@ -30,8 +30,9 @@ import uuid
 import pytest
 
 import harness
-from harness import RealUpstream, RealUpstreamView, Stack, http_request
-from test_hostile import raw_exchange
+from harness import RealUpstreamView, Stack, http_request
+from kvptest.net import raw_exchange
+from real_world import module_llama
 
 pytestmark = pytest.mark.real_only
 
@@ -41,12 +42,7 @@ BODY_BYTES = 24 * 1024
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    if not os.environ.get("KVP_MODEL"):
-        pytest.skip("KVP_MODEL is not set (use $(scripts/test-model.sh ci))")
-    server = RealUpstream(str(tmp_path_factory.mktemp("llama")), n_ctx=4096)
-    server.start()
-    yield server
-    server.stop()
+    yield from module_llama(tmp_path_factory, "llama", 4096)
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ import socket
 import statistics
 import threading
 import time
-import uuid
 
 import pytest
 
 from harness import Async, Conversation, KeepAliveClient, now
+from kvptest.identity import sid_factory
 
 pytestmark = pytest.mark.fake_only
 
@@ -38,8 +38,7 @@ LONG = os.environ.get("KVP_LONG") == "1"
 SOAK_S = float(os.environ.get("KVP_SOAK_S") or 300)
 
 
-def sid(tag):
-    return "load-%s-%s" % (tag, uuid.uuid4().hex[:10])
+sid = sid_factory("load", 10)
 
 
 def proc_stats(pid: int) -> dict:

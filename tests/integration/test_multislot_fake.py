@@ -25,12 +25,12 @@ import pytest
 import fake_llama
 import harness
 from harness import Async, http_request, now, wait_until
-from multislot_helpers import (CallTaker, abbrev, admin_json, session_hash, slot_owners, start_proxy)
+from kvptest.identity import FAKE_MODEL, abbrev, session_hash
+from multislot_helpers import CallTaker, admin_json, slot_owners, start_proxy
 
 pytestmark = pytest.mark.fake_only
 
 INSTANCE = "default"          # kvpersist's instanceKey (the default)
-FAKE_MODEL = "/models/fake-model-Q8_0.gguf"
 
 
 class World:
@@ -180,7 +180,7 @@ def test_client_id_slot_and_cache_prompt_are_overwritten(world):
         rec = world.fake.inference_requests()[-1]
         got = rec["json"]
         assert rec["headers_lower"].get("content-length") == str(len(rec["body"]))
-        owned = [s for s, o in slot_owners(world.proxy).items() if o == abbrev(session_hash(INSTANCE, FAKE_MODEL, "over-A"))]
+        owned = [s for s, o in slot_owners(world.proxy).items() if o == abbrev(session_hash("over-A", FAKE_MODEL, INSTANCE))]
         assert owned == [got["id_slot"]], (owned, got)
         assert got["cache_prompt"] is True
         want = dict(body)
@@ -290,17 +290,17 @@ def test_lru_eviction_saves_the_evicted_owner_once(world):
     assert send(world.port, "lru-A", "A again").status == 200  # B is now the LRU
     calls = world.calls.take()
     assert [c.action for c in calls] == ["erase", "erase"], calls
-    b_slot = [s for s, o in slot_owners(world.proxy).items() if o == abbrev(session_hash(INSTANCE, FAKE_MODEL, "lru-B"))][0]
+    b_slot = [s for s, o in slot_owners(world.proxy).items() if o == abbrev(session_hash("lru-B", FAKE_MODEL, INSTANCE))][0]
 
     assert send(world.port, "lru-C").status == 200
     calls = world.calls.take()
-    hb = abbrev(session_hash(INSTANCE, FAKE_MODEL, "lru-B"))
+    hb = abbrev(session_hash("lru-B", FAKE_MODEL, INSTANCE))
     assert [(c.action, c.slot, c.session) for c in calls] == [("save", b_slot, hb), ("erase", b_slot, "")], calls
     assert send(world.port, "lru-B", "B back").status == 200
     calls = world.calls.take()
     assert [c.action for c in calls] == ["save", "restore"], calls
     assert calls[1].session == hb
-    ha = abbrev(session_hash(INSTANCE, FAKE_MODEL, "lru-A"))
+    ha = abbrev(session_hash("lru-A", FAKE_MODEL, INSTANCE))
     assert calls[0].session == ha, "A (least recently used now) should have been evicted: %s" % calls
     rec = world.fake.inference_requests()[-1]
     assert pinned_slot(rec) == calls[1].slot
@@ -347,7 +347,7 @@ def test_unpinnable_endpoint_takes_the_whole_server_after_saving_dirty_owners(wo
     b = Async(send, world.port, "un-B", "B during messages", stream=True)
     assert m.result(20).status == 200 and b.result(20).status == 200
     calls = world.calls.take()
-    ha, hb = (abbrev(session_hash(INSTANCE, FAKE_MODEL, s)) for s in ("un-A", "un-B"))
+    ha, hb = (abbrev(session_hash(s, FAKE_MODEL, INSTANCE)) for s in ("un-A", "un-B"))
     saves = [(c.action, c.session) for c in calls if c.action == "save"]
     assert sorted(saves) == sorted([("save", ha), ("save", hb)]), calls
     (msg,) = world.fake.requests_to("/v1/messages")

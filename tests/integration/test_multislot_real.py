@@ -24,15 +24,15 @@ import uuid
 import pytest
 
 import harness
-from harness import Async, http_request, wait_until
-from multislot_helpers import (CallTaker, Chat, Llama, abbrev, admin_json, ok, require_real_llama,
-                               session_hash, slot_owners, start_proxy)
+from harness import Async, Chat, http_request, wait_until
+from kvptest.checks import assert_cold, assert_reused, ok
+from kvptest.identity import abbrev, session_hash
+from multislot_helpers import CallTaker, Llama, admin_json, require_real_llama, slot_owners, start_proxy
 
 pytestmark = pytest.mark.real_only
 
 NP = 3
 PROMPT = 1500        # tokens of each session's system prompt
-REUSE = 0.9          # a resident or restored turn reuses at least this share of the first prompt
 INSTANCE = "default"
 
 
@@ -78,7 +78,7 @@ class World:
         return Chat(self.llama.port, tag, tokens)
 
     def short(self, chat: Chat) -> str:
-        return abbrev(session_hash(INSTANCE, self.model, chat.id))
+        return abbrev(session_hash(chat.id, self.model, INSTANCE))
 
     def close(self):
         for p in self.proxies:
@@ -109,17 +109,6 @@ def _world(request, llama, tmp_path):
             print("\n---- kvpersist #%d\n%s" % (i, p.log_text()))
         print("---- llama-server log tail\n%s" % llama.log_tail(60))
     w.close()
-
-
-def assert_reused(rep, chat: Chat, what: str):
-    need = REUSE * chat.first_prompt
-    assert rep.cache_n is not None and rep.cache_n >= need, "%s: cache_n=%s < %.0f (%.0f%% of %d); %s" % (
-        what, rep.cache_n, need, REUSE * 100, chat.first_prompt, rep.describe())
-
-
-def assert_cold(rep, what: str):
-    assert rep.cache_n is not None and rep.cache_n <= max(16, 0.1 * rep.prompt_tokens), \
-        "%s: expected a cold prefill: %s" % (what, rep.describe())
 
 
 def figures(title: str, rows):

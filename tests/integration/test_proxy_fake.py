@@ -12,13 +12,13 @@ import os
 import re
 import signal
 import time
-import uuid
 
 import pytest
 
 from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
                      manifests, now, wait_until)
-from multislot_helpers import session_hash
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import session_hash, sid
 
 SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
 SESSION_HEADERS = ["X-Session-Id", "x-claude-code-session-id", "session-id", "x-session-affinity",
@@ -27,28 +27,10 @@ SESSION_HEADERS = ["X-Session-Id", "x-claude-code-session-id", "session-id", "x-
 fake_only = pytest.mark.fake_only
 
 
-def sid(tag: str) -> str:
-    return "sess-%s-%s" % (tag, uuid.uuid4().hex[:12])
-
-
-def acts(calls) -> list[str]:
-    return [c.action for c in calls]
-
-
-def ok(r, what=""):
-    assert r.status == 200 and r.complete, "%s: status=%s error=%s body=%r" % (what, r.status, r.error, r.body[:300])
-    return r
-
-
 def warm(r, what=""):
     """Asserts that the turn reused its session's cache (see harness.is_warm)."""
     assert is_warm(r), "%s: cached_tokens=%s but the session had %s tokens in the slot" % (
         what or "turn", cached_tokens(r), getattr(r, "before_tokens", None))
-
-
-def settled_calls(stack, quiet=0.15):
-    stack.upstream.settle(quiet=quiet)
-    return stack.upstream.take_calls()
 
 
 def warn_lines(proxy):
@@ -371,8 +353,8 @@ def test_switch_and_lease_events(stack):
     A, B = Conversation(sid("A")), Conversation(sid("B"))
     ok(A.turn(port)); ok(A.turn(port)); ok(B.turn(port))
     assert wait_until(lambda: len(stack.proxy.events("kv.slot.release")) >= 3, 3), stack.proxy.log_text()
-    ha = session_hash("default", stack.fake.model_path, A.session)[:8]
-    hb = session_hash("default", stack.fake.model_path, B.session)[:8]
+    ha = session_hash(A.session, stack.fake.model_path, "default")[:8]
+    hb = session_hash(B.session, stack.fake.model_path, "default")[:8]
     switches = stack.proxy.events("kv.session.switch")
     assert [(l.fields["from"], l.fields["to"], l.fields["slot"]) for l in switches] == [(ha, hb, "0")], \
         [l.raw for l in switches]
@@ -420,7 +402,7 @@ def test_strict_manifest_write_failure_fails_the_request(stack):
     port = stack.port
     A, B = Conversation(sid("A")), Conversation(sid("B"))
     ok(A.turn(port))
-    h = session_hash("default", stack.fake.model_path, A.session)
+    h = session_hash(A.session, stack.fake.model_path, "default")
     blocker = os.path.join(stack.state_dir, "sessions", h + ".json.tmp")
     os.mkdir(blocker)
     try:

@@ -31,9 +31,10 @@ import pytest
 
 import fake_llama
 import harness
-from harness import wait_until
-from multislot_helpers import (Chat, Llama, Nginx, abbrev, nginx_binary, ok, require_real_llama,
-                               session_hash, start_proxy)
+from harness import Chat, wait_until
+from kvptest.checks import ok
+from kvptest.identity import abbrev, session_hash
+from multislot_helpers import Llama, Nginx, nginx_binary, require_real_llama, start_proxy
 
 INSTANCE = "scale"
 RUNTIME_KEY = "scale-runtime-1"
@@ -104,7 +105,7 @@ class Cluster:
         return self.nginx.port
 
     def short(self, chat: Chat) -> str:
-        return abbrev(session_hash(INSTANCE, self.model, chat.id))
+        return abbrev(session_hash(chat.id, self.model, INSTANCE))
 
     def served_by(self, chat: Chat) -> list[str]:
         """The nodes nginx sent this session's requests to, from its access log (in order; nginx

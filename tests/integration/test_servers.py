@@ -19,7 +19,9 @@ import pytest
 import fake_llama
 import harness
 from harness import Async, http_request, wait_until
-from multislot_helpers import abbrev, admin_json, session_hash, start_proxy, to_yaml
+from kvptest.config import to_yaml
+from kvptest.identity import abbrev, session_hash
+from multislot_helpers import admin_json, start_proxy
 
 pytestmark = pytest.mark.fake_only
 
@@ -124,8 +126,8 @@ def test_each_server_has_its_own_snapshot_namespace_and_manifests(two):
         assert ask(two.port, "shared-id", model, "first").status == 200
         assert ask(two.port, "other-id", model, "switch").status == 200   # single-slot: saves shared-id
     saves = {n: [m for m in f.management_calls() if m["action"] == "save"] for n, f in two.fakes.items()}
-    ha = session_hash("alpha", MODEL_A, "shared-id")
-    hb = session_hash("beta", MODEL_B, "shared-id")
+    ha = session_hash("shared-id", MODEL_A, "alpha")
+    hb = session_hash("shared-id", MODEL_B, "beta")
     assert ha != hb
     assert [m["filename"] for m in saves["alpha"]] == [ha + ".a.bin"], saves["alpha"]
     assert [m["filename"] for m in saves["beta"]] == [hb + ".a.bin"], saves["beta"]
@@ -164,8 +166,8 @@ def test_admin_status_lists_both_servers(two):
     assert servers["alpha"]["backend"]["model"] == MODEL_A and servers["beta"]["backend"]["model"] == MODEL_B
     assert servers["alpha"]["mode"] == "single-slot" and servers["beta"]["mode"] == "managed-slots"
     assert len(servers["alpha"]["slots"]) == 1 and len(servers["beta"]["slots"]) == 2
-    assert servers["alpha"]["slots"][0]["owner"] == abbrev(session_hash("alpha", MODEL_A, "st-A"))
-    assert abbrev(session_hash("beta", MODEL_B, "st-B")) in [s["owner"] for s in servers["beta"]["slots"]]
+    assert servers["alpha"]["slots"][0]["owner"] == abbrev(session_hash("st-A", MODEL_A, "alpha"))
+    assert abbrev(session_hash("st-B", MODEL_B, "beta")) in [s["owner"] for s in servers["beta"]["slots"]]
     # Metrics carry the server label.
     mx = two.proxy.metrics()
     assert any('server="alpha"' in k for k in mx) and any('server="beta"' in k for k in mx)

@@ -14,7 +14,9 @@ import os
 import pytest
 
 import harness
-from admin_client import acts, idle, ok, settled_calls, sid
+from admin_client import idle
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
 from harness import Conversation, manifest_for
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and fault controls
