@@ -13,7 +13,9 @@ import os
 
 import pytest
 
-from admin_client import acts, idle, ok, settled_calls, sid
+from admin_client import idle
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
 from harness import Conversation, http_request, manifest_for, wait_until
 
 pytestmark = pytest.mark.fake_only  # fault controls and exact management-call records

@@ -12,7 +12,9 @@ import socket
 
 import pytest
 
-from admin_client import acts, idle, ok, settled_calls, sid
+from admin_client import idle
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
 from harness import Conversation
 
 pytestmark = pytest.mark.fake_only

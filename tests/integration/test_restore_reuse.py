@@ -9,7 +9,9 @@ Run: KVPERSIST_BIN=$PWD/build/kvpersist python3 -m pytest -q -p no:cacheprovider
 
 from __future__ import annotations
 
-from admin_client import acts, idle, ok, settled_calls, sid
+from admin_client import idle
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
 from harness import Conversation, cached_tokens
 
 

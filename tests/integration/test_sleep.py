@@ -14,7 +14,9 @@ import time
 
 import pytest
 
-from admin_client import acts, idle, ok, settled_calls, sid
+from admin_client import idle
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
 from harness import Conversation, cached_tokens, http_request, wait_until
 
 SLEEP_S = 3
