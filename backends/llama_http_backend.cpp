@@ -1,6 +1,7 @@
 #include "backends/llama_http_backend.hpp"
 
 #include <chrono>
+#include <map>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -54,6 +55,27 @@ double get_timing(const rapidjson::Value& v, const char* key) {
   return it != t->value.MemberEnd() && it->value.IsNumber() ? it->value.GetDouble() : 0;
 }
 
+// The chat templates and special tokens decide how a conversation becomes tokens: a change
+// makes every saved prefix mean something else.
+std::string prompt_format_digest(const rapidjson::Value& props) {
+  std::string in;
+  for (const char* key : {"chat_template", "chat_template_tool_use", "bos_token", "eos_token"}) {
+    const auto v = get_str(props, key);
+    in += fmt::format("{}={}:{};", key, v.size(), v);
+  }
+  return core::sha256_hex(in);
+}
+
+// A scalar as text: strings as they are, numbers and booleans in their JSON spelling.
+std::string scalar_text(const rapidjson::Value& v) {
+  if (v.IsString()) return {v.GetString(), v.GetStringLength()};
+  if (v.IsBool()) return v.GetBool() ? "true" : "false";
+  if (v.IsInt64()) return std::to_string(v.GetInt64());
+  if (v.IsUint64()) return std::to_string(v.GetUint64());
+  if (v.IsDouble()) return fmt::format("{}", v.GetDouble());
+  return {};
+}
+
 std::string filename_body(const std::string& filename) {
   rapidjson::StringBuffer sb;
   rapidjson::Writer<rapidjson::StringBuffer> w(sb);
@@ -97,6 +119,8 @@ core::result<core::runtime_info> parse_props(std::string_view json) {
   rt.build_info = get_str(d, "build_info");
   rt.total_slots = get_i64(d, "total_slots", 0);
   rt.media_marker = get_str(d, "media_marker");
+  rt.model_ftype = get_str(d, "model_ftype");
+  rt.prompt_format = prompt_format_digest(d);
   if (auto s = d.FindMember("is_sleeping"); s != d.MemberEnd() && s->value.IsBool())
     rt.sleeping = s->value.GetBool();
   if (auto g = d.FindMember("default_generation_settings");
@@ -108,6 +132,39 @@ core::result<core::runtime_info> parse_props(std::string_view json) {
     return bad_reply(fmt::format("/props total_slots {} is more than the {} kvpersist manages",
                                  rt.total_slots, core::max_total_slots));
   return rt;
+}
+
+core::result<std::string> parse_model_meta(std::string_view json) {
+  auto parsed = parse_reply(json, "/v1/models");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  const auto data = d.IsObject() ? d.FindMember("data") : d.MemberEnd();
+  if (data == d.MemberEnd() || !data->value.IsArray() || data->value.Empty())
+    return std::string();
+  const auto& first = data->value[0];
+  const auto meta = first.IsObject() ? first.FindMember("meta") : first.MemberEnd();
+  if (meta == first.MemberEnd() || !meta->value.IsObject()) return std::string();
+  std::map<std::string, std::string> fields;  // key order, whatever order the server wrote
+  for (const auto& m : meta->value.GetObject())
+    fields[std::string(m.name.GetString(), m.name.GetStringLength())] = scalar_text(m.value);
+  std::string out;
+  for (const auto& [k, v] : fields) out += fmt::format("{}={};", k, v);
+  return out;
+}
+
+core::result<std::string> parse_lora_adapters(std::string_view json) {
+  auto parsed = parse_reply(json, "/lora-adapters");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsArray()) return bad_reply("/lora-adapters is not an array");
+  std::string out;
+  for (const auto& a : d.GetArray()) {
+    if (!a.IsObject()) return bad_reply("/lora-adapters holds a non-object");
+    const auto scale = a.FindMember("scale");
+    out += fmt::format("{},{},{};", get_i64(a, "id", -1), get_str(a, "path"),
+                       scale != a.MemberEnd() ? scalar_text(scale->value) : std::string());
+  }
+  return out;
 }
 
 core::result<core::slot_saved> parse_save_reply(std::string_view json) {
@@ -189,9 +246,33 @@ net::awaitable<core::result<core::runtime_info>> llama_http_backend::read_runtim
   co_return parse_props(props->body);
 }
 
+// GET `target` and `parse` its body; 404 (an older llama-server without the route) is "".
+// Any other failure fails the probe: a field that flickers would flip the fingerprint and
+// mark every snapshot incompatible.
+net::awaitable<core::result<std::string>> llama_http_backend::read_optional(
+    const char* target, core::result<std::string> (*parse)(std::string_view)) {
+  auto r = co_await http_call(ep_, http::verb::get, target, "", timeout_);
+  if (!r) co_return r.err();
+  if (r->status == 404) co_return std::string();
+  if (r->status != 200)
+    co_return core::error{core::errc::backend_unavailable, r->status,
+                          fmt::format("GET {}: {} {}", target, r->status, error_message(r->body))};
+  co_return parse(r->body);
+}
+
 net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
   auto rt = co_await read_runtime();
   if (!rt) co_return rt.err();
+  if (rt->sleeping) {
+    // Reading the rest (or a slot action) would wake it: wait for the next look.
+    co_return core::error{core::errc::backend_unavailable, 0, "llama-server is sleeping"};
+  }
+  auto meta = co_await read_optional("/v1/models", parse_model_meta);
+  if (!meta) co_return meta.err();
+  auto lora = co_await read_optional("/lora-adapters", parse_lora_adapters);
+  if (!lora) co_return lora.err();
+  rt->model_meta = std::move(meta.value());
+  rt->lora_adapters = std::move(lora.value());
   core::server_probe out;
   out.runtime = std::move(rt.value());
   // An unknown action is refused after the save-path check and before any slot is touched:

@@ -1,5 +1,5 @@
-// kv_backend for llama.cpp's llama-server: GET /props, GET /slots and
-// POST /slots/{id}?action=save|restore|erase (see docs/llama-server.md §1-2, §7).
+// kv_backend for llama.cpp's llama-server: GET /props, /v1/models, /lora-adapters, GET /slots
+// and POST /slots/{id}?action=save|restore|erase (see docs/llama-server.md §1-2, §7).
 #pragma once
 
 #include <chrono>
@@ -25,12 +25,17 @@ class llama_http_backend final : public kv_backend {
  private:
   net::awaitable<core::result<http_reply>> slot_action(int slot, const char* action,
                                                        std::string body);
+  net::awaitable<core::result<std::string>> read_optional(
+      const char* target, core::result<std::string> (*parse)(std::string_view));
   http_endpoint ep_;
   std::chrono::milliseconds timeout_;
 };
 
 // Parsers for llama-server's replies, exposed for unit tests.
 core::result<core::runtime_info> parse_props(std::string_view json);
+// /v1/models' first model's meta, and /lora-adapters, as canonical text for the fingerprint.
+core::result<std::string> parse_model_meta(std::string_view json);
+core::result<std::string> parse_lora_adapters(std::string_view json);
 core::result<core::slot_saved> parse_save_reply(std::string_view json);
 core::result<core::slot_restored> parse_restore_reply(std::string_view json);
 core::result<core::slot_erased> parse_erase_reply(std::string_view json);

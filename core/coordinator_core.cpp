@@ -88,12 +88,15 @@ int coordinator_core::aux_slot() const {
 
 void coordinator_core::set_runtime(const runtime_info& rt) {
   const bool model_changed = enabled_ && rt.model_path != runtime_.model_path;
+  const std::string before = fingerprint_;
   runtime_ = rt;
   runtime_.runtime_key = opts_.runtime_key;
   hash_memo_ = {};
   fingerprint_ = runtime_.fingerprint();
+  // Another runtime in the same process (LoRA scales changed): no slot holds KV it can use.
+  const bool runtime_changed = enabled_ && fingerprint_ != before;
   enabled_ = true;
-  if (model_changed) on_epoch_change();
+  if (model_changed || runtime_changed) on_epoch_change();
 }
 
 void coordinator_core::disable_persistence(errc why) {

@@ -29,12 +29,16 @@ static void append_field(std::string& out, std::string_view v) {
 }
 
 std::string runtime_info::fingerprint() const {
-  std::string in = "kvpersist-runtime-v1;";
+  std::string in = "kvpersist-runtime-v2;";
   append_field(in, model_path);
   append_field(in, build_info);
   append_field(in, std::to_string(n_ctx));
   append_field(in, std::to_string(total_slots));
   append_field(in, runtime_key);
+  append_field(in, model_ftype);
+  append_field(in, prompt_format);
+  append_field(in, model_meta);
+  append_field(in, lora_adapters);
   return sha256_hex(in);
 }
 

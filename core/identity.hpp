@@ -14,18 +14,23 @@ std::string sha256_hex(std::string_view data);
 // The most slots kvpersist manages on one server; /props reporting more is refused.
 inline constexpr std::int64_t max_total_slots = 1024;
 
-// What llama-server tells about itself in GET /props, plus the operator's runtimeKey.
-// KV types, flash attention and LoRA are invisible to /props: runtimeKey stands for them.
+// What llama-server tells about itself (GET /props, /v1/models, /lora-adapters), plus the
+// operator's runtimeKey. KV types and flash attention are invisible to the API: runtimeKey
+// stands for them (docs/design.md §4).
 struct runtime_info {
   std::string model_path;
   std::string build_info;
   std::int64_t n_ctx = 0;
   std::int64_t total_slots = 0;
   std::string runtime_key;
+  std::string model_ftype;        // /props model_ftype
+  std::string prompt_format;      // SHA-256 over /props chat templates and special tokens
+  std::string model_meta;         // /v1/models meta, canonical "key=value;" in key order
+  std::string lora_adapters;      // GET /lora-adapters, canonical "id,path,scale;" per adapter
   std::string media_marker;  // per-process random: an epoch, never part of the fingerprint
   bool sleeping = false;     // is_sleeping: the model and every slot's KV are unloaded
 
-  // Hex SHA-256 over every field except media_marker.
+  // Hex SHA-256 over every field except media_marker and sleeping.
   std::string fingerprint() const;
 };
 

@@ -99,6 +99,10 @@ bool needs_slot(std::string_view method, std::string_view target) {
   return method == "POST" && classify_target(target) == endpoint_kind::inference;
 }
 
+bool changes_runtime(std::string_view method, std::string_view target) {
+  return method == "POST" && routed_path(target) == "/lora-adapters";
+}
+
 bool is_prediction_route(std::string_view target, std::string_view route) {
   return !route.empty() && routed_path(target) == route;
 }

@@ -26,6 +26,9 @@ endpoint_kind classify_target(std::string_view target);
 // browser's CORS preflight), GET or HEAD there never creates a slot task (llama-server
 // answers the preflight itself, the rest with 404), so it passes straight through.
 bool needs_slot(std::string_view method, std::string_view target);
+// A request that changes the runtime's identity while the process stays (POST /lora-adapters
+// sets the adapters' scales): the fingerprint must be read again afterwards.
+bool changes_runtime(std::string_view method, std::string_view target);
 
 // True when the decoded path of `target` is llama-server's Vertex AI prediction route
 // `route` (AIP_PREDICT_ROUTE, "/predict" by default; "" = none). See proxy/server.cpp for

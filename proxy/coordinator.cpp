@@ -191,8 +191,9 @@ net::awaitable<void> coordinator::refresh_runtime() {
     pending_probe_.reset();
     apply_probe(p);
   }
-  if (!upstream_trouble_.exchange(false)) co_return;
-  if (core_.persistence_enabled()) {
+  const bool changed = runtime_changed_.exchange(false);
+  if (!upstream_trouble_.exchange(false) && !changed) co_return;
+  if (core_.persistence_enabled() && !changed) {
     auto rt = co_await backend_->read_runtime();
     if (rt && rt->media_marker == core_.runtime().media_marker &&
         rt->model_path == core_.runtime().model_path &&

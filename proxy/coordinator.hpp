@@ -197,6 +197,9 @@ class coordinator {
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
+  // A forwarded request may have changed the runtime (LoRA scales): the next prepare reads
+  // the whole fingerprint again. Thread-safe.
+  void note_runtime_changed() { runtime_changed_.store(true); }
 
   const std::string& name() const { return opts_.server_name; }
 
@@ -267,6 +270,7 @@ class coordinator {
   bool stopped_ = false;
   bool idle_loop_running_ = false;
   std::atomic<bool> upstream_trouble_{false};
+  std::atomic<bool> runtime_changed_{false};
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request

@@ -503,7 +503,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const bool managed = core::needs_slot(req.method_string(), req.target()) &&
                        (!who.session_id.empty() ||
                         cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
-  if (!managed) co_return co_await forward(up, c, req, std::nullopt, st);
+  if (!managed) {
+    const bool runtime_change = core::changes_runtime(req.method_string(), req.target());
+    const bool keep_after = co_await forward(up, c, req, std::nullopt, st);
+    if (runtime_change && st.header_received) up.coord->note_runtime_changed();
+    co_return keep_after;
+  }
   // Checked before admission, as llama-server would check it: a client without the key
   // must not make kvpersist save or evict the resident session with its own key.
   if (!up.cfg.upstream.api_key.empty() &&

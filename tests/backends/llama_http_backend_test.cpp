@@ -138,6 +138,34 @@ TEST_CASE("error_message extracts llama-server's message", "[backends][llama_htt
   }
 }
 
+TEST_CASE("the fingerprint's extra fields are canonical", "[backends][llama_http]") {
+  const auto a = parse_model_meta(
+      R"({"data":[{"id":"m","meta":{"n_vocab":32000,"size":39068672,"ftype":"F16","vocab_type":true}}]})");
+  const auto b = parse_model_meta(
+      R"({"object":"list","data":[{"meta":{"vocab_type":true,"ftype":"F16","size":39068672,"n_vocab":32000}}]})");
+  REQUIRE(a);
+  CHECK(a.value() == "ftype=F16;n_vocab=32000;size=39068672;vocab_type=true;");
+  CHECK(b.value() == a.value());  // key order does not matter
+  CHECK(parse_model_meta(R"({"data":[]})").value().empty());
+  CHECK_FALSE(parse_model_meta("[[[["));  // not JSON: the probe fails, never a guess
+
+  const auto lora = parse_lora_adapters(R"([{"id":0,"path":"/m/l.gguf","scale":0.5}])");
+  REQUIRE(lora);
+  CHECK(lora.value() == "0,/m/l.gguf,0.5;");
+  CHECK(parse_lora_adapters("[]").value().empty());
+  CHECK_FALSE(parse_lora_adapters(R"({"id":0})"));
+
+  auto props = [](const char* tmpl) {
+    return fmt::format(R"({{"total_slots":1,"chat_template":"{}","bos_token":"<s>"}})", tmpl);
+  };
+  const auto p1 = parse_props(props("A")), p2 = parse_props(props("B"));
+  REQUIRE(p1);
+  REQUIRE(p2);
+  CHECK(p1->prompt_format.size() == 64);
+  CHECK(p1->prompt_format != p2->prompt_format);
+  CHECK(parse_props(props("A"))->prompt_format == p1->prompt_format);
+}
+
 TEST_CASE("slot_action_error names an invalid slot id KV_SLOT_NOT_FOUND", "[backends][llama_http]") {
   const auto invalid_slot =
       R"({"error":{"code":400,"message":"Invalid slot ID","type":"invalid_request_error"}})";

@@ -26,6 +26,10 @@ runtime_info base_runtime() {
   rt.total_slots = 1;
   rt.runtime_key = "qwen7b-f16kv";
   rt.media_marker = "<__media_1__>";
+  rt.model_ftype = "Q4_K_M";
+  rt.prompt_format = std::string(64, 'a');
+  rt.model_meta = "n_ctx=8192;n_vocab=152064;";
+  rt.lora_adapters = "0,/models/lora.gguf,0.5;";
   return rt;
 }
 
@@ -104,6 +108,26 @@ TEST_CASE("the runtime fingerprint ignores the epoch marker and nothing else", "
     rt.media_marker = "<__media_2__>";
     CHECK(rt.fingerprint() == fp);
   }
+  SECTION("sleeping is a state, not identity") {
+    rt.sleeping = true;
+    CHECK(rt.fingerprint() == fp);
+  }
+  SECTION("model file type") {
+    rt.model_ftype = "Q8_0";
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("prompt format (chat templates, special tokens)") {
+    rt.prompt_format = std::string(64, 'b');
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("model metadata") {
+    rt.model_meta = "n_ctx=8192;n_vocab=151936;";
+    CHECK(rt.fingerprint() != fp);
+  }
+  SECTION("LoRA adapters and their scales") {
+    rt.lora_adapters = "0,/models/lora.gguf,1;";
+    CHECK(rt.fingerprint() != fp);
+  }
   SECTION("runtime_key") {
     rt.runtime_key = "qwen7b-q8kv";
     CHECK(rt.fingerprint() != fp);
@@ -143,5 +167,5 @@ TEST_CASE("identity derivations are pinned to golden digests", "[core][identity]
   CHECK(session_hash("default", "/models/qwen2.5-7b-instruct-q4_k_m.gguf", "session-1") ==
         "6c78797625f1063d969986318e73f1ee5498f32f3d3e091e7cb4daae91d1d793");
   CHECK(base_runtime().fingerprint() ==
-        "27e3c2a5073b9c382512d1b108a00098ff77e7607be8d36c5c2c4876748a8002");
+        "9b04d99ce9ba57abb0e848cc78cefc2bb1866121c6ed12ea9f14e908b242aa21");
 }

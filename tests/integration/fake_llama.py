@@ -200,6 +200,10 @@ class FakeLlamaServer:
         self.props_status = 200             # e.g. 503: /props answers as while the model loads
         self.slots_status = 200             # e.g. 501: GET /slots as with llama-server --no-slots
         self.sleeping = False               # sleep(): as --sleep-idle-seconds, until a request wakes it
+        self.chat_template = "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>"
+        self.model_meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 16384, "n_embd": 256,
+                           "n_params": 19532032, "size": 39068672, "ftype": "Q8_0"}
+        self.lora = [{"id": 0, "path": "/models/fake-lora.gguf", "scale": 0.0}]  # GET/POST /lora-adapters
         self.wakes = 0
         self.kv_bytes_per_token = kv_bytes_per_token
         self.media_marker = ""
@@ -559,6 +563,18 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(200, f.raw_replies.get("props") or self._props())
         if m == "GET" and path in ("/v1/models", "/models"):
             return self._send_json(200, self._models())
+        if m == "GET" and path == "/lora-adapters":
+            with f._lock:
+                return self._send_json(200, [dict(a) for a in f.lora])
+        if m == "POST" and path == "/lora-adapters":
+            if not isinstance(body_json, list):
+                return self._send_json(400, err_body(400, "Request body must be an array", "invalid_request_error"))
+            with f._lock:
+                for item in body_json:
+                    for a in f.lora:
+                        if isinstance(item, dict) and item.get("id") == a["id"]:
+                            a["scale"] = float(item.get("scale", 0.0))
+            return self._send_json(200, {"success": True})
         if m == "GET" and path == "/slots":
             if f.slots_status != 200:
                 return self._send_json(f.slots_status, err_body(f.slots_status, "This server does not support slots endpoint.",
@@ -596,7 +612,7 @@ class _Handler(BaseHTTPRequestHandler):
             "modalities": {"vision": False, "audio": False},
             "media_marker": f.media_marker,
             "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": False,
-            "chat_template": "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>",
+            "chat_template": f.chat_template,
             "bos_token": "<s>", "eos_token": "</s>",
             "build_info": f.build_info,
             "is_sleeping": f.sleeping,
@@ -609,7 +625,7 @@ class _Handler(BaseHTTPRequestHandler):
             "models": [{"name": name, "model": name}],
             "object": "list",
             "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp",
-                      "meta": {"n_ctx": f.n_ctx, "n_vocab": 32000}}],
+                      "meta": dict(f.model_meta, n_ctx=f.n_ctx)}],
         }
 
     # --- slot actions ----------------------------------------------------------
