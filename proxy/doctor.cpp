@@ -6,7 +6,6 @@
 #include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -18,6 +17,7 @@
 #include "config/load_yaml.hpp"
 #include "core/identity.hpp"
 #include "core/json.hpp"
+#include "core/utc_time.hpp"
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
 
@@ -175,14 +175,6 @@ void check_prediction_mode(report& rep, const backends::http_endpoint& ep,
     rep.ok("Prediction mode", fmt::format("off ({} not served)", route));
 }
 
-std::string wall_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-}
-
 }  // namespace
 
 int run_doctor(const std::vector<std::string>& args) {
@@ -314,7 +306,9 @@ int run_doctor(const std::vector<std::string>& args) {
       core::runtime_info fp_rt = *rt;
       fp_rt.runtime_key = cfg.runtime_key;
       manifest_store store(dir);
-      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, wall_now()); !w)
+      const auto checked_at =
+          core::format_utc(std::chrono::system_clock::now(), core::utc_precision::seconds);
+      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, checked_at); !w)
         rep.warn("Verdict", "not recorded: " + w.err().message);
       else
         rep.ok("Verdict", "recorded in " + dir + "/compatibility.json (new manifests carry it)");
