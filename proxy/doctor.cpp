@@ -3,7 +3,6 @@
 // erase, restore, same prompt on the loaded model to tell whether restores really reuse.
 #include <unistd.h>
 
-#include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -20,18 +19,11 @@
 #include "core/utc_time.hpp"
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
+#include "proxy/run_sync.hpp"
 
 namespace kvp::proxy {
 
 namespace {
-
-template <class T>
-T run_sync(net::awaitable<T> aw) {
-  net::io_context ioc;
-  auto fut = net::co_spawn(ioc, std::move(aw), net::use_future);
-  ioc.run();
-  return fut.get();
-}
 
 struct report {
   int problems = 0;
