@@ -1,9 +1,9 @@
 #include "core/log.hpp"
 
 #include "core/event_history.hpp"
+#include "core/utc_time.hpp"
 
 #include <chrono>
-#include <ctime>
 
 #include <fmt/format.h>
 
@@ -13,18 +13,6 @@ namespace {
 log_sink g_sink = nullptr;
 log_level g_min = log_level::info;
 bool g_json = false;
-
-std::string now_rfc3339() {
-  using namespace std::chrono;
-  auto now = system_clock::now();
-  auto secs = time_point_cast<seconds>(now);
-  auto ms = duration_cast<milliseconds>(now - secs).count();
-  std::time_t t = system_clock::to_time_t(secs);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
-}
 
 bool needs_quotes(std::string_view v) {
   if (v.empty()) return true;
@@ -113,7 +101,7 @@ std::string format_json(std::string_view ts, log_level lvl, std::string_view eve
 void log(log_level lvl, std::string_view event, std::initializer_list<log_field> fields) {
   const bool to_history = lvl <= log_level::info;
   if (!to_history && !log_enabled(lvl)) return;
-  const auto ts = now_rfc3339();
+  const auto ts = format_utc(std::chrono::system_clock::now(), utc_precision::milliseconds);
   if (to_history) recent_events().record(std::string(event), format_json(ts, lvl, event, fields));
   if (!log_enabled(lvl)) return;
   g_sink(lvl, g_json ? format_json(ts, lvl, event, fields) : format_plain(ts, lvl, event, fields));

@@ -13,6 +13,7 @@
 #include "config/config.hpp"
 #include "core/event_history.hpp"
 #include "core/json.hpp"
+#include "core/json_writer.hpp"
 #include "core/log.hpp"
 #include "core/manifest.hpp"
 #include "proxy/listen.hpp"
@@ -142,13 +143,37 @@ net::awaitable<response> all_metrics(std::vector<coordinator*> coords, unsigned 
   co_return res;
 }
 
+// {"version": ..., "servers": [...]}; each server's part is already JSON (status_json).
+std::string status_body(const std::vector<std::string>& servers) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "version", kvp::version);
+  w.Key("servers");
+  w.StartArray();
+  for (const auto& part : servers) w.RawValue(part.data(), part.size(), rapidjson::kObjectType);
+  w.EndArray();
+  w.EndObject();
+  return sb.GetString();
+}
+
 net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v) {
-  std::string servers;
+  std::vector<std::string> servers;
   for (auto* c : coords) {
     auto part = co_await on_strand(c, status_of(c));
-    servers += (servers.empty() ? "" : ",") + part;
+    servers.push_back(std::move(part));
   }
-  co_return json(200, fmt::format(R"({{"version":"{}","servers":[{}]}})", kvp::version, servers), v);
+  co_return json(200, status_body(servers), v);
+}
+
+// What /healthz always answers: {"status":"ok"}.
+std::string healthy_body() {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "status", "ok");
+  w.EndObject();
+  return sb.GetString();
 }
 
 net::awaitable<std::string> json_of(session_page page) { co_return sessions_page_json(page); }
@@ -468,7 +493,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   // checks whatever Host they send (Docker and Kubernetes probes may name a service).
   if (path == "/healthz") {
     if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET", v);
-    co_return json(200, R"({"status":"ok"})", v);
+    co_return json(200, healthy_body(), v);
   }
   if (auto why = cross_site_refusal(req)) co_return err(403, *why, v);
   // The dashboard's files are the same for everyone and hold no data, so they need no token:

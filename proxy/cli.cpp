@@ -1,6 +1,5 @@
 #include "proxy/cli.hpp"
 
-#include <boost/asio/use_future.hpp>
 #include <cstdlib>
 #include <optional>
 
@@ -13,6 +12,7 @@
 #include "config/load_yaml.hpp"
 #include "core/json.hpp"
 #include "core/request_class.hpp"
+#include "proxy/run_sync.hpp"
 
 namespace kvp::proxy {
 
@@ -68,15 +68,6 @@ std::optional<int> parse_common(const std::vector<std::string>& args, cli_option
     else if (o.cfg) o.token = o.cfg->admin.token;
   }
   return std::nullopt;
-}
-
-// Runs one awaitable to completion on a private io_context.
-template <class T>
-T run_sync(net::awaitable<T> aw) {
-  net::io_context ioc;
-  auto fut = net::co_spawn(ioc, std::move(aw), net::use_future);
-  ioc.run();
-  return fut.get();
 }
 
 std::string url_escape(std::string_view s) {

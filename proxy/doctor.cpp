@@ -3,38 +3,29 @@
 // erase, restore, same prompt on the loaded model to tell whether restores really reuse.
 #include <unistd.h>
 
-#include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
 
 #include "backends/llama_http_backend.hpp"
 #include "config/load_yaml.hpp"
 #include "core/identity.hpp"
 #include "core/json.hpp"
+#include "core/json_writer.hpp"
+#include "core/manifest.hpp"
+#include "core/utc_time.hpp"
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
+#include "proxy/run_sync.hpp"
 
 namespace kvp::proxy {
 
 namespace {
 
-template <class T>
-T run_sync(net::awaitable<T> aw) {
-  net::io_context ioc;
-  auto fut = net::co_spawn(ioc, std::move(aw), net::use_future);
-  ioc.run();
-  return fut.get();
-}
-
 struct report {
-  bool json = false;
   int problems = 0;
   std::vector<std::pair<std::string, std::string>> lines;  // label, text
   void ok(std::string label, std::string text) { lines.emplace_back(std::move(label), std::move(text)); }
@@ -62,10 +53,10 @@ net::awaitable<core::result<completion_timings>> complete(backends::http_endpoin
                                                           std::string prompt, int slot,
                                                           std::chrono::milliseconds timeout) {
   rapidjson::StringBuffer sb;
-  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  core::json_writer w(sb);
   w.StartObject();
   w.Key("prompt");
-  w.String(prompt.c_str(), static_cast<rapidjson::SizeType>(prompt.size()));
+  core::write_json_string(w, prompt);
   w.Key("n_predict");
   w.Int(1);
   w.Key("cache_prompt");
@@ -175,12 +166,26 @@ void check_prediction_mode(report& rep, const backends::http_endpoint& ep,
     rep.ok("Prediction mode", fmt::format("off ({} not served)", route));
 }
 
-std::string wall_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+// --json: {"result", "problems", "compatibility", "checks": [{"check", "result"}...]}.
+std::string report_json(const report& rep, std::string_view result, std::string_view verdict) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "result", result);
+  w.Key("problems");
+  w.Int(rep.problems);
+  core::write_json_member(w, "compatibility", verdict);
+  w.Key("checks");
+  w.StartArray();
+  for (const auto& [label, text] : rep.lines) {
+    w.StartObject();
+    core::write_json_member(w, "check", label);
+    core::write_json_member(w, "result", core::valid_utf8(text));
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return sb.GetString();
 }
 
 }  // namespace
@@ -314,7 +319,9 @@ int run_doctor(const std::vector<std::string>& args) {
       core::runtime_info fp_rt = *rt;
       fp_rt.runtime_key = cfg.runtime_key;
       manifest_store store(dir);
-      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, wall_now()); !w)
+      const auto checked_at =
+          core::format_utc(std::chrono::system_clock::now(), core::utc_precision::seconds);
+      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, checked_at); !w)
         rep.warn("Verdict", "not recorded: " + w.err().message);
       else
         rep.ok("Verdict", "recorded in " + dir + "/compatibility.json (new manifests carry it)");
@@ -324,17 +331,7 @@ int run_doctor(const std::vector<std::string>& args) {
   }
   const std::string result = rep.problems == 0 ? "READY" : "NOT READY";
   if (json) {
-    fmt::print("{{\"result\":\"{}\",\"problems\":{},\"compatibility\":\"{}\",\"checks\":[", result,
-               rep.problems, verdict);
-    for (std::size_t i = 0; i < rep.lines.size(); ++i) {
-      std::string text;
-      for (char c : rep.lines[i].second) {
-        if (c == '"' || c == '\\') text += '\\';
-        text += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
-      }
-      fmt::print("{}{{\"check\":\"{}\",\"result\":\"{}\"}}", i ? "," : "", rep.lines[i].first, text);
-    }
-    fmt::print("]}}\n");
+    fmt::print("{}\n", report_json(rep, result, verdict));
   } else {
     for (const auto& [label, text] : rep.lines) fmt::print("{:<21} {}\n", label + ":", text);
     fmt::print("{:<21} {}\n", "Result:", result);

@@ -7,8 +7,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include "core/json.hpp"
+#include "core/json_writer.hpp"
 
 namespace kvp::proxy {
 
@@ -153,25 +158,50 @@ core::result<core::unit> manifest_store::write(const core::manifest& m) const {
   return write_atomic(sessions_dir_, path_for(m.session_hash), core::to_json(m));
 }
 
+namespace {
+
+// {"runtimeFingerprint": ..., "verdict": ..., "checkedAt": ...} and a newline.
+std::string compatibility_json(const std::string& fingerprint, const std::string& verdict,
+                               const std::string& checked_at) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "runtimeFingerprint", fingerprint);
+  core::write_json_member(w, "verdict", verdict);
+  core::write_json_member(w, "checkedAt", checked_at);
+  w.EndObject();
+  return std::string(sb.GetString(), sb.GetSize()) + "\n";
+}
+
+// The string `key` of a top-level object, if it has one.
+std::optional<std::string_view> string_member(const rapidjson::Document& d, const char* key) {
+  if (!d.IsObject()) return std::nullopt;
+  const auto it = d.FindMember(key);
+  if (it == d.MemberEnd() || !it->value.IsString()) return std::nullopt;
+  return std::string_view(it->value.GetString(), it->value.GetStringLength());
+}
+
+}  // namespace
+
 core::result<core::unit> manifest_store::write_compatibility(const std::string& fingerprint,
                                                              const std::string& verdict,
                                                              const std::string& checked_at) const {
   std::error_code ec;
   fs::create_directories(state_dir_, ec);
   return write_atomic(state_dir_, state_dir_ + "/compatibility.json",
-                      fmt::format("{{\"runtimeFingerprint\":\"{}\",\"verdict\":\"{}\","
-                                  "\"checkedAt\":\"{}\"}}\n",
-                                  fingerprint, verdict, checked_at));
+                      compatibility_json(fingerprint, verdict, checked_at));
 }
 
+// Anything but a record for `fingerprint` with a known verdict (no file, a file that does not
+// parse or nests too deep, another fingerprint) is "unknown".
 std::string manifest_store::read_compatibility(const std::string& fingerprint) const {
-  auto read = read_state_file(state_dir_ + "/compatibility.json");
-  const std::string text = read ? std::move(read.value()) : std::string();
-  // Written by write_compatibility above; a tiny fixed shape, so a search is enough.
-  if (text.find("\"runtimeFingerprint\":\"" + fingerprint + "\"") == std::string::npos)
-    return "unknown";
-  for (const char* v : {"supported", "experimental", "broken"})
-    if (text.find(std::string("\"verdict\":\"") + v + "\"") != std::string::npos) return v;
+  auto text = read_state_file(state_dir_ + "/compatibility.json");
+  rapidjson::Document d;
+  if (!text || !core::parse_json_bounded(text.value(), d)) return "unknown";
+  if (string_member(d, "runtimeFingerprint") != fingerprint) return "unknown";
+  const auto verdict = string_member(d, "verdict");
+  for (const char* known : {"supported", "experimental", "broken"})
+    if (verdict == known) return known;
   return "unknown";
 }
 

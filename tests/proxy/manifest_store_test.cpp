@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/identity.hpp"
+#include "core/json.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {
@@ -49,6 +50,13 @@ std::vector<std::string> dir_entries(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The verdict a store reads for `fingerprint` when its compatibility.json holds `text`.
+std::string verdict_read_from(const std::string& text, const std::string& fingerprint) {
+  temp_dir tmp;
+  write_file(tmp.path() + "/compatibility.json", text);
+  return manifest_store(tmp.path()).read_compatibility(fingerprint);
 }
 
 }  // namespace
@@ -254,4 +262,53 @@ TEST_CASE("a manifest nested a million levels deep is skipped, not a crash",
   REQUIRE(skipped.size() == 1);
   CHECK(skipped[0] == h + ".json: JSON nested deeper than 128 levels");
   CHECK_FALSE(store.read(h));
+}
+
+TEST_CASE("compatibility.json keeps its bytes and escapes what it writes",
+          "[proxy][manifest_store][compatibility]") {
+  temp_dir tmp;
+  manifest_store store(tmp.path());
+  const auto compat = tmp.path() + "/compatibility.json";
+  REQUIRE(store.write_compatibility("fp", "supported", "2025-06-01T12:00:00Z").ok());
+  CHECK(read_file(compat) ==
+        "{\"runtimeFingerprint\":\"fp\",\"verdict\":\"supported\","
+        "\"checkedAt\":\"2025-06-01T12:00:00Z\"}\n");
+  REQUIRE(store.write_compatibility("f\"p\\\n", "broken", "2025-06-01T12:00:00Z").ok());
+  rapidjson::Document d;
+  CHECK(kvp::core::parse_json_bounded(read_file(compat), d).ok());
+  CHECK(store.read_compatibility("f\"p\\\n") == "broken");
+}
+
+TEST_CASE("read_compatibility compares the parsed fields, not the text",
+          "[proxy][manifest_store][compatibility]") {
+  SECTION("other whitespace and key order") {
+    const std::string text =
+        "{ \"verdict\" : \"experimental\",\n  \"runtimeFingerprint\" : \"fp\" }";
+    CHECK(verdict_read_from(text, "fp") == "experimental");
+    CHECK(verdict_read_from(text, "f") == "unknown");
+  }
+  SECTION("the fingerprint and a verdict only inside another field") {
+    const std::string text =
+        "{\"runtimeFingerprint\":\"new\",\"verdict\":\"broken\",\"previous\":"
+        "{\"runtimeFingerprint\":\"fp\",\"verdict\":\"supported\"}}";
+    CHECK(verdict_read_from(text, "fp") == "unknown");
+    CHECK(verdict_read_from(text, "new") == "broken");
+  }
+  SECTION("a verdict that is not one of the three") {
+    CHECK(verdict_read_from("{\"runtimeFingerprint\":\"fp\",\"verdict\":\"supported!\"}", "fp") ==
+          "unknown");
+    CHECK(verdict_read_from("{\"runtimeFingerprint\":\"fp\",\"verdict\":1}", "fp") == "unknown");
+  }
+}
+
+TEST_CASE("a compatibility.json that is deep or garbage is no record, not a crash",
+          "[proxy][manifest_store][compatibility]") {
+  const std::string record = "{\"runtimeFingerprint\":\"fp\",\"verdict\":\"supported\"}";
+  std::string nul_inside = record;
+  nul_inside.insert(nul_inside.find(','), 1, '\0');
+  for (const std::string& text :
+       {std::string(1 << 20, '['), std::string(1 << 19, '[') + record, std::string("\xff\xfe{"),
+        record + " trailing", record.substr(0, record.size() - 1), std::string("[") + record + "]",
+        nul_inside, std::string()})
+    CHECK(verdict_read_from(text, "fp") == "unknown");
 }
