@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -18,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
+#include "core/utc_time.hpp"
 #include "proxy/listen.hpp"
 
 namespace kvp::proxy {
@@ -29,12 +29,7 @@ using std::chrono::steady_clock;
 namespace {
 
 std::string wall_now() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+  return core::format_utc(std::chrono::system_clock::now(), core::utc_precision::seconds);
 }
 
 std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
