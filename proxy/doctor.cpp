@@ -166,6 +166,28 @@ void check_prediction_mode(report& rep, const backends::http_endpoint& ep,
     rep.ok("Prediction mode", fmt::format("off ({} not served)", route));
 }
 
+// llama-server's sleep mode unloads every slot's KV; kvpersist needs to know the period
+// (docs/design.md §4). The API shows only whether the server sleeps right now.
+void check_sleep(report& rep, const core::runtime_info& rt, std::chrono::seconds configured) {
+  if (configured.count() > 0) {
+    rep.ok("Sleep", fmt::format("upstream.sleepIdleSeconds {}: dirty sessions are saved before "
+                                "llama-server sleeps; it must match --sleep-idle-seconds",
+                                configured.count()));
+  } else if (rt.sleeping) {
+    rep.warn("Sleep", "llama-server is asleep (--sleep-idle-seconds) and upstream.sleepIdleSeconds "
+                      "is 0: set it to the same value, or unsaved sessions are lost at each sleep");
+  }
+}
+
+void report_slot_api(report& rep, const core::result<core::server_probe>& p) {
+  if (p && p->slot_actions)
+    rep.ok("Slot API", "save/restore/erase enabled (--slot-save-path is set)");
+  else if (p)
+    rep.bad("Slot API", "disabled: start llama-server with --slot-save-path DIR");
+  else
+    rep.bad("Slot API", p.err().message);
+}
+
 // --json: {"result", "problems", "compatibility", "checks": [{"check", "result"}...]}.
 std::string report_json(const report& rep, std::string_view result, std::string_view verdict) {
   rapidjson::StringBuffer sb;
@@ -262,18 +284,19 @@ int run_doctor(const std::vector<std::string>& args) {
                                      rt->total_slots));
       else
         rep.ok("Slots", fmt::format("{} (mode {})", rt->total_slots, config::to_string(cfg.mode)));
-      if (!single && cfg.slot_id >= rt->total_slots)
+      if (cfg.slot_id >= rt->total_slots)
         rep.bad("Slot id", fmt::format("slotId {} >= total_slots {}: llama-server would silently "
-                                       "wrap it to slot {}",
+                                       "wrap it to slot {} (KV_SLOT_NOT_FOUND)",
                                        cfg.slot_id, rt->total_slots, cfg.slot_id % rt->total_slots));
-      auto p = run_sync(be.probe());
-      if (p && p->slot_actions)
-        rep.ok("Slot API", "save/restore/erase enabled (--slot-save-path is set)");
-      else if (p)
-        rep.bad("Slot API", "disabled: start llama-server with --slot-save-path DIR");
-      else
-        rep.bad("Slot API", p.err().message);
-      check_prediction_mode(rep, ep, cfg.upstream.predict_route, timeout);
+      check_sleep(rep, *rt, cfg.upstream.sleep_idle);
+      if (rt->sleeping) {
+        rep.ok("Slot API", "not checked: a slot action would wake the sleeping server");
+      } else {
+        auto p = run_sync(be.probe());
+        report_slot_api(rep, p);
+        if (p) rt = p->runtime;  // the whole fingerprint, as the daemon computes it
+      }
+      if (!rt->sleeping) check_prediction_mode(rep, ep, cfg.upstream.predict_route, timeout);
     }
   }
   // State directory: manifests must be writable.
@@ -302,8 +325,9 @@ int run_doctor(const std::vector<std::string>& args) {
   rep.warn("Idle slots", "llama-server's API does not show --cache-idle-slots; run it with "
                          "--no-cache-idle-slots or saves may find the slot cleared (0 tokens)");
   if (cfg.runtime_key.empty())
-    rep.warn("Runtime key", "runtimeKey is empty: set one and change it whenever the model file, "
-                            "-ctk/-ctv, -fa or LoRA change (llama-server restores foreign KV silently)");
+    rep.warn("Runtime key", "runtimeKey is empty: set one and change it whenever -ctk/-ctv, -fa or "
+                            "the model's weights change in ways /props and /v1/models do not show "
+                            "(llama-server restores foreign KV silently)");
 
   std::string verdict = "unverified";
   if (verify) {

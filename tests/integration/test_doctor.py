@@ -292,3 +292,28 @@ def test_verify_real_llama_server(binary, stack):
     # and the next A restores fine on the real server
     r = ok(A.turn(stack.port))
     assert harness.is_warm(r), harness.cached_tokens(r)
+
+
+@fake_only
+def test_sleeping_server_is_explained_and_not_woken(binary, make_fake, tmp_path):
+    """llama-server asleep (--sleep-idle-seconds) and upstream.sleepIdleSeconds unset: doctor says
+    to set it, and checks the slot API without a slot action (which would wake the server)."""
+    f = make_fake()
+    f.sleep()
+    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
+    c = checks(j)
+    assert "upstream.sleepIdleSeconds" in c["Sleep"] and "not checked" in c["Slot API"], c
+    assert f.wakes == 0 and f.management_calls(include_all=True) == []
+    cfg = tmp_path / "kvp.yaml"
+    cfg.write_text(to_yaml({"upstream": {"url": f.url, "sleepIdleSeconds": 300}, "runtimeKey": RUNTIME_KEY,
+                            "stateDir": str(tmp_path / "s")}))
+    j = json.loads(doctor("--config", str(cfg), "--json").stdout)
+    assert "sleepIdleSeconds 300" in checks(j)["Sleep"], checks(j)
+
+
+@fake_only
+def test_single_slot_id_the_server_lacks(binary, make_fake, tmp_path):
+    f = make_fake()
+    cfg = write_config(tmp_path / "kvp.yaml", f.url, slotId=1, stateDir=str(tmp_path / "s"))
+    j = json.loads(doctor("--config", cfg, "--json").stdout)
+    assert j["result"] == "NOT READY" and "KV_SLOT_NOT_FOUND" in checks(j)["Slot id"], j

@@ -42,9 +42,12 @@ sid = sid_factory("host")
 
 
 def forwarded(fake) -> list[dict]:
-    """What kvpersist sent to llama-server, minus its own probes (/props, the slot probe)."""
-    return [r for r in fake.requests
-            if r["path"] != "/props" and r["query"].get("action") != "probe"]
+    """What reached llama-server, minus kvpersist's own probes (GET /props, /v1/models,
+    /lora-adapters and the slot probe, sent with User-Agent kvpersist); slot actions stay."""
+    def own_probe(r):
+        return r["headers_lower"].get("user-agent") == "kvpersist" and (
+            r["method"] == "GET" or r["query"].get("action") == "probe")
+    return [r for r in fake.requests if not own_probe(r)]
 
 
 def statuses(data: bytes) -> list[int]:
