@@ -150,8 +150,18 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
                         core::errc::slot_not_found);
     return;
   }
+  auto identity = rt;
+  identity.runtime_key = opts_.core.runtime_key;
+  const auto verdict = store_.read_compatibility(identity.fingerprint());
+  if (verdict == "broken") {
+    // docs/design.md §9: saves and restores would cost time and reuse nothing here.
+    disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
+                        "the whole prompt after a restore (hybrid or sliding-window model?)");
+    return;
+  }
   core_.set_runtime(rt);
-  core_.set_compatibility(store_.read_compatibility(core_.runtime().fingerprint()));
+  core_.set_compatibility(verdict);
+  disabled_why_.clear();
   if (restarted) {
     core_.on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
@@ -170,6 +180,7 @@ void coordinator::disable_persistence(const std::string& why, core::errc code) {
         {{"code", std::string(core::to_string(code))}, {"reason", why},
          {"effect", "persistence off"}});
   warned_disabled_ = true;
+  disabled_why_ = why;
   core_.disable_persistence(code);
 }
 
@@ -912,6 +923,11 @@ std::string coordinator::status_json() const {
   jstr(w, opts_.server_name);
   w.Key("enabled");
   w.Bool(core_.persistence_enabled());
+  w.Key("disabledReason");  // why persistence is off, when the server said why
+  if (core_.persistence_enabled() || disabled_why_.empty())
+    w.Null();
+  else
+    jstr(w, disabled_why_);
   w.Key("backend");
   w.StartObject();
   w.Key("kind");

@@ -273,6 +273,7 @@ class coordinator {
   std::atomic<bool> runtime_changed_{false};
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
+  std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
   bool server_sleeping_ = false;   // /props said is_sleeping
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end

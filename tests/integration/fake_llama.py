@@ -200,6 +200,8 @@ class FakeLlamaServer:
         self.props_status = 200             # e.g. 503: /props answers as while the model loads
         self.slots_status = 200             # e.g. 501: GET /slots as with llama-server --no-slots
         self.sleeping = False               # sleep(): as --sleep-idle-seconds, until a request wakes it
+        self.reuse_after_restore = True     # False: a hybrid/SWA model that reprocesses after a restore
+        self._restored = False
         self.chat_template = "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>"
         self.model_meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 16384, "n_embd": 256,
                            "n_params": 19532032, "size": 39068672, "ftype": "Q8_0"}
@@ -744,6 +746,7 @@ class _Handler(BaseHTTPRequestHandler):
                                            "invalid_request_error"))
             with f._lock:
                 f.slot_tokens = tokens
+                f._restored = True
                 delta = f.restore_n_delta
             mrec["n"] = len(tokens)
             mrec["head"] = tokens[:8]
@@ -830,6 +833,9 @@ class _Handler(BaseHTTPRequestHandler):
             with f._lock:
                 f._active[rid] = self.connection
                 before = list(f.slot_tokens)
+                if f._restored and not f.reuse_after_restore:
+                    before = []
+                f._restored = False
             cache_n = common_prefix(before, prompt)
             if cache_n >= len(prompt) and prompt:
                 cache_n = len(prompt) - 1  # llama-server re-evaluates at least one token

@@ -317,3 +317,27 @@ def test_single_slot_id_the_server_lacks(binary, make_fake, tmp_path):
     cfg = write_config(tmp_path / "kvp.yaml", f.url, slotId=1, stateDir=str(tmp_path / "s"))
     j = json.loads(doctor("--config", cfg, "--json").stdout)
     assert j["result"] == "NOT READY" and "KV_SLOT_NOT_FOUND" in checks(j)["Slot id"], j
+
+
+@fake_only
+def test_broken_verdict_turns_persistence_off_for_that_runtime(binary, stack):
+    """A model kind that reprocesses everything after a restore (the fake's hybrid mode):
+    doctor --verify records `broken`, and a kvpersist on that state dir sends no save,
+    restore or erase for that runtime, says why once, and serves every request."""
+    stack.start_upstream()
+    f = stack.fake
+    f.reuse_after_restore = False
+    cfg = write_config(os.path.join(stack.workdir, "kvp.yaml"), f.url, stateDir=stack.state_dir)
+    j = json.loads(doctor("--config", cfg, "--verify", "--json").stdout)
+    assert j["compatibility"] == "broken", j
+    stack.upstream.take_calls()
+    p = stack.start_proxy()
+    line = p.wait_for_log(r"kv\.backend\.unsupported", 5)
+    assert line is not None and "broken" in line.fields["reason"], p.log_text()
+    A, B = Conversation(sid("A")), Conversation(sid("B"))
+    for c in (A, B, A):
+        ok(c.turn(stack.port))
+    assert [c for c in stack.upstream.take_calls() if c.action in ("save", "restore", "erase")] == []
+    status = p.admin("GET", "/kv/status").json["servers"][0]
+    assert status["enabled"] is False and "broken" in status["disabledReason"], status
+    assert len(p.events("kv.backend.unsupported")) == 1
