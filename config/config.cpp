@@ -116,9 +116,9 @@ std::optional<invalid_field> check_header_name(std::string key, const std::strin
   return problem(std::move(key), fmt::format("'{}' is not a valid HTTP header name", name));
 }
 
-std::optional<invalid_field> check_upstream_url(const std::string& url) {
+std::optional<invalid_field> check_upstream_url(const std::string& key, const std::string& url) {
   if (starts_with_scheme(url, "https://")) {
-    return problem("upstream.url",
+    return problem(key,
                    fmt::format("'{}': https is not supported; kvpersist talks plain HTTP to "
                                "llama-server (use http://host:port and terminate TLS elsewhere)",
                                url));
@@ -127,12 +127,12 @@ std::optional<invalid_field> check_upstream_url(const std::string& url) {
   std::uint16_t port = 0;
   std::string base_path;
   if (!parse_http_url(url, host, port, base_path)) {
-    return problem("upstream.url",
+    return problem(key,
                    fmt::format("'{}' is not an http://host[:port] URL", url));
   }
   if (!base_path.empty()) {
     // The proxy forwards request targets unchanged, so a prefix would be silently dropped.
-    return problem("upstream.url",
+    return problem(key,
                    fmt::format("'{}': a path ('{}') is not supported; give llama-server's root, "
                                "http://host[:port]",
                                url, base_path));
@@ -143,6 +143,14 @@ std::optional<invalid_field> check_upstream_url(const std::string& url) {
 std::optional<invalid_field> check_predict_route(std::string key, const std::string& route) {
   if (route.empty() || route.front() == '/') return std::nullopt;
   return problem(std::move(key), fmt::format("'{}' must start with '/' (\"\" = none)", route));
+}
+
+// One llama-server's keys, under `upstream.` or `servers.<name>.` (`prefix`).
+std::optional<invalid_field> check_upstream(const std::string& prefix, const upstream_config& u) {
+  if (auto p = check_upstream_url(prefix + "url", u.url)) return p;
+  if (auto p = check_ms(prefix + "connectTimeoutMs", u.connect_timeout, true)) return p;
+  if (auto p = check_ms(prefix + "idleTimeoutMs", u.idle_timeout, true)) return p;
+  return check_predict_route(prefix + "predictRoute", u.predict_route);
 }
 
 }  // namespace
@@ -269,10 +277,7 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
     return problem("listen",
                    fmt::format("'{}' is not host:port (IPv6 as [::1]:8081)", cfg.listen));
   }
-  if (auto p = check_upstream_url(cfg.upstream.url)) return p;
-  if (auto p = check_ms("upstream.connectTimeoutMs", cfg.upstream.connect_timeout, true)) return p;
-  if (auto p = check_ms("upstream.idleTimeoutMs", cfg.upstream.idle_timeout, true)) return p;
-  if (auto p = check_predict_route("upstream.predictRoute", cfg.upstream.predict_route)) return p;
+  if (auto p = check_upstream("upstream.", cfg.upstream)) return p;
   if (cfg.instance_key.empty()) return problem("instanceKey", "must not be empty");
   if (auto p = check_at_least("slotId", cfg.slot_id, 0)) return p;
 
@@ -347,12 +352,8 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
     for (std::size_t j = 0; j < i; ++j)
       if (cfg.servers[j].name == sv.name)
         return problem(key, "duplicate server name");
-    if (auto p = check_upstream_url(sv.upstream.url)) {
-      p->key = key + ".url";
-      return p;
-    }
+    if (auto p = check_upstream(key + ".", sv.upstream)) return p;
     if (sv.slot_id < 0) return problem(key + ".slotId", "must be >= 0");
-    if (auto p = check_predict_route(key + ".predictRoute", sv.upstream.predict_route)) return p;
     if (sv.snapshots.management == snapshot_management::shared_filesystem && sv.snapshots.path.empty())
       return problem(key + ".snapshots.management", "shared-filesystem requires snapshots.path");
   }

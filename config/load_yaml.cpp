@@ -83,10 +83,12 @@ class reader {
 
  private:
   void read_map(const YAML::Node& node, const std::string& path,
-                std::initializer_list<field> fields);
+                const std::vector<field>& fields);
   // A nested section; null keeps the defaults.
   void read_section(const YAML::Node& node, const std::string& path,
-                    std::initializer_list<field> fields);
+                    const std::vector<field>& fields);
+  // The keys of one llama-server, the same under `upstream` and under `servers.<name>`.
+  std::vector<field> upstream_fields(upstream_config& u);
 
   bool read_bool(const YAML::Node& node, const std::string& path);
   long long read_integer(const YAML::Node& node, const std::string& path, long long min,
@@ -116,7 +118,7 @@ class reader {
 };
 
 void reader::read_map(const YAML::Node& node, const std::string& path,
-                      std::initializer_list<field> fields) {
+                      const std::vector<field>& fields) {
   if (!node.IsMap()) {
     fail(node.Mark(), fmt::format("{}: expected a map, got {}", path.empty() ? "top level" : path,
                                   kind_of(node)));
@@ -155,7 +157,7 @@ void reader::read_map(const YAML::Node& node, const std::string& path,
 }
 
 void reader::read_section(const YAML::Node& node, const std::string& path,
-                          std::initializer_list<field> fields) {
+                          const std::vector<field>& fields) {
   if (node.IsNull()) return;
   read_map(node, path, fields);
 }
@@ -274,6 +276,20 @@ YAML::Mark reader::mark_of(std::string key) const {
   return root_mark_;
 }
 
+std::vector<reader::field> reader::upstream_fields(upstream_config& u) {
+  using V = const YAML::Node&;
+  using P = const std::string&;
+  return {
+    {"url", [&](V v, P p) { u.url = read_string(v, p); }},
+    {"apiKey", [&](V v, P p) { u.api_key = read_string(v, p); }},
+    {"connectTimeoutMs", [&](V v, P p) { u.connect_timeout = read_ms(v, p); }},
+    {"idleTimeoutMs", [&](V v, P p) { u.idle_timeout = read_ms(v, p); }},
+    {"maxIdleConnections", [&](V v, P p) { u.max_idle_connections = read_size(v, p); }},
+    {"predictRoute", [&](V v, P p) { u.predict_route = read_string(v, p); }},
+    {"sleepIdleSeconds", [&](V v, P p) { u.sleep_idle = read_seconds(v, p); }},
+  };
+}
+
 config reader::read_document(const YAML::Node& root) {
   root_mark_ = root.Mark();
   if (root.IsNull()) return cfg_;  // empty file or `null`: the defaults
@@ -282,18 +298,7 @@ config reader::read_document(const YAML::Node& root) {
   config& c = cfg_;
   read_map(root, "", {
     {"listen", [&](V v, P p) { c.listen = read_string(v, p); }},
-    {"upstream", [&](V v, P p) {
-      read_section(v, p, {
-        {"url", [&](V v2, P p2) { c.upstream.url = read_string(v2, p2); }},
-        {"apiKey", [&](V v2, P p2) { c.upstream.api_key = read_string(v2, p2); }},
-        {"connectTimeoutMs", [&](V v2, P p2) { c.upstream.connect_timeout = read_ms(v2, p2); }},
-        {"idleTimeoutMs", [&](V v2, P p2) { c.upstream.idle_timeout = read_ms(v2, p2); }},
-        {"maxIdleConnections",
-         [&](V v2, P p2) { c.upstream.max_idle_connections = read_size(v2, p2); }},
-        {"predictRoute", [&](V v2, P p2) { c.upstream.predict_route = read_string(v2, p2); }},
-        {"sleepIdleSeconds", [&](V v2, P p2) { c.upstream.sleep_idle = read_seconds(v2, p2); }},
-      });
-    }},
+    {"upstream", [&](V v, P p) { read_section(v, p, upstream_fields(c.upstream)); }},
     {"instanceKey", [&](V v, P p) { c.instance_key = read_string(v, p); }},
     {"runtimeKey", [&](V v, P p) { c.runtime_key = read_string(v, p); }},
     {"mode", [&](V v, P p) {
@@ -378,16 +383,8 @@ config reader::read_document(const YAML::Node& root) {
         sv.name = entry.first.Scalar();
         const std::string sp = fmt::format("{}.{}", p, sv.name);
         marks_[sp] = entry.first.Mark();
-        read_section(entry.second, sp, {
-          {"url", [&](V v2, P p2) { sv.upstream.url = read_string(v2, p2); }},
-          {"apiKey", [&](V v2, P p2) { sv.upstream.api_key = read_string(v2, p2); }},
-          {"connectTimeoutMs", [&](V v2, P p2) { sv.upstream.connect_timeout = read_ms(v2, p2); }},
-          {"idleTimeoutMs", [&](V v2, P p2) { sv.upstream.idle_timeout = read_ms(v2, p2); }},
-          {"maxIdleConnections",
-           [&](V v2, P p2) { sv.upstream.max_idle_connections = read_size(v2, p2); }},
-          {"predictRoute", [&](V v2, P p2) { sv.upstream.predict_route = read_string(v2, p2); }},
-          {"sleepIdleSeconds",
-           [&](V v2, P p2) { sv.upstream.sleep_idle = read_seconds(v2, p2); }},
+        auto fields = upstream_fields(sv.upstream);
+        fields.insert(fields.end(), {
           {"runtimeKey", [&](V v2, P p2) { sv.runtime_key = read_string(v2, p2); }},
           {"mode", [&](V v2, P p2) {
             sv.mode = read_enum(v2, p2, parse_slot_mode,
@@ -406,6 +403,7 @@ config reader::read_document(const YAML::Node& root) {
             });
           }},
         });
+        read_section(entry.second, sp, fields);
         c.servers.push_back(std::move(sv));
       }
     }},

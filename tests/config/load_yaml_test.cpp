@@ -289,6 +289,12 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
     CHECK(contains(load_error("upstream:\n  connectTimeoutMs: 0\n").message,
                    "upstream.connectTimeoutMs: must be >= 1"));
     CHECK(contains(load_error("upstream:\n  idleTimeoutMs: 0\n").message, "idleTimeoutMs"));
+    // A server under servers: is checked with the same rules, at its own line.
+    auto sv = load_error("servers:\n  gpu:\n    url: http://h:1\n    connectTimeoutMs: 0\n");
+    CHECK(sv.line == 4);
+    CHECK(contains(sv.message, "servers.gpu.connectTimeoutMs: must be >= 1"));
+    CHECK(contains(load_error("servers:\n  gpu:\n    url: https://h:1\n").message,
+                   "servers.gpu.url: 'https://h:1': https is not supported"));
     CHECK(contains(load_error("failure:\n  managementTimeoutMs: 0\n").message,
                    "managementTimeoutMs"));
     CHECK(contains(load_error("failure:\n  maxConsecutiveFailures: 0\n").message,
