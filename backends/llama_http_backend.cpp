@@ -5,11 +5,10 @@
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
 
 #include "core/identity.hpp"
 #include "core/json.hpp"
+#include "core/json_writer.hpp"
 #include "core/log.hpp"
 
 namespace kvp::backends {
@@ -78,10 +77,9 @@ std::string scalar_text(const rapidjson::Value& v) {
 
 std::string filename_body(const std::string& filename) {
   rapidjson::StringBuffer sb;
-  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  core::json_writer w(sb);
   w.StartObject();
-  w.Key("filename");
-  w.String(filename.c_str(), static_cast<rapidjson::SizeType>(filename.size()));
+  core::write_json_member(w, "filename", filename);
   w.EndObject();
   return sb.GetString();
 }

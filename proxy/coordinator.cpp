@@ -11,11 +11,10 @@
 #include <chrono>
 #include <cstring>
 
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
 
 #include <fmt/format.h>
 
+#include "core/json_writer.hpp"
 #include "core/log.hpp"
 #include "core/utc_time.hpp"
 #include "proxy/listen.hpp"
@@ -801,11 +800,8 @@ coordinator::session_ref coordinator::resolve_session(const std::string& hash_or
 
 namespace {
 
-using json_writer = rapidjson::Writer<rapidjson::StringBuffer>;
-
-void jstr(json_writer& w, std::string_view v) {
-  w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
-}
+using core::json_writer;
+constexpr auto jstr = core::write_json_string;
 
 session_row row_of(core::coordinator_core::session_view v) {
   session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
@@ -872,8 +868,7 @@ admin_reply json_reply(unsigned status, std::string_view key, std::string_view v
   rapidjson::StringBuffer sb;
   json_writer w(sb);
   w.StartObject();
-  w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
-  jstr(w, value);
+  core::write_json_member(w, key, value);
   w.EndObject();
   return admin_reply{status, sb.GetString()};
 }

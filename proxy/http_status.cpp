@@ -1,8 +1,6 @@
 #include "proxy/http_status.hpp"
 
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
-
+#include "core/json_writer.hpp"
 #include "core/version.hpp"
 
 namespace kvp::proxy {
@@ -26,21 +24,15 @@ std::string_view type_for(http::status s) {
 response error_response(http::status status, std::string_view message, unsigned version,
                         bool keep_alive, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
-  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  core::json_writer w(sb);
   w.StartObject();
   w.Key("error");
   w.StartObject();
   w.Key("code");
   w.Uint(static_cast<unsigned>(status));
-  w.Key("message");
-  w.String(message.data(), static_cast<rapidjson::SizeType>(message.size()));
-  w.Key("type");
-  auto t = type_for(status);
-  w.String(t.data(), static_cast<rapidjson::SizeType>(t.size()));
-  if (!kv_code.empty()) {
-    w.Key("kv_code");
-    w.String(kv_code.data(), static_cast<rapidjson::SizeType>(kv_code.size()));
-  }
+  core::write_json_member(w, "message", message);
+  core::write_json_member(w, "type", type_for(status));
+  if (!kv_code.empty()) core::write_json_member(w, "kv_code", kv_code);
   w.EndObject();
   w.EndObject();
   response res{status, version};
