@@ -184,7 +184,8 @@ void coordinator::disable_persistence(const std::string& why, core::errc code) {
 }
 
 void coordinator::note_slot_error(const core::error& e) {
-  if (e.code == core::errc::slot_not_found) upstream_trouble_.store(true);
+  // The full probe, not the /props comparison: only the full probe applies the slot layout.
+  if (e.code == core::errc::slot_not_found) full_probe_due_.store(true);
 }
 
 // Reads the runtime again when there is a reason to believe the server changed. While
@@ -196,7 +197,7 @@ net::awaitable<void> coordinator::refresh_runtime() {
     pending_probe_.reset();
     apply_probe(p);
   }
-  const bool changed = runtime_changed_.exchange(false);
+  const bool changed = full_probe_due_.exchange(false);
   if (!upstream_trouble_.exchange(false) && !changed) co_return;
   if (core_.persistence_enabled() && !changed) {
     auto rt = co_await backend_->read_runtime();

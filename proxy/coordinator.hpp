@@ -199,7 +199,7 @@ class coordinator {
   void note_upstream_trouble() { upstream_trouble_.store(true); }
   // A forwarded request may have changed the runtime (LoRA scales): the next prepare reads
   // the whole fingerprint again. Thread-safe.
-  void note_runtime_changed() { runtime_changed_.store(true); }
+  void note_runtime_changed() { full_probe_due_.store(true); }
 
   const std::string& name() const { return opts_.server_name; }
 
@@ -270,7 +270,7 @@ class coordinator {
   bool stopped_ = false;
   bool idle_loop_running_ = false;
   std::atomic<bool> upstream_trouble_{false};
-  std::atomic<bool> runtime_changed_{false};
+  std::atomic<bool> full_probe_due_{false};  // the next prepare runs the whole probe
   std::optional<core::result<core::server_probe>> pending_probe_;
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)

@@ -74,7 +74,10 @@ def test_invalid_slot_id_on_restore_keeps_the_snapshot(stack):
     man = manifest_for(stack.state_dir, A.session)
     assert man["state"] == "ready" and not stack.proxy.events("kv.snapshot.invalidated"), man
     a_hash = calls[1].filename.split(".")[0]
+    probes = len(stack.fake.requests_to("/slots/0"))
     ok(B.turn(port)); idle(stack.proxy)
+    layout_read = [r for r in stack.fake.requests_to("/slots/0")[probes:] if r["query"].get("action") == "probe"]
+    assert layout_read, "the slot layout was not read again after KV_SLOT_NOT_FOUND"
     stack.upstream.take_calls()
     ok(A.turn(port), "A again")
     calls = settled_calls(stack)
