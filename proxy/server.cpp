@@ -380,7 +380,7 @@ void server::prepare_upstream_request(const upstream_entry& up,
   for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
   strip_hop_by_hop(req.base());
   req.erase(http::field::expect);
-  req.set(http::field::host, backends::host_field(up.pool->endpoint()));
+  req.set(http::field::host, up.pool->host_field());
   const auto& base = up.pool->endpoint().base_path;
   if (!base.empty()) req.target(base + std::string(req.target()));
   req.version(11);

@@ -24,7 +24,10 @@ class upstream_pool {
  public:
   upstream_pool(backends::http_endpoint ep, std::size_t max_idle,
                 std::chrono::milliseconds connect_timeout)
-      : ep_(std::move(ep)), max_idle_(max_idle), connect_timeout_(connect_timeout) {}
+      : ep_(std::move(ep)),
+        host_field_(backends::host_field(ep_)),
+        max_idle_(max_idle),
+        connect_timeout_(connect_timeout) {}
 
   // A connected stream on executor `ex`: an idle pooled one that is still open, else a new
   // connection. Error: backend_unavailable / operation_timeout.
@@ -36,9 +39,12 @@ class upstream_pool {
   void release(std::unique_ptr<tcp_stream> s);
 
   const backends::http_endpoint& endpoint() const { return ep_; }
+  // The Host field of every forwarded request, formatted once.
+  const std::string& host_field() const { return host_field_; }
 
  private:
   backends::http_endpoint ep_;
+  std::string host_field_;
   std::size_t max_idle_;
   std::chrono::milliseconds connect_timeout_;
   std::mutex mu_;
