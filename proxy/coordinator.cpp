@@ -567,7 +567,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end) {
   if (!holds(t) || t->slot < 0) co_return;
-  finished_at_[t->slot] = steady_clock::now();
+  if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
   if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
     co_await run_save(*s);
   release_and_wake(t);
