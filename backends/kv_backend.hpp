@@ -7,6 +7,7 @@
 
 #include "backends/net.hpp"
 #include "core/backend_types.hpp"
+#include "core/behaviour.hpp"
 #include "core/result.hpp"
 
 namespace kvp::backends {
@@ -42,6 +43,13 @@ class kv_backend {
   virtual net::awaitable<core::result<core::slot_restored>> restore(int slot,
                                                                     std::string filename) = 0;
   virtual net::awaitable<core::result<core::slot_erased>> erase(int slot) = 0;
+  // The behavioural fingerprint (core/behaviour.hpp): a one-token completion of
+  // core::behaviour_prompt on `slot`, whose content it overwrites. An empty signature: the
+  // server cannot tell. The default cannot.
+  virtual net::awaitable<core::result<core::behaviour_signature>> probe_behaviour(int slot) {
+    (void)slot;
+    co_return core::behaviour_signature{};
+  }
 };
 
 }  // namespace kvp::backends

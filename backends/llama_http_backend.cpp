@@ -216,6 +216,49 @@ core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
   return out;
 }
 
+// Greedy, one token, no prompt cache (the slot may hold anything): the ranks then depend on
+// the weights, the tokenizer and the template-free prompt only (docs/llama-server.md §3).
+std::string behaviour_probe_body(int slot) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "prompt", core::behaviour_prompt);
+  w.Key("n_predict");
+  w.Int(1);
+  w.Key("n_probs");
+  w.Uint64(core::behaviour_ranks);
+  w.Key("temperature");
+  w.Double(0.0);
+  w.Key("cache_prompt");
+  w.Bool(false);
+  w.Key("id_slot");
+  w.Int(slot);
+  w.EndObject();
+  return sb.GetString();
+}
+
+core::result<core::behaviour_signature> parse_behaviour_reply(std::string_view json) {
+  auto parsed = parse_reply(json, "behaviour probe reply");
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  core::behaviour_signature out;
+  const auto probs = d.IsObject() ? d.FindMember("completion_probabilities") : d.MemberEnd();
+  if (probs == d.MemberEnd() || !probs->value.IsArray() || probs->value.Empty()) return out;
+  const auto& first = probs->value[0];
+  if (!first.IsObject()) return bad_reply("completion_probabilities holds a non-object");
+  // post_sampling_probs names them top_probs, the default top_logprobs; both are ranked.
+  auto top = first.FindMember("top_logprobs");
+  if (top == first.MemberEnd()) top = first.FindMember("top_probs");
+  if (top == first.MemberEnd() || !top->value.IsArray()) return out;
+  for (const auto& t : top->value.GetArray()) {
+    if (out.top.size() == core::behaviour_ranks) break;
+    const auto id = t.IsObject() ? get_i64(t, "id", -1) : -1;
+    if (id < 0) return bad_reply("a ranked token without an id");
+    out.top.push_back(id);
+  }
+  return out;
+}
+
 net::awaitable<core::result<http_reply>> llama_http_backend::slot_action(int slot,
                                                                          const char* action,
                                                                          std::string body) {
@@ -313,6 +356,17 @@ net::awaitable<core::result<core::slot_erased>> llama_http_backend::erase(int sl
   if (r->status != 200)
     co_return slot_action_error(core::errc::erase_failed, r->status, r->body);
   co_return parse_erase_reply(r->body);
+}
+
+net::awaitable<core::result<core::behaviour_signature>> llama_http_backend::probe_behaviour(
+    int slot) {
+  auto r = co_await http_call(ep_, http::verb::post, "/completion", behaviour_probe_body(slot),
+                              timeout_);
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::backend_unavailable, r->status,
+                          fmt::format("behaviour probe: {} {}", r->status, error_message(r->body))};
+  co_return parse_behaviour_reply(r->body);
 }
 
 }  // namespace kvp::backends

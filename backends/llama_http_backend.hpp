@@ -21,6 +21,7 @@ class llama_http_backend final : public kv_backend {
   net::awaitable<core::result<core::slot_restored>> restore(int slot,
                                                             std::string filename) override;
   net::awaitable<core::result<core::slot_erased>> erase(int slot) override;
+  net::awaitable<core::result<core::behaviour_signature>> probe_behaviour(int slot) override;
 
  private:
   net::awaitable<core::result<http_reply>> slot_action(int slot, const char* action,
@@ -40,6 +41,10 @@ core::result<core::slot_saved> parse_save_reply(std::string_view json);
 core::result<core::slot_restored> parse_restore_reply(std::string_view json);
 core::result<core::slot_erased> parse_erase_reply(std::string_view json);
 core::result<std::vector<slot_info>> parse_slots(std::string_view json);
+// The request body of the behaviour probe, and the ranked token ids of its reply (POST
+// /completion with n_probs; empty when the reply carries no probabilities).
+std::string behaviour_probe_body(int slot);
+core::result<core::behaviour_signature> parse_behaviour_reply(std::string_view json);
 // The "message" of llama-server's {"error":{...}} body, or the body itself (truncated).
 std::string error_message(std::string_view body);
 // The error for a slot action answered with `status`: KV_SLOT_NOT_FOUND when llama-server

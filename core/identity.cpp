@@ -39,6 +39,7 @@ std::string runtime_info::fingerprint() const {
   append_field(in, prompt_format);
   append_field(in, model_meta);
   append_field(in, lora_adapters);
+  if (!behaviour.empty()) append_field(in, "behaviour=" + behaviour);
   return sha256_hex(in);
 }
 

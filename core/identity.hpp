@@ -27,10 +27,12 @@ struct runtime_info {
   std::string prompt_format;      // SHA-256 over /props chat templates and special tokens
   std::string model_meta;         // /v1/models meta, canonical "key=value;" in key order
   std::string lora_adapters;      // GET /lora-adapters, canonical "id,path,scale;" per adapter
+  std::string behaviour;          // core/behaviour.hpp class id; "" until probed, or unknowable
   std::string media_marker;  // per-process random: an epoch, never part of the fingerprint
   bool sleeping = false;     // is_sleeping: the model and every slot's KV are unloaded
 
-  // Hex SHA-256 over every field except media_marker and sleeping.
+  // Hex SHA-256 over every field except media_marker and sleeping. `behaviour` counts only
+  // when known, so a runtime that cannot be probed keeps its metadata-only fingerprint.
   std::string fingerprint() const;
 };
 

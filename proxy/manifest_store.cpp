@@ -205,6 +205,59 @@ std::string manifest_store::read_compatibility(const std::string& fingerprint) c
   return "unknown";
 }
 
+namespace {
+
+std::string behaviours_path(const std::string& state_dir, const std::string& fingerprint) {
+  return state_dir + "/behaviour-" + fingerprint + ".json";
+}
+
+}  // namespace
+
+std::vector<core::behaviour_signature> manifest_store::read_behaviours(
+    const std::string& fingerprint) const {
+  std::vector<core::behaviour_signature> out;
+  auto text = read_state_file(behaviours_path(state_dir_, fingerprint));
+  rapidjson::Document d;
+  if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject()) return out;
+  if (string_member(d, "runtimeFingerprint") != fingerprint) return out;
+  const auto classes = d.FindMember("classes");
+  if (classes == d.MemberEnd() || !classes->value.IsArray()) return out;
+  for (const auto& c : classes->value.GetArray()) {
+    if (out.size() == core::max_behaviour_classes || !c.IsArray()) break;
+    core::behaviour_signature s;
+    for (const auto& id : c.GetArray())
+      if (id.IsInt64() && id.GetInt64() >= 0 && s.top.size() < core::behaviour_ranks)
+        s.top.push_back(id.GetInt64());
+    if (!s.top.empty()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+core::result<core::unit> manifest_store::write_behaviours(
+    const std::string& fingerprint, const std::vector<core::behaviour_signature>& known) const {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "runtimeFingerprint", fingerprint);
+  w.Key("classes");
+  w.StartArray();
+  // The newest classes are kept: an old one that comes back is probed as new again.
+  const auto skip = known.size() > core::max_behaviour_classes
+                        ? known.size() - core::max_behaviour_classes
+                        : 0;
+  for (std::size_t i = skip; i < known.size(); ++i) {
+    w.StartArray();
+    for (auto id : known[i].top) w.Int64(id);
+    w.EndArray();
+  }
+  w.EndArray();
+  w.EndObject();
+  std::error_code ec;
+  fs::create_directories(state_dir_, ec);
+  return write_atomic(state_dir_, behaviours_path(state_dir_, fingerprint),
+                      std::string(sb.GetString(), sb.GetSize()) + "\n");
+}
+
 core::result<core::unit> manifest_store::remove(const std::string& hash) const {
   const auto p = path_for(hash);
   if (::unlink(p.c_str()) != 0 && errno != ENOENT) return io_error("unlink", p, errno);

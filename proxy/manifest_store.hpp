@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/behaviour.hpp"
 #include "core/manifest.hpp"
 #include "core/result.hpp"
 
@@ -34,6 +35,12 @@ class manifest_store {
                                                const std::string& checked_at) const;
   // The verdict recorded for `fingerprint`, or "unknown".
   std::string read_compatibility(const std::string& fingerprint) const;
+
+  // The behaviour classes seen under a metadata fingerprint (core/behaviour.hpp), oldest
+  // first, in <state_dir>/behaviour-<fingerprint>.json. Unreadable or absent: none known.
+  std::vector<core::behaviour_signature> read_behaviours(const std::string& fingerprint) const;
+  core::result<core::unit> write_behaviours(const std::string& fingerprint,
+                                            const std::vector<core::behaviour_signature>& known) const;
 
   std::string path_for(const std::string& hash) const;
   const std::string& dir() const { return sessions_dir_; }

@@ -258,3 +258,45 @@ TEST_CASE("parse_slots skips slot ids kvpersist cannot manage", "[backends][llam
   REQUIRE(r->size() == 1);
   CHECK(r->front().id == 3);
 }
+
+TEST_CASE("the behaviour probe asks one greedy token with ranks, uncached, on its slot",
+          "[backends][llama_http]") {
+  CHECK(behaviour_probe_body(3) ==
+        fmt::format(R"({{"prompt":"{}","n_predict":1,"n_probs":8,"temperature":0.0,)"
+                    R"("cache_prompt":false,"id_slot":3}})",
+                    kvp::core::behaviour_prompt));
+}
+
+TEST_CASE("parse_behaviour_reply reads the ranked ids llama-server returns", "[backends][llama_http]") {
+  // POST /completion with n_probs 8 (this build, abridged to three ranks).
+  constexpr std::string_view body = R"json({"index":0,"content":"))","tokens_predicted":1,
+    "completion_probabilities":[{"id":876,"token":"))","bytes":[41,41],"logprob":-9.16,
+      "top_logprobs":[{"id":876,"token":"))","bytes":[41,41],"logprob":-9.16},
+                      {"id":20881,"token":" obs","bytes":[32,111,98,115],"logprob":-9.22},
+                      {"id":10599,"token":"engine","bytes":[101],"logprob":-9.24}]}]})json";
+  auto s = parse_behaviour_reply(body);
+  REQUIRE(s);
+  CHECK(s->top == std::vector<std::int64_t>{876, 20881, 10599});
+  SECTION("post-sampling probabilities are named top_probs") {
+    auto p = parse_behaviour_reply(
+        R"({"completion_probabilities":[{"id":5,"top_probs":[{"id":5,"prob":0.9},{"id":7,"prob":0.1}]}]})");
+    REQUIRE(p);
+    CHECK(p->top == std::vector<std::int64_t>{5, 7});
+  }
+  SECTION("a server without probabilities cannot tell: empty, not an error") {
+    auto p = parse_behaviour_reply(R"({"content":"x","tokens_predicted":1})");
+    REQUIRE(p);
+    CHECK(p->top.empty());
+  }
+  SECTION("more ranks than asked are cut; a rank without an id is refused") {
+    std::string many = R"({"completion_probabilities":[{"top_logprobs":[)";
+    for (int i = 0; i < 20; ++i) many += fmt::format("{}{{\"id\":{}}}", i ? "," : "", i);
+    many += "]}]}";
+    auto p = parse_behaviour_reply(many);
+    REQUIRE(p);
+    CHECK(p->top.size() == kvp::core::behaviour_ranks);
+    auto bad = parse_behaviour_reply(R"({"completion_probabilities":[{"top_logprobs":[{"token":"x"}]}]})");
+    REQUIRE_FALSE(bad);
+    CHECK(bad.err().code == errc::backend_unsupported);
+  }
+}

@@ -148,6 +148,10 @@ TEST_CASE("the runtime fingerprint ignores the epoch marker and nothing else", "
     rt.total_slots = 2;
     CHECK(rt.fingerprint() != fp);
   }
+  SECTION("behaviour class, once known") {
+    rt.behaviour = "0123456789abcdef";
+    CHECK(rt.fingerprint() != fp);
+  }
   SECTION("fields cannot be traded against each other") {
     auto x = base;
     auto y = base;
@@ -168,4 +172,8 @@ TEST_CASE("identity derivations are pinned to golden digests", "[core][identity]
         "6c78797625f1063d969986318e73f1ee5498f32f3d3e091e7cb4daae91d1d793");
   CHECK(base_runtime().fingerprint() ==
         "9b04d99ce9ba57abb0e848cc78cefc2bb1866121c6ed12ea9f14e908b242aa21");
+  auto probed = base_runtime();
+  probed.behaviour = "0123456789abcdef";
+  CHECK(probed.fingerprint() ==
+        "3656a87bb627c3c82f91fdcb12e07f35d0e54f0e95298832cae009e00cdb1ff0");
 }
