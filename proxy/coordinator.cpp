@@ -93,149 +93,6 @@ void coordinator::stop() {
   gc_timer_.cancel();
 }
 
-void coordinator::apply_probe(const core::result<core::server_probe>& p) {
-  if (!p && p.err().code == core::errc::backend_unsupported) {
-    // It answered, with something unusable (a /props too deep, without or with too many
-    // slots): persistence stays off until a later probe reads a usable answer.
-    disable_persistence(p.err().message);
-    return;
-  }
-  if (!p) {
-    if (core_.persistence_enabled())
-      core_.on_epoch_change();
-    else
-      core_.disable_persistence(core::errc::backend_unavailable);
-    if (!warned_disabled_)
-      log(log_level::warn, "kv.backend.unavailable",
-          {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
-           {"effect", "requests are forwarded; persistence resumes when the server answers"}});
-    warned_disabled_ = true;
-    upstream_trouble_.store(true);  // look again before the next request
-    return;
-  }
-  const auto& rt = p->runtime;
-  const bool was_enabled = core_.persistence_enabled();
-  const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
-  if (!opts_.single_slot) {
-    // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never
-    // wraps around on the server side). The layout changes only while no lease is held.
-    std::vector<int> ids;
-    for (int i = 0; i < rt.total_slots; ++i) ids.push_back(i);
-    if (ids != core_.slot_ids()) {
-      if (!leased_.empty()) {
-        core_.disable_persistence();
-        pending_probe_ = p;  // apply when the leases are gone
-        return;
-      }
-      core_.set_slots(ids);
-      log(log_level::info, "kv.slots.layout",
-          {{"slots", std::to_string(ids.size())},
-           {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
-    }
-  }
-  std::string why;
-  if (!p->slot_actions)
-    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
-  else if (opts_.single_slot && rt.total_slots != 1)
-    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
-  if (!why.empty()) {
-    disable_persistence(why);
-    return;
-  }
-  if (opts_.single_slot && opts_.core.slot_id >= rt.total_slots) {
-    // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
-    disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
-                                    opts_.core.slot_id, rt.total_slots),
-                        core::errc::slot_not_found);
-    return;
-  }
-  auto identity = rt;
-  identity.runtime_key = opts_.core.runtime_key;
-  const auto verdict = store_.read_compatibility(identity.fingerprint());
-  if (verdict == "broken") {
-    // docs/design.md §9: saves and restores would cost time and reuse nothing here.
-    disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
-                        "the whole prompt after a restore (hybrid or sliding-window model?)");
-    return;
-  }
-  core_.set_runtime(rt);
-  core_.set_compatibility(verdict);
-  disabled_why_.clear();
-  if (restarted) {
-    core_.on_epoch_change();
-    log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
-  }
-  if (!was_enabled) {
-    warned_disabled_ = false;
-    log(log_level::info, "kv.backend.ready",
-        {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
-         {"slots", std::to_string(rt.total_slots)}});
-  }
-}
-
-void coordinator::disable_persistence(const std::string& why, core::errc code) {
-  if (core_.persistence_enabled() || !warned_disabled_)
-    log(log_level::warn, "kv.backend.unsupported",
-        {{"code", std::string(core::to_string(code))}, {"reason", why},
-         {"effect", "persistence off"}});
-  warned_disabled_ = true;
-  disabled_why_ = why;
-  core_.disable_persistence(code);
-}
-
-void coordinator::note_slot_error(const core::error& e) {
-  // The full probe, not the /props comparison: only the full probe applies the slot layout.
-  if (e.code == core::errc::slot_not_found) full_probe_due_.store(true);
-}
-
-// Reads the runtime again when there is a reason to believe the server changed. While
-// persistence is on, GET /props alone tells a restart (media_marker is random per process);
-// the full probe (slot actions) runs only when something did change.
-net::awaitable<void> coordinator::refresh_runtime() {
-  if (pending_probe_) {
-    auto p = std::move(*pending_probe_);
-    pending_probe_.reset();
-    apply_probe(p);
-  }
-  const bool changed = full_probe_due_.exchange(false);
-  if (!upstream_trouble_.exchange(false) && !changed) co_return;
-  if (core_.persistence_enabled() && !changed) {
-    auto rt = co_await backend_->read_runtime();
-    if (rt && rt->media_marker == core_.runtime().media_marker &&
-        rt->model_path == core_.runtime().model_path &&
-        rt->build_info == core_.runtime().build_info) {
-      note_sleeping(rt->sleeping);
-      co_return;
-    }
-  }
-  auto p = co_await backend_->probe();
-  apply_probe(p);
-}
-
-net::awaitable<void> coordinator::probe_loop() {
-  while (!stopped_) {
-    probe_timer_.expires_after(opts_.epoch_probe_interval);
-    auto [ec] = co_await probe_timer_.async_wait(token);
-    if (ec || stopped_) co_return;
-    // Off the request path: only compare. Changes are applied now if the slot is free,
-    // else by the next lease holder.
-    if (core_.persistence_enabled()) {
-      // GET /props never wakes a sleeping server; the full probe (a slot action) would.
-      auto rt = co_await backend_->read_runtime();
-      if (rt && rt->media_marker == core_.runtime().media_marker) {
-        if (leased_.empty()) note_sleeping(rt->sleeping);
-        continue;
-      }
-    }
-    auto p = co_await backend_->probe();
-    if (leased_.empty()) {
-      apply_probe(p);
-    } else {
-      pending_probe_ = std::move(p);
-    }
-  }
-}
-
 std::vector<int> coordinator::free_slots() const {
   std::vector<int> out;
   for (int id : core_.slot_ids())
@@ -458,7 +315,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   const int slot = t->slot;
   if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
-  co_await refresh_runtime();
+  co_await refresh_runtime(slot);
   const auto now = steady_clock::now();
   if (core_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
@@ -588,7 +445,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     out.message = "exclusive lease not held";
     co_return out;
   }
-  co_await refresh_runtime();
+  co_await refresh_runtime(core_.slot_ids().front());
   if (!core_.persistence_enabled()) co_return out;
   for (int id : core_.slot_ids()) {
     if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
@@ -630,43 +487,6 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
     }
   }
   release_and_wake(t);
-}
-
-void coordinator::note_sleeping(bool sleeping) {
-  if (sleeping == server_sleeping_) return;
-  server_sleeping_ = sleeping;
-  if (!sleeping) {
-    log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
-    return;
-  }
-  int dirty = 0;
-  for (int id : core_.slot_ids()) dirty += core_.owner_dirty(id) ? 1 : 0;
-  core_.on_epoch_change();
-  log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
-      {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
-       {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
-}
-
-bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
-  if (opts_.sleep_idle.count() <= 0 || core_.owner(slot).empty()) return false;
-  auto it = finished_at_.find(slot);
-  return it != finished_at_.end() && now - it->second >= opts_.sleep_idle;
-}
-
-// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
-// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
-void coordinator::note_slots_readable(bool readable) {
-  if (readable == !slots_unreadable_) return;
-  slots_unreadable_ = !readable;
-  if (readable) {
-    log(log_level::info, "kv.slot.state_known", {{"server", opts_.server_name}});
-    return;
-  }
-  log(log_level::warn, "kv.slot.state_unknown",
-      {{"server", opts_.server_name},
-       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
-       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
-       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
 }
 
 void coordinator::arm_idle_timer() {
@@ -1079,6 +899,11 @@ net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
 net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
   auto t = co_await acquire_internal();
+  co_await refresh_runtime(core_.slot_ids().front());  // a plan needs the current fingerprint
+  if (!core_.persistence_enabled()) {
+    release_and_wake(t);
+    co_return error_reply(503, "persistence is off");
+  }
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   core::request_identity who{resolve_session(hash_or_id).session_id, ""};

@@ -197,9 +197,11 @@ class coordinator {
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
-  // A forwarded request may have changed the runtime (LoRA scales): the next prepare reads
-  // the whole fingerprint again. Thread-safe.
-  void note_runtime_changed() { full_probe_due_.store(true); }
+  // A request that changes the runtime (POST /lora-adapters) runs between these two: the
+  // first holds every slot and saves dirty sessions, the second drops residency and has the
+  // next prepare read the whole fingerprint again.
+  net::awaitable<std::shared_ptr<lease_ticket>> begin_runtime_change();
+  net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
 
   const std::string& name() const { return opts_.server_name; }
 
@@ -220,7 +222,15 @@ class coordinator {
   void arm_idle_timer();
   net::awaitable<void> idle_loop();
   net::awaitable<void> probe_loop();
-  net::awaitable<void> refresh_runtime();
+  net::awaitable<void> refresh_runtime(int slot);
+  net::awaitable<void> look_for_changes(int slot);
+  // The runtime's epoch and metadata fingerprint, without the behaviour class.
+  static std::string epoch_key(core::runtime_info rt);
+  net::awaitable<void> establish_behaviour(int slot);
+  void adopt_behaviour(const std::string& key, const std::string& id);
+  void suspect_behaviour(const std::string& why);
+  net::awaitable<bool> slots_lost_kv(int own_slot);
+  void note_restart_behind_marker();
   void apply_probe(const core::result<core::server_probe>& p);
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why,
@@ -276,6 +286,11 @@ class coordinator {
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
   bool server_sleeping_ = false;   // /props said is_sleeping
+  std::string behaviour_epoch_;    // epoch_key the behaviour class was established for
+  std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
+  bool behaviour_suspect_ = false;  // probes failed or disagreed: persistence off until retry
+  std::chrono::steady_clock::time_point behaviour_retry_at_{};
+  static constexpr std::chrono::seconds behaviour_retry{30};
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
   net::steady_timer gc_timer_;
 

@@ -388,6 +388,25 @@ void server::prepare_upstream_request(const upstream_entry& up,
   req.prepare_payload();
 }
 
+net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_conn& c,
+                                                    http::request<http::string_body>& req,
+                                                    relay_state& st) {
+  // Without llama-server's key the request changes nothing (it answers 401): no need to
+  // save every session first.
+  if (!up.cfg.upstream.api_key.empty() &&
+      !core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
+                                up.cfg.upstream.api_key))
+    co_return co_await forward(up, c, req, std::nullopt, st);
+  auto t = co_await net::co_spawn(up.coord->strand(), up.coord->begin_runtime_change(),
+                                  net::use_awaitable);
+  lease_guard guard(*up.coord, t);
+  const bool keep = co_await forward(up, c, req, std::nullopt, st);
+  guard.dismiss();
+  co_await net::co_spawn(up.coord->strand(), up.coord->end_runtime_change(t, st.request_sent),
+                         net::use_awaitable);
+  co_return keep;
+}
+
 net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
                                      http::request<http::string_body>& req,
                                      std::optional<upstream_conn> pre, relay_state& st,
@@ -503,12 +522,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const bool managed = core::needs_slot(req.method_string(), req.target()) &&
                        (!who.session_id.empty() ||
                         cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
-  if (!managed) {
-    const bool runtime_change = core::changes_runtime(req.method_string(), req.target());
-    const bool keep_after = co_await forward(up, c, req, std::nullopt, st);
-    if (runtime_change && st.header_received) up.coord->note_runtime_changed();
-    co_return keep_after;
-  }
+  if (core::changes_runtime(req.method_string(), req.target()))
+    co_return co_await forward_runtime_change(up, c, req, st);
+  if (!managed) co_return co_await forward(up, c, req, std::nullopt, st);
   // Checked before admission, as llama-server would check it: a client without the key
   // must not make kvpersist save or evict the resident session with its own key.
   if (!up.cfg.upstream.api_key.empty() &&

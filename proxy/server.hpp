@@ -63,6 +63,10 @@ class server {
                                http::request<http::string_body>& req,
                                std::optional<upstream_conn> pre, relay_state& st,
                                std::string* tail = nullptr);
+  // POST /lora-adapters: forwarded while the coordinator holds the whole server.
+  net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
+                                              http::request<http::string_body>& req,
+                                              relay_state& st);
   core::request_identity identity_of(const http::request<http::string_body>& req) const;
   void prepare_upstream_request(const upstream_entry& up,
                                 http::request<http::string_body>& req) const;

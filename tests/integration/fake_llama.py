@@ -206,9 +206,16 @@ class FakeLlamaServer:
         self.model_meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 16384, "n_embd": 256,
                            "n_params": 19532032, "size": 39068672, "ftype": "Q8_0"}
         self.lora = [{"id": 0, "path": "/models/fake-lora.gguf", "scale": 0.0}]  # GET/POST /lora-adapters
+        # kvpersist's behaviour probe (POST /completion with n_probs): the ranked token ids
+        # stand for the weights. weights_seed picks them; probe_probs False answers without
+        # probabilities (a server that cannot tell); probe_flicker answers noise each time.
+        self.weights_seed = 0
+        self.probe_probs = True
+        self.probe_flicker = False
         self.wakes = 0
         self.kv_bytes_per_token = kv_bytes_per_token
         self.media_marker = ""
+        self.pinned_marker = None           # as LLAMA_MEDIA_MARKER: the same marker after restart()
         self.epoch = 0
 
         self._lock = threading.RLock()
@@ -247,6 +254,9 @@ class FakeLlamaServer:
     # ------------------------------------------------------------------ lifecycle
     def _reset_slot(self):
         self.slot_tokens: list[str] = []
+        # GET /slots' n_prompt_tokens per slot id: set by an inference pinned there (id_slot,
+        # else 0) and by a restore, 0 after an erase; a new process knows none.
+        self.slot_n: dict[int, int] = {}
         self._slot_lock = threading.Lock()
         self._active: dict[int, socket.socket] = {}  # request id -> client socket
 
@@ -260,7 +270,7 @@ class FakeLlamaServer:
         with self._lock:
             self._reset_slot()
             self.epoch += 1
-            self.media_marker = "<__media_%016x__>" % random.getrandbits(64)
+            self.media_marker = self.pinned_marker or "<__media_%016x__>" % random.getrandbits(64)
         server_class = _ThreadingHTTPServerV6 if ":" in self.host else ThreadingHTTPServer
         httpd = server_class((self.host, self.port), _Handler, bind_and_activate=False)
         httpd.allow_reuse_address = True
@@ -336,6 +346,7 @@ class FakeLlamaServer:
         with self._lock:
             self.sleeping = True
             self.slot_tokens = []
+            self.slot_n = {}
 
     def fail_next_save(self, status: int = 500, message: str = "Unable to save slot"):
         with self._lock:
@@ -535,6 +546,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body_json = json.loads(body)
             except (ValueError, RecursionError):  # RecursionError: deeply nested (hostile) JSON
                 body_json = None
+        if self.command == "POST" and path == "/completion" and isinstance(body_json, dict) and body_json.get("n_probs"):
+            return self._behaviour_probe(body_json)
         self.rec = f._record({
             "time": now(), "method": self.command, "raw_path": raw_path, "path": path,
             "query": query, "headers": list(self.headers.items()),
@@ -582,11 +595,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(f.slots_status, err_body(f.slots_status, "This server does not support slots endpoint.",
                                                                 "not_supported_error"))
             with f._lock:
-                n = len(f.slot_tokens)
+                used = dict(f.slot_n)
             slots = [{"id": i, "n_ctx": f.n_ctx, "speculative": False, "is_processing": False}
                      for i in range(f.total_slots)]
-            if n:
-                slots[0]["n_prompt_tokens"] = n
+            for i, n in used.items():
+                if i < len(slots):
+                    slots[i]["n_prompt_tokens"] = n
             return self._send_json(200, slots)
         if m == "POST" and path.startswith("/slots/"):
             return self._slot_action(path[len("/slots/"):], query, body_json, body)
@@ -700,6 +714,8 @@ class _Handler(BaseHTTPRequestHandler):
                 with f._lock:
                     n = len(f.slot_tokens)
                     f.slot_tokens = []
+                    if id_slot in f.slot_n:
+                        f.slot_n[id_slot] = 0
                 return reply(200, {"id_slot": id_slot, "n_erased": n})
             path = os.path.join(f.slot_save_path, filename)
             if action == "save":
@@ -748,12 +764,32 @@ class _Handler(BaseHTTPRequestHandler):
                 f.slot_tokens = tokens
                 f._restored = True
                 delta = f.restore_n_delta
+                if id_slot in f.slot_n:   # a slot that never ran a task shows no count (docs/llama-server.md §2)
+                    f.slot_n[id_slot] = len(tokens)
             mrec["n"] = len(tokens)
             mrec["head"] = tokens[:8]
             return reply(200, {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens) + delta,
                                "n_read": n_read, "timings": {"restore_ms": (now() - t0) * 1000.0}})
         finally:
             f._slot_lock.release()
+
+    def _behaviour_probe(self, j):
+        """One greedy token with its ranked alternatives, as llama-server answers n_probs. Recorded
+        with the management calls (action "behaviour"), not as an inference request."""
+        f = self.fake
+        self.rec = {"status": None, "events": []}  # not in f.requests
+        with f._lock:
+            seed = random.random() if f.probe_flicker else f.weights_seed
+            f.management.append({"time": now(), "action": "behaviour", "slot": j.get("id_slot"),
+                                 "slot_text": str(j.get("id_slot")), "filename": None, "status": 200,
+                                 "done": now(), "response": None, "epoch": f.epoch, "request_id": None})
+        obj = {"index": 0, "content": "x", "tokens_predicted": 1, "stop": True,
+               "timings": {"cache_n": 0, "prompt_n": 16, "predicted_n": 1}}
+        if f.probe_probs:
+            ids = random.Random(seed).sample(range(32000), int(j.get("n_probs", 8)))
+            obj["completion_probabilities"] = [{"id": ids[0], "logprob": -9.0, "top_logprobs": [
+                {"id": t, "logprob": -9.0 - 0.01 * k} for k, t in enumerate(ids)]}]
+        self._send_json(200, obj)
 
     # --- inference ---------------------------------------------------------------
     def _prompt_tokens(self, path, j) -> list[str]:
@@ -800,6 +836,9 @@ class _Handler(BaseHTTPRequestHandler):
         if failure:
             return self._send_json(failure[0], failure[1])
         prompt = self._prompt_tokens(path, j)
+        with f._lock:
+            k = j.get("id_slot")
+            f.slot_n[k if isinstance(k, int) and 0 <= k < f.total_slots else 0] = max(len(prompt), 1)
         if len(prompt) > f.n_ctx:
             return self._send_json(400, {"error": {"code": 400, "message": "the request exceeds the available context size",
                                                    "type": "exceed_context_size_error", "n_prompt_tokens": len(prompt),

@@ -887,6 +887,7 @@ class RealUpstream(Upstream):
         self.port = port or free_port()
         self.n_ctx = n_ctx
         self.extra_args = extra_args or []
+        self.env: dict[str, str] = {}   # added to llama-server's environment (LLAMA_MEDIA_MARKER)
         self.proc = None
         self.log_path = os.path.join(workdir, "llama-server.log")
         self.log = open(self.log_path, "ab")
@@ -898,7 +899,8 @@ class RealUpstream(Upstream):
     def start(self, timeout: float = 120.0):
         cmd = llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2, slot_dir=self.save_dir,
                                extra=self.extra_args)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        env = dict(os.environ, **self.env) if self.env else None
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
         ok = wait_until(lambda: self._healthy(), timeout, 0.2)
         if not ok:
             self.stop()

@@ -42,6 +42,20 @@ def need_real_model():
         pytest.skip("KVP_MODEL is not set (use $(scripts/test-model.sh ci))")
 
 
+def other_seed_model() -> str:
+    """scripts/make-test-model.py --seed 1: the ci preset's geometry with other weights (cached)."""
+    src = subprocess.run([os.path.join(harness.REPO_ROOT, "scripts", "llama-server.sh"), "--src"], capture_output=True,
+                         text=True, timeout=600)
+    if src.returncode != 0:
+        pytest.skip("no llama.cpp source tree for make-test-model.py: %s" % src.stderr[-300:])
+    r = subprocess.run(["/usr/bin/python3", os.path.join(harness.REPO_ROOT, "scripts", "make-test-model.py"),
+                        "--preset", "ci", "--seed", "1", "--llama-src", src.stdout.strip()],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        pytest.skip("make-test-model.py --seed 1 failed: %s" % r.stderr[-300:])
+    return r.stdout.strip()
+
+
 def module_llama(tmp_path_factory, name: str, n_ctx: int, extra_args: list[str] | None = None):
     """A module's own llama-server (harness.RealUpstream, -np 1) for a module-scoped fixture to
     `yield from`; skips the tests without KVP_MODEL."""

@@ -34,7 +34,7 @@ from kvptest import checks
 from kvptest.checks import acts, ok
 from kvptest.identity import session_hash, sid_factory
 from kvptest.llama import llama_server_cmd
-from real_world import module_llama, need_real_model
+from real_world import module_llama, need_real_model, other_seed_model
 from prompt_text import pseudo_text  # scripts/prompt_text.py (on sys.path through harness)
 
 fake_only = pytest.mark.fake_only
@@ -960,20 +960,6 @@ def test_real_slot_actions_disabled(tmp_path):
         s.close()
 
 
-def _other_seed_model() -> str:
-    """scripts/make-test-model.py --seed 1: the ci preset's geometry with other weights (cached)."""
-    src = subprocess.run([os.path.join(REPO_ROOT, "scripts", "llama-server.sh"), "--src"], capture_output=True,
-                         text=True, timeout=600)
-    if src.returncode != 0:
-        pytest.skip("no llama.cpp source tree for make-test-model.py: %s" % src.stderr[-300:])
-    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO_ROOT, "scripts", "make-test-model.py"),
-                        "--preset", "ci", "--seed", "1", "--llama-src", src.stdout.strip()],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.skip("make-test-model.py --seed 1 failed: %s" % r.stderr[-300:])
-    return r.stdout.strip()
-
-
 @real_only
 def test_real_foreign_model_same_geometry_refused(tmp_path):
     """A snapshot from another model with the same KV geometry (the ci test model with seed 1):
@@ -985,7 +971,7 @@ def test_real_foreign_model_same_geometry_refused(tmp_path):
         A's manifest is marked invalid KV_SNAPSHOT_INCOMPATIBLE, no restore, a cold answer."""
     need_real_model()
     model0 = os.environ["KVP_MODEL"]
-    model1 = _other_seed_model()
+    model1 = other_seed_model()
     assert os.path.getsize(model0) == os.path.getsize(model1)
     link = os.path.join(str(tmp_path), "model.gguf")
     os.symlink(model0, link)

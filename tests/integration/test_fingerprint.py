@@ -62,18 +62,27 @@ def test_a_restart_with_another_prompt_format_or_model_is_refused(stack, change)
 
 @pytest.mark.fake_only
 def test_lora_scale_change_through_kvpersist_drops_residency(stack):
-    """B is resident and dirty; a client sets a LoRA scale through kvpersist. B's next turn does
-    not run as resident on KV computed under the old scale: the fingerprint is read again,
-    ownership is reset (B runs cold on an erased slot), and A's snapshot, saved under the old
-    scale, is refused."""
+    """B is resident and dirty; a client sets a LoRA scale through kvpersist. kvpersist takes
+    the whole server first and saves B (had llama-server refused the change, B would restore
+    from it); the POST reaches llama-server only after that save. B's next turn does not run
+    as resident on KV computed under the old scale: the fingerprint is read again, ownership
+    is reset, B's and A's snapshots, saved under the old scale, are refused."""
     stack.start()
     A, B, m = saved_a(stack)
     r = http_request(stack.port, "POST", "/lora-adapters", body=json.dumps([{"id": 0, "scale": 1.0}]).encode(),
                      headers={"Content-Type": "application/json"})
     assert r.status == 200, (r.status, r.body[:200])
+    calls = settled_calls(stack)
+    assert acts(calls) == ["save"], calls
+    lora_post = [q for q in stack.fake.requests_to("/lora-adapters") if q["method"] == "POST"][-1]
+    save = [x for x in stack.fake.management_calls() if x["action"] == "save"][-1]
+    assert save["done"] <= lora_post["time"], "the POST reached llama-server before B was saved"
     ok(B.turn(stack.port), "B after the LoRA change")
     calls = settled_calls(stack)
     assert acts(calls) == ["erase"], calls
+    b = manifest_for(stack.state_dir, B.session)
+    assert b["state"] == "invalid" and b["invalidReason"] == "KV_SNAPSHOT_INCOMPATIBLE", b
+    assert "kv.backend.runtime_changed" in stack.proxy.log_text()
     assert stack.fake.requests_to("/lora-adapters")[-1]["method"] == "GET", "the adapters were not read again"
     assert_refused(stack, A, m, "the LoRA change")
 

@@ -394,6 +394,9 @@ def test_hostile_session_id(stack, tmp_path, name):
             base = os.path.basename(f)
             stem = base.split(".")[0]
             assert len(stem) == 64 and all(c in "0123456789abcdef" for c in stem), f
+        elif f.startswith("state/behaviour-"):   # named by the runtime fingerprint, a hash too
+            stem = f[len("state/behaviour-"):-len(".json")]
+            assert f.endswith(".json") and len(stem) == 64 and all(c in "0123456789abcdef" for c in stem), f
         else:
             assert f.startswith("kvpersist-") and f.endswith(".yaml"), "unexpected file %s" % f
     assert os.path.isfile(os.path.join(stack.state_dir, "sessions", h + ".json"))

@@ -650,10 +650,21 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
   REQUIRE(h.run(h.coord->checkpoint()));
   h.fake->clear_calls();
 
-  SECTION("same server: one GET /props, still resident") {
+  SECTION("same server: GET /props, and GET /slots shows A's KV still there: resident") {
     auto r = h.request("A", 1100, "", true);
     CHECK(r.kind == prepare_kind::resident);
-    CHECK(h.fake->calls() == calls{FakeBackend::props_call()});
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call(), backend_call{"inspect", -1, ""}});
+  }
+  SECTION("restarted behind a pinned marker (LLAMA_MEDIA_MARKER): the empty slot tells") {
+    const auto marker = h.fake->runtime().media_marker;
+    h.fake->restart_server();
+    auto rt = h.fake->runtime();
+    rt.media_marker = marker;
+    h.fake->set_runtime(rt);
+    auto r = h.request("A", 1100, "", true);
+    CHECK(r.kind == prepare_kind::restored);
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call(), backend_call{"inspect", -1, ""},
+                                   restore_call(h.file("A", 'a'))});
   }
   SECTION("restarted server: ownership is reset and A restores") {
     h.fake->restart_server();

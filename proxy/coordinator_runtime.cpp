@@ -1,0 +1,330 @@
+// The coordinator's watch over llama-server's runtime (docs/design.md §4): the probes, restart
+// and sleep detection, and the runtime fingerprint with its behavioural part. Restores are
+// planned only against a fingerprint established here for the current epoch.
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/behaviour.hpp"
+#include "core/log.hpp"
+#include "proxy/coordinator.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using std::chrono::steady_clock;
+
+void coordinator::apply_probe(const core::result<core::server_probe>& p) {
+  if (!p && p.err().code == core::errc::backend_unsupported) {
+    // It answered, with something unusable (a /props too deep, without or with too many
+    // slots): persistence stays off until a later probe reads a usable answer.
+    disable_persistence(p.err().message);
+    return;
+  }
+  if (!p) {
+    if (core_.persistence_enabled())
+      core_.on_epoch_change();
+    else
+      core_.disable_persistence(core::errc::backend_unavailable);
+    if (!warned_disabled_)
+      log(log_level::warn, "kv.backend.unavailable",
+          {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
+           {"effect", "requests are forwarded; persistence resumes when the server answers"}});
+    warned_disabled_ = true;
+    upstream_trouble_.store(true);  // look again before the next request
+    return;
+  }
+  const auto& rt = p->runtime;
+  const bool was_enabled = core_.persistence_enabled();
+  const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
+  if (!opts_.single_slot) {
+    // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never
+    // wraps around on the server side). The layout changes only while no lease is held.
+    std::vector<int> ids;
+    for (int i = 0; i < rt.total_slots; ++i) ids.push_back(i);
+    if (ids != core_.slot_ids()) {
+      if (!leased_.empty()) {
+        core_.disable_persistence();
+        pending_probe_ = p;  // apply when the leases are gone
+        return;
+      }
+      core_.set_slots(ids);
+      log(log_level::info, "kv.slots.layout",
+          {{"slots", std::to_string(ids.size())},
+           {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
+    }
+  }
+  std::string why;
+  if (!p->slot_actions)
+    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
+  else if (opts_.single_slot && rt.total_slots != 1)
+    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
+  if (!why.empty()) {
+    disable_persistence(why);
+    return;
+  }
+  if (opts_.single_slot && opts_.core.slot_id >= rt.total_slots) {
+    // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
+    disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
+                                    opts_.core.slot_id, rt.total_slots),
+                        core::errc::slot_not_found);
+    return;
+  }
+  auto identity = rt;
+  identity.runtime_key = opts_.core.runtime_key;
+  const auto verdict = store_.read_compatibility(identity.fingerprint());
+  if (verdict == "broken") {
+    // docs/design.md §9: saves and restores would cost time and reuse nothing here.
+    disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
+                        "the whole prompt after a restore (hybrid or sliding-window model?)");
+    return;
+  }
+  // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
+  if (epoch_key(identity) == behaviour_epoch_) identity.behaviour = behaviour_class_;
+  core_.set_runtime(identity);
+  core_.set_compatibility(verdict);
+  disabled_why_.clear();
+  if (restarted) {
+    core_.on_epoch_change();
+    log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
+  }
+  if (!was_enabled) {
+    warned_disabled_ = false;
+    log(log_level::info, "kv.backend.ready",
+        {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
+         {"slots", std::to_string(rt.total_slots)}});
+  }
+}
+
+void coordinator::disable_persistence(const std::string& why, core::errc code) {
+  if (core_.persistence_enabled() || !warned_disabled_)
+    log(log_level::warn, "kv.backend.unsupported",
+        {{"code", std::string(core::to_string(code))}, {"reason", why},
+         {"effect", "persistence off"}});
+  warned_disabled_ = true;
+  disabled_why_ = why;
+  core_.disable_persistence(code);
+}
+
+void coordinator::note_slot_error(const core::error& e) {
+  // The full probe, not the /props comparison: only the full probe applies the slot layout.
+  if (e.code == core::errc::slot_not_found) full_probe_due_.store(true);
+}
+
+// Reads the runtime again when there is a reason to believe the server changed. While
+// persistence is on, GET /props alone tells a restart (media_marker is random per process);
+// the full probe (slot actions) runs only when something did change.
+// Then, before the first plan of a new epoch, the behavioural fingerprint on `slot` (leased).
+net::awaitable<void> coordinator::refresh_runtime(int slot) {
+  co_await look_for_changes(slot);
+  co_await establish_behaviour(slot);
+}
+
+net::awaitable<void> coordinator::look_for_changes(int slot) {
+  if (pending_probe_) {
+    auto p = std::move(*pending_probe_);
+    pending_probe_.reset();
+    apply_probe(p);
+  }
+  if (behaviour_suspect_ && steady_clock::now() >= behaviour_retry_at_) {
+    behaviour_suspect_ = false;
+    full_probe_due_.store(true);
+  }
+  const bool changed = full_probe_due_.exchange(false);
+  if (!upstream_trouble_.exchange(false) && !changed) co_return;
+  if (core_.persistence_enabled() && !changed) {
+    auto rt = co_await backend_->read_runtime();
+    if (rt && rt->media_marker == core_.runtime().media_marker &&
+        rt->model_path == core_.runtime().model_path &&
+        rt->build_info == core_.runtime().build_info) {
+      note_sleeping(rt->sleeping);
+      if (!rt->sleeping && co_await slots_lost_kv(slot)) note_restart_behind_marker();
+      co_return;
+    }
+  }
+  auto p = co_await backend_->probe();
+  apply_probe(p);
+}
+
+std::string coordinator::epoch_key(core::runtime_info rt) {
+  rt.behaviour.clear();
+  return rt.media_marker + "|" + rt.fingerprint();
+}
+
+// docs/design.md §4: three probes of one class agree, a class seen before needs one. Until
+// the class is known, restores would compare against the wrong fingerprint and mark good
+// snapshots invalid, so a probe that fails or disagrees turns persistence off for a while
+// instead (nothing is invalidated; requests run cold).
+net::awaitable<void> coordinator::establish_behaviour(int slot) {
+  if (!core_.persistence_enabled() || slot < 0) co_return;
+  const auto key = epoch_key(core_.runtime());
+  if (key == behaviour_epoch_) co_return;
+  auto first = co_await backend_->probe_behaviour(slot);
+  if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
+  if (first->top.empty()) co_return adopt_behaviour(key, "");
+  auto meta = core_.runtime();
+  meta.behaviour.clear();
+  const auto meta_fp = meta.fingerprint();
+  auto known = store_.read_behaviours(meta_fp);
+  if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
+  for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
+    auto again = co_await backend_->probe_behaviour(slot);
+    if (!again || !core::same_behaviour(first.value(), again.value()))
+      co_return suspect_behaviour("probes of one runtime disagree (nondeterministic backend?)");
+  }
+  known.push_back(first.value());
+  if (auto w = store_.write_behaviours(meta_fp, known); !w)
+    log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+  const auto id = core::behaviour_class_id(first.value());
+  if (known.size() > 1) {
+    log(log_level::warn, "kv.backend.behaviour_changed",
+        {{"server", opts_.server_name}, {"class", id},
+         {"code", std::string(core::to_string(core::errc::snapshot_incompatible))},
+         {"reason", "the model answers unlike any model seen under this metadata (weights "
+                    "replaced at the same path?)"},
+         {"effect", "snapshots of the other models are refused, and kept"}});
+  } else {
+    log(log_level::info, "kv.backend.behaviour", {{"server", opts_.server_name}, {"class", id}});
+  }
+  adopt_behaviour(key, id);
+}
+
+void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
+  behaviour_epoch_ = key;
+  behaviour_class_ = id;
+  auto rt = core_.runtime();
+  rt.behaviour = id;
+  core_.set_runtime(rt);
+}
+
+void coordinator::suspect_behaviour(const std::string& why) {
+  behaviour_suspect_ = true;
+  behaviour_retry_at_ = steady_clock::now() + behaviour_retry;
+  disable_persistence("the behavioural fingerprint is unknown: " + why,
+                      core::errc::backend_unavailable);
+}
+
+// LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
+// kvpersist believes holds a session but that llama-server shows without any cached token
+// says the same (docs/llama-server.md §2). Slots other requests hold are skipped: their content
+// is changing.
+net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
+  auto owned = [&] {
+    std::map<int, std::string> out;
+    for (int id : core_.slot_ids())
+      if (!core_.owner(id).empty() && (id == own_slot || !leased_.contains(id)))
+        out[id] = core_.owner(id);
+    return out;
+  };
+  const auto before = owned();
+  if (before.empty()) co_return false;
+  auto slots = co_await backend_->inspect_slots();
+  if (!slots) co_return false;  // --no-slots: this signal is not available
+  const auto after = owned();
+  for (const auto& s : slots.value()) {
+    auto b = before.find(s.id), a = after.find(s.id);
+    if (b != before.end() && a != after.end() && a->second == b->second &&
+        !s.is_processing && s.n_prompt_tokens <= 0)
+      co_return true;
+  }
+  co_return false;
+}
+
+void coordinator::note_restart_behind_marker() {
+  core_.on_epoch_change();
+  behaviour_epoch_.clear();  // the process may run another model now
+  log(log_level::info, "kv.backend.restarted",
+      {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
+}
+
+net::awaitable<void> coordinator::probe_loop() {
+  while (!stopped_) {
+    probe_timer_.expires_after(opts_.epoch_probe_interval);
+    auto [ec] = co_await probe_timer_.async_wait(token);
+    if (ec || stopped_) co_return;
+    // Off the request path: only compare. Changes are applied now if the slot is free,
+    // else by the next lease holder.
+    if (core_.persistence_enabled()) {
+      // GET /props never wakes a sleeping server; the full probe (a slot action) would.
+      auto rt = co_await backend_->read_runtime();
+      if (rt && rt->media_marker == core_.runtime().media_marker) {
+        if (leased_.empty()) note_sleeping(rt->sleeping);
+        // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
+        if (leased_.empty() && !rt->sleeping && opts_.sleep_idle.count() <= 0 &&
+            co_await slots_lost_kv(-1) && leased_.empty())
+          note_restart_behind_marker();
+        continue;
+      }
+    }
+    auto p = co_await backend_->probe();
+    if (leased_.empty()) {
+      apply_probe(p);
+    } else {
+      pending_probe_ = std::move(p);
+    }
+  }
+}
+
+void coordinator::note_sleeping(bool sleeping) {
+  if (sleeping == server_sleeping_) return;
+  server_sleeping_ = sleeping;
+  if (!sleeping) {
+    log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
+    return;
+  }
+  int dirty = 0;
+  for (int id : core_.slot_ids()) dirty += core_.owner_dirty(id) ? 1 : 0;
+  core_.on_epoch_change();
+  log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
+      {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
+       {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
+}
+
+bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
+  if (opts_.sleep_idle.count() <= 0 || core_.owner(slot).empty()) return false;
+  auto it = finished_at_.find(slot);
+  return it != finished_at_.end() && now - it->second >= opts_.sleep_idle;
+}
+
+// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
+// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
+void coordinator::note_slots_readable(bool readable) {
+  if (readable == !slots_unreadable_) return;
+  slots_unreadable_ = !readable;
+  if (readable) {
+    log(log_level::info, "kv.slot.state_known", {{"server", opts_.server_name}});
+    return;
+  }
+  log(log_level::warn, "kv.slot.state_unknown",
+      {{"server", opts_.server_name},
+       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
+       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
+       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
+}
+
+// POST /lora-adapters (docs/design.md §4): the whole server, so no request runs while the
+// adapters change, and every dirty session saved under the runtime it was computed with.
+net::awaitable<std::shared_ptr<lease_ticket>> coordinator::begin_runtime_change() {
+  auto t = co_await acquire_internal();
+  for (int id : core_.slot_ids())
+    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
+  co_return t;
+}
+
+// Whatever the server answered, the KV in its slots may have been computed under other
+// adapters than the next request's: nobody is resident, and the fingerprint is read again.
+net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
+                                                     bool reached_server) {
+  if (reached_server) {
+    core_.on_epoch_change();
+    full_probe_due_.store(true);
+    log(log_level::info, "kv.backend.runtime_changed",
+        {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});
+  }
+  release_and_wake(t);
+  co_return;
+}
+
+}  // namespace kvp::proxy
