@@ -94,7 +94,7 @@ struct verify_result {
 // or why there are none.
 net::awaitable<core::result<completion_timings>> restore_then_complete(
     backends::llama_http_backend& be, backends::http_endpoint ep, int slot, const std::string& file,
-    std::int64_t n_saved, std::string prompt, std::chrono::milliseconds timeout) {
+    std::uint64_t n_saved, std::string prompt, std::chrono::milliseconds timeout) {
   (void)co_await be.erase(slot);
   auto rs = co_await be.restore(slot, file);
   if (!rs || rs->n_restored != n_saved)
