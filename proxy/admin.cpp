@@ -115,7 +115,7 @@ std::optional<page_query> parse_page_query(std::string_view target) {
 // strand.
 template <class T>
 net::awaitable<T> on_strand(coordinator* c, net::awaitable<T> work) {
-  return net::co_spawn(c->strand(), std::move(work), net::use_awaitable);
+  return c->on_strand(std::move(work));
 }
 net::awaitable<core::prom_writer> metrics_of(coordinator* c) {
   core::prom_writer w;

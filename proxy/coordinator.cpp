@@ -304,6 +304,65 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
   co_return d.err;
 }
 
+// The plan's restore, checked against the file first in shared-filesystem mode.
+net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core::restore_step& rs) {
+  const auto sess = std::string(core::abbrev(rs.hash));
+  log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
+  core::result<core::slot_restored> r = core::error{};
+  struct stat st {};
+  if (!opts_.snapshot_dir.empty() &&
+      ::stat((opts_.snapshot_dir + "/" + rs.filename).c_str(), &st) != 0) {
+    // A failed restore clears the slot on the server; don't ask for a file we know is gone.
+    r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
+  } else if (!opts_.snapshot_dir.empty() && rs.expected_bytes > 0 &&
+             static_cast<std::uint64_t>(st.st_size) != rs.expected_bytes) {
+    // Truncated or replaced: some llama-server builds abort on a truncated file.
+    r = core::error{core::errc::snapshot_corrupt, 0,
+                    fmt::format("snapshot file has {} bytes, {} were saved", st.st_size,
+                                rs.expected_bytes)};
+  } else {
+    r = co_await backend_->restore(rs.slot, rs.filename);
+  }
+  if (r) {
+    restore_ms_.observe(r->restore_ms);
+    restore_bytes_.observe(static_cast<double>(r->n_read));
+  }
+  auto d = core_.on_restore(rs, r, steady_clock::now(), wall_now());
+  if (d.write) {
+    write_manifest(*d.write);
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", sess}, {"reason", d.write->invalid_reason}});
+  }
+  if (d.restored) {
+    restored_on_[rs.slot] = {rs.hash, r->n_restored};
+    log(log_level::info, "kv.session.restore.success",
+        {{"session", sess}, {"slot", std::to_string(rs.slot)},
+         {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
+         {"ms", ms_str(r->restore_ms)}});
+    co_return restore_outcome{true, false, d.err.code};
+  }
+  log(log_level::warn, "kv.session.restore.failed",
+      {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
+       {"status", std::to_string(r ? 200 : r.err().http_status)},
+       {"reason", r ? d.err.message : r.err().message},
+       {"effect", "cold prefill"}});
+  note_slot_error(d.err);
+  co_return restore_outcome{false, d.need_erase, d.err.code};
+}
+
+// A cold start's erase; the error code when it failed.
+net::awaitable<std::optional<core::errc>> coordinator::run_erase(int slot) {
+  auto r = co_await backend_->erase(slot);
+  if (core_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
+  const auto code = !r && r.err().code == core::errc::slot_not_found ? core::errc::slot_not_found
+                                                                     : core::errc::erase_failed;
+  if (!r) note_slot_error(r.err());
+  log(log_level::warn, "kv.slot.erase.failed",
+      {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(code))},
+       {"reason", r ? "" : r.err().message}});
+  co_return code;
+}
+
 net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket> t,
                                                     core::request_identity who,
                                                     bool fresh_upstream) {
@@ -354,63 +413,14 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   bool need_erase = plan.erase;
   if (plan.restore) {
-    const auto& rs = *plan.restore;
-    const auto sess = std::string(core::abbrev(rs.hash));
-    log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
-    core::result<core::slot_restored> r = core::error{};
-    struct stat st {};
-    if (!opts_.snapshot_dir.empty() &&
-        ::stat((opts_.snapshot_dir + "/" + rs.filename).c_str(), &st) != 0) {
-      // A failed restore clears the slot on the server; don't ask for a file we know is gone.
-      r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
-    } else if (!opts_.snapshot_dir.empty() && rs.expected_bytes > 0 &&
-               static_cast<std::uint64_t>(st.st_size) != rs.expected_bytes) {
-      // Truncated or replaced: some llama-server builds abort on a truncated file.
-      r = core::error{core::errc::snapshot_corrupt, 0,
-                      fmt::format("snapshot file has {} bytes, {} were saved", st.st_size,
-                                  rs.expected_bytes)};
-    } else {
-      r = co_await backend_->restore(rs.slot, rs.filename);
-    }
-    if (r) {
-      restore_ms_.observe(r->restore_ms);
-      restore_bytes_.observe(static_cast<double>(r->n_read));
-    }
-    auto d = core_.on_restore(rs, r, steady_clock::now(), wall_now());
-    if (d.write) {
-      write_manifest(*d.write);
-      log(log_level::info, "kv.snapshot.invalidated",
-          {{"session", sess}, {"reason", d.write->invalid_reason}});
-    }
-    if (d.restored) {
-      restored_on_[rs.slot] = {rs.hash, r->n_restored};
-      log(log_level::info, "kv.session.restore.success",
-          {{"session", sess}, {"slot", std::to_string(rs.slot)},
-           {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
-           {"ms", ms_str(r->restore_ms)}});
-    } else {
-      log(log_level::warn, "kv.session.restore.failed",
-          {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
-           {"status", std::to_string(r ? 200 : r.err().http_status)},
-           {"reason", r ? d.err.message : r.err().message},
-           {"effect", "cold prefill"}});
-      note_slot_error(d.err);
-      if (opts_.strict) co_return fail(d.err.code, "restoring the session's snapshot failed");
-      need_erase = d.need_erase;
-    }
+    const auto outcome = co_await run_restore(*plan.restore);
+    if (!outcome.restored && opts_.strict)
+      co_return fail(outcome.code, "restoring the session's snapshot failed");
+    if (!outcome.restored) need_erase = outcome.need_erase;
   }
   if (need_erase) {
-    auto r = co_await backend_->erase(plan.slot);
-    if (!core_.on_erase(slot, r, steady_clock::now())) {
-      const auto code = !r && r.err().code == core::errc::slot_not_found
-                            ? core::errc::slot_not_found
-                            : core::errc::erase_failed;
-      if (!r) note_slot_error(r.err());
-      log(log_level::warn, "kv.slot.erase.failed",
-          {{"slot", std::to_string(plan.slot)}, {"code", std::string(core::to_string(code))},
-           {"reason", r ? "" : r.err().message}});
-      if (opts_.strict) co_return fail(code, "erasing the slot failed");
-    }
+    const auto code = co_await run_erase(plan.slot);
+    if (code && opts_.strict) co_return fail(*code, "erasing the slot failed");
   }
   log_circuit_changes();
   out.kind = core_.start_inference(who, slot);

@@ -120,6 +120,12 @@ class coordinator {
               manifest_store store, coordinator_options opts);
 
   net::strand<net::io_context::executor_type>& strand() { return strand_; }
+  // Runs one of this coordinator's coroutines on its strand: how code outside the
+  // coordinator (server, admin) calls it. Client sessions use proxy/lease.hpp.
+  template <class T>
+  net::awaitable<T> on_strand(net::awaitable<T> work) {
+    return net::co_spawn(strand_, std::move(work), net::use_awaitable);
+  }
 
   // Loads manifests, probes the server and starts the background probe. Never fails:
   // problems are logged once and persistence stays off until a probe succeeds.
@@ -232,6 +238,7 @@ class coordinator {
   net::awaitable<bool> slots_lost_kv(int own_slot);
   void note_restart_behind_marker();
   void apply_probe(const core::result<core::server_probe>& p);
+  bool apply_slot_layout(const core::result<core::server_probe>& p);
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why,
                            core::errc code = core::errc::backend_unsupported);
@@ -244,6 +251,13 @@ class coordinator {
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   void note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::coordinator_core::session_view v) const;
+  struct restore_outcome {
+    bool restored = false;
+    bool need_erase = false;  // the slot's content is unknown: erase before running cold
+    core::errc code = core::errc::invariant;  // why not, when !restored
+  };
+  net::awaitable<restore_outcome> run_restore(const core::restore_step& rs);
+  net::awaitable<std::optional<core::errc>> run_erase(int slot);
   // The error, with its code, when the snapshot did not become the session's checkpoint.
   net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);
   // Stores the manifest durably and makes it current; false (logged) if the write failed.

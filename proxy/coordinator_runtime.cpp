@@ -39,23 +39,7 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   const auto& rt = p->runtime;
   const bool was_enabled = core_.persistence_enabled();
   const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
-  if (!opts_.single_slot) {
-    // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never
-    // wraps around on the server side). The layout changes only while no lease is held.
-    std::vector<int> ids;
-    for (int i = 0; i < rt.total_slots; ++i) ids.push_back(i);
-    if (ids != core_.slot_ids()) {
-      if (!leased_.empty()) {
-        core_.disable_persistence();
-        pending_probe_ = p;  // apply when the leases are gone
-        return;
-      }
-      core_.set_slots(ids);
-      log(log_level::info, "kv.slots.layout",
-          {{"slots", std::to_string(ids.size())},
-           {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
-    }
-  }
+  if (!opts_.single_slot && !apply_slot_layout(p)) return;
   std::string why;
   if (!p->slot_actions)
     why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
@@ -96,6 +80,25 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
         {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
          {"slots", std::to_string(rt.total_slots)}});
   }
+}
+
+// Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never wraps
+// around on the server side). The layout changes only while no lease is held; false: it
+// waits for the leases to go, persistence off meanwhile.
+bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
+  std::vector<int> ids;
+  for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
+  if (ids == core_.slot_ids()) return true;
+  if (!leased_.empty()) {
+    core_.disable_persistence();
+    pending_probe_ = p;  // apply when the leases are gone
+    return false;
+  }
+  core_.set_slots(ids);
+  log(log_level::info, "kv.slots.layout",
+      {{"slots", std::to_string(ids.size())},
+       {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
+  return true;
 }
 
 void coordinator::disable_persistence(const std::string& why, core::errc code) {

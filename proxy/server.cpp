@@ -54,23 +54,6 @@ net::awaitable<bool> client_gone(client_socket& sock) {
   co_return false;
 }
 
-// Releases a lease if the request coroutine leaves by an exception (a bug): the slot must
-// never stay leased to a request that is gone.
-class lease_guard {
- public:
-  lease_guard(coordinator& c, std::shared_ptr<lease_ticket> t) : c_(&c), t_(std::move(t)) {}
-  lease_guard(const lease_guard&) = delete;
-  lease_guard& operator=(const lease_guard&) = delete;
-  ~lease_guard() {
-    if (c_) net::co_spawn(c_->strand(), c_->release(t_), log_exception);
-  }
-  void dismiss() { c_ = nullptr; }
-
- private:
-  coordinator* c_;
-  std::shared_ptr<lease_ticket> t_;
-};
-
 // How client requests are read: the configured limits, and the fields prepare_upstream_request
 // drops (they do not count against llama-server's limits).
 read_limits client_read_limits(const config::config& cfg) {
@@ -249,8 +232,7 @@ net::awaitable<core::result<std::string>> server::start() {
   }
   std::vector<coordinator*> coords;
   for (auto& up : ups_) {
-    auto start_op = up->coord->start();
-    co_await net::co_spawn(up->coord->strand(), std::move(start_op), net::use_awaitable);
+    co_await up->coord->on_strand(up->coord->start());
     coords.push_back(up->coord.get());
   }
   if (!cfg_.admin.listen.empty()) {
@@ -393,17 +375,10 @@ net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_c
                                                     relay_state& st) {
   // Without llama-server's key the request changes nothing (it answers 401): no need to
   // save every session first.
-  if (!up.cfg.upstream.api_key.empty() &&
-      !core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
-                                up.cfg.upstream.api_key))
-    co_return co_await forward(up, c, req, std::nullopt, st);
-  auto t = co_await net::co_spawn(up.coord->strand(), up.coord->begin_runtime_change(),
-                                  net::use_awaitable);
-  lease_guard guard(*up.coord, t);
+  if (!client_may_use(up, req)) co_return co_await forward(up, c, req, std::nullopt, st);
+  auto held = co_await begin_runtime_change(*up.coord);
   const bool keep = co_await forward(up, c, req, std::nullopt, st);
-  guard.dismiss();
-  co_await net::co_spawn(up.coord->strand(), up.coord->end_runtime_change(t, st.request_sent),
-                         net::use_awaitable);
+  co_await end_runtime_change(std::move(held), st.request_sent);
   co_return keep;
 }
 
@@ -488,6 +463,8 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
   co_return false;  // mid-body: close so the client sees a truncated response, not a clean end
 }
 
+// The request path (docs/architecture.md): refuse what must never reach llama-server, pick
+// the server, and either forward untouched or run the request under a slot lease.
 net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
@@ -519,120 +496,119 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   relay_state st;
-  const bool managed = core::needs_slot(req.method_string(), req.target()) &&
-                       (!who.session_id.empty() ||
-                        cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
-  if (!managed) co_return co_await forward(up, c, req, std::nullopt, st);
+  const bool coordinated = core::needs_slot(req.method_string(), req.target()) &&
+                           (!who.session_id.empty() ||
+                            cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
+  if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
   // Checked before admission, as llama-server would check it: a client without the key
   // must not make kvpersist save or evict the resident session with its own key.
-  if (!up.cfg.upstream.api_key.empty() &&
-      !core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
-                                up.cfg.upstream.api_key)) {
+  if (!client_may_use(up, req)) {
     auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
     co_return co_await send(c, std::move(res));
   }
+  co_return co_await handle_under_lease(up, c, req, who);
+}
 
+bool server::client_may_use(const upstream_entry& up,
+                            const http::request<http::string_body>& req) const {
+  return up.cfg.upstream.api_key.empty() ||
+         core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
+                                  up.cfg.upstream.api_key);
+}
+
+// Acquire, prepare, forward, finish (docs/design.md §5). A pooled upstream connection taken
+// before asking for the lease lets acquire prepare in the same trip (a pooled connection
+// says the server has not restarted under it); it goes back unused if the request waits.
+net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn& c,
+                                                http::request<http::string_body>& req,
+                                                const core::request_identity& who) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = c.stream.get_executor();
-  auto t = std::make_shared<lease_ticket>(ex);
-  t->who = who;
-  t->unpinnable = core::is_unpinnable(req.target());
-  t->wakeup.expires_after(cfg_.queue.timeout);
-  // A pooled connection taken before asking for the lease lets admit prepare in the same
-  // trip (a pooled connection says the server has not restarted under it); it goes back
-  // unused if the request has to wait.
   auto idle = up.pool->take_idle(ex);
-  auto adm_op = up.coord->admit(t, who, idle != nullptr);
-  const auto adm = co_await net::co_spawn(up.coord->strand(), std::move(adm_op), net::use_awaitable);
-  if (adm.what == admission::outcome::rejected) {
+  auto give_back_idle = [&] {
     if (idle) up.pool->release(std::move(idle));
-    auto res = busy_response("too many requests are waiting for the slot", 2, version,
-                             core::to_string(core::errc::slot_busy));
+  };
+  auto acq = co_await acquire(*up.coord, who, core::is_unpinnable(req.target()), idle != nullptr,
+                              cfg_.queue.timeout, client_gone(c.stream.socket()), give_back_idle);
+  using outcome = acquisition::outcome;
+  if (acq.what == outcome::client_gone) co_return false;
+  if (acq.what == outcome::rejected || acq.what == outcome::timed_out) {
+    auto res = busy_response(acq.what == outcome::rejected
+                                 ? "too many requests are waiting for the slot"
+                                 : "timed out waiting for the slot",
+                             2, req.version(), core::to_string(core::errc::slot_busy));
     co_return co_await send(c, std::move(res));
   }
-  if (adm.what == admission::outcome::queued) {
-    if (idle) up.pool->release(std::move(idle));
-    auto w = co_await (t->wakeup.async_wait(token) || client_gone(c.stream.socket()));
-    const bool gone = w.index() == 1;
-    const bool granted =
-        co_await net::co_spawn(up.coord->strand(), up.coord->settle(t), net::use_awaitable);
-    if (!granted) {
-      if (gone) co_return false;
-      auto res = busy_response("timed out waiting for the slot", 2, version,
-                               core::to_string(core::errc::slot_busy));
-      co_return co_await send(c, std::move(res));
-    }
-    if (gone) {
-      co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
-      co_return false;
-    }
+  if (acq.what == outcome::prepared && !acq.prepared.ok) {
+    give_back_idle();
+    co_return co_await send(c, strict_failure(acq.prepared, req));
   }
-  lease_guard guard(*up.coord, t);
-  core::result<upstream_conn> conn;
-  if (idle) {
+  // (No co_await inside a conditional expression: GCC 12 miscompiles it.)
+  core::result<upstream_conn> conn = core::error{};
+  if (idle)
     conn = upstream_conn{std::move(idle), false};
-  } else {
-    auto got = co_await up.pool->acquire(ex);
-    conn = std::move(got);
-  }
+  else
+    conn = co_await up.pool->acquire(ex);
   if (!conn) {
     up.coord->note_upstream_trouble();
-    guard.dismiss();
-    co_await net::co_spawn(up.coord->strand(), up.coord->release(t), net::use_awaitable);
-    auto res = error_response(http::status::bad_gateway,
-                                              "upstream llama-server is unreachable", version,
-                                              keep);
-    co_return co_await send(c, std::move(res));
+    co_await acq.held.release();
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server is unreachable",
+                                              req.version(), req.keep_alive()));
   }
-  if (t->exclusive) {
-    // Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
-    auto prep = up.coord->prepare_exclusive(t);
-    auto pr = co_await net::co_spawn(up.coord->strand(), std::move(prep), net::use_awaitable);
-    if (!pr.ok) {
-      guard.dismiss();
-      up.pool->release(std::move(conn->stream));
-      auto res = error_response(http::status::service_unavailable,
-                                fmt::format("KV persistence failed in strict mode: {}", pr.message),
-                                version, keep, core::to_string(pr.code));
-      co_return co_await send(c, std::move(res));
-    }
-    const bool keep_x = co_await forward(up, c, req, std::move(conn.value()), st);
-    auto fin = up.coord->finish_exclusive(t, st.request_sent);
-    co_await net::co_spawn(up.coord->strand(), std::move(fin), net::use_awaitable);
-    guard.dismiss();
-    co_return keep_x;
-  }
-  prepare_result pr;
-  if (adm.what == admission::outcome::prepared) {
-    pr = adm.prepared;
-  } else {
-    auto prepare_op = up.coord->prepare(t, who, conn->fresh);
-    pr = co_await net::co_spawn(up.coord->strand(), std::move(prepare_op), net::use_awaitable);
-  }
+  if (acq.held.exclusive())
+    co_return co_await run_exclusive(up, c, req, std::move(acq.held), std::move(conn.value()));
+  prepare_result pr = acq.prepared;
+  if (acq.what != outcome::prepared) pr = co_await acq.held.prepare(who, conn->fresh);
   if (!pr.ok) {
-    guard.dismiss();  // prepare released the lease
     up.pool->release(std::move(conn->stream));
-    auto res = error_response(http::status::service_unavailable,
-                              fmt::format("KV persistence failed in strict mode: {}", pr.message),
-                              version, keep, core::to_string(pr.code));
-    co_return co_await send(c, std::move(res));
+    co_return co_await send(c, strict_failure(pr, req));
   }
-  if (t->pinned) {
-    // Managed mode: the request runs on the slot the coordinator prepared, nowhere else. A
-    // body we cannot pin would run on whatever slot llama-server picks, maybe an owned one.
-    auto pinned = core::pin_request_body(req.body(), t->slot);
+  co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr, std::move(conn.value()), t0);
+}
+
+response server::strict_failure(const prepare_result& pr,
+                                const http::request<http::string_body>& req) const {
+  return error_response(http::status::service_unavailable,
+                        fmt::format("KV persistence failed in strict mode: {}", pr.message),
+                        req.version(), req.keep_alive(), core::to_string(pr.code));
+}
+
+// Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
+net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
+                                           http::request<http::string_body>& req, lease held,
+                                           upstream_conn conn) {
+  const core::request_identity nobody;  // a named argument: GCC 12 mishandles a temporary here
+  auto pr = co_await held.prepare(nobody, false);
+  if (!pr.ok) {
+    up.pool->release(std::move(conn.stream));
+    co_return co_await send(c, strict_failure(pr, req));
+  }
+  relay_state st;
+  const bool keep = co_await forward(up, c, req, std::move(conn), st);
+  co_await held.finish(st.request_sent);
+  co_return keep;
+}
+
+// A prepared request on its slot: pinned there in managed mode, relayed, then finished.
+net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
+                                         http::request<http::string_body>& req, lease held,
+                                         prepare_result pr, upstream_conn conn,
+                                         std::chrono::steady_clock::time_point t0) {
+  if (held.pinned()) {
+    // The request runs on the slot the coordinator prepared, nowhere else. A body we cannot
+    // pin would run on whatever slot llama-server picks, maybe an owned one.
+    auto pinned = core::pin_request_body(req.body(), held.slot());
     if (!pinned) {
-      auto fin = up.coord->finish(t, false);
-      co_await net::co_spawn(up.coord->strand(), std::move(fin), net::use_awaitable);
-      guard.dismiss();
-      up.pool->release(std::move(conn->stream));
-      auto res = error_response(http::status::bad_request,
-                                fmt::format("managed-slots mode needs the request body to be one "
-                                            "JSON object: {}", pinned.err().message),
-                                version, keep);
-      co_return co_await send(c, std::move(res));
+      co_await held.finish(false);
+      up.pool->release(std::move(conn.stream));
+      co_return co_await send(c, error_response(http::status::bad_request,
+                                                fmt::format("managed-slots mode needs the request "
+                                                            "body to be one JSON object: {}",
+                                                            pinned.err().message),
+                                                req.version(), req.keep_alive()));
     }
     req.body() = std::move(pinned.value());
   }
@@ -644,28 +620,17 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
                           pr.kind != core::prepare_kind::auxiliary;
   std::string tail;
-  const bool keep_after = co_await forward(up, c, req, std::move(conn.value()), st,
+  relay_state st;
+  const bool keep_after = co_await forward(up, c, req, std::move(conn), st,
                                            watch || watch_turn ? &tail : nullptr);
   // What upstream finished counts even when the client left while its last bytes went out:
   // the slot holds the whole reply either way.
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  if (watch && st.upstream_done) {
-    auto timings = parse_timings(tail);
-    net::co_spawn(
-        up.coord->strand(),
-        [](coordinator* co, int slot, core::prepare_kind k,
-           response_timings tm) -> net::awaitable<void> {
-          co->record_response(slot, k, tm);
-          co_return;
-        }(up.coord.get(), t->slot, pr.kind, timings),
-        log_exception);
-  }
-  // Not awaited: the strand runs handlers in the order they were submitted, so whatever this
-  // client (or anyone) asks of the coordinator after this line sees the lease released; a
-  // turn-end checkpoint runs while the client already reads its next request.
-  net::co_spawn(up.coord->strand(), up.coord->finish(t, st.request_sent, turn_end), log_exception);
-  guard.dismiss();
+  if (watch && st.upstream_done) held.record(pr.kind, parse_timings(tail));
+  // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
+  // the lease released; a turn-end checkpoint runs while the client reads its next request.
+  held.finish_later(st.request_sent, turn_end);
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t0).count();
@@ -717,11 +682,9 @@ net::awaitable<void> server::shutdown() {
     }
   }
   for (auto& up : ups_) {
-    auto stop_op = stop_coordinator(up->coord.get());
-    co_await net::co_spawn(up->coord->strand(), std::move(stop_op), net::use_awaitable);
+    co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
     if (cfg_.checkpoint.on_shutdown) {
-      auto cp = up->coord->checkpoint();
-      const bool ok = co_await net::co_spawn(up->coord->strand(), std::move(cp), net::use_awaitable);
+      const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());
       log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
           {{"server", up->cfg.name}, {"result", ok ? "ok" : "failed"}});
     }

@@ -15,6 +15,7 @@
 #include "proxy/body_budget.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/http_status.hpp"
+#include "proxy/lease.hpp"
 #include "proxy/relay.hpp"
 #include "proxy/upstream_pool.hpp"
 
@@ -63,6 +64,19 @@ class server {
                                http::request<http::string_body>& req,
                                std::optional<upstream_conn> pre, relay_state& st,
                                std::string* tail = nullptr);
+  bool client_may_use(const upstream_entry& up, const http::request<http::string_body>& req) const;
+  net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
+                                          http::request<http::string_body>& req,
+                                          const core::request_identity& who);
+  net::awaitable<bool> run_exclusive(upstream_entry& up, client_conn& c,
+                                     http::request<http::string_body>& req, lease held,
+                                     upstream_conn conn);
+  net::awaitable<bool> run_on_slot(upstream_entry& up, client_conn& c,
+                                   http::request<http::string_body>& req, lease held,
+                                   prepare_result pr, upstream_conn conn,
+                                   std::chrono::steady_clock::time_point t0);
+  response strict_failure(const prepare_result& pr,
+                          const http::request<http::string_body>& req) const;
   // POST /lora-adapters: forwarded while the coordinator holds the whole server.
   net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
                                               http::request<http::string_body>& req,

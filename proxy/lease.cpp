@@ -1,0 +1,118 @@
+#include "proxy/lease.hpp"
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include "proxy/listen.hpp"
+
+namespace kvp::proxy {
+
+using namespace net::experimental::awaitable_operators;
+
+namespace {
+
+// The coordinator's own steps for a lease, on its strand (plain functions: CP.51).
+net::awaitable<void> record_on_strand(coordinator* c, int slot, core::prepare_kind k,
+                                      response_timings t) {
+  c->record_response(slot, k, t);
+  co_return;
+}
+
+}  // namespace
+
+lease& lease::operator=(lease&& o) noexcept {
+  if (this != &o) {
+    lease dropped(std::move(*this));  // released by its destructor
+    c_ = std::exchange(o.c_, nullptr);
+    t_ = std::move(o.t_);
+  }
+  return *this;
+}
+
+lease::~lease() {
+  if (c_) net::co_spawn(c_->strand(), c_->release(t_), log_exception);
+}
+
+net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool fresh_upstream) {
+  prepare_result pr;
+  if (t_->exclusive)
+    pr = co_await c_->on_strand(c_->prepare_exclusive(t_));
+  else
+    pr = co_await c_->on_strand(c_->prepare(t_, std::move(who), fresh_upstream));
+  if (!pr.ok) c_ = nullptr;  // the coordinator released it
+  co_return pr;
+}
+
+net::awaitable<void> lease::finish(bool reached_slot, bool turn_end) {
+  auto* c = std::exchange(c_, nullptr);
+  if (t_->exclusive)
+    co_await c->on_strand(c->finish_exclusive(t_, reached_slot));
+  else
+    co_await c->on_strand(c->finish(t_, reached_slot, turn_end));
+}
+
+void lease::finish_later(bool reached_slot, bool turn_end) {
+  auto* c = std::exchange(c_, nullptr);
+  net::co_spawn(c->strand(), c->finish(t_, reached_slot, turn_end), log_exception);
+}
+
+void lease::record(core::prepare_kind kind, response_timings t) {
+  net::co_spawn(c_->strand(), record_on_strand(c_, t_->slot, kind, t), log_exception);
+}
+
+net::awaitable<void> lease::release() {
+  auto* c = std::exchange(c_, nullptr);
+  co_await c->on_strand(c->release(t_));
+}
+
+net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
+                                    bool pooled, std::chrono::milliseconds queue_timeout,
+                                    net::awaitable<bool> gone, std::function<void()> on_wait) {
+  auto t = std::make_shared<lease_ticket>(co_await net::this_coro::executor);
+  t->who = who;
+  t->unpinnable = unpinnable;
+  t->wakeup.expires_after(queue_timeout);
+  const auto adm = co_await net::co_spawn(c.strand(), c.admit(t, std::move(who), pooled),
+                                          net::use_awaitable);
+  acquisition out;
+  switch (adm.what) {
+    case admission::outcome::rejected:
+      on_wait();  // the pooled connection goes back as if it had waited
+      out.what = acquisition::outcome::rejected;
+      co_return out;
+    case admission::outcome::prepared:
+      out.what = acquisition::outcome::prepared;
+      out.prepared = adm.prepared;
+      if (adm.prepared.ok) out.held = lease(c, t);  // else the coordinator released it
+      co_return out;
+    case admission::outcome::granted:
+      out.what = acquisition::outcome::granted;
+      out.held = lease(c, t);
+      co_return out;
+    case admission::outcome::queued:
+      break;
+  }
+  on_wait();
+  auto w = co_await (t->wakeup.async_wait(token) || std::move(gone));
+  const bool client_left = w.index() == 1;
+  const bool granted = co_await net::co_spawn(c.strand(), c.settle(t), net::use_awaitable);
+  if (granted) out.held = lease(c, t);
+  if (client_left) {
+    out.what = acquisition::outcome::client_gone;  // a granted lease is released by `held`
+  } else {
+    out.what = granted ? acquisition::outcome::granted : acquisition::outcome::timed_out;
+  }
+  co_return out;
+}
+
+net::awaitable<lease> begin_runtime_change(coordinator& c) {
+  auto t = co_await net::co_spawn(c.strand(), c.begin_runtime_change(), net::use_awaitable);
+  co_return lease(c, std::move(t));
+}
+
+net::awaitable<void> end_runtime_change(lease l, bool reached_server) {
+  auto* c = std::exchange(l.c_, nullptr);
+  co_await net::co_spawn(c->strand(), c->end_runtime_change(l.t_, reached_server),
+                         net::use_awaitable);
+}
+
+}  // namespace kvp::proxy
