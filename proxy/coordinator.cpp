@@ -1,6 +1,5 @@
 #include "proxy/coordinator.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,7 +27,6 @@ using std::chrono::steady_clock;
 
 using detail::error_reply;
 using detail::json_reply;
-using detail::unix_now;
 using detail::wall_now;
 
 namespace {
@@ -270,7 +268,7 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
   log(log_level::debug, "kv.session.save.start",
       {{"session", sess}, {"slot", std::to_string(step.slot)}, {"file", step.filename}});
   auto r = co_await backend_->save(step.slot, step.filename);
-  if (r && r->n_saved > 0 && !verify_snapshot_file(step.filename, r->n_written))
+  if (r && r->n_saved > 0 && !snapshots_.make_durable(step.filename, r->n_written))
     r = core::error{core::errc::save_failed, 0,
                     "snapshot file size differs from n_written (or fsync failed)"};
   if (r) {
@@ -563,20 +561,6 @@ net::awaitable<bool> coordinator::checkpoint() {
   co_return ok;
 }
 
-bool coordinator::verify_snapshot_file(const std::string& filename,
-                                       std::uint64_t n_written) const {
-  if (opts_.snapshot_dir.empty()) return true;  // server-owned: the rotation is the safety net
-  const std::string path = opts_.snapshot_dir + "/" + filename;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == n_written;
-  // llama-server does not fsync; make the generation durable before the manifest points at it.
-  ok = ok && ::fsync(fd) == 0;
-  ::close(fd);
-  return ok;
-}
-
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
   if (kind == core::prepare_kind::restored) note_restore_reuse(slot, t.cache_n);
@@ -720,7 +704,7 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
   last_restore_.erase(hash);
   if (auto r = store_.remove(hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  const std::uint64_t freed = opts_.snapshot_dir.empty() ? 0 : snapshot_files(hash, true);
+  const std::uint64_t freed = snapshots_.remove(hash);
   release_and_wake(t);
   if (!known) co_return error_reply(404, "unknown session");
   log(log_level::info, "kv.session.purged",
@@ -733,7 +717,7 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
   w.Key("freedBytes");
   w.Uint64(freed);
   w.Key("filesDeleted");
-  w.Bool(!opts_.snapshot_dir.empty());
+  w.Bool(snapshots_.shared());
   w.EndObject();
   co_return admin_reply{200, sb.GetString()};
 }
@@ -741,100 +725,6 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
 net::awaitable<admin_reply> coordinator::admin_flush() {
   const bool ok = co_await checkpoint();
   co_return ok ? json_reply(200, "result", "flushed") : error_reply(502, "save failed");
-}
-
-// The bytes of the session's two generation files; with `remove`, of those deleted.
-std::uint64_t coordinator::snapshot_files(const std::string& hash, bool remove) {
-  std::uint64_t bytes = 0;
-  for (char g : {'a', 'b'}) {
-    const auto path = opts_.snapshot_dir + "/" + core::snapshot_filename(hash, g);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && (!remove || ::unlink(path.c_str()) == 0))
-      bytes += st.st_size;
-  }
-  return bytes;
-}
-
-// REQUIRES: the session is not in use. Returns the bytes freed (shared-filesystem mode only:
-// in server-owned mode the files are llama-server's, and kvpersist names them once in the log
-// for the operator, see README "Retention").
-std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
-  if (auto r = store_.remove(e.hash); !r)
-    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  core_.forget(e.hash);
-  last_restore_.erase(e.hash);
-  const auto sess = std::string(core::abbrev(e.hash));
-  if (opts_.snapshot_dir.empty()) {
-    ++sessions_forgotten_;
-    log(log_level::info, "kv.session.forgotten",
-        {{"session", sess}, {"why", std::string(e.why)},
-         {"files", core::snapshot_filename(e.hash, 'a') + "," + core::snapshot_filename(e.hash, 'b')}});
-    return 0;
-  }
-  const auto freed = snapshot_files(e.hash, true);
-  ++gc_evicted_;
-  gc_freed_bytes_ += freed;
-  log(log_level::info, "kv.gc.evicted",
-      {{"session", sess}, {"bytes", std::to_string(freed)}, {"why", std::string(e.why)}});
-  return freed;
-}
-
-std::string coordinator::run_gc() {
-  // REQUIRES: lease held (we may forget sessions).
-  auto entries = core_.retention_entries();
-  if (!opts_.snapshot_dir.empty())
-    for (auto& e : entries) e.bytes = snapshot_files(e.hash, false);
-  const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
-                                      opts_.retention_max_age_days};
-  const auto plan = core::plan_retention(std::move(entries), limits, unix_now());
-  std::uint64_t freed = 0;
-  for (const auto& e : plan.evict) freed += forget_session(e);
-  rapidjson::StringBuffer sb;
-  json_writer w(sb);
-  w.StartObject();
-  w.Key("evicted");
-  w.Uint64(plan.evict.size());
-  w.Key("freedBytes");
-  w.Uint64(freed);
-  w.Key("remainingSessions");
-  w.Uint64(plan.remaining_sessions);
-  w.Key("remainingBytes");
-  w.Uint64(plan.remaining_bytes);
-  if (opts_.snapshot_dir.empty()) {
-    w.Key("note");
-    jstr(w, "server-owned snapshots: evicted sessions' manifests are removed; their files stay "
-            "in llama-server's --slot-save-path (see kv.session.forgotten in the log)");
-  }
-  w.EndObject();
-  return sb.GetString();
-}
-
-// The session budget between gc runs, kept as each new session's first manifest is written:
-// a burst of new sessions never outgrows it. Only the count (sizes and ages wait for gc).
-// Off when gc runs only on demand (retention.intervalMs 0).
-void coordinator::enforce_session_budget() {
-  if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) return;
-  const auto plan = core::plan_retention(core_.retention_entries(),
-                                         {0, opts_.retention_max_sessions, 0}, unix_now());
-  for (const auto& e : plan.evict) forget_session(e);
-}
-
-net::awaitable<admin_reply> coordinator::admin_gc() {
-  auto t = co_await acquire_internal();
-  auto body = run_gc();
-  release_and_wake(t);
-  co_return admin_reply{200, std::move(body)};
-}
-
-net::awaitable<void> coordinator::gc_loop() {
-  while (!stopped_) {
-    gc_timer_.expires_after(opts_.retention_interval);
-    auto [ec] = co_await gc_timer_.async_wait(token);
-    if (ec || stopped_) co_return;
-    auto t = co_await acquire_internal();
-    run_gc();
-    release_and_wake(t);
-  }
 }
 
 }  // namespace kvp::proxy

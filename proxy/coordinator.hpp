@@ -19,6 +19,7 @@
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
 #include "proxy/manifest_store.hpp"
+#include "proxy/snapshot_files.hpp"
 
 namespace kvp::proxy {
 
@@ -257,18 +258,17 @@ class coordinator {
   // The one rule of every admin session route: the hash of a known session names it,
   // anything else is a harness's session id.
   session_ref resolve_session(const std::string& hash_or_id) const;
-  bool verify_snapshot_file(const std::string& filename, std::uint64_t n_written) const;
   net::awaitable<void> gc_loop();
   std::string run_gc();
   void enforce_session_budget();
   std::uint64_t forget_session(const core::retention_eviction& e);
-  std::uint64_t snapshot_files(const std::string& hash, bool remove);
 
   net::strand<net::io_context::executor_type> strand_;
   std::unique_ptr<backends::kv_backend> backend_;
   manifest_store store_;
   coordinator_options opts_;
   core::coordinator_core core_;
+  snapshot_files snapshots_{opts_.snapshot_dir};
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
