@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "core/identity.hpp"
-#include "core/json_writer.hpp"
 #include "core/log.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/coordinator_internal.hpp"
@@ -15,8 +14,6 @@ namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
-using detail::error_reply;
-using detail::json_reply;
 using detail::wall_now;
 using std::chrono::steady_clock;
 
@@ -25,32 +22,32 @@ coordinator::session_ref coordinator::resolve_session(const std::string& hash_or
   return {core_.hash_for(hash_or_id), hash_or_id};
 }
 
-net::awaitable<admin_reply> coordinator::admin_save(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
-  admin_reply out;
+  admin_outcome out;
   if (!core_.session(hash)) {
-    out = error_reply(404, "unknown session");
+    out = admin_outcome{admin_result::unknown_session};
   } else if (core_.slot_of(hash) < 0) {
-    out = json_reply(200, "result", "not resident: its last snapshot is current");
+    out = admin_outcome{admin_result::not_resident};
   } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
     const auto saved = co_await run_save(*s);
-    out = saved ? json_reply(200, "result", "saved") : error_reply(502, "save failed");
+    out = saved ? admin_outcome{admin_result::saved} : admin_outcome{admin_result::save_failed};
   } else {
-    out = json_reply(200, "result", "clean: nothing to save");
+    out = admin_outcome{admin_result::clean};
   }
   release_and_wake(t);
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
   co_await refresh_runtime(core_.slot_ids().front());  // a plan needs the current fingerprint
   if (!core_.persistence_enabled()) {
     release_and_wake(t);
-    co_return error_reply(503, "persistence is off");
+    co_return admin_outcome{admin_result::persistence_off};
   }
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
@@ -58,21 +55,21 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());
   auto plan = core_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) write_manifest(m);
-  admin_reply out = json_reply(200, "result", "resident");
+  admin_outcome out = admin_outcome{admin_result::resident};
   if (plan.fail) {
     core_.abort_prepare(slot);
-    out = error_reply(503, "persistence unavailable (circuit open)");
+    out = admin_outcome{admin_result::circuit_open};
   } else if (!plan.resident) {
     if (plan.save) co_await run_save(*plan.save);
     bool need_erase = plan.erase;
-    out = json_reply(200, "result", "cold: no usable snapshot");
+    out = admin_outcome{admin_result::cold};
     if (plan.restore) {
       auto r = co_await backend_->restore(plan.restore->slot, plan.restore->filename);
       auto d = core_.on_restore(*plan.restore, r, steady_clock::now(), wall_now());
       if (d.write) write_manifest(*d.write);
       need_erase = !d.restored && d.need_erase;
-      out = d.restored ? json_reply(200, "result", "restored")
-                       : json_reply(200, "result", "restore failed: cold");
+      out = d.restored ? admin_outcome{admin_result::restored}
+                       : admin_outcome{admin_result::restore_failed_cold};
     }
     if (need_erase) {
       auto er = co_await backend_->erase(plan.slot);
@@ -88,35 +85,35 @@ net::awaitable<admin_reply> coordinator::admin_restore(std::string hash_or_id) {
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_invalidate(std::string hash_or_id, std::string note) {
+net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_id, std::string note) {
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
-  admin_reply out;
+  admin_outcome out;
   if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     write_manifest(*m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
-    out = json_reply(200, "result", "invalidated");
+    out = admin_outcome{admin_result::invalidated};
   } else {
-    out = error_reply(404, "no snapshot for that session");
+    out = admin_outcome{admin_result::no_snapshot};
   }
   release_and_wake(t);
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_dispose(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return error_reply(503, "persistence is off");
+net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
-  admin_reply out = json_reply(200, "result", "disposed");
+  admin_outcome out = admin_outcome{admin_result::disposed};
   if (!core_.session(hash)) {
-    out = error_reply(404, "unknown session");
+    out = admin_outcome{admin_result::unknown_session};
   } else if (core_.slot_of(hash) < 0) {
-    out = json_reply(200, "result", "not resident: nothing to dispose");
+    out = admin_outcome{admin_result::nothing_to_dispose};
   } else {
     if (auto s = core_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
     if (!core_.release_session(hash)) {
-      out = error_reply(502, "save failed: the session keeps its slot");
+      out = admin_outcome{admin_result::save_failed_kept_slot};
     } else {
       log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
     }
@@ -125,7 +122,7 @@ net::awaitable<admin_reply> coordinator::admin_dispose(std::string hash_or_id) {
   co_return out;
 }
 
-net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
+net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   const bool known = core_.forget(hash);
@@ -134,25 +131,15 @@ net::awaitable<admin_reply> coordinator::admin_purge(std::string hash_or_id) {
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
   const std::uint64_t freed = snapshots_.remove(hash);
   release_and_wake(t);
-  if (!known) co_return error_reply(404, "unknown session");
+  if (!known) co_return admin_outcome{admin_result::unknown_session};
   log(log_level::info, "kv.session.purged",
       {{"session", std::string(core::abbrev(hash))}, {"freed_bytes", std::to_string(freed)}});
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  w.Key("result");
-  core::write_json_string(w, "purged");
-  w.Key("freedBytes");
-  w.Uint64(freed);
-  w.Key("filesDeleted");
-  w.Bool(snapshots_.shared());
-  w.EndObject();
-  co_return admin_reply{200, sb.GetString()};
+  co_return admin_outcome{admin_result::purged, freed, snapshots_.shared()};
 }
 
-net::awaitable<admin_reply> coordinator::admin_flush() {
+net::awaitable<admin_outcome> coordinator::admin_flush() {
   const bool ok = co_await checkpoint();
-  co_return ok ? json_reply(200, "result", "flushed") : error_reply(502, "save failed");
+  co_return admin_outcome{ok ? admin_result::flushed : admin_result::save_failed};
 }
 
 }  // namespace kvp::proxy

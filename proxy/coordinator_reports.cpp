@@ -361,13 +361,17 @@ session_row coordinator::row_with_reuse(core::coordinator_core::session_view v) 
   return row;
 }
 
-admin_reply coordinator::session_json(const std::string& hash_or_id) const {
+std::optional<session_row> coordinator::session(const std::string& hash_or_id) const {
   auto v = core_.session(resolve_session(hash_or_id).hash);
-  if (!v) return detail::error_reply(404, "unknown session");
+  if (!v) return std::nullopt;
+  return row_with_reuse(std::move(*v));
+}
+
+std::string session_json(const session_row& row) {
   rapidjson::StringBuffer sb;
   json_writer w(sb);
-  write_session(w, row_with_reuse(std::move(*v)));
-  return admin_reply{200, sb.GetString()};
+  write_session(w, row);
+  return sb.GetString();
 }
 
 void coordinator::write_metrics(core::prom_writer& w) const {

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "core/identity.hpp"
-#include "core/json_writer.hpp"
 #include "core/log.hpp"
 #include "core/retention.hpp"
 #include "proxy/coordinator.hpp"
@@ -40,7 +39,7 @@ std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
   return freed;
 }
 
-std::string coordinator::run_gc() {
+gc_report coordinator::run_gc() {
   // REQUIRES: lease held (we may forget sessions).
   auto entries = core_.retention_entries();
   if (snapshots_.shared())
@@ -50,25 +49,8 @@ std::string coordinator::run_gc() {
   const auto plan = core::plan_retention(std::move(entries), limits, detail::unix_now());
   std::uint64_t freed = 0;
   for (const auto& e : plan.evict) freed += forget_session(e);
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  w.Key("evicted");
-  w.Uint64(plan.evict.size());
-  w.Key("freedBytes");
-  w.Uint64(freed);
-  w.Key("remainingSessions");
-  w.Uint64(plan.remaining_sessions);
-  w.Key("remainingBytes");
-  w.Uint64(plan.remaining_bytes);
-  if (!snapshots_.shared()) {
-    core::write_json_member(
-        w, "note",
-        "server-owned snapshots: evicted sessions' manifests are removed; their files stay "
-        "in llama-server's --slot-save-path (see kv.session.forgotten in the log)");
-  }
-  w.EndObject();
-  return sb.GetString();
+  return gc_report{plan.evict.size(), freed, plan.remaining_sessions, plan.remaining_bytes,
+                   !snapshots_.shared()};
 }
 
 // The session budget between gc runs, kept as each new session's first manifest is written:
@@ -81,11 +63,11 @@ void coordinator::enforce_session_budget() {
   for (const auto& e : plan.evict) forget_session(e);
 }
 
-net::awaitable<admin_reply> coordinator::admin_gc() {
+net::awaitable<gc_report> coordinator::admin_gc() {
   auto t = co_await acquire_internal();
-  auto body = run_gc();
+  const auto report = run_gc();
   release_and_wake(t);
-  co_return admin_reply{200, std::move(body)};
+  co_return report;
 }
 
 net::awaitable<void> coordinator::gc_loop() {
