@@ -47,13 +47,13 @@ response err(unsigned status, std::string_view message, unsigned version) {
   return res;
 }
 
-// An admin operation's answer: its HTTP status, and the result it names or why it was refused.
-struct admin_answer {
+// What an admin result says, in {"result": ...} or as the error's message, and its status.
+struct result_text {
   unsigned status;
   std::string_view text;
 };
 
-admin_answer answer_for(admin_result r) {
+result_text text_for(admin_result r) {
   switch (r) {
     case admin_result::saved: return {200, "saved"};
     case admin_result::clean: return {200, "clean: nothing to save"};
@@ -77,31 +77,9 @@ admin_answer answer_for(admin_result r) {
   return {500, "unknown outcome"};
 }
 
-// {"result": "..."} (a purge adds freedBytes and filesDeleted), or for a refusal or failure
-// {"error": {"code": <status>, "message": "..."}}.
 response outcome_response(const admin_outcome& o, unsigned version) {
-  const auto [status, text] = answer_for(o.result);
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  if (status != 200) {
-    w.Key("error");
-    w.StartObject();
-    w.Key("code");
-    w.Uint(status);
-    core::write_json_member(w, "message", text);
-    w.EndObject();
-  } else {
-    core::write_json_member(w, "result", text);
-    if (o.result == admin_result::purged) {
-      w.Key("freedBytes");
-      w.Uint64(o.freed_bytes);
-      w.Key("filesDeleted");
-      w.Bool(o.files_deleted);
-    }
-  }
-  w.EndObject();
-  return json(status, sb.GetString(), version);
+  auto a = answer_admin_outcome(o);
+  return json(a.status, std::move(a.body), version);
 }
 
 std::string gc_report_json(const gc_report& r) {
@@ -399,6 +377,31 @@ std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
 }
 
 }  // namespace
+
+admin_answer answer_admin_outcome(const admin_outcome& o) {
+  const auto [status, text] = text_for(o.result);
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  if (status != 200) {
+    w.Key("error");
+    w.StartObject();
+    w.Key("code");
+    w.Uint(status);
+    core::write_json_member(w, "message", text);
+    w.EndObject();
+  } else {
+    core::write_json_member(w, "result", text);
+    if (o.result == admin_result::purged) {
+      w.Key("freedBytes");
+      w.Uint64(o.freed_bytes);
+      w.Key("filesDeleted");
+      w.Bool(o.files_deleted);
+    }
+  }
+  w.EndObject();
+  return admin_answer{status, sb.GetString()};
+}
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
                            std::string listen, std::string token)
