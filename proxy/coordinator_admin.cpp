@@ -28,14 +28,14 @@ net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
   if (!core_.session(hash)) {
-    out = admin_outcome{admin_result::unknown_session};
+    out.result = admin_result::unknown_session;
   } else if (core_.slot_of(hash) < 0) {
-    out = admin_outcome{admin_result::not_resident};
+    out.result = admin_result::not_resident;
   } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
     const auto saved = co_await run_save(*s);
-    out = saved ? admin_outcome{admin_result::saved} : admin_outcome{admin_result::save_failed};
+    out.result = saved ? admin_result::saved : admin_result::save_failed;
   } else {
-    out = admin_outcome{admin_result::clean};
+    out.result = admin_result::clean;
   }
   release_and_wake(t);
   co_return out;
@@ -58,18 +58,17 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   admin_outcome out = admin_outcome{admin_result::resident};
   if (plan.fail) {
     core_.abort_prepare(slot);
-    out = admin_outcome{admin_result::circuit_open};
+    out.result = admin_result::circuit_open;
   } else if (!plan.resident) {
     if (plan.save) co_await run_save(*plan.save);
     bool need_erase = plan.erase;
-    out = admin_outcome{admin_result::cold};
+    out.result = admin_result::cold;
     if (plan.restore) {
       auto r = co_await backend_->restore(plan.restore->slot, plan.restore->filename);
       auto d = core_.on_restore(*plan.restore, r, steady_clock::now(), wall_now());
       if (d.write) write_manifest(*d.write);
       need_erase = !d.restored && d.need_erase;
-      out = d.restored ? admin_outcome{admin_result::restored}
-                       : admin_outcome{admin_result::restore_failed_cold};
+      out.result = d.restored ? admin_result::restored : admin_result::restore_failed_cold;
     }
     if (need_erase) {
       auto er = co_await backend_->erase(plan.slot);
@@ -93,9 +92,9 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
     write_manifest(*m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
-    out = admin_outcome{admin_result::invalidated};
+    out.result = admin_result::invalidated;
   } else {
-    out = admin_outcome{admin_result::no_snapshot};
+    out.result = admin_result::no_snapshot;
   }
   release_and_wake(t);
   co_return out;
@@ -107,13 +106,13 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out = admin_outcome{admin_result::disposed};
   if (!core_.session(hash)) {
-    out = admin_outcome{admin_result::unknown_session};
+    out.result = admin_result::unknown_session;
   } else if (core_.slot_of(hash) < 0) {
-    out = admin_outcome{admin_result::nothing_to_dispose};
+    out.result = admin_result::nothing_to_dispose;
   } else {
     if (auto s = core_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
     if (!core_.release_session(hash)) {
-      out = admin_outcome{admin_result::save_failed_kept_slot};
+      out.result = admin_result::save_failed_kept_slot;
     } else {
       log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
     }
