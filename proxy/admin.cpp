@@ -47,6 +47,63 @@ response err(unsigned status, std::string_view message, unsigned version) {
   return res;
 }
 
+// What an admin result says, in {"result": ...} or as the error's message, and its status.
+struct result_text {
+  unsigned status;
+  std::string_view text;
+};
+
+result_text text_for(admin_result r) {
+  switch (r) {
+    case admin_result::saved: return {200, "saved"};
+    case admin_result::clean: return {200, "clean: nothing to save"};
+    case admin_result::not_resident: return {200, "not resident: its last snapshot is current"};
+    case admin_result::restored: return {200, "restored"};
+    case admin_result::resident: return {200, "resident"};
+    case admin_result::cold: return {200, "cold: no usable snapshot"};
+    case admin_result::restore_failed_cold: return {200, "restore failed: cold"};
+    case admin_result::invalidated: return {200, "invalidated"};
+    case admin_result::disposed: return {200, "disposed"};
+    case admin_result::nothing_to_dispose: return {200, "not resident: nothing to dispose"};
+    case admin_result::purged: return {200, "purged"};
+    case admin_result::flushed: return {200, "flushed"};
+    case admin_result::persistence_off: return {503, "persistence is off"};
+    case admin_result::circuit_open: return {503, "persistence unavailable (circuit open)"};
+    case admin_result::unknown_session: return {404, "unknown session"};
+    case admin_result::no_snapshot: return {404, "no snapshot for that session"};
+    case admin_result::save_failed: return {502, "save failed"};
+    case admin_result::save_failed_kept_slot: return {502, "save failed: the session keeps its slot"};
+  }
+  return {500, "unknown outcome"};
+}
+
+response outcome_response(const admin_outcome& o, unsigned version) {
+  auto a = answer_admin_outcome(o);
+  return json(a.status, std::move(a.body), version);
+}
+
+std::string gc_report_json(const gc_report& r) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  w.Key("evicted");
+  w.Uint64(r.evicted);
+  w.Key("freedBytes");
+  w.Uint64(r.freed_bytes);
+  w.Key("remainingSessions");
+  w.Uint64(r.remaining_sessions);
+  w.Key("remainingBytes");
+  w.Uint64(r.remaining_bytes);
+  if (r.files_kept) {
+    core::write_json_member(
+        w, "note",
+        "server-owned snapshots: evicted sessions' manifests are removed; their files stay "
+        "in llama-server's --slot-save-path (see kv.session.forgotten in the log)");
+  }
+  w.EndObject();
+  return sb.GetString();
+}
+
 // Constant-time comparison so the token cannot be guessed byte by byte from timings.
 bool token_matches(std::string_view header, const std::string& token) {
   constexpr std::string_view prefix = "Bearer ";
@@ -126,8 +183,8 @@ net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json
 net::awaitable<session_page> page_of(coordinator* c, std::string after, std::size_t limit) {
   co_return c->sessions_page(after, limit);
 }
-net::awaitable<admin_reply> session_of(coordinator* c, std::string id) {
-  co_return c->session_json(id);
+net::awaitable<std::optional<session_row>> session_of(coordinator* c, std::string id) {
+  co_return c->session(id);
 }
 
 net::awaitable<response> all_metrics(std::vector<coordinator*> coords, unsigned v) {
@@ -218,10 +275,12 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   rest = core::decode_path(rest);
   if (rest.empty()) co_return err(404, "no session id in the path", v);
   // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
-  admin_reply r;
+  admin_outcome r;
   if (action.empty()) {
     if (method == http::verb::get) {
-      r = co_await on_strand(coord, session_of(coord, rest));
+      const auto row = co_await on_strand(coord, session_of(coord, rest));
+      if (!row) co_return outcome_response({admin_result::unknown_session}, v);
+      co_return json(200, session_json(*row), v);
     } else if (method == http::verb::delete_) {
       r = co_await on_strand(coord, coord->admin_purge(rest));
     } else {
@@ -243,7 +302,7 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
     else
       co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
   }
-  co_return json(r.status, std::move(r.body), v);
+  co_return outcome_response(r, v);
 }
 
 // The dashboard file a path names: "/ui" is the page, "/ui/<name>" its files. ("/" stays
@@ -318,6 +377,31 @@ std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
 }
 
 }  // namespace
+
+admin_answer answer_admin_outcome(const admin_outcome& o) {
+  const auto [status, text] = text_for(o.result);
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  if (status != 200) {
+    w.Key("error");
+    w.StartObject();
+    w.Key("code");
+    w.Uint(status);
+    core::write_json_member(w, "message", text);
+    w.EndObject();
+  } else {
+    core::write_json_member(w, "result", text);
+    if (o.result == admin_result::purged) {
+      w.Key("freedBytes");
+      w.Uint64(o.freed_bytes);
+      w.Key("filesDeleted");
+      w.Bool(o.files_deleted);
+    }
+  }
+  w.EndObject();
+  return admin_answer{status, sb.GetString()};
+}
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
                            std::string listen, std::string token)
@@ -526,13 +610,12 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
     if (method != http::verb::post) co_return err(405, "use POST", v);
-    admin_reply r;
     if (path == "/kv/flush") {
-      r = co_await on_strand(coord, coord->admin_flush());
-    } else {
-      r = co_await on_strand(coord, coord->admin_gc());
+      const auto flushed = co_await on_strand(coord, coord->admin_flush());
+      co_return outcome_response(flushed, v);
     }
-    co_return json(r.status, std::move(r.body), v);
+    const auto report = co_await on_strand(coord, coord->admin_gc());
+    co_return json(200, gc_report_json(report), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
   if (raw_path.starts_with(prefix))

@@ -26,6 +26,15 @@
 
 namespace kvp::proxy {
 
+// An admin operation's answer: its HTTP status and JSON body, {"result": "..."} (a purge adds
+// freedBytes and filesDeleted), or {"error": {"code": <status>, "message": "..."}} when it was
+// refused or failed.
+struct admin_answer {
+  unsigned status = 200;
+  std::string body;
+};
+admin_answer answer_admin_outcome(const admin_outcome& o);
+
 class admin_server {
  public:
   // `coords`: one per llama-server, the first is the default for session operations

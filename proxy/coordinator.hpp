@@ -19,6 +19,7 @@
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
 #include "proxy/manifest_store.hpp"
+#include "proxy/snapshot_files.hpp"
 
 namespace kvp::proxy {
 
@@ -71,10 +72,44 @@ struct session_page {
 };
 std::string sessions_page_json(const session_page& page);
 
-// Result of an admin operation: an HTTP status and a JSON body.
-struct admin_reply {
-  unsigned status = 200;
-  std::string body;
+// One session as GET /kv/sessions/{id} shows it.
+std::string session_json(const session_row& row);
+
+// What an admin operation did; proxy/admin.cpp answers it with an HTTP status and JSON.
+enum class admin_result {
+  saved,
+  clean,                // save: the session owns a slot with nothing unsaved
+  not_resident,         // save: no slot, so its last snapshot is current
+  restored,
+  resident,             // restore: it already owns a slot
+  cold,                 // restore: no usable snapshot
+  restore_failed_cold,  // restore: the snapshot did not load; the slot starts cold
+  invalidated,
+  disposed,
+  nothing_to_dispose,   // dispose: it owns no slot
+  purged,
+  flushed,
+  persistence_off,
+  circuit_open,
+  unknown_session,
+  no_snapshot,            // invalidate: the session has no snapshot
+  save_failed,
+  save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
+};
+
+struct admin_outcome {
+  admin_result result = admin_result::saved;
+  std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
+  bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
+};
+
+// What a retention run did (POST /kv/gc).
+struct gc_report {
+  std::size_t evicted = 0;
+  std::uint64_t freed_bytes = 0;
+  std::size_t remaining_sessions = 0;
+  std::uint64_t remaining_bytes = 0;
+  bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
 };
 
 // A place in the lease queue. Created by the client session with its own executor; the
@@ -187,17 +222,17 @@ class coordinator {
   std::string status_json() const;
   // Up to `limit` sessions with a hash greater than `after`, in hash order.
   session_page sessions_page(const std::string& after, std::size_t limit) const;
-  admin_reply session_json(const std::string& hash_or_id) const;
-  net::awaitable<admin_reply> admin_save(std::string hash_or_id);
-  net::awaitable<admin_reply> admin_restore(std::string hash_or_id);
+  std::optional<session_row> session(const std::string& hash_or_id) const;
+  net::awaitable<admin_outcome> admin_save(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_restore(std::string hash_or_id);
   // `note`: the operator's reason, recorded in the manifest (invalidNote).
-  net::awaitable<admin_reply> admin_invalidate(std::string hash_or_id, std::string note);
+  net::awaitable<admin_outcome> admin_invalidate(std::string hash_or_id, std::string note);
   // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
   // session stays known and restores on its next request. Purge forgets it and its manifest.
-  net::awaitable<admin_reply> admin_dispose(std::string hash_or_id);
-  net::awaitable<admin_reply> admin_purge(std::string hash_or_id);
-  net::awaitable<admin_reply> admin_flush();
-  net::awaitable<admin_reply> admin_gc();
+  net::awaitable<admin_outcome> admin_dispose(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_purge(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_flush();
+  net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
   // Tell the coordinator that an upstream connection failed to connect or died: the next
@@ -271,18 +306,17 @@ class coordinator {
   // The one rule of every admin session route: the hash of a known session names it,
   // anything else is a harness's session id.
   session_ref resolve_session(const std::string& hash_or_id) const;
-  bool verify_snapshot_file(const std::string& filename, std::uint64_t n_written) const;
   net::awaitable<void> gc_loop();
-  std::string run_gc();
+  gc_report run_gc();
   void enforce_session_budget();
   std::uint64_t forget_session(const core::retention_eviction& e);
-  std::uint64_t snapshot_files(const std::string& hash, bool remove);
 
   net::strand<net::io_context::executor_type> strand_;
   std::unique_ptr<backends::kv_backend> backend_;
   manifest_store store_;
   coordinator_options opts_;
   core::coordinator_core core_;
+  snapshot_files snapshots_{opts_.snapshot_dir};
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -243,112 +244,131 @@ std::string report_json(const report& rep, std::string_view result, std::string_
   return sb.GetString();
 }
 
-}  // namespace
-
-int run_doctor(const std::vector<std::string>& args) {
+struct doctor_args {
+  bool verify = false;
+  bool json = false;
   config::config cfg;
-  bool verify = false, json = false;
+};
+
+// The options and the configuration they name; nullopt (after a message) if either is wrong.
+std::optional<doctor_args> read_doctor_args(const std::vector<std::string>& args) {
+  doctor_args out;
   std::string config_path, upstream, state_dir;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
-    auto need = [&](std::string& out) {
+    auto need = [&](std::string& value) {
       if (i + 1 >= args.size()) return false;
-      out = args[++i];
+      value = args[++i];
       return true;
     };
-    if (a == "--verify") verify = true;
-    else if (a == "--json") json = true;
+    if (a == "--verify") out.verify = true;
+    else if (a == "--json") out.json = true;
     else if (a == "--config" && need(config_path)) {}
     else if (a == "--upstream" && need(upstream)) {}
     else if (a == "--state-dir" && need(state_dir)) {}
     else {
       fmt::print(stderr, "kvpersist: doctor: unexpected '{}' (see --help)\n", a);
-      return 2;
+      return std::nullopt;
     }
   }
   if (!config_path.empty()) {
     auto loaded = config::load_yaml_file(config_path);
     if (auto* err = std::get_if<config::config_error>(&loaded)) {
       fmt::print(stderr, "kvpersist: {}\n", err->to_string());
-      return 2;
+      return std::nullopt;
     }
-    cfg = std::get<config::config>(std::move(loaded));
+    out.cfg = std::get<config::config>(std::move(loaded));
   }
-  if (!upstream.empty()) cfg.upstream.url = upstream;
-  if (!state_dir.empty()) cfg.state_dir = state_dir;
-  if (auto err = config::validate(cfg)) {
+  if (!upstream.empty()) out.cfg.upstream.url = upstream;
+  if (!state_dir.empty()) out.cfg.state_dir = state_dir;
+  if (auto err = config::validate(out.cfg)) {
     fmt::print(stderr, "kvpersist: {}\n", *err);
-    return 2;
+    return std::nullopt;
   }
-  report rep;
-  backends::http_endpoint ep;
-  config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
-  ep.api_key = cfg.upstream.api_key;
-  const auto timeout = cfg.failure.management_timeout;
-  backends::llama_http_backend be(ep, timeout);
-  int unreachable = 0;
+  return out;
+}
 
-  rep.ok("Backend", "llama.cpp");
-  rep.ok("Endpoint", cfg.upstream.url);
+// The runtime as /props tells it, against the configured mode and slot.
+void check_runtime(report& rep, const config::config& cfg, const core::runtime_info& rt) {
+  rep.ok("Model", rt.model_path);
+  rep.ok("Build", rt.build_info);
+  rep.ok("Context", fmt::format("{} tokens per slot", rt.n_ctx));
+  const bool single = cfg.mode == config::slot_mode::single_slot;
+  if (single && rt.total_slots != 1)
+    rep.bad("Slots", fmt::format("{} slots, but single-slot mode needs llama-server -np 1",
+                                 rt.total_slots));
+  else
+    rep.ok("Slots", fmt::format("{} (mode {})", rt.total_slots, config::to_string(cfg.mode)));
+  if (cfg.slot_id >= rt.total_slots)
+    rep.bad("Slot id", fmt::format("slotId {} >= total_slots {}: llama-server would silently "
+                                   "wrap it to slot {} (KV_SLOT_NOT_FOUND)",
+                                   cfg.slot_id, rt.total_slots, cfg.slot_id % rt.total_slots));
+  check_sleep(rep, rt, cfg.upstream.sleep_idle);
+}
+
+struct server_check {
+  std::optional<core::runtime_info> runtime;  // the fingerprint, when the server told it
+  bool unreachable = false;
+};
+
+// llama-server: reachable, its runtime, its slot API and its prediction route.
+server_check check_server(report& rep, const config::config& cfg,
+                          const backends::http_endpoint& ep, backends::llama_http_backend& be) {
+  server_check out;
+  const auto timeout = cfg.failure.management_timeout;
   auto health = run_sync(backends::http_call(ep, http::verb::get, "/health", "", timeout));
-  std::optional<core::runtime_info> rt;
   if (!health) {
     rep.bad("Reachable", health.err().message + " (is llama-server running? upstream.url)");
-    unreachable = 1;
-  } else if (health->status != 200) {
+    out.unreachable = true;
+    return out;
+  }
+  if (health->status != 200) {
     rep.bad("Reachable", fmt::format("/health answered {} {}", health->status,
                                      backends::error_message(health->body)));
+    return out;
+  }
+  rep.ok("Reachable", "yes");
+  auto r = run_sync(be.read_runtime());
+  if (!r) {
+    if (r.err().http_status == 401)
+      rep.bad("API key", "llama-server answered 401: upstream.apiKey does not match its --api-key");
+    else
+      rep.bad("Props", r.err().message);
+    return out;
+  }
+  auto& rt = out.runtime.emplace(r.value());
+  check_runtime(rep, cfg, rt);
+  if (rt.sleeping) {
+    rep.ok("Slot API", "not checked: a slot action would wake the sleeping server");
   } else {
-    rep.ok("Reachable", "yes");
-    auto r = run_sync(be.read_runtime());
-    if (!r) {
-      if (r.err().http_status == 401)
-        rep.bad("API key", "llama-server answered 401: upstream.apiKey does not match its --api-key");
-      else
-        rep.bad("Props", r.err().message);
-    } else {
-      rt = r.value();
-      rep.ok("Model", rt->model_path);
-      rep.ok("Build", rt->build_info);
-      rep.ok("Context", fmt::format("{} tokens per slot", rt->n_ctx));
-      const bool single = cfg.mode == config::slot_mode::single_slot;
-      if (single && rt->total_slots != 1)
-        rep.bad("Slots", fmt::format("{} slots, but single-slot mode needs llama-server -np 1",
-                                     rt->total_slots));
-      else
-        rep.ok("Slots", fmt::format("{} (mode {})", rt->total_slots, config::to_string(cfg.mode)));
-      if (cfg.slot_id >= rt->total_slots)
-        rep.bad("Slot id", fmt::format("slotId {} >= total_slots {}: llama-server would silently "
-                                       "wrap it to slot {} (KV_SLOT_NOT_FOUND)",
-                                       cfg.slot_id, rt->total_slots, cfg.slot_id % rt->total_slots));
-      check_sleep(rep, *rt, cfg.upstream.sleep_idle);
-      if (rt->sleeping) {
-        rep.ok("Slot API", "not checked: a slot action would wake the sleeping server");
-      } else {
-        auto p = run_sync(be.probe());
-        report_slot_api(rep, p);
-        if (p) rt = p->runtime;  // the whole fingerprint, as the daemon computes it
-      }
-      if (!rt->sleeping) check_prediction_mode(rep, ep, cfg.upstream.predict_route, timeout);
-    }
+    auto p = run_sync(be.probe());
+    report_slot_api(rep, p);
+    if (p) rt = p->runtime;  // the whole fingerprint, as the daemon computes it
   }
-  // State directory: manifests must be writable.
-  const std::string dir = config::resolve_state_dir(cfg);
-  {
-    manifest_store store(dir);
-    auto o = store.open();
-    if (!o) {
-      rep.bad("State dir", fmt::format("{}: {}", dir, o.err().message));
-    } else {
-      const std::string probe_path = dir + "/.doctor-write-test";
-      std::ofstream f(probe_path);
-      f << "ok";
-      f.close();
-      if (!f) rep.bad("State dir", dir + " is not writable");
-      else rep.ok("State dir", dir + " (writable)");
-      ::unlink(probe_path.c_str());
-    }
+  if (!rt.sleeping) check_prediction_mode(rep, ep, cfg.upstream.predict_route, timeout);
+  return out;
+}
+
+// State directory: manifests must be writable.
+void check_state_dir(report& rep, const std::string& dir) {
+  manifest_store store(dir);
+  auto o = store.open();
+  if (!o) {
+    rep.bad("State dir", fmt::format("{}: {}", dir, o.err().message));
+    return;
   }
+  const std::string probe_path = dir + "/.doctor-write-test";
+  std::ofstream f(probe_path);
+  f << "ok";
+  f.close();
+  if (!f) rep.bad("State dir", dir + " is not writable");
+  else rep.ok("State dir", dir + " (writable)");
+  ::unlink(probe_path.c_str());
+}
+
+// What kvpersist cannot ask llama-server: the snapshot directory it shares, and settings only
+// the operator knows.
+void check_local_setup(report& rep, const config::config& cfg) {
   if (cfg.snapshots.management == config::snapshot_management::shared_filesystem) {
     if (::access(cfg.snapshots.path.c_str(), W_OK) != 0)
       rep.bad("Snapshot dir", cfg.snapshots.path + " (snapshots.path) is not writable by kvpersist");
@@ -361,39 +381,65 @@ int run_doctor(const std::vector<std::string>& args) {
     rep.warn("Runtime key", "runtimeKey is empty: set one and change it whenever -ctk/-ctv, -fa or "
                             "the model's weights change in ways /props and /v1/models do not show "
                             "(llama-server restores foreign KV silently)");
+}
+
+// --verify: runs the cycle and records its verdict in the state directory. Returns the verdict.
+std::string verify_restores(report& rep, const config::config& cfg,
+                            const backends::http_endpoint& ep, backends::llama_http_backend& be,
+                            const std::optional<core::runtime_info>& rt, const std::string& dir) {
+  if (!rt || rep.problems > 0) {
+    rep.bad("Restore verification", "skipped: fix the problems above first");
+    return "unverified";
+  }
+  auto v = run_sync(verify_cycle(be, ep, cfg.slot_id, std::chrono::minutes(5)));
+  if (v.verdict == "broken")
+    rep.bad("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
+  else
+    rep.ok("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
+  core::runtime_info fp_rt = *rt;
+  fp_rt.runtime_key = cfg.runtime_key;
+  manifest_store store(dir);
+  const auto checked_at =
+      core::format_utc(std::chrono::system_clock::now(), core::utc_precision::seconds);
+  if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, checked_at); !w)
+    rep.warn("Verdict", "not recorded: " + w.err().message);
+  else
+    rep.ok("Verdict", "recorded in " + dir + "/compatibility.json (new manifests carry it)");
+  return v.verdict;
+}
+
+}  // namespace
+
+int run_doctor(const std::vector<std::string>& args) {
+  const auto parsed = read_doctor_args(args);
+  if (!parsed) return 2;
+  const auto& cfg = parsed->cfg;
+  report rep;
+  backends::http_endpoint ep;
+  config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = cfg.upstream.api_key;
+  backends::llama_http_backend be(ep, cfg.failure.management_timeout);
+
+  rep.ok("Backend", "llama.cpp");
+  rep.ok("Endpoint", cfg.upstream.url);
+  const auto server = check_server(rep, cfg, ep, be);
+  const std::string dir = config::resolve_state_dir(cfg);
+  check_state_dir(rep, dir);
+  check_local_setup(rep, cfg);
 
   std::string verdict = "unverified";
-  if (verify) {
-    if (!rt || rep.problems > 0) {
-      rep.bad("Restore verification", "skipped: fix the problems above first");
-    } else {
-      auto v = run_sync(verify_cycle(be, ep, cfg.slot_id, std::chrono::minutes(5)));
-      verdict = v.verdict;
-      if (v.verdict == "broken")
-        rep.bad("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
-      else
-        rep.ok("Restore verification", fmt::format("{}: {}", v.verdict, v.detail));
-      core::runtime_info fp_rt = *rt;
-      fp_rt.runtime_key = cfg.runtime_key;
-      manifest_store store(dir);
-      const auto checked_at =
-          core::format_utc(std::chrono::system_clock::now(), core::utc_precision::seconds);
-      if (auto w = store.write_compatibility(fp_rt.fingerprint(), v.verdict, checked_at); !w)
-        rep.warn("Verdict", "not recorded: " + w.err().message);
-      else
-        rep.ok("Verdict", "recorded in " + dir + "/compatibility.json (new manifests carry it)");
-    }
-  } else {
+  if (parsed->verify)
+    verdict = verify_restores(rep, cfg, ep, be, server.runtime, dir);
+  else
     rep.ok("Restore verification", "not run (kvpersist doctor --verify uses slot 0 for a moment)");
-  }
   const std::string result = rep.problems == 0 ? "READY" : "NOT READY";
-  if (json) {
+  if (parsed->json) {
     fmt::print("{}\n", report_json(rep, result, verdict));
   } else {
     for (const auto& [label, text] : rep.lines) fmt::print("{:<21} {}\n", label + ":", text);
     fmt::print("{:<21} {}\n", "Result:", result);
   }
-  if (unreachable) return 3;
+  if (server.unreachable) return 3;
   return rep.problems == 0 ? 0 : 1;
 }
 

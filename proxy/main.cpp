@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include "core/log.hpp"
 #include "core/version.hpp"
 #include "proxy/cli.hpp"
+#include "proxy/listen.hpp"
 #include "proxy/server.hpp"
 
 #ifdef KVP_HAVE_SYSTEMD
@@ -102,10 +104,30 @@ int config_error(const std::string& msg) {
   return 2;
 }
 
-int serve(const std::vector<std::string>& args) {
+struct option_override {
+  std::string key, value;
+};
+
+// A serve option over the config file's value; false if the value is not valid.
+bool apply_override(config::config& cfg, const option_override& o) {
+  if (o.key == "--listen") cfg.listen = o.value;
+  else if (o.key == "--upstream") cfg.upstream.url = o.value;
+  else if (o.key == "--state-dir") cfg.state_dir = o.value;
+  else if (o.key == "--runtime-key") cfg.runtime_key = o.value;
+  else if (o.key == "--admin-listen") cfg.admin.listen = o.value;
+  else if (o.key == "--log-level") cfg.log.level = o.value;
+  else if (o.key == "--log-format") {
+    auto f = config::parse_log_format(o.value);
+    if (!f) return false;
+    cfg.log.format = *f;
+  }
+  return true;
+}
+
+// The configuration serve runs with, or the exit code when it does not run (--help, errors).
+std::variant<config::config, int> serve_config(const std::vector<std::string>& args) {
   std::string config_path;
-  struct override_t { std::string key, value; };
-  std::vector<override_t> overrides;
+  std::vector<option_override> overrides;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
     auto value = [&](std::string& out) {
@@ -133,25 +155,64 @@ int serve(const std::vector<std::string>& args) {
     if (auto* err = std::get_if<config::config_error>(&loaded)) return config_error(err->to_string());
     cfg = std::get<config::config>(std::move(loaded));
   }
-  for (const auto& o : overrides) {
-    if (o.key == "--listen") cfg.listen = o.value;
-    else if (o.key == "--upstream") cfg.upstream.url = o.value;
-    else if (o.key == "--state-dir") cfg.state_dir = o.value;
-    else if (o.key == "--runtime-key") cfg.runtime_key = o.value;
-    else if (o.key == "--admin-listen") cfg.admin.listen = o.value;
-    else if (o.key == "--log-level") cfg.log.level = o.value;
-    else if (o.key == "--log-format") {
-      auto f = config::parse_log_format(o.value);
-      if (!f) return config_error("--log-format must be plain or json");
-      cfg.log.format = *f;
-    }
-  }
+  for (const auto& o : overrides)
+    if (!apply_override(cfg, o)) return config_error("--log-format must be plain or json");
   if (const char* t = std::getenv("KVP_ADMIN_TOKEN"); t && *t && cfg.admin.token.empty())
     cfg.admin.token = t;
   if (auto err = config::validate(cfg)) return config_error(*err);
   if (auto err = config::check_admin_exposure(cfg)) return config_error(*err);
   if (config::resolve_state_dir(cfg).empty())
     return config_error("no state directory: set stateDir, --state-dir or $HOME");
+  return cfg;
+}
+
+// SIGHUP does not reload (README, Operations: systemd) and must not kill the daemon.
+net::awaitable<void> ignore_sighup(net::signal_set& h) {
+  for (;;) {
+    auto [ec, sig] = co_await h.async_wait(token);
+    if (ec) co_return;
+    core::log(core::log_level::warn, "kv.proxy.sighup",
+              {{"effect", "ignored: configuration reload is not supported; restart the "
+                          "service to apply a new configuration"}});
+  }
+}
+
+// Starts the server, and on SIGINT or SIGTERM shuts it down (draining and saving) and stops
+// the io_context. `rc` becomes 1 if it cannot listen.
+net::awaitable<void> run_until_signalled(proxy::server& s, net::io_context& io,
+                                         const config::config& c, int& rc,
+                                         net::signal_set& stop_signals) {
+  auto r = co_await s.start();
+  if (!r) {
+    core::log(core::log_level::error, "kv.proxy.listen_failed",
+              {{"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
+    rc = 1;
+    io.stop();
+    co_return;
+  }
+  const bool several = !c.servers.empty();
+  core::log(core::log_level::info, "kv.proxy.listening",
+            {{"address", r.value()}, {"admin", s.admin_address()},
+             {several ? "servers" : "upstream", several ? upstream_list(c) : c.upstream.url},
+             {"state_dir", config::resolve_state_dir(c)}, {"version", kvp::version}});
+#ifdef KVP_HAVE_SYSTEMD
+  sd_notify(0, "READY=1");
+#endif
+  auto [ec, sig] = co_await stop_signals.async_wait(token);
+  if (ec) co_return;
+  core::log(core::log_level::info, "kv.proxy.stopping", {{"signal", std::to_string(sig)}});
+#ifdef KVP_HAVE_SYSTEMD
+  sd_notify(0, "STOPPING=1");
+#endif
+  co_await s.shutdown();
+  core::log(core::log_level::info, "kv.proxy.stopped");
+  io.stop();
+}
+
+int serve(const std::vector<std::string>& args) {
+  auto loaded = serve_config(args);
+  if (const int* exit_code = std::get_if<int>(&loaded)) return *exit_code;
+  const auto& cfg = std::get<config::config>(loaded);
   core::log_level lvl = core::log_level::info;
   core::parse_log_level(cfg.log.level, lvl);
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
@@ -164,58 +225,11 @@ int serve(const std::vector<std::string>& args) {
   int exit_code = 0;
   // Registered before anything starts, so a SIGTERM during startup still drains and saves.
   net::signal_set signals(ioc, SIGINT, SIGTERM);
-  // SIGHUP does not reload (README, Operations: systemd) and must not kill the daemon.
   net::signal_set hup(ioc, SIGHUP);
-  net::co_spawn(
-      ioc,
-      [](net::signal_set& h) -> net::awaitable<void> {
-        for (;;) {
-          auto [ec, sig] = co_await h.async_wait(token);
-          if (ec) co_return;
-          core::log(core::log_level::warn, "kv.proxy.sighup",
-                    {{"effect", "ignored: configuration reload is not supported; restart the "
-                                "service to apply a new configuration"}});
-        }
-      }(hup),
-      [](std::exception_ptr) {});  // nothing in the loop throws; a failed wait just ends it
-  net::co_spawn(
-      ioc,
-      [](proxy::server& s, net::io_context& io, const config::config& c, int& rc,
-         net::signal_set& stop_signals) -> net::awaitable<void> {
-        auto r = co_await s.start();
-        if (!r) {
-          core::log(core::log_level::error, "kv.proxy.listen_failed",
-                    {{"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
-          rc = 1;
-          io.stop();
-          co_return;
-        }
-        const bool several = !c.servers.empty();
-        core::log(core::log_level::info, "kv.proxy.listening",
-                  {{"address", r.value()}, {"admin", s.admin_address()},
-                   {several ? "servers" : "upstream", several ? upstream_list(c) : c.upstream.url},
-                   {"state_dir", config::resolve_state_dir(c)}, {"version", kvp::version}});
-#ifdef KVP_HAVE_SYSTEMD
-        sd_notify(0, "READY=1");
-#endif
-        auto [ec, sig] = co_await stop_signals.async_wait(token);
-        if (ec) co_return;
-        core::log(core::log_level::info, "kv.proxy.stopping", {{"signal", std::to_string(sig)}});
-#ifdef KVP_HAVE_SYSTEMD
-        sd_notify(0, "STOPPING=1");
-#endif
-        co_await s.shutdown();
-        core::log(core::log_level::info, "kv.proxy.stopped");
-        io.stop();
-      }(srv, ioc, cfg, exit_code, signals),
-      [](std::exception_ptr e) {
-        if (!e) return;
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          core::log(core::log_level::error, "kv.internal.exception", {{"what", ex.what()}});
-        }
-      });
+  net::co_spawn(ioc, ignore_sighup(hup),
+                [](std::exception_ptr) {});  // nothing in it throws; a failed wait just ends it
+  net::co_spawn(ioc, run_until_signalled(srv, ioc, cfg, exit_code, signals),
+                proxy::log_exception);
   std::vector<std::thread> extra;
   for (int i = 1; i < cfg.threads; ++i) extra.emplace_back([&ioc] { ioc.run(); });
   ioc.run();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "proxy/admin.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
@@ -24,6 +25,9 @@ namespace {
 using namespace std::chrono_literals;
 using kvp::core::prepare_kind;
 using kvp::net::io_context;
+using kvp::proxy::admin_outcome;
+using kvp::proxy::admin_result;
+using kvp::proxy::answer_admin_outcome;
 using kvp::proxy::coordinator;
 using kvp::proxy::coordinator_options;
 using kvp::proxy::lease_ticket;
@@ -756,12 +760,28 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
   auto r = h.run(h.coord->admin_restore(h.hash("A")));
-  CHECK(r.body == R"({"result":"restored"})");
+  CHECK(r.result == admin_result::restored);
+  CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
   CHECK(h.coord->core().owner() == h.hash("A"));
   auto page = h.coord->sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());
+}
+
+TEST_CASE("admin outcomes answer with their status and body", "[proxy][admin]") {
+  const auto saved = answer_admin_outcome({admin_result::saved});
+  CHECK(saved.status == 200);
+  CHECK(saved.body == R"({"result":"saved"})");
+  const auto unknown = answer_admin_outcome({admin_result::unknown_session});
+  CHECK(unknown.status == 404);
+  CHECK(unknown.body == R"({"error":{"code":404,"message":"unknown session"}})");
+  const auto kept = answer_admin_outcome({admin_result::save_failed_kept_slot});
+  CHECK(kept.status == 502);
+  CHECK(kept.body == R"({"error":{"code":502,"message":"save failed: the session keeps its slot"}})");
+  const auto purged = answer_admin_outcome(admin_outcome{admin_result::purged, 1234, true});
+  CHECK(purged.status == 200);
+  CHECK(purged.body == R"({"result":"purged","freedBytes":1234,"filesDeleted":true})");
 }
 
 TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coordinator][admin]") {

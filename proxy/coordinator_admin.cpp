@@ -1,0 +1,144 @@
+// The admin API's session operations and flush (docs/design.md §18, §10): each takes the
+// exclusive lease, so no request runs while it changes a session's state.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/identity.hpp"
+#include "core/log.hpp"
+#include "proxy/coordinator.hpp"
+#include "proxy/coordinator_internal.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using detail::wall_now;
+using std::chrono::steady_clock;
+
+coordinator::session_ref coordinator::resolve_session(const std::string& hash_or_id) const {
+  if (auto known = core_.session(hash_or_id)) return {hash_or_id, known->session_id};
+  return {core_.hash_for(hash_or_id), hash_or_id};
+}
+
+net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out;
+  if (!core_.session(hash)) {
+    out.result = admin_result::unknown_session;
+  } else if (core_.slot_of(hash) < 0) {
+    out.result = admin_result::not_resident;
+  } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
+    const auto saved = co_await run_save(*s);
+    out.result = saved ? admin_result::saved : admin_result::save_failed;
+  } else {
+    out.result = admin_result::clean;
+  }
+  release_and_wake(t);
+  co_return out;
+}
+
+net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  auto t = co_await acquire_internal();
+  co_await refresh_runtime(core_.slot_ids().front());  // a plan needs the current fingerprint
+  if (!core_.persistence_enabled()) {
+    release_and_wake(t);
+    co_return admin_outcome{admin_result::persistence_off};
+  }
+  // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
+  // the slot is left to the session without running anything on it.
+  core::request_identity who{resolve_session(hash_or_id).session_id, ""};
+  const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());
+  auto plan = core_.prepare(who, slot, steady_clock::now(), wall_now());
+  for (const auto& m : plan.manifest_writes) write_manifest(m);
+  admin_outcome out = admin_outcome{admin_result::resident};
+  if (plan.fail) {
+    core_.abort_prepare(slot);
+    out.result = admin_result::circuit_open;
+  } else if (!plan.resident) {
+    if (plan.save) co_await run_save(*plan.save);
+    bool need_erase = plan.erase;
+    out.result = admin_result::cold;
+    if (plan.restore) {
+      auto r = co_await backend_->restore(plan.restore->slot, plan.restore->filename);
+      auto d = core_.on_restore(*plan.restore, r, steady_clock::now(), wall_now());
+      if (d.write) write_manifest(*d.write);
+      need_erase = !d.restored && d.need_erase;
+      out.result = d.restored ? admin_result::restored : admin_result::restore_failed_cold;
+    }
+    if (need_erase) {
+      auto er = co_await backend_->erase(plan.slot);
+      core_.on_erase(slot, er, steady_clock::now());
+    }
+    core_.start_inference(who, slot);
+    core_.end_inference(slot, false, steady_clock::now());
+  } else {
+    core_.start_inference(who, slot);
+    core_.end_inference(slot, false, steady_clock::now());
+  }
+  release_and_wake(t);
+  co_return out;
+}
+
+net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_id, std::string note) {
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out;
+  if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
+    write_manifest(*m);
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
+    out.result = admin_result::invalidated;
+  } else {
+    out.result = admin_result::no_snapshot;
+  }
+  release_and_wake(t);
+  co_return out;
+}
+
+net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id) {
+  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out = admin_outcome{admin_result::disposed};
+  if (!core_.session(hash)) {
+    out.result = admin_result::unknown_session;
+  } else if (core_.slot_of(hash) < 0) {
+    out.result = admin_result::nothing_to_dispose;
+  } else {
+    if (auto s = core_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
+    if (!core_.release_session(hash)) {
+      out.result = admin_result::save_failed_kept_slot;
+    } else {
+      log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
+    }
+  }
+  release_and_wake(t);
+  co_return out;
+}
+
+net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
+  auto t = co_await acquire_internal();
+  const auto hash = resolve_session(hash_or_id).hash;
+  const bool known = core_.forget(hash);
+  last_restore_.erase(hash);
+  if (auto r = store_.remove(hash); !r)
+    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
+  const std::uint64_t freed = snapshots_.remove(hash);
+  release_and_wake(t);
+  if (!known) co_return admin_outcome{admin_result::unknown_session};
+  log(log_level::info, "kv.session.purged",
+      {{"session", std::string(core::abbrev(hash))}, {"freed_bytes", std::to_string(freed)}});
+  co_return admin_outcome{admin_result::purged, freed, snapshots_.shared()};
+}
+
+net::awaitable<admin_outcome> coordinator::admin_flush() {
+  const bool ok = co_await checkpoint();
+  co_return admin_outcome{ok ? admin_result::flushed : admin_result::save_failed};
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,407 @@
+// The coordinator's reports (docs/design.md §18): GET /kv/status, the session list and one
+// session as JSON, and the Prometheus metrics. They only read the coordinator's state.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/identity.hpp"
+#include "core/json_writer.hpp"
+#include "core/manifest.hpp"
+#include "core/metrics.hpp"
+#include "core/retention.hpp"
+#include "proxy/coordinator.hpp"
+#include "proxy/coordinator_internal.hpp"
+
+namespace kvp::proxy {
+
+namespace {
+
+using core::json_writer;
+constexpr auto jstr = core::write_json_string;
+
+// Seconds since the snapshot was last saved (0 if its time does not parse or is ahead).
+std::int64_t snapshot_age_s(const core::manifest& m) {
+  const auto at = core::parse_utc(m.updated_at);
+  return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
+}
+
+session_row row_of(core::coordinator_core::session_view v) {
+  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
+                std::nullopt};
+  if (v.snapshot) r.snapshot = *v.snapshot;
+  return r;
+}
+
+void write_snapshot(json_writer& w, const core::manifest& m) {
+  w.StartObject();
+  w.Key("state");
+  jstr(w, m.state == core::snapshot_state::ready ? "ready" : "invalid");
+  if (m.state == core::snapshot_state::invalid) {
+    w.Key("invalidReason");
+    jstr(w, m.invalid_reason);
+    if (!m.invalid_note.empty()) {
+      w.Key("invalidNote");
+      jstr(w, core::valid_utf8(m.invalid_note));
+    }
+  }
+  w.Key("file");
+  jstr(w, m.snapshot_file());
+  w.Key("tokens");
+  w.Uint64(m.tokens);
+  w.Key("bytes");
+  w.Uint64(m.bytes);
+  w.Key("compatibility");
+  jstr(w, m.compatibility);
+  w.Key("updatedAt");
+  jstr(w, m.updated_at);
+  w.Key("ageSeconds");
+  w.Int64(snapshot_age_s(m));
+  w.EndObject();
+}
+
+void write_session(json_writer& w, const session_row& v) {
+  w.StartObject();
+  w.Key("sessionId");
+  jstr(w, core::valid_utf8(v.session_id));
+  w.Key("sessionHash");
+  jstr(w, v.hash);
+  w.Key("resident");
+  w.Bool(v.resident);
+  w.Key("dirty");
+  w.Bool(v.dirty);
+  w.Key("snapshot");
+  if (!v.snapshot)
+    w.Null();
+  else
+    write_snapshot(w, *v.snapshot);
+  w.Key("lastRestore");
+  if (!v.last_restore) {
+    w.Null();
+  } else {
+    w.StartObject();
+    w.Key("tokens");
+    w.Uint64(v.last_restore->restored);
+    w.Key("reused");
+    w.Int64(v.last_restore->reused);
+    w.EndObject();
+  }
+  w.EndObject();
+}
+
+// "unavailable" (persistence off), or the circuit's state with "degraded" for failures
+// below its threshold.
+std::string_view backend_state(const core::coordinator_core& c) {
+  if (!c.persistence_enabled()) return "unavailable";
+  switch (c.circuit().current()) {
+    case core::breaker::state::closed:
+      return c.circuit().consecutive_failures() > 0 ? "degraded" : "healthy";
+    case core::breaker::state::open: return "open";
+    case core::breaker::state::half_open: return "half_open";
+  }
+  return "unavailable";
+}
+
+void write_backend(json_writer& w, const core::coordinator_core& c, const std::string& endpoint) {
+  w.StartObject();
+  w.Key("kind");
+  jstr(w, "llama.cpp");
+  w.Key("state");
+  jstr(w, backend_state(c));
+  w.Key("endpoint");
+  jstr(w, endpoint);
+  w.Key("model");
+  jstr(w, c.runtime().model_path);
+  w.Key("build");
+  jstr(w, c.runtime().build_info);
+  w.EndObject();
+}
+
+void write_slots(json_writer& w, const core::coordinator_core& c,
+                 const std::map<int, std::shared_ptr<lease_ticket>>& leased) {
+  w.StartArray();
+  for (int id : c.slot_ids()) {
+    w.StartObject();
+    w.Key("id");
+    w.Int(id);
+    w.Key("owner");
+    if (c.owner(id).empty())
+      w.Null();
+    else
+      jstr(w, core::abbrev(c.owner(id)));
+    w.Key("state");
+    jstr(w, core::to_string(c.state(id)));
+    w.Key("leased");
+    w.Bool(leased.contains(id));
+    w.Key("auxiliary");
+    w.Bool(id == c.aux_slot());
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+void write_snapshot_totals(json_writer& w, const core::coordinator_core& c) {
+  std::uint64_t valid = 0, invalid = 0, bytes = 0;
+  for (const auto& m : c.manifests()) {
+    if (m.state == core::snapshot_state::ready) {
+      ++valid;
+      bytes += m.bytes;
+    } else {
+      ++invalid;
+    }
+  }
+  w.StartObject();
+  w.Key("known");
+  w.Uint64(valid + invalid);
+  w.Key("valid");
+  w.Uint64(valid);
+  w.Key("invalid");
+  w.Uint64(invalid);
+  w.Key("bytes");
+  w.Uint64(bytes);
+  w.EndObject();
+}
+
+// The core's counters; the reuse totals that follow them are the coordinator's.
+void write_core_stats(json_writer& w, const core::core_stats& st) {
+  w.Key("restores");
+  w.Uint64(st.restores);
+  w.Key("restoreHits");
+  w.Uint64(st.restore_hits);
+  w.Key("restoreFailures");
+  w.Uint64(st.restore_failures);
+  w.Key("coldStarts");
+  w.Uint64(st.cold_starts);
+  w.Key("saves");
+  w.Uint64(st.saves);
+  w.Key("saveFailures");
+  w.Uint64(st.save_failures);
+  w.Key("emptySaves");
+  w.Uint64(st.empty_saves);
+  w.Key("switches");
+  w.Uint64(st.switches);
+  w.Key("invalidations");
+  w.Uint64(st.invalidations);
+}
+
+// One labelled sample per family, for the metrics with a single value per server.
+struct metric_sink {
+  core::prom_writer& w;
+  std::string labels;
+  void counter(const char* name, const char* help, double v) const {
+    w.family(name, "counter", help);
+    w.sample(name, labels, v);
+  }
+  void gauge(const char* name, const char* help, double v) const {
+    w.family(name, "gauge", help);
+    w.sample(name, labels, v);
+  }
+};
+
+void write_restore_counters(const metric_sink& m, const core::core_stats& st,
+                            std::uint64_t unpaid_restores) {
+  m.counter("kvpersist_restore_total", "Snapshot restores attempted.", st.restores);
+  m.counter("kvpersist_restore_hit_total", "Restores that loaded a verified snapshot.",
+            st.restore_hits);
+  m.counter("kvpersist_restore_miss_total",
+            "Returning sessions whose snapshot could not be used (invalid, incompatible, failed).",
+            st.restore_misses);
+  const auto returning = st.restore_hits + st.restore_misses;
+  m.gauge("kvpersist_restore_hit_ratio",
+          "Restore hits / (hits + misses) over returning sessions; 0 before the first.",
+          returning ? static_cast<double>(st.restore_hits) / static_cast<double>(returning) : 0.0);
+  m.counter("kvpersist_restore_failure_total", "Restores that failed or did not verify.",
+            st.restore_failures);
+  m.counter("kvpersist_restore_unpaid_total",
+            "Restores whose next response reused less than half of the restored tokens.",
+            unpaid_restores);
+}
+
+void write_save_counters(const metric_sink& m, const core::core_stats& st) {
+  m.counter("kvpersist_save_total", "Snapshots saved.", st.saves);
+  m.counter("kvpersist_save_failure_total", "Saves that failed.", st.save_failures);
+  m.counter("kvpersist_save_empty_total", "Saves that wrote 0 tokens (previous snapshot kept).",
+            st.empty_saves);
+  m.counter("kvpersist_restore_bytes_total", "Bytes read by restores.", st.restore_bytes);
+  m.counter("kvpersist_save_bytes_total", "Bytes written by saves.", st.save_bytes);
+  m.counter("kvpersist_cold_prefill_total", "Session requests that ran without cached state.",
+            st.cold_starts);
+  m.counter("kvpersist_slot_switch_total", "Times the slot changed hands.", st.switches);
+  m.counter("kvpersist_snapshot_invalidated_total", "Snapshots marked invalid.",
+            st.invalidations);
+}
+
+void write_snapshot_gauges(const metric_sink& m, const core::coordinator_core& c) {
+  std::uint64_t valid = 0, bytes = 0;
+  std::int64_t oldest = 0;
+  for (const auto& man : c.manifests())
+    if (man.state == core::snapshot_state::ready) {
+      ++valid;
+      bytes += man.bytes;
+      oldest = std::max(oldest, snapshot_age_s(man));
+    }
+  m.gauge("kvpersist_snapshot_count", "Valid snapshots known.", valid);
+  m.gauge("kvpersist_snapshot_oldest_age_seconds",
+          "Age of the least recently saved valid snapshot (0 without any).",
+          static_cast<double>(oldest));
+  m.gauge("kvpersist_snapshot_bytes", "Bytes of the valid snapshots' current generations.", bytes);
+}
+
+// Persistence, the circuit and each slot's state and ownership.
+void write_state_gauges(const metric_sink& m, const core::coordinator_core& c) {
+  auto& w = m.w;
+  const auto& lbl = m.labels;
+  m.gauge("kvpersist_persistence_enabled", "1 when slot persistence is active.",
+          c.persistence_enabled() ? 1 : 0);
+  w.family("kvpersist_circuit_state", "gauge", "Circuit breaker state (1 for the current one).");
+  for (auto s : {core::breaker::state::closed, core::breaker::state::open,
+                 core::breaker::state::half_open})
+    w.sample("kvpersist_circuit_state", fmt::format("{},state=\"{}\"", lbl, core::to_string(s)),
+             c.circuit().current() == s ? 1 : 0);
+  w.family("kvpersist_slot_state", "gauge", "Slot state (1 for the current one).");
+  for (int id : c.slot_ids())
+    for (auto s : {core::slot_state::unknown, core::slot_state::idle, core::slot_state::saving,
+                   core::slot_state::restoring, core::slot_state::ready,
+                   core::slot_state::inference, core::slot_state::dirty})
+      w.sample("kvpersist_slot_state",
+               fmt::format("{},slot=\"{}\",state=\"{}\"", lbl, id, core::to_string(s)),
+               c.state(id) == s ? 1 : 0);
+  w.family("kvpersist_slot_owned", "gauge", "1 when a session owns the slot.");
+  for (int id : c.slot_ids())
+    w.sample("kvpersist_slot_owned", fmt::format("{},slot=\"{}\"", lbl, id),
+             c.owner(id).empty() ? 0 : 1);
+}
+
+}  // namespace
+
+std::string coordinator::status_json() const {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key("name");
+  jstr(w, opts_.server_name);
+  w.Key("enabled");
+  w.Bool(core_.persistence_enabled());
+  w.Key("disabledReason");  // why persistence is off, when the server said why
+  if (core_.persistence_enabled() || disabled_why_.empty())
+    w.Null();
+  else
+    jstr(w, disabled_why_);
+  w.Key("backend");
+  write_backend(w, core_, opts_.endpoint);
+  w.Key("mode");
+  jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
+  w.Key("slots");
+  write_slots(w, core_, leased_);
+  w.Key("queue");
+  w.StartObject();
+  w.Key("waiting");
+  w.Uint64(queue_.size());
+  w.EndObject();
+  w.Key("snapshots");
+  write_snapshot_totals(w, core_);
+  w.Key("retention");  // the disk quota the dashboard shows usage against (0: none)
+  w.StartObject();
+  w.Key("maxTotalBytes");
+  w.Uint64(opts_.retention_max_bytes);
+  w.EndObject();
+  w.Key("stats");
+  w.StartObject();
+  write_core_stats(w, core_.stats());
+  w.Key("reusedTokens");
+  w.Uint64(reused_tokens_);
+  w.Key("prefilledTokens");
+  w.Uint64(prefilled_tokens_);
+  w.Key("prefillSecondsSaved");
+  w.Double(prefill_seconds_saved_);
+  w.EndObject();
+  w.EndObject();
+  return sb.GetString();
+}
+
+session_page coordinator::sessions_page(const std::string& after, std::size_t limit) const {
+  session_page page{opts_.server_name, {}, {}};
+  auto views = core_.sessions_after(after, limit + 1);
+  if (views.size() > limit) {
+    views.resize(limit);
+    page.next = views.back().hash;
+  }
+  page.sessions.reserve(views.size());
+  for (auto& v : views) page.sessions.push_back(row_with_reuse(std::move(v)));
+  return page;
+}
+
+std::string sessions_page_json(const session_page& page) {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  w.StartObject();
+  w.Key("server");
+  jstr(w, page.server);
+  w.Key("sessions");
+  w.StartArray();
+  for (const auto& row : page.sessions) write_session(w, row);
+  w.EndArray();
+  if (!page.next.empty()) {
+    w.Key("next");
+    jstr(w, page.next);
+  }
+  w.EndObject();
+  return sb.GetString();
+}
+
+session_row coordinator::row_with_reuse(core::coordinator_core::session_view v) const {
+  auto row = row_of(std::move(v));
+  if (auto it = last_restore_.find(row.hash); it != last_restore_.end())
+    row.last_restore = it->second;
+  return row;
+}
+
+std::optional<session_row> coordinator::session(const std::string& hash_or_id) const {
+  auto v = core_.session(resolve_session(hash_or_id).hash);
+  if (!v) return std::nullopt;
+  return row_with_reuse(std::move(*v));
+}
+
+std::string session_json(const session_row& row) {
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);
+  write_session(w, row);
+  return sb.GetString();
+}
+
+void coordinator::write_metrics(core::prom_writer& w) const {
+  const auto& st = core_.stats();
+  const metric_sink m{w, fmt::format("server=\"{}\"", core::escape_label(opts_.server_name))};
+  write_restore_counters(m, st, unpaid_restores_);
+  write_save_counters(m, st);
+  m.counter("kvpersist_reused_prompt_tokens_total",
+            "Prompt tokens llama-server reused (timings.cache_n) on requests right after a restore.",
+            static_cast<double>(reused_tokens_));
+  m.counter("kvpersist_prefill_seconds_saved_total",
+            "Estimated prefill time saved by restores, from the server's measured prompt speed.",
+            prefill_seconds_saved_);
+  m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
+  m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
+  m.counter("kvpersist_session_forgotten_total",
+            "Sessions retention forgot in server-owned mode (their snapshot files stay with "
+            "llama-server).",
+            sessions_forgotten_);
+  w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
+  w.histo("kvpersist_save_duration_ms", m.labels, save_ms_);
+  w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");
+  w.histo("kvpersist_restore_duration_ms", m.labels, restore_ms_);
+  w.family("kvpersist_save_bytes", "histogram", "Snapshot size per save.");
+  w.histo("kvpersist_save_bytes", m.labels, save_bytes_);
+  w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
+  w.histo("kvpersist_restore_bytes", m.labels, restore_bytes_);
+  write_snapshot_gauges(m, core_);
+  m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
+  write_state_gauges(m, core_);
+}
+
+}  // namespace kvp::proxy
