@@ -256,13 +256,10 @@ def main() -> int:
     lib.install_signal_handlers()
     work = lib.work_dir(a, "footprint")
     res = lib.Result("footprint", "Footprint", a.out, sys.argv, a.quick)
-    try:
+    with res:
         res.headline["memory"] = memory(a, work, res)
         if not a.skip_callgrind:
             res.headline["instructions"] = instructions(a, work, res)
-    finally:
-        lib.Proc.stop_all()
-    res.save()
     return 0
 
 

@@ -337,6 +337,16 @@ class Result:
         self.load_start = read("/proc/loadavg").strip()
         os.makedirs(os.path.join(out, "results"), exist_ok=True)
 
+    def __enter__(self) -> "Result":
+        return self
+
+    def __exit__(self, exc_type, _exc, _tb) -> bool:
+        """Leaving a driver's run: stop every process it started, and save the results if it did not fail."""
+        Proc.stop_all()
+        if exc_type is None:
+            self.save()
+        return False
+
     def table(self, title: str, md: str, command: str | None = None) -> None:
         self.sections.append({"title": title, "table": md, "command": command})
         print("\n### %s\n\n%s\n" % (title, md), flush=True)

@@ -117,7 +117,7 @@ def main() -> int:
     work = lib.work_dir(args, "streaming")
     res = lib.Result("streaming", "Streaming fidelity", args.out, sys.argv, args.quick)
     hdr = {"X-Session-Id": "bench-stream"}
-    try:
+    with res:
         # ---------------------------------------------------------------- stub
         up = lib.free_port()
         slot_dir = os.path.join(work, "stub-slots")
@@ -227,9 +227,6 @@ def main() -> int:
             ngx2.stop()
             tap.stop()
             ls.stop()
-    finally:
-        lib.Proc.stop_all()
-    res.save()
     return 0
 
 
