@@ -33,9 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 from lib import HOST, BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 def many_streams(port: int, n: int, body: dict, headers: dict, timeout: float) -> dict:
     """n concurrent streamed requests (one connection each); returns counts when all are done."""
     data = json.dumps(body).encode()
@@ -91,12 +88,7 @@ class Sampler(threading.Thread):
 
 
 def memory(a, work: str, res: lib.Result) -> dict:
-    up = lib.free_port()
-    sd = os.path.join(work, "stub-slots")
-    os.makedirs(sd, exist_ok=True)
-    stub = lib.Proc("sse-stub", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                 "--slot-dir", sd], work)
-    lib.wait_port(up, 10, [stub])
+    stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
     kv = lib.KvPersist(a.kvpersist, up, work, extra={"sessions": {"unmanaged": "passthrough"},
                                                      "queue": {"maxWaiting": 512}})
     rows, out = [], {}
@@ -211,12 +203,7 @@ http {{ access_log off; client_body_temp_path {d}; proxy_temp_path {d}; keepaliv
 
 
 def instructions(a, work: str, res: lib.Result) -> dict:
-    up = lib.free_port()
-    sd = os.path.join(work, "cg-slots")
-    os.makedirs(sd, exist_ok=True)
-    stub = lib.Proc("sse-stub-cg", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                    "--slot-dir", sd], work)
-    lib.wait_port(up, 10, [stub])
+    stub, up = lib.start_sse_stub(work, "sse-stub-cg", "cg-slots")
     n_a, n_b = (5, 25) if a.quick else (10, 210)
     e_a, e_b = (5, 45) if a.quick else (10, 410)
     reps = 1 if a.quick else 2

@@ -323,6 +323,17 @@ def md_table(headers: list[str], rows: list[list], align: str | None = None) -> 
     return "\n".join(out)
 
 
+def start_sse_stub(work: str, name: str, slot_subdir: str) -> tuple[Proc, int]:
+    """Start bench/sse_stub.py on a free port, saving slots into work/slot_subdir; wait until it listens."""
+    port = free_port()
+    slot_dir = os.path.join(work, slot_subdir)
+    os.makedirs(slot_dir, exist_ok=True)
+    stub = Proc(name, ["/usr/bin/python3", os.path.join(REPO, "bench", "sse_stub.py"), "--port", str(port),
+                       "--slot-dir", slot_dir], work)
+    wait_port(port, 10, [stub])
+    return stub, port
+
+
 # ----------------------------------------------------------------------------- results
 class Result:
     def __init__(self, name: str, title: str, out: str, argv: list[str], quick: bool):

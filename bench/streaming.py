@@ -119,12 +119,7 @@ def main() -> int:
     hdr = {"X-Session-Id": "bench-stream"}
     with res:
         # ---------------------------------------------------------------- stub
-        up = lib.free_port()
-        slot_dir = os.path.join(work, "stub-slots")
-        os.makedirs(slot_dir, exist_ok=True)
-        stub = lib.Proc("sse-stub", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                     "--slot-dir", slot_dir], work)
-        lib.wait_port(up, 10, [stub])
+        stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
         ngp = lib.free_port()
         ngx = lib.start_nginx(work, "nginx-proxy", lib.nginx_proxy_conf(ngp, up))
         lib.wait_port(ngp, 10, [ngx])
