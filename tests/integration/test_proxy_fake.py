@@ -16,7 +16,7 @@ import time
 import pytest
 
 from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
-                     manifests, now, wait_until)
+                     manifests, now, turned_pair, wait_until)
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import session_hash, sid
 
@@ -83,8 +83,7 @@ def test_generation_alternates(stack):
     """Each save of a session goes to the generation its manifest does not point at."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     calls = stack.upstream.management_calls()
     a_save1 = [c for c in calls if c.action == "save"][0].filename
     m1 = manifest_for(stack.state_dir, A.session)
@@ -127,8 +126,7 @@ def test_resident_reuse(stack):
 @fake_only
 def test_switch_saves_owner(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     m = [x for x in stack.fake.management_calls()]
     assert [x["action"] for x in m] == ["erase", "save", "erase"]
     save = m[1]
@@ -143,8 +141,7 @@ def test_switch_saves_owner(stack):
 @fake_only
 def test_restore_after_switch(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     stack.upstream.take_calls()
     r = ok(A.turn(stack.port))
     m = stack.fake.management_calls()[-1]
@@ -160,8 +157,7 @@ def test_corrupt_snapshot(stack, damage):
     """restore fails -> snapshot invalidated -> cold request succeeds; never restored again."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     a_file = [c for c in stack.upstream.take_calls() if c.action == "save"][0].filename
     path = stack.fake.snapshot_path(a_file)
     if damage == "corrupt":
@@ -197,8 +193,7 @@ def test_restore_count_mismatch_invalidates(stack):
     """n_restored != manifest tokens -> invalid, request still succeeds."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.upstream.take_calls()
     stack.fake.restore_n_delta = -3
     ok(A.turn(port))
@@ -524,8 +519,7 @@ def test_slow_restore_times_out(stack):
     """A restore slower than managementTimeoutMs must not hang the request."""
     stack.start(config={"failure": {"managementTimeoutMs": 500}})
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.fake.delay_next_restore(2500)
     t0 = now()
     ok(A.turn(port, timeout=10), "A with a slow restore")
@@ -538,8 +532,7 @@ def test_client_leaves_during_restore(stack):
     """The slot's real content and kvpersist's idea of its owner must stay in step."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.fake.delay_next_restore(800)
     r = A.turn(port, close_after_s=0.3, commit=False)
     assert r.aborted_by_client
@@ -862,8 +855,7 @@ def test_queue_timeout(stack):
 def test_llama_restart_detected(stack, probe_ms):
     stack.start(config={"epochProbeIntervalMs": probe_ms})
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port)); ok(A.turn(port))
+    A, B = turned_pair(port); ok(A.turn(port))
     a_file = [c for c in stack.upstream.take_calls() if c.action == "save"][0].filename
     old_marker = stack.fake.media_marker
     stack.upstream.restart()
@@ -880,8 +872,7 @@ def test_llama_restart_detected(stack, probe_ms):
 def test_kvpersist_restart_restores_from_disk(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     assert stack.proxy.stop(signal.SIGTERM) == 0
     calls = stack.upstream.take_calls()
     assert acts(calls) == ["erase", "save", "erase", "save"], calls
@@ -897,8 +888,7 @@ def test_kvpersist_restart_restores_from_disk(stack):
 # ============================================================================ state on disk
 def test_manifest_schema_and_names(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     m = manifest_for(stack.state_dir, A.session)
     assert m, manifests(stack.state_dir)
     for key in ("schemaVersion", "sessionId", "sessionHash", "instanceKey", "modelId", "runtimeFingerprint",
