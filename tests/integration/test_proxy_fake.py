@@ -37,6 +37,21 @@ def warn_lines(proxy):
     return [l for l in proxy.log_lines() if l.level in ("WARN", "ERROR")]
 
 
+def assert_slot_busy(r) -> None:
+    """r is the queue's refusal: a JSON 503 KV_SLOT_BUSY with a Retry-After."""
+    assert r.header("retry-after") is not None and is_json_error(r)
+    assert kv_error(r) == (503, "KV_SLOT_BUSY"), r.body
+
+
+def slow_stream(f, turn, port: int, n_predict: int) -> Async:
+    """turn(port, stream=True) in the background, answered by the fake f with n_predict events 0.1 s
+    apart; returns once its first event is out, so it holds the slot for about n_predict / 10 s."""
+    f.event_delay, f.n_predict = 0.1, n_predict
+    a = Async(turn, port, stream=True)
+    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    return a
+
+
 def is_json_error(r) -> bool:
     try:
         j = json.loads(r.body)
@@ -476,9 +491,7 @@ def test_queued_client_leaves(stack):
     f = stack.fake
     port = stack.port
     A, B, C = Conversation(sid("A")), Conversation(sid("B")), Conversation(sid("C"))
-    f.event_delay, f.n_predict = 0.1, 8
-    a = Async(A.turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    a = slow_stream(f, A.turn, port, 8)
     rb = B.turn(port, close_after_s=0.3, commit=False)
     assert rb.aborted_by_client
     ok(a.result(10), "A stream")
@@ -497,9 +510,7 @@ def test_queue_is_fifo(stack):
     f = stack.fake
     port = stack.port
     convs = [Conversation(sid(t)) for t in "ABCD"]
-    f.event_delay, f.n_predict = 0.1, 8
-    first = Async(convs[0].turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    first = slow_stream(f, convs[0].turn, port, 8)
     waiting = []
     for c in convs[1:]:
         waiting.append(Async(c.turn, port))
@@ -725,9 +736,7 @@ def test_passthrough_endpoints(stack):
     assert http_request(port, "GET", "/v1/models").json["data"][0]["id"] == os.path.basename(f.model_path)
     assert stack.fake.management_calls() == []
     # not queued behind inference
-    f.event_delay, f.n_predict = 0.1, 12
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    a = slow_stream(f, Conversation(sid("A")).turn, port, 12)
     t0 = now()
     r = http_request(port, "GET", "/health", timeout=5)
     assert r.status == 200 and now() - t0 < 0.5, "/health waited for the slot (%.2f s)" % (now() - t0)
@@ -812,39 +821,34 @@ def test_sigterm_waits_for_stream(stack):
 
 
 # ============================================================================ queue
+def start_queue_behind_a(stack, queue: dict, n_predict: int):
+    """Starts the stack with this queue config and session A's slow_stream of n_predict events in
+    the slot; returns (the fake, the proxy's port, A's Async)."""
+    stack.start(config={"queue": queue})
+    return stack.fake, stack.port, slow_stream(stack.fake, Conversation(sid("A")).turn, stack.port, n_predict)
+
+
 @fake_only
 def test_queue_overflow(stack):
-    stack.start(config={"queue": {"maxWaiting": 1, "timeoutMs": 10000}})
-    f = stack.fake
-    f.event_delay, f.n_predict = 0.1, 12
-    port = stack.port
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    _, port, a = start_queue_behind_a(stack, {"maxWaiting": 1, "timeoutMs": 10000}, 12)
     b = Async(Conversation(sid("B")).turn, port)
     time.sleep(0.3)
     t0 = now()
     rc = Conversation(sid("C")).turn(port, commit=False, timeout=5)
     assert rc.status == 503 and now() - t0 < 1.0, (rc.status, now() - t0)
-    assert rc.header("retry-after") is not None and is_json_error(rc)
-    assert kv_error(rc) == (503, "KV_SLOT_BUSY"), rc.body
+    assert_slot_busy(rc)
     ok(a.result(10), "A")
     ok(b.result(10), "B")
 
 
 @fake_only
 def test_queue_timeout(stack):
-    stack.start(config={"queue": {"maxWaiting": 4, "timeoutMs": 400}})
-    f = stack.fake
-    f.event_delay, f.n_predict = 0.1, 15
-    port = stack.port
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    f, port, a = start_queue_behind_a(stack, {"maxWaiting": 4, "timeoutMs": 400}, 15)
     t0 = now()
     rb = Conversation(sid("B")).turn(port, commit=False, timeout=5)
     waited = now() - t0
     assert rb.status == 503 and 0.3 <= waited < 1.5, (rb.status, waited)
-    assert rb.header("retry-after") is not None and is_json_error(rb)
-    assert kv_error(rb) == (503, "KV_SLOT_BUSY"), rb.body
+    assert_slot_busy(rb)
     ok(a.result(10), "A")
     assert len(f.inference_requests()) == 1
 
