@@ -87,6 +87,18 @@ class Sampler(threading.Thread):
             time.sleep(0.02)
 
 
+def peak_rss_during(pid: int, fn):
+    """Runs fn() while a Sampler watches pid; returns fn's result and the peak RSS (KiB) seen."""
+    smp = Sampler(pid)
+    smp.start()
+    try:
+        r = fn()
+    finally:
+        smp.stop_ev.set()
+        smp.join()
+    return r, smp.peak
+
+
 def memory(a, work: str, res: lib.Result) -> dict:
     stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
     kv = lib.KvPersist(a.kvpersist, up, work, extra={"sessions": {"unmanaged": "passthrough"},
@@ -105,34 +117,27 @@ def memory(a, work: str, res: lib.Result) -> dict:
     rows.append(["idle, after 20 streams of one session", fmt(rss), fmt(hwm), "-"])
     n = 256
     ev, iv = (20, 50) if a.quick else (60, 50)
-    smp = Sampler(kv.proc.pid)
-    smp.start()
-    r = many_streams(kv.port, n, {"stream": True, "n_events": ev, "interval_ms": iv}, {}, timeout=60)
-    smp.stop_ev.set()
-    smp.join()
+    r, peak = peak_rss_during(kv.proc.pid, lambda: many_streams(
+        kv.port, n, {"stream": True, "n_events": ev, "interval_ms": iv}, {}, timeout=60))
     if r["done"] != n:
         raise BenchError("only %d of %d concurrent passthrough streams finished (%s)" % (r["done"], n, r))
     rss, hwm = kv.rss_kib()
-    out["streams_peak"] = smp.peak
+    out["streams_peak"] = peak
     out["streams_hwm"] = hwm
     rows.append(["%d concurrent streams (passthrough, %d events each, %g ms apart)" % (n, ev, iv),
-                 fmt(smp.peak), fmt(hwm), "+%s" % fmt(smp.peak - out["idle_warm"])])
+                 fmt(peak), fmt(hwm), "+%s" % fmt(peak - out["idle_warm"])])
     time.sleep(0.5)
     rss, hwm = kv.rss_kib()
     out["idle_after"] = rss
     rows.append(["idle, after the concurrent streams", fmt(rss), fmt(hwm), "-"])
-    smp = Sampler(kv.proc.pid)
-    smp.start()
-    r = many_streams(kv.port, n, {"stream": True, "n_events": 3, "interval_ms": 2}, {"X-Session-Id": "bench-fp"},
-                     timeout=120)
-    smp.stop_ev.set()
-    smp.join()
+    r, peak = peak_rss_during(kv.proc.pid, lambda: many_streams(
+        kv.port, n, {"stream": True, "n_events": 3, "interval_ms": 2}, {"X-Session-Id": "bench-fp"}, timeout=120))
     if r["done"] != n:
         raise BenchError("only %d of %d queued session streams finished (%s)" % (r["done"], n, r))
     rss, hwm = kv.rss_kib()
-    out["queued_peak"] = smp.peak
-    rows.append(["%d requests of one session (1 streaming, the rest queued)" % n, fmt(smp.peak), fmt(hwm),
-                 "+%s" % fmt(smp.peak - out["idle_warm"])])
+    out["queued_peak"] = peak
+    rows.append(["%d requests of one session (1 streaming, the rest queued)" % n, fmt(peak), fmt(hwm),
+                 "+%s" % fmt(peak - out["idle_warm"])])
     res.table("kvpersist resident set size, KiB (sampled every 20 ms)",
               md_table(["state", "VmRSS (peak while running)", "VmHWM", "vs idle after warm-up"], rows),
               command="kvpersist serve (threads: 1, sessions.unmanaged: passthrough, queue.maxWaiting: 512) "
