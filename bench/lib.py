@@ -31,6 +31,7 @@ from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401  
 from kvptest.logs import parse_log_line  # noqa: E402
 from kvptest.net import free_port  # noqa: E402,F401  (lib.free_port for the benchmarks)
 from kvptest.procs import die_with_parent, stop_process, tail  # noqa: E402
+from kvptest.reply import chunk_content  # noqa: E402,F401  (lib.chunk_content for the benchmarks)
 
 
 
