@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tests/support/core_strings.hpp"
+#include "tests/support/runtime.hpp"
 
 namespace {
 
@@ -19,15 +20,7 @@ using namespace kvp::core;
 const steady_time t0 = steady_time{} + std::chrono::hours(24);
 constexpr std::string_view wall = "2025-06-01T12:00:00Z";
 
-runtime_info test_runtime() {
-  runtime_info rt;
-  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
-  rt.build_info = "b6123-80fb11a";
-  rt.n_ctx = 8192;
-  rt.total_slots = 1;
-  rt.media_marker = "<__media_1__>";
-  return rt;
-}
+runtime_info test_runtime() { return kvp::testing::qwen7b_runtime(); }
 
 core_options test_options() {
   core_options o;

@@ -8,6 +8,9 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
+
+#include "tests/support/runtime.hpp"
 
 namespace {
 
@@ -19,13 +22,8 @@ bool is_lower_hex(std::string_view s) {
 }
 
 runtime_info base_runtime() {
-  runtime_info rt;
-  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
-  rt.build_info = "b6123-80fb11a";
-  rt.n_ctx = 8192;
-  rt.total_slots = 1;
+  runtime_info rt = kvp::testing::qwen7b_runtime();
   rt.runtime_key = "qwen7b-f16kv";
-  rt.media_marker = "<__media_1__>";
   rt.model_ftype = "Q4_K_M";
   rt.prompt_format = std::string(64, 'a');
   rt.model_meta = "n_ctx=8192;n_vocab=152064;";
