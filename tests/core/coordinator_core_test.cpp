@@ -57,6 +57,17 @@ result<slot_restored> restored(std::uint64_t tokens) {
 result<slot_erased> erased(std::uint64_t n = 0) { return slot_erased{n}; }
 error transport() { return error{errc::backend_unavailable, 0, "connect: Connection refused"}; }
 
+// Requires a planned save and checks it: the session's hash, the generation, that generation's
+// file and the dirty revision it captures.
+void check_save(const prepare_plan& p, const std::string& hash, char generation,
+                std::uint64_t revision) {
+  REQUIRE(p.save);
+  CHECK(p.save->hash == hash);
+  CHECK(p.save->generation == generation);
+  CHECK(p.save->filename == hash + "." + generation + ".bin");
+  CHECK(p.save->revision == revision);
+}
+
 // A manifest as an earlier process would have written it for `id` under the test runtime.
 manifest ready_manifest(const coordinator_core& c, const std::string& id, char gen,
                         std::uint64_t tokens, std::uint64_t revision = 3,
@@ -189,11 +200,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   // B: save A into generation 'a', then erase for B's cold start.
   auto p3 = c.prepare(session("B"), t0 + 4s, wall);
   CHECK_FALSE(p3.resident);
-  REQUIRE(p3.save);
-  CHECK(p3.save->hash == a);
-  CHECK(p3.save->generation == 'a');
-  CHECK(p3.save->filename == a + ".a.bin");
-  CHECK(p3.save->revision == 2);
+  check_save(p3, a, 'a', 2);
   CHECK(p3.erase);
   CHECK_FALSE(p3.restore);
   CHECK(c.state() == slot_state::saving);
@@ -222,11 +229,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   // A #3: save B, restore A with A's token count.
   auto p4 = c.prepare(session("A"), t0 + 7s, wall);
   CHECK_FALSE(p4.resident);
-  REQUIRE(p4.save);
-  CHECK(p4.save->hash == b);
-  CHECK(p4.save->generation == 'a');
-  CHECK(p4.save->filename == b + ".a.bin");
-  CHECK(p4.save->revision == 1);
+  check_save(p4, b, 'a', 1);
   REQUIRE(p4.restore);
   CHECK(p4.restore->hash == a);
   CHECK(p4.restore->filename == a + ".a.bin");
