@@ -40,6 +40,14 @@ core::result<rapidjson::Document> parse_reply(std::string_view json, std::string
   return d;
 }
 
+// parse_reply, and the reply must be an array.
+core::result<rapidjson::Document> parse_array_reply(std::string_view json, std::string_view what) {
+  auto parsed = parse_reply(json, what);
+  if (parsed && !parsed.value().IsArray())
+    return bad_reply(fmt::format("{} is not an array", what));
+  return parsed;
+}
+
 std::string get_str(const rapidjson::Value& v, const char* key) {
   auto it = v.FindMember(key);
   return it != v.MemberEnd() && it->value.IsString()
@@ -167,10 +175,9 @@ core::result<std::string> parse_model_meta(std::string_view json) {
 }
 
 core::result<std::string> parse_lora_adapters(std::string_view json) {
-  auto parsed = parse_reply(json, "/lora-adapters");
+  auto parsed = parse_array_reply(json, "/lora-adapters");
   if (!parsed) return parsed.err();
   const auto& d = parsed.value();
-  if (!d.IsArray()) return bad_reply("/lora-adapters is not an array");
   std::string out;
   for (const auto& a : d.GetArray()) {
     if (!a.IsObject()) return bad_reply("/lora-adapters holds a non-object");
@@ -200,10 +207,9 @@ core::result<core::slot_erased> parse_erase_reply(std::string_view json) {
 }
 
 core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
-  auto parsed = parse_reply(json, "/slots");
+  auto parsed = parse_array_reply(json, "/slots");
   if (!parsed) return parsed.err();
   const auto& d = parsed.value();
-  if (!d.IsArray()) return bad_reply("/slots is not an array");
   std::vector<slot_info> out;
   for (const auto& s : d.GetArray()) {
     const auto id = s.IsObject() ? get_i64(s, "id", -1) : -1;
