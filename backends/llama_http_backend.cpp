@@ -40,6 +40,14 @@ core::result<rapidjson::Document> parse_reply(std::string_view json, std::string
   return d;
 }
 
+// parse_reply, and the reply must be an array.
+core::result<rapidjson::Document> parse_array_reply(std::string_view json, std::string_view what) {
+  auto parsed = parse_reply(json, what);
+  if (parsed && !parsed.value().IsArray())
+    return bad_reply(fmt::format("{} is not an array", what));
+  return parsed;
+}
+
 std::string get_str(const rapidjson::Value& v, const char* key) {
   auto it = v.FindMember(key);
   return it != v.MemberEnd() && it->value.IsString()
@@ -82,6 +90,22 @@ std::string filename_body(const std::string& filename) {
   core::write_json_member(w, "filename", filename);
   w.EndObject();
   return sb.GetString();
+}
+
+// A save or restore reply: an object with a token count (required), a byte count and a timing,
+// in that order the fields of T. `what` names the reply in errors.
+template <class T>
+core::result<T> parse_file_reply(std::string_view json, std::string_view what,
+                                 const char* tokens_key, const char* bytes_key,
+                                 const char* ms_key) {
+  auto parsed = parse_reply(json, what);
+  if (!parsed) return parsed.err();
+  const auto& d = parsed.value();
+  if (!d.IsObject() || !d.HasMember(tokens_key))
+    return bad_reply(fmt::format("{} without {}", what, tokens_key));
+  auto tokens = get_count(d, tokens_key), bytes = get_count(d, bytes_key);
+  if (!tokens || !bytes) return bad_reply(fmt::format("{} with a count out of range", what));
+  return T{*tokens, *bytes, get_timing(d, ms_key)};
 }
 
 }  // namespace
@@ -151,10 +175,9 @@ core::result<std::string> parse_model_meta(std::string_view json) {
 }
 
 core::result<std::string> parse_lora_adapters(std::string_view json) {
-  auto parsed = parse_reply(json, "/lora-adapters");
+  auto parsed = parse_array_reply(json, "/lora-adapters");
   if (!parsed) return parsed.err();
   const auto& d = parsed.value();
-  if (!d.IsArray()) return bad_reply("/lora-adapters is not an array");
   std::string out;
   for (const auto& a : d.GetArray()) {
     if (!a.IsObject()) return bad_reply("/lora-adapters holds a non-object");
@@ -166,24 +189,12 @@ core::result<std::string> parse_lora_adapters(std::string_view json) {
 }
 
 core::result<core::slot_saved> parse_save_reply(std::string_view json) {
-  auto parsed = parse_reply(json, "save reply");
-  if (!parsed) return parsed.err();
-  const auto& d = parsed.value();
-  if (!d.IsObject() || !d.HasMember("n_saved")) return bad_reply("save reply without n_saved");
-  auto saved = get_count(d, "n_saved"), written = get_count(d, "n_written");
-  if (!saved || !written) return bad_reply("save reply with a count out of range");
-  return core::slot_saved{*saved, *written, get_timing(d, "save_ms")};
+  return parse_file_reply<core::slot_saved>(json, "save reply", "n_saved", "n_written", "save_ms");
 }
 
 core::result<core::slot_restored> parse_restore_reply(std::string_view json) {
-  auto parsed = parse_reply(json, "restore reply");
-  if (!parsed) return parsed.err();
-  const auto& d = parsed.value();
-  if (!d.IsObject() || !d.HasMember("n_restored"))
-    return bad_reply("restore reply without n_restored");
-  auto restored = get_count(d, "n_restored"), read = get_count(d, "n_read");
-  if (!restored || !read) return bad_reply("restore reply with a count out of range");
-  return core::slot_restored{*restored, *read, get_timing(d, "restore_ms")};
+  return parse_file_reply<core::slot_restored>(json, "restore reply", "n_restored", "n_read",
+                                               "restore_ms");
 }
 
 core::result<core::slot_erased> parse_erase_reply(std::string_view json) {
@@ -196,10 +207,9 @@ core::result<core::slot_erased> parse_erase_reply(std::string_view json) {
 }
 
 core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
-  auto parsed = parse_reply(json, "/slots");
+  auto parsed = parse_array_reply(json, "/slots");
   if (!parsed) return parsed.err();
   const auto& d = parsed.value();
-  if (!d.IsArray()) return bad_reply("/slots is not an array");
   std::vector<slot_info> out;
   for (const auto& s : d.GetArray()) {
     const auto id = s.IsObject() ? get_i64(s, "id", -1) : -1;

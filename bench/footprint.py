@@ -33,9 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 from lib import HOST, BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 def many_streams(port: int, n: int, body: dict, headers: dict, timeout: float) -> dict:
     """n concurrent streamed requests (one connection each); returns counts when all are done."""
     data = json.dumps(body).encode()
@@ -90,13 +87,20 @@ class Sampler(threading.Thread):
             time.sleep(0.02)
 
 
+def peak_rss_during(pid: int, fn):
+    """Runs fn() while a Sampler watches pid; returns fn's result and the peak RSS (KiB) seen."""
+    smp = Sampler(pid)
+    smp.start()
+    try:
+        r = fn()
+    finally:
+        smp.stop_ev.set()
+        smp.join()
+    return r, smp.peak
+
+
 def memory(a, work: str, res: lib.Result) -> dict:
-    up = lib.free_port()
-    sd = os.path.join(work, "stub-slots")
-    os.makedirs(sd, exist_ok=True)
-    stub = lib.Proc("sse-stub", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                 "--slot-dir", sd], work)
-    lib.wait_port(up, 10, [stub])
+    stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
     kv = lib.KvPersist(a.kvpersist, up, work, extra={"sessions": {"unmanaged": "passthrough"},
                                                      "queue": {"maxWaiting": 512}})
     rows, out = [], {}
@@ -113,34 +117,27 @@ def memory(a, work: str, res: lib.Result) -> dict:
     rows.append(["idle, after 20 streams of one session", fmt(rss), fmt(hwm), "-"])
     n = 256
     ev, iv = (20, 50) if a.quick else (60, 50)
-    smp = Sampler(kv.proc.pid)
-    smp.start()
-    r = many_streams(kv.port, n, {"stream": True, "n_events": ev, "interval_ms": iv}, {}, timeout=60)
-    smp.stop_ev.set()
-    smp.join()
+    r, peak = peak_rss_during(kv.proc.pid, lambda: many_streams(
+        kv.port, n, {"stream": True, "n_events": ev, "interval_ms": iv}, {}, timeout=60))
     if r["done"] != n:
         raise BenchError("only %d of %d concurrent passthrough streams finished (%s)" % (r["done"], n, r))
     rss, hwm = kv.rss_kib()
-    out["streams_peak"] = smp.peak
+    out["streams_peak"] = peak
     out["streams_hwm"] = hwm
     rows.append(["%d concurrent streams (passthrough, %d events each, %g ms apart)" % (n, ev, iv),
-                 fmt(smp.peak), fmt(hwm), "+%s" % fmt(smp.peak - out["idle_warm"])])
+                 fmt(peak), fmt(hwm), "+%s" % fmt(peak - out["idle_warm"])])
     time.sleep(0.5)
     rss, hwm = kv.rss_kib()
     out["idle_after"] = rss
     rows.append(["idle, after the concurrent streams", fmt(rss), fmt(hwm), "-"])
-    smp = Sampler(kv.proc.pid)
-    smp.start()
-    r = many_streams(kv.port, n, {"stream": True, "n_events": 3, "interval_ms": 2}, {"X-Session-Id": "bench-fp"},
-                     timeout=120)
-    smp.stop_ev.set()
-    smp.join()
+    r, peak = peak_rss_during(kv.proc.pid, lambda: many_streams(
+        kv.port, n, {"stream": True, "n_events": 3, "interval_ms": 2}, {"X-Session-Id": "bench-fp"}, timeout=120))
     if r["done"] != n:
         raise BenchError("only %d of %d queued session streams finished (%s)" % (r["done"], n, r))
     rss, hwm = kv.rss_kib()
-    out["queued_peak"] = smp.peak
-    rows.append(["%d requests of one session (1 streaming, the rest queued)" % n, fmt(smp.peak), fmt(hwm),
-                 "+%s" % fmt(smp.peak - out["idle_warm"])])
+    out["queued_peak"] = peak
+    rows.append(["%d requests of one session (1 streaming, the rest queued)" % n, fmt(peak), fmt(hwm),
+                 "+%s" % fmt(peak - out["idle_warm"])])
     res.table("kvpersist resident set size, KiB (sampled every 20 ms)",
               md_table(["state", "VmRSS (peak while running)", "VmHWM", "vs idle after warm-up"], rows),
               command="kvpersist serve (threads: 1, sessions.unmanaged: passthrough, queue.maxWaiting: 512) "
@@ -211,12 +208,7 @@ http {{ access_log off; client_body_temp_path {d}; proxy_temp_path {d}; keepaliv
 
 
 def instructions(a, work: str, res: lib.Result) -> dict:
-    up = lib.free_port()
-    sd = os.path.join(work, "cg-slots")
-    os.makedirs(sd, exist_ok=True)
-    stub = lib.Proc("sse-stub-cg", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                    "--slot-dir", sd], work)
-    lib.wait_port(up, 10, [stub])
+    stub, up = lib.start_sse_stub(work, "sse-stub-cg", "cg-slots")
     n_a, n_b = (5, 25) if a.quick else (10, 210)
     e_a, e_b = (5, 45) if a.quick else (10, 410)
     reps = 1 if a.quick else 2
@@ -256,13 +248,10 @@ def main() -> int:
     lib.install_signal_handlers()
     work = lib.work_dir(a, "footprint")
     res = lib.Result("footprint", "Footprint", a.out, sys.argv, a.quick)
-    try:
+    with res:
         res.headline["memory"] = memory(a, work, res)
         if not a.skip_callgrind:
             res.headline["instructions"] = instructions(a, work, res)
-    finally:
-        lib.Proc.stop_all()
-    res.save()
     return 0
 
 

@@ -31,6 +31,7 @@ from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401  
 from kvptest.logs import parse_log_line  # noqa: E402
 from kvptest.net import free_port  # noqa: E402,F401  (lib.free_port for the benchmarks)
 from kvptest.procs import die_with_parent, stop_process, tail  # noqa: E402
+from kvptest.reply import chunk_content  # noqa: E402,F401  (lib.chunk_content for the benchmarks)
 
 
 
@@ -323,6 +324,17 @@ def md_table(headers: list[str], rows: list[list], align: str | None = None) -> 
     return "\n".join(out)
 
 
+def start_sse_stub(work: str, name: str, slot_subdir: str) -> tuple[Proc, int]:
+    """Start bench/sse_stub.py on a free port, saving slots into work/slot_subdir; wait until it listens."""
+    port = free_port()
+    slot_dir = os.path.join(work, slot_subdir)
+    os.makedirs(slot_dir, exist_ok=True)
+    stub = Proc(name, ["/usr/bin/python3", os.path.join(REPO, "bench", "sse_stub.py"), "--port", str(port),
+                       "--slot-dir", slot_dir], work)
+    wait_port(port, 10, [stub])
+    return stub, port
+
+
 # ----------------------------------------------------------------------------- results
 class Result:
     def __init__(self, name: str, title: str, out: str, argv: list[str], quick: bool):
@@ -336,6 +348,16 @@ class Result:
         self.t0 = time.time()
         self.load_start = read("/proc/loadavg").strip()
         os.makedirs(os.path.join(out, "results"), exist_ok=True)
+
+    def __enter__(self) -> "Result":
+        return self
+
+    def __exit__(self, exc_type, _exc, _tb) -> bool:
+        """Leaving a driver's run: stop every process it started, and save the results if it did not fail."""
+        Proc.stop_all()
+        if exc_type is None:
+            self.save()
+        return False
 
     def table(self, title: str, md: str, command: str | None = None) -> None:
         self.sections.append({"title": title, "table": md, "command": command})

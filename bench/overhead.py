@@ -157,7 +157,7 @@ def main() -> int:
     script_ns = os.path.join(work, "post-nosession.lua")
     with open(script_ns, "w") as f:
         f.write(LUA % {"body": body, "session": "-- no session header"})
-    try:
+    with res:
         # ---- stub upstream
         up = lib.free_port()
         stub = lib.start_nginx(work, "nginx-stub", stub_conf(up))
@@ -251,9 +251,6 @@ def main() -> int:
             ls.stop()
         res.note("Threads: kvpersist `threads: 1`, nginx `worker_processes 1`, wrk 1 thread at 1 client "
                  "and 2 threads otherwise; all on the same %d CPUs." % (os.cpu_count() or 0))
-    finally:
-        lib.Proc.stop_all()
-    res.save()
     return 0
 
 

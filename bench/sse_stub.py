@@ -22,11 +22,12 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import sys
 import time
 import urllib.parse
+
+from serving import serve_until_signalled
 
 PROPS = json.dumps({"model_path": "/bench/sse-stub.gguf", "build_info": "bench-sse-stub", "total_slots": 1,
                     "media_marker": "<__media_%016x__>" % int.from_bytes(os.urandom(8), "big"),
@@ -150,13 +151,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 
 async def main_async(port: int) -> None:
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024, limit=1 << 20)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(s, stop.set)
-    async with server:
-        await stop.wait()
+    await serve_until_signalled(await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024, limit=1 << 20))
 
 
 def main() -> None:

@@ -117,14 +117,9 @@ def main() -> int:
     work = lib.work_dir(args, "streaming")
     res = lib.Result("streaming", "Streaming fidelity", args.out, sys.argv, args.quick)
     hdr = {"X-Session-Id": "bench-stream"}
-    try:
+    with res:
         # ---------------------------------------------------------------- stub
-        up = lib.free_port()
-        slot_dir = os.path.join(work, "stub-slots")
-        os.makedirs(slot_dir, exist_ok=True)
-        stub = lib.Proc("sse-stub", ["/usr/bin/python3", os.path.join(HERE, "sse_stub.py"), "--port", str(up),
-                                     "--slot-dir", slot_dir], work)
-        lib.wait_port(up, 10, [stub])
+        stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
         ngp = lib.free_port()
         ngx = lib.start_nginx(work, "nginx-proxy", lib.nginx_proxy_conf(ngp, up))
         lib.wait_port(ngp, 10, [ngx])
@@ -227,9 +222,6 @@ def main() -> int:
             ngx2.stop()
             tap.stop()
             ls.stop()
-    finally:
-        lib.Proc.stop_all()
-    res.save()
     return 0
 
 

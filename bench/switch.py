@@ -74,10 +74,7 @@ class Conversation:
                 continue
             if "error" in j:
                 raise BenchError("error event: %s" % json.dumps(j["error"])[:300])
-            for ch in j.get("choices") or []:
-                c = (ch.get("delta") or {}).get("content")
-                if c:
-                    reply.append(c)
+            reply.append(lib.chunk_content(j))
             if j.get("timings"):
                 timings = j["timings"]
         self.messages.append({"role": "assistant", "content": "".join(reply)})

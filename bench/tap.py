@@ -17,10 +17,11 @@ Usage: bench/tap.py --port N --target-port M --records FILE
 import argparse
 import asyncio
 import json
-import signal
 import socket
 import sys
 import time
+
+from serving import serve_until_signalled
 
 RECORDS = None
 SEQ = 0
@@ -97,13 +98,8 @@ async def handle(creader, cwriter, target_port):
 
 
 async def main_async(port, target_port):
-    server = await asyncio.start_server(lambda r, w: handle(r, w, target_port), "127.0.0.1", port, backlog=512)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(s, stop.set)
-    async with server:
-        await stop.wait()
+    await serve_until_signalled(
+        await asyncio.start_server(lambda r, w: handle(r, w, target_port), "127.0.0.1", port, backlog=512))
 
 
 def main():

@@ -58,6 +58,7 @@ from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402  (test
 from kvptest.logs import parse_log_line  # noqa: E402
 from kvptest.net import free_port  # noqa: E402
 from kvptest.procs import die_with_parent, stop_process, tail as tail_lines  # noqa: E402
+from kvptest.reply import chunk_content  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
@@ -457,12 +458,11 @@ def chat(kvp_port: int, session_id: str, messages: list[dict], timeout: float) -
                 continue
             if "error" in chunk:
                 raise OSError("error event in the stream: %s" % json.dumps(chunk["error"])[:300])
-            for ch in chunk.get("choices") or []:
-                content = (ch.get("delta") or {}).get("content")
-                if content:
-                    reply.append(content)
-                    if first_content is None:
-                        first_content = now
+            content = chunk_content(chunk)
+            if content:
+                reply.append(content)
+                if first_content is None:
+                    first_content = now
             if chunk.get("timings"):
                 timings = chunk["timings"]
         total = time.monotonic() - t0

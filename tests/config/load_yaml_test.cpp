@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
 #include <string>
 
 namespace {
@@ -32,6 +33,22 @@ config_error load_error(std::string_view text) {
 
 bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// Loads `text`, requires failure, and checks the error's line and a part of its message.
+void require_error_at(std::string_view text, int line, std::string_view message_part) {
+  auto error = load_error(text);
+  CHECK(error.line == line);
+  CHECK(contains(error.message, message_part));
+}
+
+// The same with the column too, and every one of `message_parts`.
+void require_error_at(std::string_view text, int line, int column,
+                      std::initializer_list<std::string_view> message_parts) {
+  auto error = load_error(text);
+  CHECK(error.line == line);
+  CHECK(error.column == column);
+  for (auto part : message_parts) CHECK(contains(error.message, part));
 }
 
 }  // namespace
@@ -161,12 +178,8 @@ TEST_CASE("an unknown key is an error at its line", "[config][load_yaml]") {
     CHECK(contains(error.message, "did you mean 'threads'"));
   }
   SECTION("nested") {
-    auto error = load_error("upstream:\n  url: http://h:1\n  apikey: x\n");
-    CHECK(error.line == 3);
-    CHECK(error.column == 3);
-    CHECK(contains(error.message, "unknown key 'upstream.apikey'"));
-    CHECK(contains(error.message, "did you mean 'apiKey'"));
-    CHECK(contains(error.message, "in upstream"));
+    require_error_at("upstream:\n  url: http://h:1\n  apikey: x\n", 3, 3,
+                     {"unknown key 'upstream.apikey'", "did you mean 'apiKey'", "in upstream"});
   }
   SECTION("nothing close: lists the known keys") {
     auto error = load_error("restore:\n  zzzzzzzz: true\n");
@@ -180,15 +193,12 @@ TEST_CASE("sleepIdleSeconds is whole seconds from 0 to a year", "[config][load_y
   auto negative = load_error("upstream:\n  sleepIdleSeconds: -1\n");
   CHECK(negative.to_string() ==
         "tests.yaml:2:21: upstream.sleepIdleSeconds: must be >= 0 (got -1)");
-  auto huge = load_error("servers:\n  a:\n    url: http://h:1\n    sleepIdleSeconds: 99999999999\n");
-  CHECK(huge.line == 4);
-  CHECK(contains(huge.message, "out of range"));
+  require_error_at("servers:\n  a:\n    url: http://h:1\n    sleepIdleSeconds: 99999999999\n", 4,
+                   "out of range");
 }
 
 TEST_CASE("a duplicate key is an error", "[config][load_yaml]") {
-  auto error = load_error("threads: 1\nthreads: 2\n");
-  CHECK(error.line == 2);
-  CHECK(contains(error.message, "duplicate key 'threads'"));
+  require_error_at("threads: 1\nthreads: 2\n", 2, "duplicate key 'threads'");
 }
 
 TEST_CASE("a wrong type is an error at its line", "[config][load_yaml]") {
@@ -197,39 +207,26 @@ TEST_CASE("a wrong type is an error at its line", "[config][load_yaml]") {
     CHECK(error.to_string() == "tests.yaml:3:10: threads: expected an integer, got 'many'");
   }
   SECTION("fractional integer") {
-    auto error = load_error("queue:\n  timeoutMs: 1.5\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "queue.timeoutMs: expected an integer"));
+    require_error_at("queue:\n  timeoutMs: 1.5\n", 2, "queue.timeoutMs: expected an integer");
   }
   SECTION("integer too large") {
-    auto error = load_error("slotId: 99999999999\n");
-    CHECK(error.line == 1);
-    CHECK(contains(error.message, "out of range"));
+    require_error_at("slotId: 99999999999\n", 1, "out of range");
   }
   SECTION("boolean") {
-    auto error = load_error("checkpoint:\n  onSwitch: sometimes\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "checkpoint.onSwitch: expected true or false"));
+    require_error_at("checkpoint:\n  onSwitch: sometimes\n", 2,
+                     "checkpoint.onSwitch: expected true or false");
   }
   SECTION("string given a list") {
-    auto error = load_error("instanceKey: [a, b]\n");
-    CHECK(error.line == 1);
-    CHECK(contains(error.message, "instanceKey: expected a string, got a list"));
+    require_error_at("instanceKey: [a, b]\n", 1, "instanceKey: expected a string, got a list");
   }
   SECTION("section given a scalar") {
-    auto error = load_error("threads: 1\nupstream: http://h:1\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "upstream: expected a map"));
+    require_error_at("threads: 1\nupstream: http://h:1\n", 2, "upstream: expected a map");
   }
   SECTION("list given a scalar") {
-    auto error = load_error("sessions:\n  headers: X-Session-Id\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "expected a list of strings"));
+    require_error_at("sessions:\n  headers: X-Session-Id\n", 2, "expected a list of strings");
   }
   SECTION("negative size") {
-    auto error = load_error("limits:\n  maxBodyBytes: -1\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "limits.maxBodyBytes: must be >= 0"));
+    require_error_at("limits:\n  maxBodyBytes: -1\n", 2, "limits.maxBodyBytes: must be >= 0");
   }
 }
 
@@ -245,9 +242,8 @@ TEST_CASE("a top level that is not a map is an error", "[config][load_yaml]") {
 }
 
 TEST_CASE("a bad enum value lists the allowed values", "[config][load_yaml]") {
-  auto error = load_error("mode: multi-slot\n");
-  CHECK(error.line == 1);
-  CHECK(contains(error.message, "'multi-slot' is not one of: single-slot, managed-slots"));
+  require_error_at("mode: multi-slot\n", 1,
+                   "'multi-slot' is not one of: single-slot, managed-slots");
   CHECK(contains(load_error("sessions:\n  unmanaged: drop\n").message,
                  "auxiliary, passthrough"));
   CHECK(contains(load_error("snapshots:\n  management: s3\n").message,
@@ -258,11 +254,8 @@ TEST_CASE("a bad enum value lists the allowed values", "[config][load_yaml]") {
 
 TEST_CASE("validation errors point at the offending key", "[config][load_yaml]") {
   SECTION("https upstream is refused") {
-    auto error = load_error("threads: 1\nupstream:\n  url: https://example.com\n");
-    CHECK(error.line == 3);
-    CHECK(error.column == 8);
-    CHECK(contains(error.message, "upstream.url"));
-    CHECK(contains(error.message, "https is not supported"));
+    require_error_at("threads: 1\nupstream:\n  url: https://example.com\n", 3, 8,
+                     {"upstream.url", "https is not supported"});
   }
   SECTION("malformed upstream") {
     CHECK(load_error("upstream:\n  url: 127.0.0.1:8080\n").line == 2);
@@ -270,16 +263,12 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
     CHECK(contains(load_error("upstream:\n  url: http://h:1/v1\n").message, "path"));
   }
   SECTION("shared-filesystem without a path") {
-    auto error = load_error("snapshots:\n  management: shared-filesystem\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "requires snapshots.path"));
+    require_error_at("snapshots:\n  management: shared-filesystem\n", 2, "requires snapshots.path");
     CHECK(load_ok("snapshots:\n  management: shared-filesystem\n  path: /x\n")
               .snapshots.path == "/x");
   }
   SECTION("bad listen address") {
-    auto error = load_error("\nlisten: localhost\n");
-    CHECK(error.line == 2);
-    CHECK(contains(error.message, "listen: 'localhost' is not host:port"));
+    require_error_at("\nlisten: localhost\n", 2, "listen: 'localhost' is not host:port");
     CHECK(load_ok("listen: 127.0.0.1:0\n").listen == "127.0.0.1:0");
   }
   SECTION("ranges") {
@@ -290,9 +279,8 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
                    "upstream.connectTimeoutMs: must be >= 1"));
     CHECK(contains(load_error("upstream:\n  idleTimeoutMs: 0\n").message, "idleTimeoutMs"));
     // A server under servers: is checked with the same rules, at its own line.
-    auto sv = load_error("servers:\n  gpu:\n    url: http://h:1\n    connectTimeoutMs: 0\n");
-    CHECK(sv.line == 4);
-    CHECK(contains(sv.message, "servers.gpu.connectTimeoutMs: must be >= 1"));
+    require_error_at("servers:\n  gpu:\n    url: http://h:1\n    connectTimeoutMs: 0\n", 4,
+                     "servers.gpu.connectTimeoutMs: must be >= 1");
     CHECK(contains(load_error("servers:\n  gpu:\n    url: https://h:1\n").message,
                    "servers.gpu.url: 'https://h:1': https is not supported"));
     CHECK(contains(load_error("failure:\n  managementTimeoutMs: 0\n").message,
@@ -310,9 +298,8 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
   SECTION("header names") {
     CHECK(contains(load_error("sessions:\n  headers: []\n").message,
                    "sessions.headers: must list at least one"));
-    auto error = load_error("sessions:\n  headers:\n    - X-Ok\n    - \"Bad Header\"\n");
-    CHECK(error.line == 4);
-    CHECK(contains(error.message, "sessions.headers[1]: 'Bad Header' is not a valid HTTP header"));
+    require_error_at("sessions:\n  headers:\n    - X-Ok\n    - \"Bad Header\"\n", 4,
+                     "sessions.headers[1]: 'Bad Header' is not a valid HTTP header");
     CHECK(contains(load_error("sessions:\n  purposeHeader: \"a:b\"\n").message, "purposeHeader"));
     CHECK(load_error("sessions:\n  stripHeaders: [ok, \"x y\"]\n").line == 2);
   }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tests/support/core_strings.hpp"
+#include "tests/support/runtime.hpp"
 
 namespace {
 
@@ -19,15 +20,7 @@ using namespace kvp::core;
 const steady_time t0 = steady_time{} + std::chrono::hours(24);
 constexpr std::string_view wall = "2025-06-01T12:00:00Z";
 
-runtime_info test_runtime() {
-  runtime_info rt;
-  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
-  rt.build_info = "b6123-80fb11a";
-  rt.n_ctx = 8192;
-  rt.total_slots = 1;
-  rt.media_marker = "<__media_1__>";
-  return rt;
-}
+runtime_info test_runtime() { return kvp::testing::qwen7b_runtime(); }
 
 core_options test_options() {
   core_options o;
@@ -63,6 +56,17 @@ result<slot_restored> restored(std::uint64_t tokens) {
 }
 result<slot_erased> erased(std::uint64_t n = 0) { return slot_erased{n}; }
 error transport() { return error{errc::backend_unavailable, 0, "connect: Connection refused"}; }
+
+// Requires a planned save and checks it: the session's hash, the generation, that generation's
+// file and the dirty revision it captures.
+void check_save(const prepare_plan& p, const std::string& hash, char generation,
+                std::uint64_t revision) {
+  REQUIRE(p.save);
+  CHECK(p.save->hash == hash);
+  CHECK(p.save->generation == generation);
+  CHECK(p.save->filename == hash + "." + generation + ".bin");
+  CHECK(p.save->revision == revision);
+}
 
 // A manifest as an earlier process would have written it for `id` under the test runtime.
 manifest ready_manifest(const coordinator_core& c, const std::string& id, char gen,
@@ -196,11 +200,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   // B: save A into generation 'a', then erase for B's cold start.
   auto p3 = c.prepare(session("B"), t0 + 4s, wall);
   CHECK_FALSE(p3.resident);
-  REQUIRE(p3.save);
-  CHECK(p3.save->hash == a);
-  CHECK(p3.save->generation == 'a');
-  CHECK(p3.save->filename == a + ".a.bin");
-  CHECK(p3.save->revision == 2);
+  check_save(p3, a, 'a', 2);
   CHECK(p3.erase);
   CHECK_FALSE(p3.restore);
   CHECK(c.state() == slot_state::saving);
@@ -229,11 +229,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   // A #3: save B, restore A with A's token count.
   auto p4 = c.prepare(session("A"), t0 + 7s, wall);
   CHECK_FALSE(p4.resident);
-  REQUIRE(p4.save);
-  CHECK(p4.save->hash == b);
-  CHECK(p4.save->generation == 'a');
-  CHECK(p4.save->filename == b + ".a.bin");
-  CHECK(p4.save->revision == 1);
+  check_save(p4, b, 'a', 1);
   REQUIRE(p4.restore);
   CHECK(p4.restore->hash == a);
   CHECK(p4.restore->filename == a + ".a.bin");

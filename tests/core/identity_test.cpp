@@ -8,6 +8,9 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
+
+#include "tests/support/runtime.hpp"
 
 namespace {
 
@@ -19,13 +22,8 @@ bool is_lower_hex(std::string_view s) {
 }
 
 runtime_info base_runtime() {
-  runtime_info rt;
-  rt.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
-  rt.build_info = "b6123-80fb11a";
-  rt.n_ctx = 8192;
-  rt.total_slots = 1;
+  runtime_info rt = kvp::testing::qwen7b_runtime();
   rt.runtime_key = "qwen7b-f16kv";
-  rt.media_marker = "<__media_1__>";
   rt.model_ftype = "Q4_K_M";
   rt.prompt_format = std::string(64, 'a');
   rt.model_meta = "n_ctx=8192;n_vocab=152064;";
@@ -112,45 +110,27 @@ TEST_CASE("the runtime fingerprint ignores the epoch marker and nothing else", "
     rt.sleeping = true;
     CHECK(rt.fingerprint() == fp);
   }
-  SECTION("model file type") {
-    rt.model_ftype = "Q8_0";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("prompt format (chat templates, special tokens)") {
-    rt.prompt_format = std::string(64, 'b');
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("model metadata") {
-    rt.model_meta = "n_ctx=8192;n_vocab=151936;";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("LoRA adapters and their scales") {
-    rt.lora_adapters = "0,/models/lora.gguf,1;";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("runtime_key") {
-    rt.runtime_key = "qwen7b-q8kv";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("build") {
-    rt.build_info = "b6124-1234567";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("model") {
-    rt.model_path = "/models/other.gguf";
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("n_ctx") {
-    rt.n_ctx = 4096;
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("slots") {
-    rt.total_slots = 2;
-    CHECK(rt.fingerprint() != fp);
-  }
-  SECTION("behaviour class, once known") {
-    rt.behaviour = "0123456789abcdef";
-    CHECK(rt.fingerprint() != fp);
+  SECTION("every other field is identity") {
+    const std::pair<const char*, void (*)(runtime_info&)> changes[] = {
+        {"model file type", [](runtime_info& r) { r.model_ftype = "Q8_0"; }},
+        {"prompt format (chat templates, special tokens)",
+         [](runtime_info& r) { r.prompt_format = std::string(64, 'b'); }},
+        {"model metadata", [](runtime_info& r) { r.model_meta = "n_ctx=8192;n_vocab=151936;"; }},
+        {"LoRA adapters and their scales",
+         [](runtime_info& r) { r.lora_adapters = "0,/models/lora.gguf,1;"; }},
+        {"runtime_key", [](runtime_info& r) { r.runtime_key = "qwen7b-q8kv"; }},
+        {"build", [](runtime_info& r) { r.build_info = "b6124-1234567"; }},
+        {"model", [](runtime_info& r) { r.model_path = "/models/other.gguf"; }},
+        {"n_ctx", [](runtime_info& r) { r.n_ctx = 4096; }},
+        {"slots", [](runtime_info& r) { r.total_slots = 2; }},
+        {"behaviour class, once known", [](runtime_info& r) { r.behaviour = "0123456789abcdef"; }},
+    };
+    for (const auto& [field, change] : changes) {
+      CAPTURE(field);
+      auto changed = base;
+      change(changed);
+      CHECK(changed.fingerprint() != fp);
+    }
   }
   SECTION("fields cannot be traded against each other") {
     auto x = base;

@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/identity.hpp"
 
@@ -68,6 +70,11 @@ void require_rejected(const std::string& json) {
   REQUIRE_FALSE(r.ok());
   CHECK(r.err().code == errc::manifest_invalid);
   CHECK_FALSE(r.err().message.empty());
+}
+
+// Requires the sample with each (key, JSON literal) member in turn replaced to be rejected.
+void require_rejected_members(std::initializer_list<std::pair<const char*, std::string>> members) {
+  for (const auto& [key, value] : members) require_rejected(with_member(key, value.c_str()));
 }
 
 }  // namespace
@@ -141,9 +148,11 @@ TEST_CASE("next_generation alternates and never names the current file", "[core]
 
 TEST_CASE("parse_manifest rejects what it did not write", "[core][manifest]") {
   SECTION("another schema version") {
-    require_rejected(with_member("schemaVersion", "2"));
-    require_rejected(with_member("schemaVersion", "0"));
-    require_rejected(with_member("schemaVersion", "\"1\""));
+    require_rejected_members({
+        {"schemaVersion", "2"},
+        {"schemaVersion", "0"},
+        {"schemaVersion", "\"1\""},
+    });
     require_rejected(with_member("schemaVersion", nullptr));
   }
   SECTION("a missing required key") {
@@ -155,17 +164,21 @@ TEST_CASE("parse_manifest rejects what it did not write", "[core][manifest]") {
     }
   }
   SECTION("a mistyped key") {
-    require_rejected(with_member("tokens", "\"2124\""));
-    require_rejected(with_member("tokens", "-1"));
-    require_rejected(with_member("bytes", "1.5"));
-    require_rejected(with_member("revision", "null"));
-    require_rejected(with_member("sessionId", "42"));
+    require_rejected_members({
+        {"tokens", "\"2124\""},
+        {"tokens", "-1"},
+        {"bytes", "1.5"},
+        {"revision", "null"},
+        {"sessionId", "42"},
+    });
   }
   SECTION("a count above 2^53: a revision near 2^64 would wrap the dirty counter") {
-    require_rejected(with_member("revision", "18446744073709551615"));
-    require_rejected(with_member("revision", "9007199254740993"));
-    require_rejected(with_member("tokens", "18446744073709551615"));
-    require_rejected(with_member("bytes", "18446744073709551615"));
+    require_rejected_members({
+        {"revision", "18446744073709551615"},
+        {"revision", "9007199254740993"},
+        {"tokens", "18446744073709551615"},
+        {"bytes", "18446744073709551615"},
+    });
     CHECK(parse_manifest(with_member("revision", "9007199254740992")).ok());
   }
   SECTION("a member nested deeper than json_max_depth (the parse must not overflow the stack)") {
@@ -179,22 +192,27 @@ TEST_CASE("parse_manifest rejects what it did not write", "[core][manifest]") {
   }
   SECTION("a hash that is not 64 lower-case hex digits") {
     const auto h = sample().session_hash;
-    require_rejected(with_member("sessionHash", ("\"" + h.substr(1) + "\"").c_str()));
-    require_rejected(with_member("sessionHash", ("\"" + h + "0\"").c_str()));
-    require_rejected(with_member("sessionHash", ("\"" + std::string(64, 'A') + "\"").c_str()));
-    require_rejected(with_member("sessionHash", ("\"" + std::string(64, 'g') + "\"").c_str()));
-    require_rejected(
-        with_member("sessionHash", ("\"../../" + std::string(58, 'a') + "\"").c_str()));
+    require_rejected_members({
+        {"sessionHash", "\"" + h.substr(1) + "\""},
+        {"sessionHash", "\"" + h + "0\""},
+        {"sessionHash", "\"" + std::string(64, 'A') + "\""},
+        {"sessionHash", "\"" + std::string(64, 'g') + "\""},
+        {"sessionHash", "\"../../" + std::string(58, 'a') + "\""},
+    });
   }
   SECTION("a generation other than a or b") {
-    require_rejected(with_member("generation", "\"c\""));
-    require_rejected(with_member("generation", "\"\""));
-    require_rejected(with_member("generation", "\"ab\""));
-    require_rejected(with_member("generation", "\"A\""));
+    require_rejected_members({
+        {"generation", "\"c\""},
+        {"generation", "\"\""},
+        {"generation", "\"ab\""},
+        {"generation", "\"A\""},
+    });
   }
   SECTION("an unknown state") {
-    require_rejected(with_member("state", "\"READY\""));
-    require_rejected(with_member("state", "\"deleted\""));
+    require_rejected_members({
+        {"state", "\"READY\""},
+        {"state", "\"deleted\""},
+    });
   }
   SECTION("garbage") {
     require_rejected("");

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
 #include <string>
 
 #include "tests/support/core_strings.hpp"
@@ -11,63 +12,43 @@
 namespace {
 using kvp::core::classify_target;
 using kind = kvp::core::endpoint_kind;
+
+// Requires every one of `paths` to be classified as `expected`.
+void check_class(kind expected, std::initializer_list<const char*> paths) {
+  for (const char* path : paths) {
+    CAPTURE(path);
+    CHECK(classify_target(path) == expected);
+  }
+}
 }  // namespace
 
 TEST_CASE("every llama-server route that runs on a slot is inference", "[core][request_class]") {
-  for (const char* path : {"/completion",
-                           "/completions",
-                           "/v1/completions",
-                           "/chat/completions",
-                           "/v1/chat/completions",
-                           "/responses",
-                           "/v1/responses",
-                           "/infill",
-                           "/v1/infill",
-                           "/v1/messages",
-                           "/embedding",
-                           "/embeddings",
-                           "/v1/embeddings",
-                           "/rerank",
-                           "/reranking",
-                           "/v1/rerank",
-                           "/v1/reranking",
-                           "/api/chat",
-                           "/api/generate",
-                           "/audio/transcriptions",
-                           "/v1/audio/transcriptions"}) {
-    CAPTURE(path);
-    CHECK(classify_target(path) == kind::inference);
-  }
+  check_class(kind::inference,
+              {"/completion", "/completions", "/v1/completions", "/chat/completions",
+               "/v1/chat/completions", "/responses", "/v1/responses", "/infill", "/v1/infill",
+               "/v1/messages", "/embedding", "/embeddings", "/v1/embeddings", "/rerank",
+               "/reranking", "/v1/rerank", "/v1/reranking", "/api/chat", "/api/generate",
+               "/audio/transcriptions", "/v1/audio/transcriptions"});
 }
 
 TEST_CASE("query strings, fragments and trailing slashes do not change the class",
           "[core][request_class]") {
-  CHECK(classify_target("/v1/chat/completions?stream=true") == kind::inference);
-  CHECK(classify_target("/v1/chat/completions#x") == kind::inference);
-  CHECK(classify_target("/v1/chat/completions/") == kind::inference);
-  CHECK(classify_target("/v1/chat/completions//") == kind::inference);
-  CHECK(classify_target("/v1/chat/completions/?a=/slots") == kind::inference);
-  CHECK(classify_target("/health?x=/v1/chat/completions") == kind::passthrough);
+  check_class(kind::inference, {"/v1/chat/completions?stream=true", "/v1/chat/completions#x",
+                                "/v1/chat/completions/", "/v1/chat/completions//",
+                                "/v1/chat/completions/?a=/slots"});
+  check_class(kind::passthrough, {"/health?x=/v1/chat/completions"});
 }
 
 TEST_CASE("/slots and everything under it belongs to kvpersist", "[core][request_class]") {
-  CHECK(classify_target("/slots") == kind::slots);
-  CHECK(classify_target("/slots/") == kind::slots);
-  CHECK(classify_target("/slots?fail_on_no_slot=1") == kind::slots);
-  CHECK(classify_target("/slots/0?action=save") == kind::slots);
-  CHECK(classify_target("/slots/0?action=restore") == kind::slots);
-  CHECK(classify_target("/slots/0?action=erase") == kind::slots);
-  CHECK(classify_target("/slots/17") == kind::slots);
+  check_class(kind::slots, {"/slots", "/slots/", "/slots?fail_on_no_slot=1", "/slots/0?action=save",
+                            "/slots/0?action=restore", "/slots/0?action=erase", "/slots/17"});
 }
 
 TEST_CASE("everything else passes through without a lease", "[core][request_class]") {
-  for (const char* path :
-       {"/", "/health", "/v1/health", "/props", "/v1/models", "/models", "/metrics", "/tokenize",
-        "/detokenize", "/apply-template", "/lora-adapters", "/v1/chat/completions/x", "/slotsx",
-        "/v1/slots", "/V1/CHAT/COMPLETIONS", ""}) {
-    CAPTURE(path);
-    CHECK(classify_target(path) == kind::passthrough);
-  }
+  check_class(kind::passthrough,
+              {"/", "/health", "/v1/health", "/props", "/v1/models", "/models", "/metrics",
+               "/tokenize", "/detokenize", "/apply-template", "/lora-adapters",
+               "/v1/chat/completions/x", "/slotsx", "/v1/slots", "/V1/CHAT/COMPLETIONS", ""});
 }
 
 // llama-server's HTTP layer (cpp-httplib) percent-decodes the path before routing
@@ -75,15 +56,11 @@ TEST_CASE("everything else passes through without a lease", "[core][request_clas
 // "/%73lots/0?action=erase" reaches the slot API unless kvpersist decodes too.
 TEST_CASE("percent-encoded paths are classified as llama-server will route them",
           "[core][request_class]") {
-  CHECK(classify_target("/%73lots/0?action=erase") == kind::slots);
-  CHECK(classify_target("/slots%2F0?action=save") == kind::slots);
-  CHECK(classify_target("/v1/chat/%63ompletions") == kind::inference);
-  CHECK(classify_target("/v1/chat/completions%2F") == kind::inference);
-  CHECK(classify_target("/%68ealth") == kind::passthrough);
+  check_class(kind::slots, {"/%73lots/0?action=erase", "/slots%2F0?action=save"});
+  check_class(kind::inference, {"/v1/chat/%63ompletions", "/v1/chat/completions%2F"});
+  check_class(kind::passthrough, {"/%68ealth"});
   // Malformed escapes stay as they are (httplib keeps them too).
-  CHECK(classify_target("/slots%") == kind::passthrough);
-  CHECK(classify_target("/slots%2") == kind::passthrough);
-  CHECK(classify_target("/%zzslots") == kind::passthrough);
+  check_class(kind::passthrough, {"/slots%", "/slots%2", "/%zzslots"});
 }
 
 TEST_CASE("decode_path decodes every valid escape once", "[core][request_class]") {

@@ -52,46 +52,29 @@ struct builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, builder> {
     top->items.push_back(std::move(n));
     return &top->items.back();
   }
-  bool Default() { return false; }  // numbers arrive as RawNumber only
-  bool Null() { place(jnode{}); return true; }
-  bool Bool(bool v) {
+  jnode* place_new(jnode::kind_t kind) {
     jnode n;
-    n.kind = jnode::bool_v;
-    n.b = v;
-    place(std::move(n));
-    return true;
+    n.kind = kind;
+    return place(std::move(n));
   }
+  bool Default() { return false; }  // numbers arrive as RawNumber only
+  bool Null() { place_new(jnode::null_v); return true; }
+  bool Bool(bool v) { place_new(jnode::bool_v)->b = v; return true; }
   bool RawNumber(const char* s, rapidjson::SizeType len, bool) {
-    jnode n;
-    n.kind = jnode::number_v;
-    n.text.assign(s, len);
-    place(std::move(n));
+    place_new(jnode::number_v)->text.assign(s, len);
     return true;
   }
   bool String(const char* s, rapidjson::SizeType len, bool) {
-    jnode n;
-    n.kind = jnode::string_v;
-    n.text.assign(s, len);
-    place(std::move(n));
+    place_new(jnode::string_v)->text.assign(s, len);
     return true;
   }
   bool Key(const char* s, rapidjson::SizeType len, bool) {
     key.assign(s, len);
     return true;
   }
-  bool StartObject() {
-    jnode n;
-    n.kind = jnode::object_v;
-    stack.push_back(place(std::move(n)));
-    return true;
-  }
+  bool StartObject() { stack.push_back(place_new(jnode::object_v)); return true; }
   bool EndObject(rapidjson::SizeType) { stack.pop_back(); return true; }
-  bool StartArray() {
-    jnode n;
-    n.kind = jnode::array_v;
-    stack.push_back(place(std::move(n)));
-    return true;
-  }
+  bool StartArray() { stack.push_back(place_new(jnode::array_v)); return true; }
   bool EndArray(rapidjson::SizeType) { stack.pop_back(); return true; }
 };
 

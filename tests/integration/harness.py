@@ -33,7 +33,9 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from prompt_text import sized_text  # noqa: E402  (scripts/prompt_text.py)
 # tests/kvptest, shared with bench/ and scripts/demo.py; LogLine, parse_log_line, free_port and
 # BAN_BYTE_TOKENS stay importable from harness for the tests
+from kvptest.checks import ok  # noqa: E402
 from kvptest.config import write_config  # noqa: E402
+from kvptest.identity import sid  # noqa: E402
 from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401
 from kvptest.logs import LogLine, parse_log_line  # noqa: E402,F401
 from kvptest.net import free_port  # noqa: E402,F401
@@ -685,6 +687,18 @@ class Conversation:
             self.slot_tokens = total_tokens(r)
         return r
 
+
+def turned(port: int, tag: str = "A") -> Conversation:
+    """Session <tag> (a fresh id) after one successful turn."""
+    c = Conversation(sid(tag))
+    ok(c.turn(port))
+    return c
+
+
+def turned_pair(port: int) -> tuple[Conversation, Conversation]:
+    """Sessions A and B (fresh ids), each after one successful turn, A's first."""
+    A = turned(port, "A")
+    return A, turned(port, "B")
 
 def assistant_text(r: Response, stream: bool) -> str:
     if not stream:

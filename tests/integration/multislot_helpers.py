@@ -50,6 +50,29 @@ def start_proxy(upstream_url: str, state_dir: str, workdir: str, config: dict | 
     return p
 
 
+class FakeWorld:
+    """A kvpersist (proxy) in front of fake llama-servers, all under tmp_path; a subclass starts
+    them and says which fakes it holds."""
+
+    def __init__(self, tmp_path):
+        self.tmp = str(tmp_path)
+        self.state_dir = os.path.join(self.tmp, "state")
+        self.proxy: KvPersist | None = None
+
+    def running_fakes(self) -> list:
+        raise NotImplementedError
+
+    @property
+    def port(self):
+        return self.proxy.port
+
+    def close(self):
+        if self.proxy and self.proxy.alive():
+            self.proxy.stop(signal.SIGKILL, timeout=5)
+        for f in self.running_fakes():
+            f.stop()
+
+
 # ============================================================================ calls from the log
 @dataclass
 class MCall:

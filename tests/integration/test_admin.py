@@ -23,7 +23,7 @@ from admin_client import idle, raw_exchange, run_cli, scrape
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 from kvptest.prometheus import parse_prometheus, value
-from harness import Conversation, cached_tokens, manifest_for, manifests
+from harness import Conversation, cached_tokens, manifest_for, manifests, turned, turned_pair
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and fault controls
 
@@ -165,8 +165,7 @@ def test_sessions_list_and_lookup(stack):
 def test_sessions_known_from_disk_after_restart(stack):
     """Manifests written by an earlier kvpersist are listed (not resident) after a restart."""
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     stack.proxy.stop()
     stack.start_proxy()
     j = jadm(stack, "GET", "/kv/sessions")
@@ -223,8 +222,7 @@ def test_session_save(stack, action):
 
 def test_session_save_failure_is_502(stack):
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     stack.fake.fail_next_save(500)
     j = jadm(stack, "POST", "/kv/sessions/%s/save" % A.session, status=502)
     assert j["error"]["code"] == 502
@@ -233,8 +231,7 @@ def test_session_save_failure_is_502(stack):
 
 def test_session_save_with_persistence_off_is_503(stack):
     stack.start(slot_actions=False)
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     jadm(stack, "POST", "/kv/sessions/%s/save" % A.session, status=503)
 
 
@@ -242,8 +239,7 @@ def test_session_save_with_persistence_off_is_503(stack):
 def test_session_restore_eager(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.upstream.take_calls()
     file_a = manifest_for(stack.state_dir, A.session)["snapshotFile"]
 
@@ -270,8 +266,7 @@ def test_session_restore_eager(stack):
 def test_session_restore_without_snapshot_is_cold(stack):
     stack.start()
     port = stack.port
-    A = Conversation(sid("A"))
-    ok(A.turn(port))
+    A = turned(port)
     stack.upstream.take_calls()
     newcomer = sid("new")
     j = jadm(stack, "POST", "/kv/sessions/%s/restore" % newcomer)
@@ -283,8 +278,7 @@ def test_session_restore_without_snapshot_is_cold(stack):
 def test_session_restore_failure_goes_cold(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.upstream.take_calls()
     stack.fake.fail_next_restore(400)
     j = jadm(stack, "POST", "/kv/sessions/%s/restore" % A.session)
@@ -301,8 +295,7 @@ def test_session_restore_failure_goes_cold(stack):
 def test_session_invalidate(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.upstream.take_calls()
 
     j = jadm(stack, "POST", "/kv/sessions/%s/invalidate" % A.session)
@@ -325,8 +318,7 @@ def test_session_invalidate(stack):
 def test_invalidate_records_the_operators_reason(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     path = "/kv/sessions/%s/invalidate" % A.session
     for bad in ('{"reason": 5}', '[1]', 'not json', '{"why": "x"}', json.dumps({"reason": "x" * 257})):
         jadm(stack, "POST", path, status=400, body=bad)
@@ -341,8 +333,7 @@ def test_invalidate_records_the_operators_reason(stack):
 
 def test_invalidate_resident_session_without_snapshot_is_404(stack):
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     jadm(stack, "POST", "/kv/sessions/%s/invalidate" % A.session, status=404)
 
 
@@ -350,8 +341,7 @@ def test_invalidate_resident_session_without_snapshot_is_404(stack):
 def test_purge_server_owned(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     m = manifest_for(stack.state_dir, A.session)
     mpath = os.path.join(stack.state_dir, "sessions", m["_file"])
     assert os.path.exists(mpath)
@@ -417,8 +407,7 @@ def test_purge_resident_session(stack):
     slot's old content is not attributed to it."""
     stack.start()
     port = stack.port
-    A = Conversation(sid("A"))
-    ok(A.turn(port)); ok(A.turn(port))
+    A = turned(port); ok(A.turn(port))
     stack.upstream.take_calls()
     jadm(stack, "DELETE", "/kv/sessions/%s" % A.session)
     assert jadm(stack, "GET", "/kv/status")["servers"][0]["slots"][0]["owner"] is None
@@ -433,8 +422,7 @@ def test_dispose_checkpoints_then_drops_ownership(stack):
     manifest; the next request restores exactly that snapshot."""
     stack.start()
     port = stack.port
-    A = Conversation(sid("A"))
-    ok(A.turn(port)); ok(A.turn(port))
+    A = turned(port); ok(A.turn(port))
     idle(stack.proxy)
     stack.upstream.take_calls()
 
@@ -458,8 +446,7 @@ def test_dispose_checkpoints_then_drops_ownership(stack):
 def test_dispose_clean_or_absent_session_makes_no_call(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))             # A saved on the switch, B resident
+    A, B = turned_pair(port)             # A saved on the switch, B resident
     idle(stack.proxy)
     stack.upstream.take_calls()
     # A is not resident: nothing to save, nothing to drop
@@ -478,8 +465,7 @@ def test_dispose_failed_save_keeps_the_slot(stack):
     """A dispose whose save fails must not drop the only copy of the session's turns."""
     stack.start()
     port = stack.port
-    A = Conversation(sid("A"))
-    ok(A.turn(port))
+    A = turned(port)
     idle(stack.proxy)
     stack.upstream.take_calls()
     stack.fake.fail_next_save(500)
@@ -512,8 +498,7 @@ def test_flush_saves_dirty_slot(stack):
 
 def test_flush_failure_is_502(stack):
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     stack.fake.fail_next_save(500)
     jadm(stack, "POST", "/kv/flush", status=502)
 
@@ -623,8 +608,7 @@ def test_metrics_scrape_and_parse(stack):
     for fam in m0.values():
         assert fam.help, "family %s has no HELP" % fam.name
         assert fam.type in ("counter", "gauge", "histogram"), fam
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     r = ok(A.turn(port))                                   # A, B, A: one restore
     reused = cached_tokens(r)
     idle(stack.proxy)
@@ -670,8 +654,7 @@ def test_restore_miss_counts_returning_sessions_only(stack):
     Snapshot age shows per session and as the oldest-snapshot gauge."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.fake.fail_next_restore(400)
     ok(A.turn(port))                                     # restore fails: cold fallback
     ok(B.turn(port))                                     # restores fine
@@ -810,8 +793,7 @@ def test_admin_listener_disabled(stack):
 # ============================================================================ malformed input
 def test_wrong_method_is_405(stack):
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     idle(stack.proxy)
     cases = [("POST", "/kv/status"), ("DELETE", "/kv/status"), ("POST", "/kv/sessions"),
              ("PUT", "/kv/sessions/%s" % A.session), ("POST", "/kv/sessions/%s" % A.session),
@@ -830,8 +812,7 @@ def test_wrong_method_is_405(stack):
 
 def test_unknown_path_and_action_are_404(stack):
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     for method, path in [("GET", "/"), ("GET", "/kv"), ("GET", "/kv/"), ("GET", "/kv/statusx"),
                          ("GET", "/v1/models"), ("GET", "/slots"), ("GET", "/kv/sessions/"),
                          ("POST", "/kv/sessions/%s/explode" % A.session),
@@ -1037,8 +1018,7 @@ def refused_json(r, status):
 def dirty_session(stack):
     """One session resident and dirty (no snapshot yet); management calls taken."""
     stack.start()
-    A = Conversation(sid("A"))
-    ok(A.turn(stack.port))
+    A = turned(stack.port)
     idle(stack.proxy)
     stack.upstream.take_calls()
     return A
@@ -1139,8 +1119,7 @@ def test_session_restore_by_hash_resolves_like_get(stack):
     new session id: no erase, no phantom owner)."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     idle(stack.proxy)
     stack.upstream.take_calls()
     m = manifest_for(stack.state_dir, A.session)

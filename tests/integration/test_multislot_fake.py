@@ -26,21 +26,19 @@ import fake_llama
 import harness
 from harness import Async, http_request, now, wait_until
 from kvptest.identity import FAKE_MODEL, abbrev, session_hash
-from multislot_helpers import CallTaker, admin_json, slot_owners, start_proxy
+from multislot_helpers import CallTaker, FakeWorld, admin_json, slot_owners, start_proxy
 
 pytestmark = pytest.mark.fake_only
 
 INSTANCE = "default"          # kvpersist's instanceKey (the default)
 
 
-class World:
+class World(FakeWorld):
     def __init__(self, tmp_path):
-        self.tmp = str(tmp_path)
-        self.state_dir = os.path.join(self.tmp, "state")
+        super().__init__(tmp_path)
         self.save_dir = os.path.join(self.tmp, "slots")
         os.makedirs(self.save_dir, exist_ok=True)
         self.fake: fake_llama.FakeLlamaServer | None = None
-        self.proxy: harness.KvPersist | None = None
 
     def start(self, slots=2, config=None, **fake_kw):
         self.fake = fake_llama.FakeLlamaServer(self.save_dir, total_slots=slots, **fake_kw).start()
@@ -51,15 +49,8 @@ class World:
         self.calls = CallTaker(self.proxy)
         return self
 
-    @property
-    def port(self):
-        return self.proxy.port
-
-    def close(self):
-        if self.proxy and self.proxy.alive():
-            self.proxy.stop(signal.SIGKILL, timeout=5)
-        if self.fake:
-            self.fake.stop()
+    def running_fakes(self) -> list:
+        return [self.fake] if self.fake else []
 
     def dump(self) -> str:
         out = ["---- kvpersist:\n" + (self.proxy.log_text() if self.proxy else "")]

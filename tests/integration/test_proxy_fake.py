@@ -16,7 +16,7 @@ import time
 import pytest
 
 from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
-                     manifests, now, wait_until)
+                     manifests, now, turned_pair, wait_until)
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import session_hash, sid
 
@@ -35,6 +35,21 @@ def warm(r, what=""):
 
 def warn_lines(proxy):
     return [l for l in proxy.log_lines() if l.level in ("WARN", "ERROR")]
+
+
+def assert_slot_busy(r) -> None:
+    """r is the queue's refusal: a JSON 503 KV_SLOT_BUSY with a Retry-After."""
+    assert r.header("retry-after") is not None and is_json_error(r)
+    assert kv_error(r) == (503, "KV_SLOT_BUSY"), r.body
+
+
+def slow_stream(f, turn, port: int, n_predict: int) -> Async:
+    """turn(port, stream=True) in the background, answered by the fake f with n_predict events 0.1 s
+    apart; returns once its first event is out, so it holds the slot for about n_predict / 10 s."""
+    f.event_delay, f.n_predict = 0.1, n_predict
+    a = Async(turn, port, stream=True)
+    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    return a
 
 
 def is_json_error(r) -> bool:
@@ -83,8 +98,7 @@ def test_generation_alternates(stack):
     """Each save of a session goes to the generation its manifest does not point at."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     calls = stack.upstream.management_calls()
     a_save1 = [c for c in calls if c.action == "save"][0].filename
     m1 = manifest_for(stack.state_dir, A.session)
@@ -127,8 +141,7 @@ def test_resident_reuse(stack):
 @fake_only
 def test_switch_saves_owner(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     m = [x for x in stack.fake.management_calls()]
     assert [x["action"] for x in m] == ["erase", "save", "erase"]
     save = m[1]
@@ -143,8 +156,7 @@ def test_switch_saves_owner(stack):
 @fake_only
 def test_restore_after_switch(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     stack.upstream.take_calls()
     r = ok(A.turn(stack.port))
     m = stack.fake.management_calls()[-1]
@@ -160,8 +172,7 @@ def test_corrupt_snapshot(stack, damage):
     """restore fails -> snapshot invalidated -> cold request succeeds; never restored again."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     a_file = [c for c in stack.upstream.take_calls() if c.action == "save"][0].filename
     path = stack.fake.snapshot_path(a_file)
     if damage == "corrupt":
@@ -197,8 +208,7 @@ def test_restore_count_mismatch_invalidates(stack):
     """n_restored != manifest tokens -> invalid, request still succeeds."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.upstream.take_calls()
     stack.fake.restore_n_delta = -3
     ok(A.turn(port))
@@ -481,9 +491,7 @@ def test_queued_client_leaves(stack):
     f = stack.fake
     port = stack.port
     A, B, C = Conversation(sid("A")), Conversation(sid("B")), Conversation(sid("C"))
-    f.event_delay, f.n_predict = 0.1, 8
-    a = Async(A.turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    a = slow_stream(f, A.turn, port, 8)
     rb = B.turn(port, close_after_s=0.3, commit=False)
     assert rb.aborted_by_client
     ok(a.result(10), "A stream")
@@ -502,9 +510,7 @@ def test_queue_is_fifo(stack):
     f = stack.fake
     port = stack.port
     convs = [Conversation(sid(t)) for t in "ABCD"]
-    f.event_delay, f.n_predict = 0.1, 8
-    first = Async(convs[0].turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    first = slow_stream(f, convs[0].turn, port, 8)
     waiting = []
     for c in convs[1:]:
         waiting.append(Async(c.turn, port))
@@ -524,8 +530,7 @@ def test_slow_restore_times_out(stack):
     """A restore slower than managementTimeoutMs must not hang the request."""
     stack.start(config={"failure": {"managementTimeoutMs": 500}})
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.fake.delay_next_restore(2500)
     t0 = now()
     ok(A.turn(port, timeout=10), "A with a slow restore")
@@ -538,8 +543,7 @@ def test_client_leaves_during_restore(stack):
     """The slot's real content and kvpersist's idea of its owner must stay in step."""
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     stack.fake.delay_next_restore(800)
     r = A.turn(port, close_after_s=0.3, commit=False)
     assert r.aborted_by_client
@@ -732,9 +736,7 @@ def test_passthrough_endpoints(stack):
     assert http_request(port, "GET", "/v1/models").json["data"][0]["id"] == os.path.basename(f.model_path)
     assert stack.fake.management_calls() == []
     # not queued behind inference
-    f.event_delay, f.n_predict = 0.1, 12
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    a = slow_stream(f, Conversation(sid("A")).turn, port, 12)
     t0 = now()
     r = http_request(port, "GET", "/health", timeout=5)
     assert r.status == 200 and now() - t0 < 0.5, "/health waited for the slot (%.2f s)" % (now() - t0)
@@ -819,39 +821,34 @@ def test_sigterm_waits_for_stream(stack):
 
 
 # ============================================================================ queue
+def start_queue_behind_a(stack, queue: dict, n_predict: int):
+    """Starts the stack with this queue config and session A's slow_stream of n_predict events in
+    the slot; returns (the fake, the proxy's port, A's Async)."""
+    stack.start(config={"queue": queue})
+    return stack.fake, stack.port, slow_stream(stack.fake, Conversation(sid("A")).turn, stack.port, n_predict)
+
+
 @fake_only
 def test_queue_overflow(stack):
-    stack.start(config={"queue": {"maxWaiting": 1, "timeoutMs": 10000}})
-    f = stack.fake
-    f.event_delay, f.n_predict = 0.1, 12
-    port = stack.port
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    _, port, a = start_queue_behind_a(stack, {"maxWaiting": 1, "timeoutMs": 10000}, 12)
     b = Async(Conversation(sid("B")).turn, port)
     time.sleep(0.3)
     t0 = now()
     rc = Conversation(sid("C")).turn(port, commit=False, timeout=5)
     assert rc.status == 503 and now() - t0 < 1.0, (rc.status, now() - t0)
-    assert rc.header("retry-after") is not None and is_json_error(rc)
-    assert kv_error(rc) == (503, "KV_SLOT_BUSY"), rc.body
+    assert_slot_busy(rc)
     ok(a.result(10), "A")
     ok(b.result(10), "B")
 
 
 @fake_only
 def test_queue_timeout(stack):
-    stack.start(config={"queue": {"maxWaiting": 4, "timeoutMs": 400}})
-    f = stack.fake
-    f.event_delay, f.n_predict = 0.1, 15
-    port = stack.port
-    a = Async(Conversation(sid("A")).turn, port, stream=True)
-    assert f.wait_for(lambda: f.inference_requests() and f.inference_requests()[-1]["events"], 3)
+    f, port, a = start_queue_behind_a(stack, {"maxWaiting": 4, "timeoutMs": 400}, 15)
     t0 = now()
     rb = Conversation(sid("B")).turn(port, commit=False, timeout=5)
     waited = now() - t0
     assert rb.status == 503 and 0.3 <= waited < 1.5, (rb.status, waited)
-    assert rb.header("retry-after") is not None and is_json_error(rb)
-    assert kv_error(rb) == (503, "KV_SLOT_BUSY"), rb.body
+    assert_slot_busy(rb)
     ok(a.result(10), "A")
     assert len(f.inference_requests()) == 1
 
@@ -862,8 +859,7 @@ def test_queue_timeout(stack):
 def test_llama_restart_detected(stack, probe_ms):
     stack.start(config={"epochProbeIntervalMs": probe_ms})
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port)); ok(A.turn(port))
+    A, B = turned_pair(port); ok(A.turn(port))
     a_file = [c for c in stack.upstream.take_calls() if c.action == "save"][0].filename
     old_marker = stack.fake.media_marker
     stack.upstream.restart()
@@ -880,8 +876,7 @@ def test_llama_restart_detected(stack, probe_ms):
 def test_kvpersist_restart_restores_from_disk(stack):
     stack.start()
     port = stack.port
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(port)); ok(B.turn(port))
+    A, B = turned_pair(port)
     assert stack.proxy.stop(signal.SIGTERM) == 0
     calls = stack.upstream.take_calls()
     assert acts(calls) == ["erase", "save", "erase", "save"], calls
@@ -897,8 +892,7 @@ def test_kvpersist_restart_restores_from_disk(stack):
 # ============================================================================ state on disk
 def test_manifest_schema_and_names(stack):
     stack.start()
-    A, B = Conversation(sid("A")), Conversation(sid("B"))
-    ok(A.turn(stack.port)); ok(B.turn(stack.port))
+    A, B = turned_pair(stack.port)
     m = manifest_for(stack.state_dir, A.session)
     assert m, manifests(stack.state_dir)
     for key in ("schemaVersion", "sessionId", "sessionHash", "instanceKey", "modelId", "runtimeFingerprint",

@@ -220,26 +220,13 @@ def run_scaleout(cluster: Cluster, prompt_tokens: int):
     print("\nscale-out figures (%s):\n  sessions per node %s\n  %s" % (cluster.kind, counts, "\n  ".join(rows)))
 
 
-@pytest.mark.fake_only
-def test_scaleout_fake(tmp_path, nginx_ok, request):
-    cluster = Cluster(tmp_path, "fake")
+def scaleout_on_new_cluster(tmp_path, kind: str, prompt_tokens: int):
+    """run_scaleout on a fresh Cluster of this kind; a failure prints its diagnostics and the log
+    tail of each real llama-server."""
+    cluster = Cluster(tmp_path, kind)
     try:
         cluster.start()
-        run_scaleout(cluster, prompt_tokens=300)
-    except BaseException:
-        print("\n==== diagnostics ====\n" + cluster.dump())
-        raise
-    finally:
-        cluster.close()
-
-
-@pytest.mark.real_only
-def test_scaleout_real(tmp_path, nginx_ok, request):
-    require_real_llama()
-    cluster = Cluster(tmp_path, "real")
-    try:
-        cluster.start()
-        run_scaleout(cluster, prompt_tokens=1000)
+        run_scaleout(cluster, prompt_tokens=prompt_tokens)
     except BaseException:
         print("\n==== diagnostics ====\n" + cluster.dump())
         for n in cluster.nodes.values():
@@ -248,6 +235,17 @@ def test_scaleout_real(tmp_path, nginx_ok, request):
         raise
     finally:
         cluster.close()
+
+
+@pytest.mark.fake_only
+def test_scaleout_fake(tmp_path, nginx_ok, request):
+    scaleout_on_new_cluster(tmp_path, "fake", 300)
+
+
+@pytest.mark.real_only
+def test_scaleout_real(tmp_path, nginx_ok, request):
+    require_real_llama()
+    scaleout_on_new_cluster(tmp_path, "real", 1000)
 
 
 def test_shipped_nginx_config_is_valid(tmp_path, nginx_ok):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 
 import pytest
 
@@ -21,7 +20,7 @@ import harness
 from harness import Async, http_request, wait_until
 from kvptest.config import to_yaml
 from kvptest.identity import abbrev, session_hash
-from multislot_helpers import admin_json, start_proxy
+from multislot_helpers import FakeWorld, admin_json, start_proxy
 
 pytestmark = pytest.mark.fake_only
 
@@ -29,12 +28,10 @@ MODEL_A = "/models/alpha-7b-Q4_K_M.gguf"
 MODEL_B = "/models/beta-1b-Q8_0.gguf"
 
 
-class Two:
+class Two(FakeWorld):
     def __init__(self, tmp_path):
-        self.tmp = str(tmp_path)
-        self.state_dir = os.path.join(self.tmp, "state")
+        super().__init__(tmp_path)
         self.fakes: dict[str, fake_llama.FakeLlamaServer] = {}
-        self.proxy: harness.KvPersist | None = None
 
     def start(self, config_extra=None, beta_slots: int = 1, **fake_kw):
         for name, model, slots in (("alpha", MODEL_A, 1), ("beta", MODEL_B, beta_slots)):
@@ -61,15 +58,8 @@ class Two:
         assert wait_until(lambda: len(self.proxy.events("kv.backend.ready")) == 2, 5), self.proxy.log_text()
         return self
 
-    @property
-    def port(self):
-        return self.proxy.port
-
-    def close(self):
-        if self.proxy and self.proxy.alive():
-            self.proxy.stop(signal.SIGKILL, timeout=5)
-        for f in self.fakes.values():
-            f.stop()
+    def running_fakes(self) -> list:
+        return list(self.fakes.values())
 
 
 @pytest.fixture

@@ -45,6 +45,11 @@ class Reply:
             self.status, self.problems, self.cache_n, self.usage, self.resp.error, self.resp.body[:300])
 
 
+def chunk_content(chunk: dict) -> str:
+    """The text one streamed chat chunk adds: its choices' delta contents, joined ("" if none)."""
+    return "".join((ch.get("delta") or {}).get("content") or "" for ch in chunk.get("choices") or [])
+
+
 def parse_reply(r, stream: bool, strict: bool = True) -> Reply:
     """Parses a harness.Response to a chat completion; rep.problems lists what is wrong.
 

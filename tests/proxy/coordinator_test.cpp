@@ -59,6 +59,12 @@ coordinator_options strict_options() {
   return o;
 }
 
+coordinator_options idle_checkpoint_options(std::chrono::milliseconds idle) {
+  auto o = test_options();
+  o.core.idle_checkpoint = idle;
+  return o;
+}
+
 // One coordinator with a FakeBackend and a state directory, driven from the test thread.
 struct harness {
   io_context ioc;
@@ -92,11 +98,21 @@ struct harness {
   }
 
   void start() { run(coord->start()); }
+  // Starts and forgets the probe's calls.
+  void start_quiet() {
+    start();
+    fake->clear_calls();
+  }
+  // Starts, then A (1000 tokens, resident and dirty); forgets the calls so far.
+  void start_with_a_dirty() {
+    start();
+    request("A", 1000);
+    fake->clear_calls();
+  }
   // Starts, then A (1000 tokens, saved when B took the slot) and B (500, resident and
   // dirty); forgets the calls so far.
   void start_with_a_saved_b_dirty() {
-    start();
-    request("A", 1000);
+    start_with_a_dirty();
     request("B", 500);
     fake->clear_calls();
   }
@@ -106,10 +122,15 @@ struct harness {
     t->wakeup.expires_after(1h);
     return t;
   }
-  // Enqueues and requires the lease at once (the slot is free).
-  std::shared_ptr<lease_ticket> acquire() {
+  // A ticket that the queue accepted.
+  std::shared_ptr<lease_ticket> enqueued() {
     auto t = ticket();
     REQUIRE(run(coord->enqueue(t)));
+    return t;
+  }
+  // Enqueues and requires the lease at once (the slot is free).
+  std::shared_ptr<lease_ticket> acquire() {
+    auto t = enqueued();
     REQUIRE(t->granted);
     REQUIRE(run(coord->settle(t)));
     return t;
@@ -223,8 +244,7 @@ TEST_CASE("resident requests cost no management call and no disk write (docs/des
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
   for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
   CHECK(h.fake->calls() == calls{erase_call()});
   CHECK_FALSE(h.manifest_on_disk("A"));
@@ -270,11 +290,8 @@ TEST_CASE("a restore that reports the wrong token count is erased and invalidate
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.request("B", 500);
+  h.start_with_a_saved_b_dirty();
   h.fake->put_snapshot(h.file("A", 'a'), 10);  // the file no longer holds what was saved
-  h.fake->clear_calls();
 
   auto r = h.request("A", 1100);
   CHECK(r.kind == prepare_kind::cold_fallback);
@@ -325,9 +342,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
 
   SECTION("non-strict: B still runs") {
     harness h(tmp.path());
-    h.start();
-    h.request("A", 1000);
-    h.fake->clear_calls();
+    h.start_with_a_dirty();
     h.fake->fail_next_save(failure::http(500));
     auto r = h.request("B", 500);
     CHECK(r.ok);
@@ -339,14 +354,11 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
 
   SECTION("strict: prepare fails and releases the lease to the next waiter") {
     harness h(tmp.path(), strict_options());
-    h.start();
-    h.request("A", 1000);
-    h.fake->clear_calls();
+    h.start_with_a_dirty();
     h.fake->fail_next_save(failure::transport());
 
     auto t1 = h.acquire();
-    auto t2 = h.ticket();
-    REQUIRE(h.run(h.coord->enqueue(t2)));
+    auto t2 = h.enqueued();
     CHECK_FALSE(t2->granted);
     auto pr = h.run(h.coord->prepare(t1, {"B", ""}, false));
     CHECK_FALSE(pr.ok);
@@ -383,9 +395,7 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.request("A", 1000);
-  h.fake->clear_calls();
+  h.start_with_a_dirty();
 
   std::string aux_session, purpose;
   SECTION("session-title for A") {
@@ -410,11 +420,8 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
 
 TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §10)", "[proxy][coordinator]") {
   temp_dir tmp;
-  auto o = test_options();
-  o.core.idle_checkpoint = 50ms;
-  harness h(tmp.path(), o);
-  h.start();
-  h.fake->clear_calls();
+  harness h(tmp.path(), idle_checkpoint_options(50ms));
+  h.start_quiet();
   h.request("A", 1000);
   CHECK(h.fake->calls() == calls{erase_call()});
 
@@ -439,18 +446,14 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
 
 TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordinator]") {
   temp_dir tmp;
-  auto o = test_options();
-  o.core.idle_checkpoint = 30ms;
-  harness h(tmp.path(), o);
-  h.start();
-  h.fake->clear_calls();
+  harness h(tmp.path(), idle_checkpoint_options(30ms));
+  h.start_quiet();
   h.request("A", 1000);
   h.fake->delay_save(200ms);
   drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // the idle save started
   REQUIRE(h.fake->calls().back() == save_call(h.file("A", 'a')));
 
-  auto t = h.ticket();
-  REQUIRE(h.run(h.coord->enqueue(t)));
+  auto t = h.enqueued();
   CHECK_FALSE(t->granted);
   CHECK(h.coord->busy());
   drive_until(h.ioc, [&] { return t->granted; });
@@ -465,8 +468,7 @@ TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordi
 TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
 
   auto t1 = h.acquire();
   REQUIRE(h.run(h.coord->prepare(t1, {"S1", ""}, false)).ok);
@@ -520,11 +522,9 @@ TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
   auto t1 = h.acquire();
-  auto t2 = h.ticket();
-  REQUIRE(h.run(h.coord->enqueue(t2)));
+  auto t2 = h.enqueued();
   CHECK(h.coord->waiting() == 1);
   CHECK_FALSE(h.run(h.coord->settle(t2)));  // its timeout fired or its client left
   CHECK(h.coord->waiting() == 0);
@@ -539,11 +539,9 @@ TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
 TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
   auto t1 = h.acquire();
-  auto t2 = h.ticket();
-  REQUIRE(h.run(h.coord->enqueue(t2)));
+  auto t2 = h.enqueued();
   auto pr = h.run(h.coord->prepare(t2, {"B", ""}, false));
   CHECK_FALSE(pr.ok);
   CHECK(h.fake->calls().empty());
@@ -566,8 +564,7 @@ TEST_CASE("management calls are serialized with the lease (docs/design.md §5)",
   CHECK(h.fake->calls().back() == restore_call(h.file("A", 'a')));
   CHECK_FALSE(is_ready(prep));
 
-  auto t2 = h.ticket();
-  REQUIRE(h.run(h.coord->enqueue(t2)));
+  auto t2 = h.enqueued();
   CHECK_FALSE(t2->granted);
   drive_until(h.ioc, [&] { return is_ready(prep); });
   CHECK(prep.get().kind == prepare_kind::restored);
@@ -582,8 +579,7 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
           "[proxy][coordinator]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
 
   SECTION("nothing to save") {
     CHECK(h.run(h.coord->checkpoint()));
@@ -712,8 +708,7 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
   auto o = test_options();
   o.core.cooldown = 200ms;
   harness h(tmp.path(), o);
-  h.start();
-  h.fake->clear_calls();
+  h.start_quiet();
   h.fake->set_unreachable(true);  // down after the startup probe
 
   CHECK(h.request("A", 1000).ok);  // erase fails (1)

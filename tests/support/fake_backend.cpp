@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "tests/support/runtime.hpp"
+
 namespace kvp::testing {
 
 namespace {
@@ -21,16 +23,21 @@ std::ostream& operator<<(std::ostream& os, const backend_call& c) {
   return os;
 }
 
-FakeBackend::FakeBackend() {
-  runtime_.model_path = "/models/qwen2.5-7b-instruct-q4_k_m.gguf";
-  runtime_.build_info = "b6123-80fb11a";
-  runtime_.n_ctx = 8192;
-  runtime_.total_slots = 1;
-  runtime_.media_marker = "<__media_1__>";
-}
+FakeBackend::FakeBackend() : runtime_(qwen7b_runtime()) {}
 
 core::error FakeBackend::transport_error() const {
   return core::error{core::errc::backend_unavailable, 0, "connect: Connection refused"};
+}
+
+std::optional<core::error> FakeBackend::refused(core::errc code, std::optional<failure>& next,
+                                                const char* message) {
+  if (unreachable_) return transport_error();
+  if (slot_actions_disabled) return core::error{code, 501, disabled_error};
+  if (auto f = std::exchange(next, std::nullopt)) {
+    if (f->http_status == 0) return transport_error();
+    return core::error{code, f->http_status, message};
+  }
+  return std::nullopt;
 }
 
 net::awaitable<void> FakeBackend::sleep(std::chrono::milliseconds d) {
@@ -98,12 +105,7 @@ net::awaitable<core::result<std::vector<backends::slot_info>>> FakeBackend::insp
 net::awaitable<core::result<core::slot_saved>> FakeBackend::save(int slot, std::string filename) {
   calls_.push_back({"save", slot, filename});
   co_await sleep(save_delay_);
-  if (unreachable_) co_return transport_error();
-  if (slot_actions_disabled) co_return core::error{core::errc::save_failed, 501, disabled_error};
-  if (auto f = std::exchange(fail_save_, std::nullopt)) {
-    if (f->http_status == 0) co_return transport_error();
-    co_return core::error{core::errc::save_failed, f->http_status, "Unable to save slot"};
-  }
+  if (auto e = refused(core::errc::save_failed, fail_save_, "Unable to save slot")) co_return *e;
   files_[filename] = slot_tokens_;
   corrupt_.erase(filename);
   co_return core::slot_saved{slot_tokens_, header_bytes + slot_tokens_ * bytes_per_token, 1.25};
@@ -113,12 +115,9 @@ net::awaitable<core::result<core::slot_restored>> FakeBackend::restore(int slot,
                                                                        std::string filename) {
   calls_.push_back({"restore", slot, filename});
   co_await sleep(restore_delay_);
-  if (unreachable_) co_return transport_error();
-  if (slot_actions_disabled) co_return core::error{core::errc::restore_failed, 501, disabled_error};
-  if (auto f = std::exchange(fail_restore_, std::nullopt)) {
-    if (f->http_status == 0) co_return transport_error();
-    if (f->http_status >= 400 && f->http_status < 500) slot_tokens_ = 0;
-    co_return core::error{core::errc::restore_failed, f->http_status, restore_error};
+  if (auto e = refused(core::errc::restore_failed, fail_restore_, restore_error)) {
+    if (e->http_status >= 400 && e->http_status < 500) slot_tokens_ = 0;
+    co_return *e;
   }
   auto it = files_.find(filename);
   if (it == files_.end() || corrupt_.count(filename)) {
@@ -131,12 +130,7 @@ net::awaitable<core::result<core::slot_restored>> FakeBackend::restore(int slot,
 
 net::awaitable<core::result<core::slot_erased>> FakeBackend::erase(int slot) {
   calls_.push_back({"erase", slot, ""});
-  if (unreachable_) co_return transport_error();
-  if (slot_actions_disabled) co_return core::error{core::errc::erase_failed, 501, disabled_error};
-  if (auto f = std::exchange(fail_erase_, std::nullopt)) {
-    if (f->http_status == 0) co_return transport_error();
-    co_return core::error{core::errc::erase_failed, f->http_status, "erase failed"};
-  }
+  if (auto e = refused(core::errc::erase_failed, fail_erase_, "erase failed")) co_return *e;
   const auto n = slot_tokens_;
   slot_tokens_ = 0;
   co_return core::slot_erased{n};

@@ -92,6 +92,10 @@ class FakeBackend final : public backends::kv_backend {
 
  private:
   core::error transport_error() const;
+  // Why a save, restore or erase fails before it runs, if it does: the server unreachable, slot
+  // actions disabled (501), or the failure `next` set by fail_next_* (taken once).
+  std::optional<core::error> refused(core::errc code, std::optional<failure>& next,
+                                     const char* message);
   net::awaitable<void> sleep(std::chrono::milliseconds d);
 
   core::runtime_info runtime_;
