@@ -443,7 +443,8 @@ net::awaitable<void> admin_server::run_session(tcp_stream s) {
                            std::chrono::seconds(30), std::chrono::seconds(30), {}};
   for (;;) {
     request_reader reader(s, buf, limits);
-    if (!co_await reader.read_header() || !co_await reader.read_body()) break;
+    if (!co_await reader.read_header()) break;
+    if (!co_await reader.read_body()) break;  // one co_await per statement (GCC 12)
     auto req = reader.release();
     if (is_event_stream(req)) {
       co_await serve_events(s, req);

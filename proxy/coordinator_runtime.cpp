@@ -143,7 +143,10 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
         rt->model_path == core_.runtime().model_path &&
         rt->build_info == core_.runtime().build_info) {
       note_sleeping(rt->sleeping);
-      if (!rt->sleeping && co_await slots_lost_kv(slot)) note_restart_behind_marker();
+      if (!rt->sleeping) {
+        const bool lost = co_await slots_lost_kv(slot);
+        if (lost) note_restart_behind_marker();
+      }
       co_return;
     }
   }
@@ -255,9 +258,11 @@ net::awaitable<void> coordinator::probe_loop() {
       if (rt && rt->media_marker == core_.runtime().media_marker) {
         if (leased_.empty()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
-        if (leased_.empty() && !rt->sleeping && opts_.sleep_idle.count() <= 0 &&
-            co_await slots_lost_kv(-1) && leased_.empty())
-          note_restart_behind_marker();
+        // (One co_await per statement: GCC 12 evaluates one inside && regardless.)
+        if (leased_.empty() && !rt->sleeping && opts_.sleep_idle.count() <= 0) {
+          const bool lost = co_await slots_lost_kv(-1);
+          if (lost && leased_.empty()) note_restart_behind_marker();
+        }
         continue;
       }
     }
