@@ -13,6 +13,7 @@
 #include "core/json.hpp"
 #include "core/request_class.hpp"
 #include "proxy/run_sync.hpp"
+#include "proxy/args.hpp"
 
 namespace kvp::proxy {
 
@@ -32,11 +33,7 @@ std::optional<int> parse_common(const std::vector<std::string>& args, cli_option
   std::string config_path;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
-    auto need = [&](std::string& out) {
-      if (i + 1 >= args.size()) return false;
-      out = args[++i];
-      return true;
-    };
+    auto need = [&](std::string& out) { return take_value(args, i, out); };
     if (a == "--json") {
       o.json = true;
     } else if (a == "--admin") {

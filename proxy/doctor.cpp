@@ -22,6 +22,7 @@
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
 #include "proxy/run_sync.hpp"
+#include "proxy/args.hpp"
 
 namespace kvp::proxy {
 
@@ -256,11 +257,7 @@ std::optional<doctor_args> read_doctor_args(const std::vector<std::string>& args
   std::string config_path, upstream, state_dir;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
-    auto need = [&](std::string& value) {
-      if (i + 1 >= args.size()) return false;
-      value = args[++i];
-      return true;
-    };
+    auto need = [&](std::string& value) { return take_value(args, i, value); };
     if (a == "--verify") out.verify = true;
     else if (a == "--json") out.json = true;
     else if (a == "--config" && need(config_path)) {}

@@ -21,6 +21,7 @@
 #include "proxy/cli.hpp"
 #include "proxy/listen.hpp"
 #include "proxy/server.hpp"
+#include "proxy/args.hpp"
 
 #ifdef KVP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -130,11 +131,7 @@ std::variant<config::config, int> serve_config(const std::vector<std::string>& a
   std::vector<option_override> overrides;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= args.size()) return false;
-      out = args[++i];
-      return true;
-    };
+    auto value = [&](std::string& out) { return proxy::take_value(args, i, out); };
     std::string v;
     if (a == "--config") {
       if (!value(config_path)) return config_error("--config needs a file");

@@ -44,6 +44,16 @@ def both_saved(stack):
     return A, B, ma, mb
 
 
+def refused(stack, conv, m, what, timeout):
+    """conv's next turn runs cold: no restore, its snapshot marked incompatible and kept."""
+    r = ok(conv.turn(stack.port, timeout=timeout), what)
+    assert "restore" not in acts(settled_calls(stack))
+    assert cached_tokens(r) < m["tokens"] // 2
+    after = manifest_for(stack.state_dir, conv.session)
+    assert after["state"] == "invalid" and after["invalidReason"] == "KV_SNAPSHOT_INCOMPATIBLE", after
+    assert os.path.isfile(os.path.join(stack.upstream.save_dir, m["snapshotFile"])), "snapshot deleted"
+
+
 def behaviour_classes(stack) -> list:
     files = glob.glob(os.path.join(stack.state_dir, "behaviour-*.json"))
     assert len(files) == 1, files
@@ -78,12 +88,7 @@ def test_weights_replaced_under_identical_metadata_are_refused(stack):
     A, B, ma, mb = both_saved(stack)
     f.weights_seed = 1
     stack.upstream.restart()
-    r = ok(A.turn(stack.port, timeout=30), "A on other weights")
-    assert "restore" not in acts(settled_calls(stack))
-    assert cached_tokens(r) < ma["tokens"] // 2
-    after = manifest_for(stack.state_dir, A.session)
-    assert after["state"] == "invalid" and after["invalidReason"] == "KV_SNAPSHOT_INCOMPATIBLE", after
-    assert os.path.isfile(os.path.join(stack.upstream.save_dir, ma["snapshotFile"])), "snapshot deleted"
+    refused(stack, A, ma, "A on other weights", timeout=30)
     assert len(probes(stack)) == 3 + 3
     assert stack.proxy.events("kv.backend.behaviour_changed"), stack.proxy.log_text()[-2000:]
     assert len(behaviour_classes(stack)) == 2
@@ -175,12 +180,7 @@ def test_real_weights_swapped_at_the_same_path_are_refused(stack, tmp_path):
     os.remove(link)
     os.symlink(model1, link)
     stack.upstream.restart()
-    r = ok(A.turn(stack.port, timeout=120), "A on the other weights")
-    assert "restore" not in acts(settled_calls(stack))
-    assert cached_tokens(r) < ma["tokens"] // 2
-    after = manifest_for(stack.state_dir, A.session)
-    assert after["state"] == "invalid" and after["invalidReason"] == "KV_SNAPSHOT_INCOMPATIBLE", after
-    assert os.path.isfile(os.path.join(stack.upstream.save_dir, ma["snapshotFile"]))
+    refused(stack, A, ma, "A on the other weights", timeout=120)
     assert stack.proxy.events("kv.backend.behaviour_changed")
 
 
