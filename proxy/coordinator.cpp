@@ -185,7 +185,7 @@ net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
   co_return false;
 }
 
-// The slot changes hands: one line per switch (spec §84's B-after-A), not per request.
+// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
 void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
   const bool aux = who.session_id.empty() || !who.purpose.empty();
   const std::string to = aux ? std::string() : core_.hash_for(who.session_id);
