@@ -167,6 +167,10 @@ std::string resolve_state_dir(const config& cfg, std::string_view xdg_state_home
   return {};
 }
 
+std::string server_state_dir(const config& cfg, const server_config& sc, const std::string& root) {
+  return cfg.servers.empty() ? root : root + "/servers/" + sc.name;
+}
+
 std::string resolve_state_dir(const config& cfg) {
   const char* xdg = std::getenv("XDG_STATE_HOME");
   const char* home = std::getenv("HOME");

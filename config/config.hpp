@@ -203,6 +203,11 @@ std::string resolve_state_dir(const config& cfg);
 // The servers to run: cfg.servers, or the single server the top-level keys describe.
 std::vector<server_config> effective_servers(const config& cfg);
 
+// Where server `sc`'s manifests and verdicts live under the state directory `root`: `root`
+// itself for the single server, `root/servers/<name>` with several, so manifests of
+// different models never mix.
+std::string server_state_dir(const config& cfg, const server_config& sc, const std::string& root);
+
 // The admin API off loopback needs a token. Checked by `serve` after command-line flags and
 // $KVP_ADMIN_TOKEN are applied (a file alone may rely on either), not by the loader.
 std::optional<std::string> check_admin_exposure(const config& cfg);

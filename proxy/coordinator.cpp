@@ -70,6 +70,10 @@ net::awaitable<void> coordinator::start() {
   if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, gc_loop(), log_exception);
 }
 
+void coordinator::spawn(net::awaitable<void> work) {
+  net::co_spawn(strand_, std::move(work), log_exception);
+}
+
 void coordinator::stop() {
   stopped_ = true;
   idle_timer_.cancel();

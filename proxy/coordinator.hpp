@@ -161,6 +161,9 @@ class coordinator {
   net::awaitable<T> on_strand(net::awaitable<T> work) {
     return net::co_spawn(strand_, std::move(work), net::use_awaitable);
   }
+  // The same, not awaited: runs after everything already submitted to the strand; an
+  // exception is logged.
+  void spawn(net::awaitable<void> work);
 
   // Loads manifests, probes the server and starts the background probe. Never fails:
   // problems are logged once and persistence stays off until a probe succeeds.

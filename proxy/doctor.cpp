@@ -405,30 +405,63 @@ std::string verify_restores(report& rep, const config::config& cfg,
   return v.verdict;
 }
 
+// The top-level view of one server of `cfg`, so that each check reads one server's keys.
+config::config for_server(const config::config& cfg, const config::server_config& sc) {
+  auto one = cfg;
+  one.upstream = sc.upstream;
+  one.runtime_key = sc.runtime_key;
+  one.mode = sc.mode;
+  one.slot_id = sc.slot_id;
+  one.snapshots = sc.snapshots;
+  return one;
+}
+
+struct server_report {
+  std::string verdict = "unverified";
+  bool unreachable = false;
+};
+
+// Every check for one server, as the daemon would run it (its own state directory).
+server_report check_one_server(report& rep, const config::config& cfg, const std::string& dir,
+                               bool verify) {
+  backends::http_endpoint ep;
+  config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = cfg.upstream.api_key;
+  backends::llama_http_backend be(ep, cfg.failure.management_timeout);
+  rep.ok("Backend", "llama.cpp");
+  rep.ok("Endpoint", cfg.upstream.url);
+  const auto server = check_server(rep, cfg, ep, be);
+  check_state_dir(rep, dir);
+  check_local_setup(rep, cfg);
+  server_report out;
+  out.unreachable = server.unreachable;
+  if (verify)
+    out.verdict = verify_restores(rep, cfg, ep, be, server.runtime, dir);
+  else
+    rep.ok("Restore verification", "not run (kvpersist doctor --verify uses slot 0 for a moment)");
+  return out;
+}
+
 }  // namespace
 
+// With several servers (servers: in the config), each is checked in turn under a
+// "Server" line naming it; the JSON verdict is the first server's.
 int run_doctor(const std::vector<std::string>& args) {
   const auto parsed = read_doctor_args(args);
   if (!parsed) return 2;
   const auto& cfg = parsed->cfg;
   report rep;
-  backends::http_endpoint ep;
-  config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
-  ep.api_key = cfg.upstream.api_key;
-  backends::llama_http_backend be(ep, cfg.failure.management_timeout);
-
-  rep.ok("Backend", "llama.cpp");
-  rep.ok("Endpoint", cfg.upstream.url);
-  const auto server = check_server(rep, cfg, ep, be);
-  const std::string dir = config::resolve_state_dir(cfg);
-  check_state_dir(rep, dir);
-  check_local_setup(rep, cfg);
-
-  std::string verdict = "unverified";
-  if (parsed->verify)
-    verdict = verify_restores(rep, cfg, ep, be, server.runtime, dir);
-  else
-    rep.ok("Restore verification", "not run (kvpersist doctor --verify uses slot 0 for a moment)");
+  const auto servers = config::effective_servers(cfg);
+  const std::string root = config::resolve_state_dir(cfg);
+  std::string verdict;
+  bool unreachable = false;
+  for (const auto& sc : servers) {
+    if (!cfg.servers.empty()) rep.ok("Server", sc.name);
+    const auto one = check_one_server(rep, for_server(cfg, sc),
+                                      config::server_state_dir(cfg, sc, root), parsed->verify);
+    if (verdict.empty()) verdict = one.verdict;
+    unreachable = unreachable || one.unreachable;
+  }
   const std::string result = rep.problems == 0 ? "READY" : "NOT READY";
   if (parsed->json) {
     fmt::print("{}\n", report_json(rep, result, verdict));
@@ -436,7 +469,7 @@ int run_doctor(const std::vector<std::string>& args) {
     for (const auto& [label, text] : rep.lines) fmt::print("{:<21} {}\n", label + ":", text);
     fmt::print("{:<21} {}\n", "Result:", result);
   }
-  if (server.unreachable) return 3;
+  if (unreachable) return 3;
   return rep.problems == 0 ? 0 : 1;
 }
 

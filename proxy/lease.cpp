@@ -2,7 +2,6 @@
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
-#include "proxy/listen.hpp"
 
 namespace kvp::proxy {
 
@@ -29,7 +28,7 @@ lease& lease::operator=(lease&& o) noexcept {
 }
 
 lease::~lease() {
-  if (c_) net::co_spawn(c_->strand(), c_->release(t_), log_exception);
+  if (c_) c_->spawn(c_->release(t_));
 }
 
 net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool fresh_upstream) {
@@ -52,11 +51,11 @@ net::awaitable<void> lease::finish(bool reached_slot, bool turn_end) {
 
 void lease::finish_later(bool reached_slot, bool turn_end) {
   auto* c = std::exchange(c_, nullptr);
-  net::co_spawn(c->strand(), c->finish(t_, reached_slot, turn_end), log_exception);
+  c->spawn(c->finish(t_, reached_slot, turn_end));
 }
 
 void lease::record(core::prepare_kind kind, response_timings t) {
-  net::co_spawn(c_->strand(), record_on_strand(c_, t_->slot, kind, t), log_exception);
+  c_->spawn(record_on_strand(c_, t_->slot, kind, t));
 }
 
 net::awaitable<void> lease::release() {
@@ -71,8 +70,7 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
   t->who = who;
   t->unpinnable = unpinnable;
   t->wakeup.expires_after(queue_timeout);
-  const auto adm = co_await net::co_spawn(c.strand(), c.admit(t, std::move(who), pooled),
-                                          net::use_awaitable);
+  const auto adm = co_await c.on_strand(c.admit(t, std::move(who), pooled));
   acquisition out;
   switch (adm.what) {
     case admission::outcome::rejected:
@@ -94,7 +92,7 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
   on_wait();
   auto w = co_await (t->wakeup.async_wait(token) || std::move(gone));
   const bool client_left = w.index() == 1;
-  const bool granted = co_await net::co_spawn(c.strand(), c.settle(t), net::use_awaitable);
+  const bool granted = co_await c.on_strand(c.settle(t));
   if (granted) out.held = lease(c, t);
   if (client_left) {
     out.what = acquisition::outcome::client_gone;  // a granted lease is released by `held`
@@ -105,14 +103,13 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
 }
 
 net::awaitable<lease> begin_runtime_change(coordinator& c) {
-  auto t = co_await net::co_spawn(c.strand(), c.begin_runtime_change(), net::use_awaitable);
+  auto t = co_await c.on_strand(c.begin_runtime_change());
   co_return lease(c, std::move(t));
 }
 
 net::awaitable<void> end_runtime_change(lease l, bool reached_server) {
   auto* c = std::exchange(l.c_, nullptr);
-  co_await net::co_spawn(c->strand(), c->end_runtime_change(l.t_, reached_server),
-                         net::use_awaitable);
+  co_await c->on_strand(c->end_runtime_change(l.t_, reached_server));
 }
 
 }  // namespace kvp::proxy

@@ -185,9 +185,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.retention_max_sessions = cfg_.retention.max_sessions;
     co.retention_max_age_days = cfg_.retention.max_age_days;
     co.retention_interval = cfg_.retention.interval;
-    // Several servers: one namespace each, so manifests of different models never mix.
-    const std::string state = cfg_.servers.empty() ? state_root
-                                                   : state_root + "/servers/" + sc.name;
+    const std::string state = config::server_state_dir(cfg_, sc, state_root);
     up->coord = std::make_unique<coordinator>(
         ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
         manifest_store(state), co);

@@ -205,6 +205,37 @@ def test_usage_errors_exit_2(binary, args, tmp_path):
 
 
 @fake_only
+def test_servers_are_each_checked_where_the_daemon_keeps_their_state(binary, make_fake, tmp_path):
+    """servers: in the config: doctor checks every server with its own keys, and --verify
+    records each verdict in that server's state directory (state/servers/<name>), where the
+    daemon reads it; one server without slot actions (two problems: the slot API, and the
+    verification it skips) makes the whole result NOT READY."""
+    good, bad = make_fake(), make_fake(slot_actions=False)
+    state = tmp_path / "st"
+    path = tmp_path / "kvp.yaml"
+    path.write_text(to_yaml({"stateDir": str(state), "servers": {
+        "qwen": {"url": good.url, "runtimeKey": "rk-qwen"},
+        "gemma": {"url": bad.url, "runtimeKey": "rk-gemma"}}}))
+    r = doctor("--config", str(path), "--verify", "--json")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    j = json.loads(r.stdout)
+    assert j["result"] == "NOT READY" and j["problems"] == 2 and j["compatibility"] == "supported", j
+    lines = [(c["check"], c["result"]) for c in j["checks"]]
+    servers = [i for i, (check, _) in enumerate(lines) if check == "Server"]
+    assert [lines[i][1] for i in servers] == ["qwen", "gemma"], lines
+    qwen, gemma = lines[servers[0]:servers[1]], lines[servers[1]:]
+    assert ("Endpoint", good.url) in qwen and ("Endpoint", bad.url) in gemma
+    assert dict(qwen)["Restore verification"].startswith("supported")
+    assert dict(gemma)["Slot API"].startswith("PROBLEM")
+    assert "skipped" in dict(gemma)["Restore verification"]
+    assert dict(qwen)["State dir"].startswith(str(state / "servers" / "qwen"))
+    with open(state / "servers" / "qwen" / "compatibility.json") as fh:
+        assert json.load(fh)["verdict"] == "supported"
+    assert not os.path.exists(state / "compatibility.json")
+    assert not os.path.exists(state / "servers" / "gemma" / "compatibility.json")
+
+
+@fake_only
 def test_verify_supported_records_verdict(binary, stack):
     """--verify on the fake: supported, recorded, and the slot content is put back."""
     stack.start_upstream()
