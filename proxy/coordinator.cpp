@@ -297,16 +297,14 @@ net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core
   const auto sess = std::string(core::abbrev(rs.hash));
   log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
   core::result<core::slot_restored> r = core::error{};
-  struct stat st {};
-  if (!opts_.snapshot_dir.empty() &&
-      ::stat((opts_.snapshot_dir + "/" + rs.filename).c_str(), &st) != 0) {
+  const auto size = snapshots_.shared() ? snapshots_.size(rs.filename) : std::nullopt;
+  if (snapshots_.shared() && !size) {
     // A failed restore clears the slot on the server; don't ask for a file we know is gone.
     r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
-  } else if (!opts_.snapshot_dir.empty() && rs.expected_bytes > 0 &&
-             static_cast<std::uint64_t>(st.st_size) != rs.expected_bytes) {
+  } else if (size && rs.expected_bytes > 0 && *size != rs.expected_bytes) {
     // Truncated or replaced: some llama-server builds abort on a truncated file.
     r = core::error{core::errc::snapshot_corrupt, 0,
-                    fmt::format("snapshot file has {} bytes, {} were saved", st.st_size,
+                    fmt::format("snapshot file has {} bytes, {} were saved", *size,
                                 rs.expected_bytes)};
   } else {
     r = co_await backend_->restore(rs.slot, rs.filename);
@@ -336,6 +334,35 @@ net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core
        {"effect", "cold prefill"}});
   note_slot_error(d.err);
   co_return restore_outcome{false, d.need_erase, d.err.code};
+}
+
+// The plan's calls in order: save, then restore or erase (an erase also after a restore that
+// left the slot's content unknown). Requests and the admin API run plans through here alike;
+// with `stop_on_failure` (strict mode) the first failure ends the plan.
+net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepare_plan& plan,
+                                                            bool stop_on_failure) {
+  plan_result out;
+  if (plan.save) {
+    const auto saved = co_await run_save(*plan.save);
+    if (!saved && stop_on_failure) {
+      out.failure = plan_failure{saved.err().code, "saving the previous session failed"};
+      co_return out;
+    }
+  }
+  bool need_erase = plan.erase;
+  if (plan.restore) {
+    out.restore = co_await run_restore(*plan.restore);
+    if (!out.restore->restored && stop_on_failure) {
+      out.failure = plan_failure{out.restore->code, "restoring the session's snapshot failed"};
+      co_return out;
+    }
+    if (!out.restore->restored) need_erase = out.restore->need_erase;
+  }
+  if (need_erase) {
+    const auto code = co_await run_erase(plan.slot);
+    if (code && stop_on_failure) out.failure = plan_failure{*code, "erasing the slot failed"};
+  }
+  co_return out;
 }
 
 // A cold start's erase; the error code when it failed.
@@ -394,22 +421,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        ? "persistence unavailable (circuit open) and strict mode is on"
                                        : "persistence is off and strict mode is on");
 
-  if (plan.save) {
-    const auto saved = co_await run_save(*plan.save);
-    if (!saved && opts_.strict)
-      co_return fail(saved.err().code, "saving the previous session failed");
-  }
-  bool need_erase = plan.erase;
-  if (plan.restore) {
-    const auto outcome = co_await run_restore(*plan.restore);
-    if (!outcome.restored && opts_.strict)
-      co_return fail(outcome.code, "restoring the session's snapshot failed");
-    if (!outcome.restored) need_erase = outcome.need_erase;
-  }
-  if (need_erase) {
-    const auto code = co_await run_erase(plan.slot);
-    if (code && opts_.strict) co_return fail(*code, "erasing the slot failed");
-  }
+  const auto done = co_await execute(plan, opts_.strict);
+  if (done.failure) co_return fail(done.failure->code, done.failure->what);
   log_circuit_changes();
   out.kind = core_.start_inference(who, slot);
   if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)

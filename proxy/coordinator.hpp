@@ -295,6 +295,15 @@ class coordinator {
     core::errc code = core::errc::invariant;  // why not, when !restored
   };
   net::awaitable<restore_outcome> run_restore(const core::restore_step& rs);
+  struct plan_failure {
+    core::errc code = core::errc::invariant;
+    std::string what;
+  };
+  struct plan_result {
+    std::optional<plan_failure> failure;   // only when stopped on it
+    std::optional<restore_outcome> restore;  // when the plan had a restore
+  };
+  net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
   net::awaitable<std::optional<core::errc>> run_erase(int slot);
   // The error, with its code, when the snapshot did not become the session's checkpoint.
   net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);

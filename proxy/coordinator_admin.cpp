@@ -60,20 +60,12 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
     core_.abort_prepare(slot);
     out.result = admin_result::circuit_open;
   } else if (!plan.resident) {
-    if (plan.save) co_await run_save(*plan.save);
-    bool need_erase = plan.erase;
-    out.result = admin_result::cold;
-    if (plan.restore) {
-      auto r = co_await backend_->restore(plan.restore->slot, plan.restore->filename);
-      auto d = core_.on_restore(*plan.restore, r, steady_clock::now(), wall_now());
-      if (d.write) write_manifest(*d.write);
-      need_erase = !d.restored && d.need_erase;
-      out.result = d.restored ? admin_result::restored : admin_result::restore_failed_cold;
-    }
-    if (need_erase) {
-      auto er = co_await backend_->erase(plan.slot);
-      core_.on_erase(slot, er, steady_clock::now());
-    }
+    // The request path's calls, checks, logs and metrics; an operator's restore is never
+    // refused by strict mode (that policy is about answering clients).
+    const auto done = co_await execute(plan, false);
+    out.result = !done.restore           ? admin_result::cold
+                 : done.restore->restored ? admin_result::restored
+                                          : admin_result::restore_failed_cold;
     core_.start_inference(who, slot);
     core_.end_inference(slot, false, steady_clock::now());
   } else {
