@@ -274,7 +274,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        ? "persistence unavailable (circuit open) and strict mode is on"
                                        : "persistence is off and strict mode is on");
 
-  const auto done = co_await execute(plan, opts_.strict);
+  const auto done = co_await execute(plan, opts_.core.strict);
   if (done.failure) co_return fail(done.failure->code, done.failure->what);
   log_circuit_changes();
   out.kind = core_.start_inference(who, slot);
@@ -314,7 +314,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   for (int id : core_.slot_ids()) {
     if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await run_save(*s);
-      if (!saved && opts_.strict) {
+      if (!saved && opts_.core.strict) {
         release_and_wake(t);
         out.ok = false;
         out.code = saved.err().code;

@@ -24,8 +24,7 @@
 namespace kvp::proxy {
 
 struct coordinator_options {
-  core::core_options core;
-  bool strict = false;
+  core::core_options core;  // core.strict is failure.strict for both halves
   std::size_t max_waiting = 64;
   std::chrono::milliseconds epoch_probe_interval{10'000};
   std::chrono::seconds sleep_idle{0};  // llama-server's --sleep-idle-seconds; 0: never sleeps

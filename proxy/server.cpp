@@ -172,7 +172,6 @@ server::server(net::io_context& ioc, config::config cfg)
     co.core.strict = cfg_.failure.strict;
     co.core.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
     co.core.cooldown = cfg_.failure.cooldown;
-    co.strict = cfg_.failure.strict;
     co.max_waiting = cfg_.queue.max_waiting;
     co.epoch_probe_interval = cfg_.epoch_probe_interval;
     co.sleep_idle = sc.upstream.sleep_idle;

@@ -54,7 +54,6 @@ coordinator_options test_options() {
 
 coordinator_options strict_options() {
   auto o = test_options();
-  o.strict = true;
   o.core.strict = true;
   return o;
 }
