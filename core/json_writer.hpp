@@ -3,6 +3,7 @@
 // core/json.hpp.)
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include <rapidjson/stringbuffer.h>
@@ -22,6 +23,12 @@ inline void write_json_string(json_writer& w, std::string_view s) {
 inline void write_json_member(json_writer& w, std::string_view key, std::string_view value) {
   w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
   write_json_string(w, value);
+}
+
+// "key":count inside an object.
+inline void write_json_count(json_writer& w, std::string_view key, std::uint64_t value) {
+  w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+  w.Uint64(value);
 }
 
 }  // namespace kvp::core

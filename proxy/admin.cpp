@@ -86,14 +86,10 @@ std::string gc_report_json(const gc_report& r) {
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
   w.StartObject();
-  w.Key("evicted");
-  w.Uint64(r.evicted);
-  w.Key("freedBytes");
-  w.Uint64(r.freed_bytes);
-  w.Key("remainingSessions");
-  w.Uint64(r.remaining_sessions);
-  w.Key("remainingBytes");
-  w.Uint64(r.remaining_bytes);
+  core::write_json_count(w, "evicted", r.evicted);
+  core::write_json_count(w, "freedBytes", r.freed_bytes);
+  core::write_json_count(w, "remainingSessions", r.remaining_sessions);
+  core::write_json_count(w, "remainingBytes", r.remaining_bytes);
   if (r.files_kept) {
     core::write_json_member(
         w, "note",
@@ -393,8 +389,7 @@ admin_answer answer_admin_outcome(const admin_outcome& o) {
   } else {
     core::write_json_member(w, "result", text);
     if (o.result == admin_result::purged) {
-      w.Key("freedBytes");
-      w.Uint64(o.freed_bytes);
+      core::write_json_count(w, "freedBytes", o.freed_bytes);
       w.Key("filesDeleted");
       w.Bool(o.files_deleted);
     }

@@ -52,10 +52,8 @@ void write_snapshot(json_writer& w, const core::manifest& m) {
   }
   w.Key("file");
   jstr(w, m.snapshot_file());
-  w.Key("tokens");
-  w.Uint64(m.tokens);
-  w.Key("bytes");
-  w.Uint64(m.bytes);
+  core::write_json_count(w, "tokens", m.tokens);
+  core::write_json_count(w, "bytes", m.bytes);
   w.Key("compatibility");
   jstr(w, m.compatibility);
   w.Key("updatedAt");
@@ -85,8 +83,7 @@ void write_session(json_writer& w, const session_row& v) {
     w.Null();
   } else {
     w.StartObject();
-    w.Key("tokens");
-    w.Uint64(v.last_restore->restored);
+    core::write_json_count(w, "tokens", v.last_restore->restored);
     w.Key("reused");
     w.Int64(v.last_restore->reused);
     w.EndObject();
@@ -156,37 +153,24 @@ void write_snapshot_totals(json_writer& w, const core::coordinator_core& c) {
     }
   }
   w.StartObject();
-  w.Key("known");
-  w.Uint64(valid + invalid);
-  w.Key("valid");
-  w.Uint64(valid);
-  w.Key("invalid");
-  w.Uint64(invalid);
-  w.Key("bytes");
-  w.Uint64(bytes);
+  core::write_json_count(w, "known", valid + invalid);
+  core::write_json_count(w, "valid", valid);
+  core::write_json_count(w, "invalid", invalid);
+  core::write_json_count(w, "bytes", bytes);
   w.EndObject();
 }
 
 // The core's counters; the reuse totals that follow them are the coordinator's.
 void write_core_stats(json_writer& w, const core::core_stats& st) {
-  w.Key("restores");
-  w.Uint64(st.restores);
-  w.Key("restoreHits");
-  w.Uint64(st.restore_hits);
-  w.Key("restoreFailures");
-  w.Uint64(st.restore_failures);
-  w.Key("coldStarts");
-  w.Uint64(st.cold_starts);
-  w.Key("saves");
-  w.Uint64(st.saves);
-  w.Key("saveFailures");
-  w.Uint64(st.save_failures);
-  w.Key("emptySaves");
-  w.Uint64(st.empty_saves);
-  w.Key("switches");
-  w.Uint64(st.switches);
-  w.Key("invalidations");
-  w.Uint64(st.invalidations);
+  core::write_json_count(w, "restores", st.restores);
+  core::write_json_count(w, "restoreHits", st.restore_hits);
+  core::write_json_count(w, "restoreFailures", st.restore_failures);
+  core::write_json_count(w, "coldStarts", st.cold_starts);
+  core::write_json_count(w, "saves", st.saves);
+  core::write_json_count(w, "saveFailures", st.save_failures);
+  core::write_json_count(w, "emptySaves", st.empty_saves);
+  core::write_json_count(w, "switches", st.switches);
+  core::write_json_count(w, "invalidations", st.invalidations);
 }
 
 // One labelled sample per family, for the metrics with a single value per server.
@@ -300,23 +284,19 @@ std::string coordinator::status_json() const {
   write_slots(w, core_, leased_);
   w.Key("queue");
   w.StartObject();
-  w.Key("waiting");
-  w.Uint64(queue_.size());
+  core::write_json_count(w, "waiting", queue_.size());
   w.EndObject();
   w.Key("snapshots");
   write_snapshot_totals(w, core_);
   w.Key("retention");  // the disk quota the dashboard shows usage against (0: none)
   w.StartObject();
-  w.Key("maxTotalBytes");
-  w.Uint64(opts_.retention_max_bytes);
+  core::write_json_count(w, "maxTotalBytes", opts_.retention_max_bytes);
   w.EndObject();
   w.Key("stats");
   w.StartObject();
   write_core_stats(w, core_.stats());
-  w.Key("reusedTokens");
-  w.Uint64(reused_tokens_);
-  w.Key("prefilledTokens");
-  w.Uint64(prefilled_tokens_);
+  core::write_json_count(w, "reusedTokens", reused_tokens_);
+  core::write_json_count(w, "prefilledTokens", prefilled_tokens_);
   w.Key("prefillSecondsSaved");
   w.Double(prefill_seconds_saved_);
   w.EndObject();
