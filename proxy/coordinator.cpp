@@ -29,7 +29,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       backend_(std::move(backend)),
       store_(std::move(store)),
       opts_(std::move(opts)),
-      core_(opts_.core),
+      pool_(opts_.pool),
       idle_timer_(strand_),
       probe_timer_(strand_),
       gc_timer_(strand_) {}
@@ -44,7 +44,7 @@ net::awaitable<void> coordinator::start() {
     for (auto& s : skipped)
       log(log_level::warn, "kv.manifest.skipped",
           {{"file", s}, {"code", std::string(core::to_string(core::errc::manifest_invalid))}});
-    for (auto& m : all) core_.add_manifest(std::move(m));
+    for (auto& m : all) pool_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(all.size())}});
     enforce_session_budget();
@@ -76,7 +76,7 @@ void coordinator::stop() {
 
 std::vector<int> coordinator::free_slots() const {
   std::vector<int> out;
-  for (int id : core_.slot_ids())
+  for (int id : pool_.slot_ids())
     if (!leased_.contains(id)) out.push_back(id);
   return out;
 }
@@ -92,7 +92,7 @@ bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
   if (t->unpinnable && pins_requests()) t->exclusive = true;
   if (t->exclusive) {
     if (!leased_.empty()) return false;
-    for (int id : core_.slot_ids()) leased_[id] = t;
+    for (int id : pool_.slot_ids()) leased_[id] = t;
     t->slot = -1;
   } else {
     // A session holding a lease (even one still preparing, not yet the slot's owner) must
@@ -101,7 +101,7 @@ bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
       for (const auto& [id, h] : leased_)
         if (h->who.session_id == t->who.session_id && h->who.purpose.empty()) return false;
     }
-    auto slot = core_.choose_slot(t->who, free_slots());
+    auto slot = pool_.choose_slot(t->who, free_slots());
     if (!slot) return false;
     leased_[*slot] = t;
     t->slot = *slot;
@@ -130,7 +130,7 @@ void coordinator::pump() {
     const auto& t = *it;
     const std::string key = t->who.session_id.empty() || !t->who.purpose.empty()
                                 ? std::string()
-                                : core_.hash_for(t->who.session_id);
+                                : pool_.hash_for(t->who.session_id);
     const bool blocked = !key.empty() && std::find(blocked_sessions.begin(),
                                                    blocked_sessions.end(),
                                                    key) != blocked_sessions.end();
@@ -185,7 +185,7 @@ net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
 // The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
 void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
   const bool aux = who.session_id.empty() || !who.purpose.empty();
-  const std::string to = aux ? std::string() : core_.hash_for(who.session_id);
+  const std::string to = aux ? std::string() : pool_.hash_for(who.session_id);
   if (from.empty() || from == to) return;
   log(log_level::info, "kv.session.switch",
       {{"from", std::string(core::abbrev(from))},
@@ -196,11 +196,11 @@ void coordinator::log_switch(const std::string& from, const core::request_identi
 // One line per breaker transition, as soon as the lease holder that caused it is done with
 // its management calls (core::breaker reports only changes, so an outage is one line).
 void coordinator::log_circuit_changes() {
-  for (const auto& c : core_.take_circuit_changes()) {
+  for (const auto& c : pool_.take_circuit_changes()) {
     if (c.opened) {
       log(log_level::warn, "kv.persistence.circuit_open",
           {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(core_.circuit().consecutive_failures())},
+           {"failures", std::to_string(pool_.circuit().consecutive_failures())},
            {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
     } else {
       log(log_level::info, "kv.persistence.circuit_recovered");
@@ -225,7 +225,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   if (holds(t)) {
-    if (t->slot >= 0) core_.abort_prepare(t->slot);
+    if (t->slot >= 0) pool_.abort_prepare(t->slot);
     release_and_wake(t);
   }
   co_return;
@@ -244,17 +244,17 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
   co_await refresh_runtime(slot);
   const auto now = steady_clock::now();
-  if (core_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
+  if (pool_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
     // sharing the snapshot and state directories saved it). One small read, never on the
     // resident path.
-    const auto h = core_.hash_for(who.session_id);
-    if (core_.slot_of(h) < 0) {
-      if (auto m = store_.read(h)) core_.add_manifest(std::move(*m));
+    const auto h = pool_.hash_for(who.session_id);
+    if (pool_.slot_of(h) < 0) {
+      if (auto m = store_.read(h)) pool_.add_manifest(std::move(*m));
     }
   }
-  const std::string before = core_.owner(slot);
-  auto plan = core_.prepare(who, slot, now, wall_now());
+  const std::string before = pool_.owner(slot);
+  auto plan = pool_.prepare(who, slot, now, wall_now());
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
     write_manifest(m);
@@ -262,7 +262,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
   }
   auto fail = [&](core::errc code, std::string why) {
-    core_.abort_prepare(slot);
+    pool_.abort_prepare(slot);
     release_and_wake(t);
     out.ok = false;
     out.code = code;
@@ -270,17 +270,17 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     return out;
   };
   if (plan.fail)
-    co_return fail(plan.fail_code, core_.persistence_enabled()
+    co_return fail(plan.fail_code, pool_.persistence_enabled()
                                        ? "persistence unavailable (circuit open) and strict mode is on"
                                        : "persistence is off and strict mode is on");
 
-  const auto done = co_await execute(plan, opts_.core.strict);
+  const auto done = co_await execute(plan, opts_.pool.strict);
   if (done.failure) co_return fail(done.failure->code, done.failure->what);
   log_circuit_changes();
-  out.kind = core_.start_inference(who, slot);
+  out.kind = pool_.start_inference(who, slot);
   if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(core_.owner(slot)))},
+        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
   co_return out;
 }
@@ -289,7 +289,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
                                          bool turn_end) {
   if (!holds(t) || t->slot < 0) co_return;
   if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
-  if (auto s = core_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
+  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
     co_await run_save(*s);
   release_and_wake(t);
 }
@@ -309,12 +309,12 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     out.message = "exclusive lease not held";
     co_return out;
   }
-  co_await refresh_runtime(core_.slot_ids().front());
-  if (!core_.persistence_enabled()) co_return out;
-  for (int id : core_.slot_ids()) {
-    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
+  co_await refresh_runtime(pool_.slot_ids().front());
+  if (!pool_.persistence_enabled()) co_return out;
+  for (int id : pool_.slot_ids()) {
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await run_save(*s);
-      if (!saved && opts_.core.strict) {
+      if (!saved && opts_.pool.strict) {
         release_and_wake(t);
         out.ok = false;
         out.code = saved.err().code;
@@ -332,29 +332,29 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot) {
   if (!holds(t) || !t->exclusive) co_return;
-  if (reached_slot && core_.persistence_enabled()) {
+  if (reached_slot && pool_.persistence_enabled()) {
     auto after = co_await last_tasks();
     note_slots_readable(after.has_value() && !tasks_before_.empty());
-    for (int id : core_.slot_ids()) {
+    for (int id : pool_.slot_ids()) {
       // The slot that ran the request has a new last task; if the server cannot tell us,
       // nobody's slot can be trusted.
       const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
                            !tasks_before_.contains(id) || (*after)[id] < 0 ||
                            (*after)[id] != tasks_before_[id];
-      if (touched && !core_.owner(id).empty()) {
+      if (touched && !pool_.owner(id).empty()) {
         log(log_level::info, "kv.slot.overwritten",
             {{"slot", std::to_string(id)},
-             {"session", std::string(core::abbrev(core_.owner(id)))},
+             {"session", std::string(core::abbrev(pool_.owner(id)))},
              {"effect", "restores from its snapshot next time"}});
       }
-      if (touched) core_.forget_slot(id);
+      if (touched) pool_.forget_slot(id);
     }
   }
   release_and_wake(t);
 }
 
 void coordinator::arm_idle_timer() {
-  auto deadline = core_.idle_deadline();
+  auto deadline = pool_.idle_deadline();
   if (!deadline || stopped_) return;
   if (idle_loop_running_) {
     // Called after every request, and a request only moves the deadline later: the loop
@@ -374,13 +374,13 @@ net::awaitable<void> coordinator::idle_loop() {
     if (stopped_) break;
     if (ec == net::error::operation_aborted) {
       // Re-armed (expires_at cancels the pending wait): wait for the new deadline.
-      if (core_.idle_deadline()) continue;
+      if (pool_.idle_deadline()) continue;
       break;
     }
     const auto now = steady_clock::now();
-    for (int id : core_.slot_ids()) {
+    for (int id : pool_.slot_ids()) {
       if (leased_.contains(id)) continue;  // a request is running there; finish re-arms
-      auto s = core_.idle_checkpoint(id, now);
+      auto s = pool_.idle_checkpoint(id, now);
       if (!s) continue;
       // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
       auto self = std::make_shared<lease_ticket>(strand_);
@@ -393,7 +393,7 @@ net::awaitable<void> coordinator::idle_loop() {
       std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
       pump();
     }
-    auto next = core_.idle_deadline();
+    auto next = pool_.idle_deadline();
     if (!next) break;
     if (*next <= steady_clock::now()) {
       // Due but its slot is leased: that request's finish re-arms the timer.
@@ -423,8 +423,8 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
 net::awaitable<bool> coordinator::checkpoint() {
   auto t = co_await acquire_internal();
   bool ok = true;
-  for (int id : core_.slot_ids()) {
-    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) {
+  for (int id : pool_.slot_ids()) {
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await run_save(*s);
       ok = ok && saved.ok();
     }

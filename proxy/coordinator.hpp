@@ -1,5 +1,5 @@
 // One coordinator per llama-server: the slot lease (a FIFO queue with a bound and a
-// timeout), the management calls a core::coordinator_core plan asks for, idle checkpoints,
+// timeout), the management calls a core::slot_pool plan asks for, idle checkpoints,
 // restart detection and the shutdown checkpoint. All its state lives on its own strand;
 // client sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
@@ -15,7 +15,7 @@
 
 #include "backends/kv_backend.hpp"
 #include "backends/net.hpp"
-#include "core/coordinator_core.hpp"
+#include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
 #include "proxy/manifest_store.hpp"
@@ -24,7 +24,7 @@
 namespace kvp::proxy {
 
 struct coordinator_options {
-  core::core_options core;  // core.strict is failure.strict for both halves
+  core::slot_pool_options pool;  // pool.strict is failure.strict for both halves
   std::size_t max_waiting = 64;
   std::chrono::milliseconds epoch_probe_interval{10'000};
   std::chrono::seconds sleep_idle{0};  // llama-server's --sleep-idle-seconds; 0: never sleeps
@@ -194,7 +194,7 @@ class coordinator {
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false);
   // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
-  bool watches_turn_end() const { return opts_.core.save_on_turn_end && !opts_.core.save_on_step_end; }
+  bool watches_turn_end() const { return opts_.pool.save_on_turn_end && !opts_.pool.save_on_step_end; }
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
   // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
   // task, so that finish_exclusive can tell which slot the server used and forget only its
@@ -202,7 +202,7 @@ class coordinator {
   net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
   // Managed multi-slot mode with more than one slot: requests are pinned with id_slot.
-  bool pins_requests() const { return !opts_.single_slot && core_.slot_ids().size() > 1; }
+  bool pins_requests() const { return !opts_.single_slot && pool_.slot_ids().size() > 1; }
   // Releases a lease without running `finish` (the request never reached the slot).
   net::awaitable<void> release(std::shared_ptr<lease_ticket> t);
 
@@ -249,7 +249,7 @@ class coordinator {
   const std::string& name() const { return opts_.server_name; }
 
   // Snapshot of state for status/logs. Strand-only.
-  const core::coordinator_core& core() const { return core_; }
+  const core::slot_pool& pool() const { return pool_; }
   std::size_t waiting() const { return queue_.size(); }
   bool busy() const { return !leased_.empty(); }
 
@@ -287,7 +287,7 @@ class coordinator {
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   void note_restore_reuse(int slot, std::int64_t cache_n);
-  session_row row_with_reuse(core::coordinator_core::session_view v) const;
+  session_row row_with_reuse(core::slot_pool::session_view v) const;
   struct restore_outcome {
     bool restored = false;
     bool need_erase = false;  // the slot's content is unknown: erase before running cold
@@ -326,7 +326,7 @@ class coordinator {
   std::unique_ptr<backends::kv_backend> backend_;
   manifest_store store_;
   coordinator_options opts_;
-  core::coordinator_core core_;
+  core::slot_pool pool_;
   snapshot_files snapshots_{opts_.snapshot_dir};
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder

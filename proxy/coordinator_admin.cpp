@@ -18,20 +18,20 @@ using detail::wall_now;
 using std::chrono::steady_clock;
 
 coordinator::session_ref coordinator::resolve_session(const std::string& hash_or_id) const {
-  if (auto known = core_.session(hash_or_id)) return {hash_or_id, known->session_id};
-  return {core_.hash_for(hash_or_id), hash_or_id};
+  if (auto known = pool_.session(hash_or_id)) return {hash_or_id, known->session_id};
+  return {pool_.hash_for(hash_or_id), hash_or_id};
 }
 
 net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
-  if (!core_.session(hash)) {
+  if (!pool_.session(hash)) {
     out.result = admin_result::unknown_session;
-  } else if (core_.slot_of(hash) < 0) {
+  } else if (pool_.slot_of(hash) < 0) {
     out.result = admin_result::not_resident;
-  } else if (auto s = core_.checkpoint_session(hash, steady_clock::now())) {
+  } else if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
     const auto saved = co_await run_save(*s);
     out.result = saved ? admin_result::saved : admin_result::save_failed;
   } else {
@@ -42,22 +42,22 @@ net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
 }
 
 net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
-  co_await refresh_runtime(core_.slot_ids().front());  // a plan needs the current fingerprint
-  if (!core_.persistence_enabled()) {
+  co_await refresh_runtime(pool_.slot_ids().front());  // a plan needs the current fingerprint
+  if (!pool_.persistence_enabled()) {
     release_and_wake(t);
     co_return admin_outcome{admin_result::persistence_off};
   }
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   core::request_identity who{resolve_session(hash_or_id).session_id, ""};
-  const int slot = core_.choose_slot(who, core_.slot_ids()).value_or(core_.slot_ids().front());
-  auto plan = core_.prepare(who, slot, steady_clock::now(), wall_now());
+  const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
+  auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) write_manifest(m);
   admin_outcome out = admin_outcome{admin_result::resident};
   if (plan.fail) {
-    core_.abort_prepare(slot);
+    pool_.abort_prepare(slot);
     out.result = admin_result::circuit_open;
   } else if (!plan.resident) {
     // The request path's calls, checks, logs and metrics; an operator's restore is never
@@ -66,11 +66,11 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
     out.result = !done.restore           ? admin_result::cold
                  : done.restore->restored ? admin_result::restored
                                           : admin_result::restore_failed_cold;
-    core_.start_inference(who, slot);
-    core_.end_inference(slot, false, steady_clock::now());
+    pool_.start_inference(who, slot);
+    pool_.end_inference(slot, false, steady_clock::now());
   } else {
-    core_.start_inference(who, slot);
-    core_.end_inference(slot, false, steady_clock::now());
+    pool_.start_inference(who, slot);
+    pool_.end_inference(slot, false, steady_clock::now());
   }
   release_and_wake(t);
   co_return out;
@@ -80,7 +80,7 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
-  if (auto m = core_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
+  if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     write_manifest(*m);
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
@@ -93,17 +93,17 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
 }
 
 net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id) {
-  if (!core_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out = admin_outcome{admin_result::disposed};
-  if (!core_.session(hash)) {
+  if (!pool_.session(hash)) {
     out.result = admin_result::unknown_session;
-  } else if (core_.slot_of(hash) < 0) {
+  } else if (pool_.slot_of(hash) < 0) {
     out.result = admin_result::nothing_to_dispose;
   } else {
-    if (auto s = core_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
-    if (!core_.release_session(hash)) {
+    if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
+    if (!pool_.release_session(hash)) {
       out.result = admin_result::save_failed_kept_slot;
     } else {
       log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
@@ -116,7 +116,7 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
 net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
   auto t = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
-  const bool known = core_.forget(hash);
+  const bool known = pool_.forget(hash);
   last_restore_.erase(hash);
   if (auto r = store_.remove(hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});

@@ -30,8 +30,8 @@ bool coordinator::write_manifest(const core::manifest& m) {
          {"reason", r.err().message}});
     return false;
   }
-  const bool new_session = core_.find_manifest(m.session_hash) == nullptr;
-  core_.store_manifest(m);
+  const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
+  pool_.store_manifest(m);
   if (new_session) enforce_session_budget();
   return true;
 }
@@ -55,7 +55,7 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
     save_ms_.observe(r->save_ms);
     save_bytes_.observe(static_cast<double>(r->n_written));
   }
-  auto d = core_.on_save(step, r, steady_clock::now(), wall_now());
+  auto d = pool_.on_save(step, r, steady_clock::now(), wall_now());
   if (d.ok && !write_manifest(*d.write)) {
     // The snapshot is on disk but nothing points at it: not a checkpoint. The session stays
     // dirty and its previous manifest (if any) stays the one a restore uses.
@@ -97,7 +97,7 @@ net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core
     restore_ms_.observe(r->restore_ms);
     restore_bytes_.observe(static_cast<double>(r->n_read));
   }
-  auto d = core_.on_restore(rs, r, steady_clock::now(), wall_now());
+  auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
   if (d.write) {
     write_manifest(*d.write);
     log(log_level::info, "kv.snapshot.invalidated",
@@ -152,7 +152,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
 // A cold start's erase; the error code when it failed.
 net::awaitable<std::optional<core::errc>> coordinator::run_erase(int slot) {
   auto r = co_await backend_->erase(slot);
-  if (core_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
+  if (pool_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
   const auto code = !r && r.err().code == core::errc::slot_not_found ? core::errc::slot_not_found
                                                                      : core::errc::erase_failed;
   if (!r) note_slot_error(r.err());

@@ -31,7 +31,7 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
   return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
 }
 
-session_row row_of(core::coordinator_core::session_view v) {
+session_row row_of(core::slot_pool::session_view v) {
   session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
                 std::nullopt};
   if (v.snapshot) r.snapshot = *v.snapshot;
@@ -93,7 +93,7 @@ void write_session(json_writer& w, const session_row& v) {
 
 // "unavailable" (persistence off), or the circuit's state with "degraded" for failures
 // below its threshold.
-std::string_view backend_state(const core::coordinator_core& c) {
+std::string_view backend_state(const core::slot_pool& c) {
   if (!c.persistence_enabled()) return "unavailable";
   switch (c.circuit().current()) {
     case core::breaker::state::closed:
@@ -104,7 +104,7 @@ std::string_view backend_state(const core::coordinator_core& c) {
   return "unavailable";
 }
 
-void write_backend(json_writer& w, const core::coordinator_core& c, const std::string& endpoint) {
+void write_backend(json_writer& w, const core::slot_pool& c, const std::string& endpoint) {
   w.StartObject();
   w.Key("kind");
   jstr(w, "llama.cpp");
@@ -119,7 +119,7 @@ void write_backend(json_writer& w, const core::coordinator_core& c, const std::s
   w.EndObject();
 }
 
-void write_slots(json_writer& w, const core::coordinator_core& c,
+void write_slots(json_writer& w, const core::slot_pool& c,
                  const std::map<int, std::shared_ptr<lease_ticket>>& leased) {
   w.StartArray();
   for (int id : c.slot_ids()) {
@@ -142,7 +142,7 @@ void write_slots(json_writer& w, const core::coordinator_core& c,
   w.EndArray();
 }
 
-void write_snapshot_totals(json_writer& w, const core::coordinator_core& c) {
+void write_snapshot_totals(json_writer& w, const core::slot_pool& c) {
   std::uint64_t valid = 0, invalid = 0, bytes = 0;
   for (const auto& m : c.manifests()) {
     if (m.state == core::snapshot_state::ready) {
@@ -220,7 +220,7 @@ void write_save_counters(const metric_sink& m, const core::core_stats& st) {
             st.invalidations);
 }
 
-void write_snapshot_gauges(const metric_sink& m, const core::coordinator_core& c) {
+void write_snapshot_gauges(const metric_sink& m, const core::slot_pool& c) {
   std::uint64_t valid = 0, bytes = 0;
   std::int64_t oldest = 0;
   for (const auto& man : c.manifests())
@@ -237,7 +237,7 @@ void write_snapshot_gauges(const metric_sink& m, const core::coordinator_core& c
 }
 
 // Persistence, the circuit and each slot's state and ownership.
-void write_state_gauges(const metric_sink& m, const core::coordinator_core& c) {
+void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
   auto& w = m.w;
   const auto& lbl = m.labels;
   m.gauge("kvpersist_persistence_enabled", "1 when slot persistence is active.",
@@ -270,31 +270,31 @@ std::string coordinator::status_json() const {
   w.Key("name");
   jstr(w, opts_.server_name);
   w.Key("enabled");
-  w.Bool(core_.persistence_enabled());
+  w.Bool(pool_.persistence_enabled());
   w.Key("disabledReason");  // why persistence is off, when the server said why
-  if (core_.persistence_enabled() || disabled_why_.empty())
+  if (pool_.persistence_enabled() || disabled_why_.empty())
     w.Null();
   else
     jstr(w, disabled_why_);
   w.Key("backend");
-  write_backend(w, core_, opts_.endpoint);
+  write_backend(w, pool_, opts_.endpoint);
   w.Key("mode");
   jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
   w.Key("slots");
-  write_slots(w, core_, leased_);
+  write_slots(w, pool_, leased_);
   w.Key("queue");
   w.StartObject();
   core::write_json_count(w, "waiting", queue_.size());
   w.EndObject();
   w.Key("snapshots");
-  write_snapshot_totals(w, core_);
+  write_snapshot_totals(w, pool_);
   w.Key("retention");  // the disk quota the dashboard shows usage against (0: none)
   w.StartObject();
   core::write_json_count(w, "maxTotalBytes", opts_.retention_max_bytes);
   w.EndObject();
   w.Key("stats");
   w.StartObject();
-  write_core_stats(w, core_.stats());
+  write_core_stats(w, pool_.stats());
   core::write_json_count(w, "reusedTokens", reused_tokens_);
   core::write_json_count(w, "prefilledTokens", prefilled_tokens_);
   w.Key("prefillSecondsSaved");
@@ -306,7 +306,7 @@ std::string coordinator::status_json() const {
 
 session_page coordinator::sessions_page(const std::string& after, std::size_t limit) const {
   session_page page{opts_.server_name, {}, {}};
-  auto views = core_.sessions_after(after, limit + 1);
+  auto views = pool_.sessions_after(after, limit + 1);
   if (views.size() > limit) {
     views.resize(limit);
     page.next = views.back().hash;
@@ -334,7 +334,7 @@ std::string sessions_page_json(const session_page& page) {
   return sb.GetString();
 }
 
-session_row coordinator::row_with_reuse(core::coordinator_core::session_view v) const {
+session_row coordinator::row_with_reuse(core::slot_pool::session_view v) const {
   auto row = row_of(std::move(v));
   if (auto it = last_restore_.find(row.hash); it != last_restore_.end())
     row.last_restore = it->second;
@@ -342,7 +342,7 @@ session_row coordinator::row_with_reuse(core::coordinator_core::session_view v) 
 }
 
 std::optional<session_row> coordinator::session(const std::string& hash_or_id) const {
-  auto v = core_.session(resolve_session(hash_or_id).hash);
+  auto v = pool_.session(resolve_session(hash_or_id).hash);
   if (!v) return std::nullopt;
   return row_with_reuse(std::move(*v));
 }
@@ -355,7 +355,7 @@ std::string session_json(const session_row& row) {
 }
 
 void coordinator::write_metrics(core::prom_writer& w) const {
-  const auto& st = core_.stats();
+  const auto& st = pool_.stats();
   const metric_sink m{w, fmt::format("server=\"{}\"", core::escape_label(opts_.server_name))};
   write_restore_counters(m, st, unpaid_restores_);
   write_save_counters(m, st);
@@ -379,9 +379,9 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   w.histo("kvpersist_save_bytes", m.labels, save_bytes_);
   w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
   w.histo("kvpersist_restore_bytes", m.labels, restore_bytes_);
-  write_snapshot_gauges(m, core_);
+  write_snapshot_gauges(m, pool_);
   m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
-  write_state_gauges(m, core_);
+  write_state_gauges(m, pool_);
 }
 
 }  // namespace kvp::proxy

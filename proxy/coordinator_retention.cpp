@@ -21,7 +21,7 @@ using core::log_level;
 std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
   if (auto r = store_.remove(e.hash); !r)
     log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  core_.forget(e.hash);
+  pool_.forget(e.hash);
   last_restore_.erase(e.hash);
   const auto sess = std::string(core::abbrev(e.hash));
   if (!snapshots_.shared()) {
@@ -41,7 +41,7 @@ std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
 
 gc_report coordinator::run_gc() {
   // REQUIRES: lease held (we may forget sessions).
-  auto entries = core_.retention_entries();
+  auto entries = pool_.retention_entries();
   if (snapshots_.shared())
     for (auto& e : entries) e.bytes = snapshots_.bytes(e.hash);
   const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
@@ -58,7 +58,7 @@ gc_report coordinator::run_gc() {
 // Off when gc runs only on demand (retention.intervalMs 0).
 void coordinator::enforce_session_budget() {
   if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) return;
-  const auto plan = core::plan_retention(core_.retention_entries(),
+  const auto plan = core::plan_retention(pool_.retention_entries(),
                                          {0, opts_.retention_max_sessions, 0}, detail::unix_now());
   for (const auto& e : plan.evict) forget_session(e);
 }

@@ -24,10 +24,10 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     return;
   }
   if (!p) {
-    if (core_.persistence_enabled())
-      core_.on_epoch_change();
+    if (pool_.persistence_enabled())
+      pool_.on_epoch_change();
     else
-      core_.disable_persistence(core::errc::backend_unavailable);
+      pool_.disable_persistence(core::errc::backend_unavailable);
     if (!warned_disabled_)
       log(log_level::warn, "kv.backend.unavailable",
           {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
@@ -37,8 +37,8 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     return;
   }
   const auto& rt = p->runtime;
-  const bool was_enabled = core_.persistence_enabled();
-  const bool restarted = was_enabled && rt.media_marker != core_.runtime().media_marker;
+  const bool was_enabled = pool_.persistence_enabled();
+  const bool restarted = was_enabled && rt.media_marker != pool_.runtime().media_marker;
   if (!opts_.single_slot && !apply_slot_layout(p)) return;
   std::string why;
   if (!p->slot_actions)
@@ -49,15 +49,15 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     disable_persistence(why);
     return;
   }
-  if (opts_.single_slot && opts_.core.slot_id >= rt.total_slots) {
+  if (opts_.single_slot && opts_.pool.slot_id >= rt.total_slots) {
     // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
     disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
-                                    opts_.core.slot_id, rt.total_slots),
+                                    opts_.pool.slot_id, rt.total_slots),
                         core::errc::slot_not_found);
     return;
   }
   auto identity = rt;
-  identity.runtime_key = opts_.core.runtime_key;
+  identity.runtime_key = opts_.pool.runtime_key;
   const auto verdict = store_.read_compatibility(identity.fingerprint());
   if (verdict == "broken") {
     // docs/design.md §9: saves and restores would cost time and reuse nothing here.
@@ -67,11 +67,11 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   }
   // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
   if (epoch_key(identity) == behaviour_epoch_) identity.behaviour = behaviour_class_;
-  core_.set_runtime(identity);
-  core_.set_compatibility(verdict);
+  pool_.set_runtime(identity);
+  pool_.set_compatibility(verdict);
   disabled_why_.clear();
   if (restarted) {
-    core_.on_epoch_change();
+    pool_.on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
   }
   if (!was_enabled) {
@@ -88,27 +88,27 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
 bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
   std::vector<int> ids;
   for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
-  if (ids == core_.slot_ids()) return true;
+  if (ids == pool_.slot_ids()) return true;
   if (!leased_.empty()) {
-    core_.disable_persistence();
+    pool_.disable_persistence();
     pending_probe_ = p;  // apply when the leases are gone
     return false;
   }
-  core_.set_slots(ids);
+  pool_.set_slots(ids);
   log(log_level::info, "kv.slots.layout",
       {{"slots", std::to_string(ids.size())},
-       {"auxiliary", core_.aux_slot() >= 0 ? std::to_string(core_.aux_slot()) : "none"}});
+       {"auxiliary", pool_.aux_slot() >= 0 ? std::to_string(pool_.aux_slot()) : "none"}});
   return true;
 }
 
 void coordinator::disable_persistence(const std::string& why, core::errc code) {
-  if (core_.persistence_enabled() || !warned_disabled_)
+  if (pool_.persistence_enabled() || !warned_disabled_)
     log(log_level::warn, "kv.backend.unsupported",
         {{"code", std::string(core::to_string(code))}, {"reason", why},
          {"effect", "persistence off"}});
   warned_disabled_ = true;
   disabled_why_ = why;
-  core_.disable_persistence(code);
+  pool_.disable_persistence(code);
 }
 
 void coordinator::note_slot_error(const core::error& e) {
@@ -137,11 +137,11 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
   }
   const bool changed = full_probe_due_.exchange(false);
   if (!upstream_trouble_.exchange(false) && !changed) co_return;
-  if (core_.persistence_enabled() && !changed) {
+  if (pool_.persistence_enabled() && !changed) {
     auto rt = co_await backend_->read_runtime();
-    if (rt && rt->media_marker == core_.runtime().media_marker &&
-        rt->model_path == core_.runtime().model_path &&
-        rt->build_info == core_.runtime().build_info) {
+    if (rt && rt->media_marker == pool_.runtime().media_marker &&
+        rt->model_path == pool_.runtime().model_path &&
+        rt->build_info == pool_.runtime().build_info) {
       note_sleeping(rt->sleeping);
       if (!rt->sleeping) {
         const bool lost = co_await slots_lost_kv(slot);
@@ -164,13 +164,13 @@ std::string coordinator::epoch_key(core::runtime_info rt) {
 // snapshots invalid, so a probe that fails or disagrees turns persistence off for a while
 // instead (nothing is invalidated; requests run cold).
 net::awaitable<void> coordinator::establish_behaviour(int slot) {
-  if (!core_.persistence_enabled() || slot < 0) co_return;
-  const auto key = epoch_key(core_.runtime());
+  if (!pool_.persistence_enabled() || slot < 0) co_return;
+  const auto key = epoch_key(pool_.runtime());
   if (key == behaviour_epoch_) co_return;
   auto first = co_await backend_->probe_behaviour(slot);
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
   if (first->top.empty()) co_return adopt_behaviour(key, "");
-  auto meta = core_.runtime();
+  auto meta = pool_.runtime();
   meta.behaviour.clear();
   const auto meta_fp = meta.fingerprint();
   auto known = store_.read_behaviours(meta_fp);
@@ -200,9 +200,9 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
 void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
   behaviour_epoch_ = key;
   behaviour_class_ = id;
-  auto rt = core_.runtime();
+  auto rt = pool_.runtime();
   rt.behaviour = id;
-  core_.set_runtime(rt);
+  pool_.set_runtime(rt);
 }
 
 void coordinator::suspect_behaviour(const std::string& why) {
@@ -219,9 +219,9 @@ void coordinator::suspect_behaviour(const std::string& why) {
 net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
-    for (int id : core_.slot_ids())
-      if (!core_.owner(id).empty() && (id == own_slot || !leased_.contains(id)))
-        out[id] = core_.owner(id);
+    for (int id : pool_.slot_ids())
+      if (!pool_.owner(id).empty() && (id == own_slot || !leased_.contains(id)))
+        out[id] = pool_.owner(id);
     return out;
   };
   const auto before = owned();
@@ -239,7 +239,7 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
 }
 
 void coordinator::note_restart_behind_marker() {
-  core_.on_epoch_change();
+  pool_.on_epoch_change();
   behaviour_epoch_.clear();  // the process may run another model now
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
@@ -252,10 +252,10 @@ net::awaitable<void> coordinator::probe_loop() {
     if (ec || stopped_) co_return;
     // Off the request path: only compare. Changes are applied now if the slot is free,
     // else by the next lease holder.
-    if (core_.persistence_enabled()) {
+    if (pool_.persistence_enabled()) {
       // GET /props never wakes a sleeping server; the full probe (a slot action) would.
       auto rt = co_await backend_->read_runtime();
-      if (rt && rt->media_marker == core_.runtime().media_marker) {
+      if (rt && rt->media_marker == pool_.runtime().media_marker) {
         if (leased_.empty()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // (One co_await per statement: GCC 12 evaluates one inside && regardless.)
@@ -283,15 +283,15 @@ void coordinator::note_sleeping(bool sleeping) {
     return;
   }
   int dirty = 0;
-  for (int id : core_.slot_ids()) dirty += core_.owner_dirty(id) ? 1 : 0;
-  core_.on_epoch_change();
+  for (int id : pool_.slot_ids()) dirty += pool_.owner_dirty(id) ? 1 : 0;
+  pool_.on_epoch_change();
   log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
       {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
 }
 
 bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
-  if (opts_.sleep_idle.count() <= 0 || core_.owner(slot).empty()) return false;
+  if (opts_.sleep_idle.count() <= 0 || pool_.owner(slot).empty()) return false;
   auto it = finished_at_.find(slot);
   return it != finished_at_.end() && now - it->second >= opts_.sleep_idle;
 }
@@ -316,8 +316,8 @@ void coordinator::note_slots_readable(bool readable) {
 // adapters change, and every dirty session saved under the runtime it was computed with.
 net::awaitable<std::shared_ptr<lease_ticket>> coordinator::begin_runtime_change() {
   auto t = co_await acquire_internal();
-  for (int id : core_.slot_ids())
-    if (auto s = core_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
+  for (int id : pool_.slot_ids())
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
   co_return t;
 }
 
@@ -326,7 +326,7 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::begin_runtime_change(
 net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
                                                      bool reached_server) {
   if (reached_server) {
-    core_.on_epoch_change();
+    pool_.on_epoch_change();
     full_probe_due_.store(true);
     log(log_level::info, "kv.backend.runtime_changed",
         {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});

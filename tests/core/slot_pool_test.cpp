@@ -1,10 +1,10 @@
-// Slot-pool policy of core/coordinator_core.hpp in managed multi-slot mode (docs/design.md §14, §6):
+// Slot-pool policy of core/slot_pool.hpp in managed multi-slot mode (docs/design.md §14, §6):
 // choose_slot's selection order (owned, empty, least recently used clean, least recently used
 // dirty after a save), the reserved auxiliary slot, fairness under contention (expressed
 // through choose_slot and the free list a lease queue would pass), and epoch changes.
 // Driven the way proxy/coordinator drives it: choose_slot over the free slots, then
 // prepare/on_*/start_inference/end_inference on the chosen slot. Fake clock, no I/O.
-#include "core/coordinator_core.hpp"
+#include "core/slot_pool.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -36,8 +36,8 @@ runtime_info pool_runtime(int slots) {
   return rt;
 }
 
-core_options pool_options(bool reserve_aux = false) {
-  core_options o;
+slot_pool_options pool_options(bool reserve_aux = false) {
+  slot_pool_options o;
   o.instance_key = "pool-instance";
   o.runtime_key = "pool-runtime";
   o.idle_checkpoint = 0ms;  // timers are not the point here
@@ -51,8 +51,8 @@ std::vector<int> ids(int n) {
   return v;
 }
 
-coordinator_core make_pool(int slots, bool reserve_aux = false) {
-  coordinator_core c(pool_options(reserve_aux));
+slot_pool make_pool(int slots, bool reserve_aux = false) {
+  slot_pool c(pool_options(reserve_aux));
   c.set_slots(ids(slots));
   c.set_runtime(pool_runtime(slots));
   return c;
@@ -80,7 +80,7 @@ struct outcome {
 std::string save_call(const save_step& s) { return "save:" + std::to_string(s.slot) + ":" + s.hash; }
 
 // Runs every planned step successfully (saves report `tokens`).
-outcome run_on(coordinator_core& c, const request_identity& who, int slot, steady_time now,
+outcome run_on(slot_pool& c, const request_identity& who, int slot, steady_time now,
                std::uint64_t tokens = 500) {
   outcome o;
   o.slot = slot;
@@ -113,7 +113,7 @@ outcome run_on(coordinator_core& c, const request_identity& who, int slot, stead
 }
 
 // choose_slot over `free`, then the request on that slot. REQUIRES a slot to be chosen.
-outcome request(coordinator_core& c, const request_identity& who, steady_time now,
+outcome request(slot_pool& c, const request_identity& who, steady_time now,
                 std::vector<int> free = {}) {
   if (free.empty()) free = c.slot_ids();
   auto slot = c.choose_slot(who, free);
@@ -122,7 +122,7 @@ outcome request(coordinator_core& c, const request_identity& who, steady_time no
 }
 
 // Saves the owner of `slot` (makes it clean).
-void clean(coordinator_core& c, int slot, steady_time now) {
+void clean(slot_pool& c, int slot, steady_time now) {
   auto s = c.checkpoint_slot(slot, now);
   REQUIRE(s);
   auto d = c.on_save(*s, saved(500), now, wall);

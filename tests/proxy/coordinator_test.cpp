@@ -45,22 +45,22 @@ using calls = std::vector<backend_call>;
 
 coordinator_options test_options() {
   coordinator_options o;
-  o.core.instance_key = "test";
-  o.core.runtime_key = "qwen7b-f16kv";
-  o.core.idle_checkpoint = 0ms;  // tests that want it turn it on
+  o.pool.instance_key = "test";
+  o.pool.runtime_key = "qwen7b-f16kv";
+  o.pool.idle_checkpoint = 0ms;  // tests that want it turn it on
   o.epoch_probe_interval = 0ms;  // no background probe loop
   return o;
 }
 
 coordinator_options strict_options() {
   auto o = test_options();
-  o.core.strict = true;
+  o.pool.strict = true;
   return o;
 }
 
 coordinator_options idle_checkpoint_options(std::chrono::milliseconds idle) {
   auto o = test_options();
-  o.core.idle_checkpoint = idle;
+  o.pool.idle_checkpoint = idle;
   return o;
 }
 
@@ -147,7 +147,7 @@ struct harness {
     return pr;
   }
 
-  std::string hash(const std::string& session) const { return coord->core().hash_for(session); }
+  std::string hash(const std::string& session) const { return coord->pool().hash_for(session); }
   std::string file(const std::string& session, char gen) const {
     return kvp::core::snapshot_filename(hash(session), gen);
   }
@@ -199,7 +199,7 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   harness h(tmp.path());
   h.start();
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
-  CHECK(h.coord->core().persistence_enabled());
+  CHECK(h.coord->pool().persistence_enabled());
   h.fake->clear_calls();
 
   auto r1 = h.request("A", 1000);
@@ -232,11 +232,11 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   CHECK(ma->tokens == 1200);
   CHECK(ma->bytes == FakeBackend::header_bytes + 1200 * FakeBackend::bytes_per_token);
   CHECK(ma->state == kvp::core::snapshot_state::ready);
-  CHECK(ma->runtime_fingerprint == h.coord->core().runtime().fingerprint());
+  CHECK(ma->runtime_fingerprint == h.coord->pool().runtime().fingerprint());
   auto mb = h.manifest_on_disk("B");
   REQUIRE(mb);
   CHECK(mb->tokens == 500);
-  CHECK(h.coord->core().owner() == h.hash("A"));
+  CHECK(h.coord->pool().owner() == h.hash("A"));
 }
 
 TEST_CASE("resident requests cost no management call and no disk write (docs/design.md §2)",
@@ -247,7 +247,7 @@ TEST_CASE("resident requests cost no management call and no disk write (docs/des
   for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
   CHECK(h.fake->calls() == calls{erase_call()});
   CHECK_FALSE(h.manifest_on_disk("A"));
-  CHECK(h.coord->core().owner_dirty());
+  CHECK(h.coord->pool().owner_dirty());
 }
 
 TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (docs/design.md §19)",
@@ -308,7 +308,7 @@ TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'ba
   harness h(tmp.path());
   h.fake->set_unreachable(true);
   h.start();
-  CHECK_FALSE(h.coord->core().persistence_enabled());
+  CHECK_FALSE(h.coord->pool().persistence_enabled());
 
   auto r = h.request("A", 1000);
   CHECK(r.ok);
@@ -320,7 +320,7 @@ TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'ba
   h.fake->set_unreachable(false);
   auto r2 = h.request("A", 1000);
   CHECK(r2.kind == prepare_kind::cold);
-  CHECK(h.coord->core().persistence_enabled());
+  CHECK(h.coord->pool().persistence_enabled());
   CHECK(h.fake->slot_calls() == calls{erase_call()});
 }
 
@@ -330,7 +330,7 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
   harness h(tmp.path());
   h.fake->slot_actions_disabled = true;
   h.start();
-  CHECK_FALSE(h.coord->core().persistence_enabled());
+  CHECK_FALSE(h.coord->pool().persistence_enabled());
   CHECK(h.request("A", 1000).kind == prepare_kind::none);
   CHECK(h.request("B", 1000).kind == prepare_kind::none);
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
@@ -348,7 +348,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     CHECK(r.kind == prepare_kind::cold);
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a')), erase_call()});
     CHECK_FALSE(h.manifest_on_disk("A"));
-    CHECK(h.coord->core().owner() == h.hash("B"));
+    CHECK(h.coord->pool().owner() == h.hash("B"));
   }
 
   SECTION("strict: prepare fails and releases the lease to the next waiter") {
@@ -387,7 +387,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   CHECK_FALSE(pr.ok);
   CHECK_FALSE(h.coord->busy());
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->core().owner().empty());  // the failed restore cleared the slot
+  CHECK(h.coord->pool().owner().empty());  // the failed restore cleared the slot
 }
 
 TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design.md §19)",
@@ -407,7 +407,7 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
   CHECK(r.ok);
   CHECK(r.kind == prepare_kind::auxiliary);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
-  CHECK(h.coord->core().owner().empty());
+  CHECK(h.coord->pool().owner().empty());
 
   auto r2 = h.request("A", 1100);
   CHECK(r2.kind == prepare_kind::restored);
@@ -429,7 +429,7 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
   auto m = h.manifest_on_disk("A");
   REQUIRE(m);
   CHECK(m->tokens == 1000);
-  CHECK_FALSE(h.coord->core().owner_dirty());
+  CHECK_FALSE(h.coord->pool().owner_dirty());
 
   kvp::testing::run_for(h.ioc, 200ms);
   CHECK(h.fake->calls().size() == 2);  // not again
@@ -705,14 +705,14 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
           "[proxy][coordinator]") {
   temp_dir tmp;
   auto o = test_options();
-  o.core.cooldown = 200ms;
+  o.pool.cooldown = 200ms;
   harness h(tmp.path(), o);
   h.start_quiet();
   h.fake->set_unreachable(true);  // down after the startup probe
 
   CHECK(h.request("A", 1000).ok);  // erase fails (1)
   CHECK(h.request("B", 1000).ok);  // save A fails (2), erase fails (3)
-  CHECK(h.coord->core().circuit().current() == kvp::core::breaker::state::open);
+  CHECK(h.coord->pool().circuit().current() == kvp::core::breaker::state::open);
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
 
   h.fake->set_unreachable(false);
@@ -725,11 +725,11 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
   CHECK(r2.ok);
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                       save_call(h.file("A", 'a')), erase_call()});
-  CHECK(h.coord->core().circuit().current() == kvp::core::breaker::state::closed);
+  CHECK(h.coord->pool().circuit().current() == kvp::core::breaker::state::closed);
 }
 
 // proxy/server.cpp's lease_guard releases a lease through coordinator::release when the
-// request coroutine leaves by an exception after prepare(). core::coordinator_core::
+// request coroutine leaves by an exception after prepare(). core::slot_pool::
 // abort_prepare() then leaves the slot in state `inference` with the owner kept, so the
 // shutdown checkpoint (checkpoint_owner requires state `dirty`) no longer saves an owner
 // that was dirty before that request.
@@ -757,7 +757,7 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   CHECK(r.result == admin_result::restored);
   CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->core().owner() == h.hash("A"));
+  CHECK(h.coord->pool().owner() == h.hash("A"));
   auto page = h.coord->sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());

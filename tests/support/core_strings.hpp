@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/breaker.hpp"
-#include "core/coordinator_core.hpp"
+#include "core/slot_pool.hpp"
 #include "core/errc.hpp"
 #include "core/request_class.hpp"
 

@@ -30,7 +30,7 @@ namespace kvp::core {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-struct core_options {
+struct slot_pool_options {
   std::string instance_key = "default";
   std::string runtime_key;
   int slot_id = 0;
@@ -106,9 +106,9 @@ struct core_stats {
   std::uint64_t restore_misses = 0;
 };
 
-class coordinator_core {
+class slot_pool {
  public:
-  explicit coordinator_core(core_options opts);
+  explicit slot_pool(slot_pool_options opts);
 
   // Persistence turns on when a probe shows a usable server; until then every plan is empty
   // and requests are forwarded untouched (docs/design.md §13: inference never waits for persistence).
@@ -248,7 +248,7 @@ class coordinator_core {
     errc cause = errc::invariant;  // the failure that opened it
   };
   std::vector<circuit_change> take_circuit_changes();
-  const core_options& options() const { return opts_; }
+  const slot_pool_options& options() const { return opts_; }
 
  private:
   struct session_rec {
@@ -280,7 +280,7 @@ class coordinator_core {
   void record_backend_failure(const error& e, steady_time now);
   void record_backend_success();
 
-  core_options opts_;
+  slot_pool_options opts_;
   breaker breaker_;
   bool enabled_ = false;
   errc disabled_reason_ = errc::backend_unavailable;  // not probed yet counts as unreachable

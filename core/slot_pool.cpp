@@ -1,4 +1,4 @@
-#include "core/coordinator_core.hpp"
+#include "core/slot_pool.hpp"
 
 #include "core/log.hpp"
 
@@ -42,32 +42,32 @@ std::uint64_t rev_latest(std::uint64_t a, std::uint64_t b) { return rev_after(a,
 
 }  // namespace
 
-bool coordinator_core::session_rec::dirty() const { return rev_after(dirty_rev, saved_rev); }
+bool slot_pool::session_rec::dirty() const { return rev_after(dirty_rev, saved_rev); }
 
-coordinator_core::coordinator_core(core_options opts)
+slot_pool::slot_pool(slot_pool_options opts)
     : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {
   slots_.push_back(make_slot(opts_.slot_id));
 }
 
-coordinator_core::slot_rec coordinator_core::make_slot(int id) {
+slot_pool::slot_rec slot_pool::make_slot(int id) {
   slot_rec s;
   s.id = id;
   return s;
 }
 
-coordinator_core::slot_rec* coordinator_core::find_slot(int id) {
+slot_pool::slot_rec* slot_pool::find_slot(int id) {
   for (auto& s : slots_)
     if (s.id == id) return &s;
   return nullptr;
 }
 
-const coordinator_core::slot_rec* coordinator_core::find_slot(int id) const {
+const slot_pool::slot_rec* slot_pool::find_slot(int id) const {
   for (const auto& s : slots_)
     if (s.id == id) return &s;
   return nullptr;
 }
 
-void coordinator_core::set_slots(const std::vector<int>& ids) {
+void slot_pool::set_slots(const std::vector<int>& ids) {
   if (ids.empty()) return;
   bool same = ids.size() == slots_.size();
   for (std::size_t i = 0; same && i < ids.size(); ++i) same = slots_[i].id == ids[i];
@@ -76,17 +76,17 @@ void coordinator_core::set_slots(const std::vector<int>& ids) {
   for (int id : ids) slots_.push_back(make_slot(id));
 }
 
-std::vector<int> coordinator_core::slot_ids() const {
+std::vector<int> slot_pool::slot_ids() const {
   std::vector<int> out;
   for (const auto& s : slots_) out.push_back(s.id);
   return out;
 }
 
-int coordinator_core::aux_slot() const {
+int slot_pool::aux_slot() const {
   return opts_.reserve_aux_slot && slots_.size() > 1 ? slots_.back().id : -1;
 }
 
-void coordinator_core::set_runtime(const runtime_info& rt) {
+void slot_pool::set_runtime(const runtime_info& rt) {
   const bool model_changed = enabled_ && rt.model_path != runtime_.model_path;
   const std::string before = fingerprint_;
   runtime_ = rt;
@@ -99,13 +99,13 @@ void coordinator_core::set_runtime(const runtime_info& rt) {
   if (model_changed || runtime_changed) on_epoch_change();
 }
 
-void coordinator_core::disable_persistence(errc why) {
+void slot_pool::disable_persistence(errc why) {
   enabled_ = false;
   disabled_reason_ = why;
   on_epoch_change();
 }
 
-void coordinator_core::on_epoch_change() {
+void slot_pool::on_epoch_change() {
   for (auto& s : slots_) {
     s.owner.clear();
     s.state = slot_state::unknown;
@@ -113,7 +113,7 @@ void coordinator_core::on_epoch_change() {
   }
 }
 
-void coordinator_core::forget_slot(int slot) {
+void slot_pool::forget_slot(int slot) {
   if (auto* s = find_slot(slot)) {
     s->owner.clear();
     s->state = slot_state::unknown;
@@ -121,7 +121,7 @@ void coordinator_core::forget_slot(int slot) {
   }
 }
 
-void coordinator_core::add_manifest(manifest m) {
+void slot_pool::add_manifest(manifest m) {
   if (slot_of(m.session_hash) >= 0) return;  // resident here: our record is newer
   auto [it, fresh] = sessions_.try_emplace(m.session_hash);
   auto& r = it->second;
@@ -131,7 +131,7 @@ void coordinator_core::add_manifest(manifest m) {
   r.snapshot = std::move(m);
 }
 
-std::string coordinator_core::hash_for(std::string_view session_id) const {
+std::string slot_pool::hash_for(std::string_view session_id) const {
   if (!enabled_) return {};
   for (const auto& m : hash_memo_)
     if (!m.hash.empty() && m.session_id == session_id) return m.hash;
@@ -141,52 +141,52 @@ std::string coordinator_core::hash_for(std::string_view session_id) const {
   return m.hash;
 }
 
-coordinator_core::session_rec& coordinator_core::rec(const std::string& hash,
+slot_pool::session_rec& slot_pool::rec(const std::string& hash,
                                                      std::string_view session_id) {
   auto& r = sessions_[hash];
   if (r.session_id.empty()) r.session_id = std::string(session_id);
   return r;
 }
 
-int coordinator_core::slot_of(const std::string& hash) const {
+int slot_pool::slot_of(const std::string& hash) const {
   if (hash.empty()) return -1;
   for (const auto& s : slots_)
     if (s.owner == hash) return s.id;
   return -1;
 }
 
-const std::string& coordinator_core::owner(int slot) const {
+const std::string& slot_pool::owner(int slot) const {
   static const std::string none;
   const auto* s = find_slot(slot);
   return s ? s->owner : none;
 }
 
-slot_state coordinator_core::state(int slot) const {
+slot_state slot_pool::state(int slot) const {
   const auto* s = find_slot(slot);
   return s ? s->state : slot_state::unknown;
 }
 
-bool coordinator_core::owner_dirty(int slot) const {
+bool slot_pool::owner_dirty(int slot) const {
   const auto* s = find_slot(slot);
   if (!s || s->owner.empty()) return false;
   auto it = sessions_.find(s->owner);
   return it != sessions_.end() && it->second.dirty();
 }
 
-const manifest* coordinator_core::find_manifest(const std::string& hash) const {
+const manifest* slot_pool::find_manifest(const std::string& hash) const {
   auto it = sessions_.find(hash);
   if (it == sessions_.end() || !it->second.snapshot) return nullptr;
   return &*it->second.snapshot;
 }
 
-std::vector<manifest> coordinator_core::manifests() const {
+std::vector<manifest> slot_pool::manifests() const {
   std::vector<manifest> out;
   for (const auto& [h, r] : sessions_)
     if (r.snapshot) out.push_back(*r.snapshot);
   return out;
 }
 
-std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
+std::optional<save_step> slot_pool::make_save(slot_rec& s) {
   auto& r = sessions_[s.owner];
   const char gen = r.snapshot ? r.snapshot->next_generation() : 'a';
   s.state = slot_state::saving;
@@ -195,22 +195,22 @@ std::optional<save_step> coordinator_core::make_save(slot_rec& s) {
 
 // Only failures that say "the server or the wire is unhappy" count towards the breaker.
 // A 4xx on restore is the snapshot's fault and is handled by invalidating it.
-void coordinator_core::record_backend_failure(const error& e, steady_time now) {
+void slot_pool::record_backend_failure(const error& e, steady_time now) {
   if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
       e.code == errc::operation_timeout || e.http_status >= 500) {
     if (breaker_.on_failure(now)) circuit_changes_.push_back({true, e.code});
   }
 }
 
-void coordinator_core::record_backend_success() {
+void slot_pool::record_backend_success() {
   if (breaker_.on_success()) circuit_changes_.push_back({false, errc::invariant});
 }
 
-std::vector<coordinator_core::circuit_change> coordinator_core::take_circuit_changes() {
+std::vector<slot_pool::circuit_change> slot_pool::take_circuit_changes() {
   return std::exchange(circuit_changes_, {});
 }
 
-std::optional<int> coordinator_core::choose_slot(const request_identity& who,
+std::optional<int> slot_pool::choose_slot(const request_identity& who,
                                                  const std::vector<int>& free_slots) const {
   auto is_free = [&](int id) {
     return std::find(free_slots.begin(), free_slots.end(), id) != free_slots.end();
@@ -239,7 +239,7 @@ std::optional<int> coordinator_core::choose_slot(const request_identity& who,
   return best->id;
 }
 
-prepare_plan coordinator_core::prepare(const request_identity& who, int slot, steady_time now,
+prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_time now,
                                        std::string_view wall_now) {
   prepare_plan plan;
   plan.slot = slot;
@@ -308,7 +308,7 @@ prepare_plan coordinator_core::prepare(const request_identity& who, int slot, st
   return plan;
 }
 
-save_decision coordinator_core::on_save(const save_step& step, const result<slot_saved>& r,
+save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>& r,
                                         steady_time now, std::string_view wall_now) {
   save_decision d;
   auto& rc = sessions_[step.hash];
@@ -367,7 +367,7 @@ save_decision coordinator_core::on_save(const save_step& step, const result<slot
   return d;
 }
 
-void coordinator_core::store_manifest(const manifest& m) {
+void slot_pool::store_manifest(const manifest& m) {
   auto& r = sessions_[m.session_hash];
   if (r.session_id.empty()) r.session_id = m.session_id;
   if (m.state == snapshot_state::ready) r.saved_rev = rev_latest(r.saved_rev, m.revision);
@@ -377,7 +377,7 @@ void coordinator_core::store_manifest(const manifest& m) {
       s.state = slot_state::ready;
 }
 
-restore_decision coordinator_core::on_restore(const restore_step& step,
+restore_decision slot_pool::on_restore(const restore_step& step,
                                               const result<slot_restored>& r, steady_time now,
                                               std::string_view wall_now) {
   restore_decision d;
@@ -456,7 +456,7 @@ restore_decision coordinator_core::on_restore(const restore_step& step,
   return d;
 }
 
-bool coordinator_core::on_erase(int slot, const result<slot_erased>& r, steady_time now) {
+bool slot_pool::on_erase(int slot, const result<slot_erased>& r, steady_time now) {
   slot_rec& sl = *find_slot(slot);
   if (!r) {
     record_backend_failure(r.err(), now);
@@ -470,7 +470,7 @@ bool coordinator_core::on_erase(int slot, const result<slot_erased>& r, steady_t
 
 // Also with persistence off (a strict-mode refusal): its slots are unowned and unknown, so
 // only the pending request is dropped.
-void coordinator_core::abort_prepare(int slot) {
+void slot_pool::abort_prepare(int slot) {
   slot_rec& sl = *find_slot(slot);
   if (sl.state == slot_state::inference) {
     // Released without end_inference (the request coroutine failed after prepare): the
@@ -493,7 +493,7 @@ void coordinator_core::abort_prepare(int slot) {
   sl.pending_kind = prepare_kind::none;
 }
 
-prepare_kind coordinator_core::start_inference(const request_identity& who, int slot) {
+prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
   (void)who;
   if (!enabled_) return prepare_kind::none;
   slot_rec& sl = *find_slot(slot);
@@ -511,7 +511,7 @@ prepare_kind coordinator_core::start_inference(const request_identity& who, int 
   return k;
 }
 
-std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_slot,
+std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
                                                          steady_time now, bool turn_end) {
   slot_rec& sl = *find_slot(slot);
   const bool aux = sl.pending_aux;
@@ -539,14 +539,14 @@ std::optional<save_step> coordinator_core::end_inference(int slot, bool reached_
   return std::nullopt;
 }
 
-std::optional<steady_time> coordinator_core::idle_deadline() const {
+std::optional<steady_time> slot_pool::idle_deadline() const {
   std::optional<steady_time> out;
   for (const auto& s : slots_)
     if (s.idle_deadline && (!out || *s.idle_deadline < *out)) out = s.idle_deadline;
   return out;
 }
 
-std::optional<save_step> coordinator_core::idle_checkpoint(int slot, steady_time now) {
+std::optional<save_step> slot_pool::idle_checkpoint(int slot, steady_time now) {
   slot_rec& sl = *find_slot(slot);
   if (!sl.idle_deadline || now < *sl.idle_deadline) return std::nullopt;
   sl.idle_deadline.reset();
@@ -557,7 +557,7 @@ std::optional<save_step> coordinator_core::idle_checkpoint(int slot, steady_time
   return make_save(sl);
 }
 
-std::optional<save_step> coordinator_core::checkpoint_slot(int slot, steady_time now) {
+std::optional<save_step> slot_pool::checkpoint_slot(int slot, steady_time now) {
   slot_rec* sl = find_slot(slot);
   if (!sl || !enabled_ || !owner_dirty(slot) || sl->state != slot_state::dirty) return std::nullopt;
   if (!breaker_.allow(now)) return std::nullopt;
@@ -565,7 +565,7 @@ std::optional<save_step> coordinator_core::checkpoint_slot(int slot, steady_time
   return make_save(*sl);
 }
 
-std::optional<manifest> coordinator_core::invalidate(const std::string& hash, errc reason,
+std::optional<manifest> slot_pool::invalidate(const std::string& hash, errc reason,
                                                      std::string_view wall_now,
                                                      std::string_view note) {
   auto it = sessions_.find(hash);
@@ -579,21 +579,21 @@ std::optional<manifest> coordinator_core::invalidate(const std::string& hash, er
   return m;
 }
 
-bool coordinator_core::forget(const std::string& hash) {
+bool slot_pool::forget(const std::string& hash) {
   const bool known = sessions_.erase(hash) > 0;
   const int slot = slot_of(hash);
   if (slot >= 0) forget_slot(slot);
   return known;
 }
 
-std::optional<save_step> coordinator_core::checkpoint_session(const std::string& hash,
+std::optional<save_step> slot_pool::checkpoint_session(const std::string& hash,
                                                               steady_time now) {
   const int slot = slot_of(hash);
   if (slot < 0) return std::nullopt;
   return checkpoint_slot(slot, now);
 }
 
-bool coordinator_core::release_session(const std::string& hash) {
+bool slot_pool::release_session(const std::string& hash) {
   const int slot = slot_of(hash);
   if (slot < 0) return true;
   if (owner_dirty(slot)) return false;
@@ -601,7 +601,7 @@ bool coordinator_core::release_session(const std::string& hash) {
   return true;
 }
 
-std::vector<coordinator_core::session_view> coordinator_core::sessions() const {
+std::vector<slot_pool::session_view> slot_pool::sessions() const {
   std::vector<session_view> out;
   for (const auto& [h, r] : sessions_) {
     auto v = session(h);
@@ -610,13 +610,13 @@ std::vector<coordinator_core::session_view> coordinator_core::sessions() const {
   return out;
 }
 
-bool coordinator_core::in_use(const std::string& hash) const {
+bool slot_pool::in_use(const std::string& hash) const {
   return std::any_of(slots_.begin(), slots_.end(), [&](const slot_rec& s) {
     return s.owner == hash || s.pending_hash == hash;
   });
 }
 
-std::vector<retention_entry> coordinator_core::retention_entries() const {
+std::vector<retention_entry> slot_pool::retention_entries() const {
   std::vector<retention_entry> out;
   for (const auto& [h, r] : sessions_) {
     if (!r.snapshot) continue;
@@ -626,7 +626,7 @@ std::vector<retention_entry> coordinator_core::retention_entries() const {
   return out;
 }
 
-std::vector<coordinator_core::session_view> coordinator_core::sessions_after(
+std::vector<slot_pool::session_view> slot_pool::sessions_after(
     std::string_view after, std::size_t n) const {
   std::vector<const std::string*> keys;
   for (const auto& [h, r] : sessions_)
@@ -643,7 +643,7 @@ std::vector<coordinator_core::session_view> coordinator_core::sessions_after(
   return out;
 }
 
-std::optional<coordinator_core::session_view> coordinator_core::session(
+std::optional<slot_pool::session_view> slot_pool::session(
     const std::string& hash) const {
   auto it = sessions_.find(hash);
   if (it == sessions_.end()) return std::nullopt;

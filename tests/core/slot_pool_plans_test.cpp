@@ -1,7 +1,7 @@
-// Tests for core/coordinator_core.hpp (docs/design.md §3-§13 and §19; the invariants of §2).
+// Tests for core/slot_pool.hpp (docs/design.md §3-§13 and §19; the invariants of §2).
 // The core is driven the way proxy/coordinator drives it: plans in, hand-made backend
 // results back, with a fake monotonic clock built from steady_time values. No I/O.
-#include "core/coordinator_core.hpp"
+#include "core/slot_pool.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -22,8 +22,8 @@ constexpr std::string_view wall = "2025-06-01T12:00:00Z";
 
 runtime_info test_runtime() { return kvp::testing::qwen7b_runtime(); }
 
-core_options test_options() {
-  core_options o;
+slot_pool_options test_options() {
+  slot_pool_options o;
   o.instance_key = "test-instance";
   o.runtime_key = "qwen7b-f16kv";
   o.idle_checkpoint = 30s;
@@ -31,14 +31,14 @@ core_options test_options() {
 }
 
 // What the core must compute as the fingerprint: the runtime plus the configured runtimeKey.
-std::string expected_fingerprint(const core_options& o = test_options(),
+std::string expected_fingerprint(const slot_pool_options& o = test_options(),
                                  runtime_info rt = test_runtime()) {
   rt.runtime_key = o.runtime_key;
   return rt.fingerprint();
 }
 
-coordinator_core make_core(core_options o = test_options()) {
-  coordinator_core c(std::move(o));
+slot_pool make_core(slot_pool_options o = test_options()) {
+  slot_pool c(std::move(o));
   c.set_runtime(test_runtime());
   return c;
 }
@@ -69,7 +69,7 @@ void check_save(const prepare_plan& p, const std::string& hash, char generation,
 }
 
 // A manifest as an earlier process would have written it for `id` under the test runtime.
-manifest ready_manifest(const coordinator_core& c, const std::string& id, char gen,
+manifest ready_manifest(const slot_pool& c, const std::string& id, char gen,
                         std::uint64_t tokens, std::uint64_t revision = 3,
                         std::string fingerprint = expected_fingerprint()) {
   manifest m;
@@ -89,7 +89,7 @@ manifest ready_manifest(const coordinator_core& c, const std::string& id, char g
 // Carries out a request whose every management call succeeds, as proxy/coordinator would:
 // save (and store the manifest), restore (reporting the expected tokens) or erase, then the
 // inference, which reaches the slot. Saves report `saved_tokens`.
-prepare_kind run_request(coordinator_core& c, const request_identity& who, steady_time now,
+prepare_kind run_request(slot_pool& c, const request_identity& who, steady_time now,
                          std::uint64_t saved_tokens = 100) {
   auto plan = c.prepare(who, now, wall);
   REQUIRE_FALSE(plan.fail);
@@ -116,7 +116,7 @@ prepare_kind run_request(coordinator_core& c, const request_identity& who, stead
 }
 
 // Saves the dirty owner through checkpoint_owner and stores its manifest.
-void checkpoint(coordinator_core& c, steady_time now, std::uint64_t tokens) {
+void checkpoint(slot_pool& c, steady_time now, std::uint64_t tokens) {
   auto s = c.checkpoint_owner(now);
   REQUIRE(s);
   auto d = c.on_save(*s, saved(tokens), now, wall);
@@ -126,7 +126,7 @@ void checkpoint(coordinator_core& c, steady_time now, std::uint64_t tokens) {
 
 }  // namespace
 
-TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "[core][coordinator_core]") {
+TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   CHECK(c.state() == slot_state::unknown);
@@ -172,7 +172,7 @@ TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "
 }
 
 TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.md §6)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   const auto b = c.hash_for("B");
@@ -255,7 +255,7 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
 }
 
 TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (docs/design.md §8)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
 
@@ -315,7 +315,7 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
 }
 
 TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty (docs/design.md §7)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
   auto s = c.checkpoint_owner(t0 + 1s);
@@ -345,7 +345,7 @@ TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty
 }
 
 TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §7)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   CHECK_FALSE(c.checkpoint_owner(t0));  // nobody owns the slot
 
@@ -364,7 +364,7 @@ TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §
 TEST_CASE(
     "the idle checkpoint fires once, at its deadline, for the same owner and revision "
     "(docs/design.md §10)",
-    "[core][coordinator_core]") {
+    "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   const auto b = c.hash_for("B");
@@ -426,7 +426,7 @@ TEST_CASE(
 }
 
 TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   SECTION("idle 0") {
     auto o = test_options();
     o.idle_checkpoint = 0ms;
@@ -453,7 +453,7 @@ TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
 namespace {
 // A core whose session A was loaded from a manifest of `revision`, restored, and then ran a
 // turn that reached the slot (cancelled or not: docs/design.md §7).
-coordinator_core restored_turn(std::uint64_t revision) {
+slot_pool restored_turn(std::uint64_t revision) {
   auto c = make_core();
   c.add_manifest(ready_manifest(c, "A", 'a', 100, revision));
   auto p = c.prepare(session("A"), t0, wall);
@@ -466,7 +466,7 @@ coordinator_core restored_turn(std::uint64_t revision) {
 }  // namespace
 
 TEST_CASE("a cancelled request that reached the slot still makes it dirty (docs/design.md §7)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = restored_turn(3);
   CHECK(c.owner_dirty());
   auto s = c.checkpoint_owner(t0 + 2s);
@@ -476,7 +476,7 @@ TEST_CASE("a cancelled request that reached the slot still makes it dirty (docs/
 }
 
 TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial comparison)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   // parse_manifest refuses revisions above 2^53; the comparison holds on its own too.
   auto c = restored_turn(UINT64_MAX);
   CHECK(c.owner_dirty());
@@ -500,7 +500,7 @@ TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial compar
 TEST_CASE(
     "a save of an emptied slot keeps the previous manifest and ends ownership "
     "(docs/design.md §8)",
-    "[core][coordinator_core]") {
+    "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -536,7 +536,7 @@ TEST_CASE(
   CHECK(p2.restore->expected_tokens == 2124);
 }
 
-TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][coordinator_core]") {
+TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][slot_pool]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
   auto s = c.checkpoint_owner(t0 + 1s);
@@ -553,7 +553,7 @@ TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][coo
 TEST_CASE(
     "a failed save on a switch keeps the old snapshot and lets the new session run "
     "(docs/design.md §13)",
-    "[core][coordinator_core]") {
+    "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -576,7 +576,7 @@ TEST_CASE(
   CHECK(c.stats().save_failures == 1);
 }
 
-TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[core][coordinator_core]") {
+TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   c.add_manifest(ready_manifest(c, "A", 'b', 2124));
@@ -690,7 +690,7 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
 }
 
 TEST_CASE("restore verification can be relaxed, and restores turned off",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   SECTION("verify_restore off accepts any non-zero count") {
     auto o = test_options();
     o.verify_restore = false;
@@ -717,7 +717,7 @@ TEST_CASE("restore verification can be relaxed, and restores turned off",
 }
 
 TEST_CASE("a snapshot from another runtime is invalidated, never restored (docs/design.md §9)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
 
@@ -757,7 +757,7 @@ TEST_CASE("a snapshot from another runtime is invalidated, never restored (docs/
 }
 
 TEST_CASE("a snapshot from the same runtime in an earlier process restores",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   c.add_manifest(ready_manifest(c, "A", 'b', 777, 9));
   auto p = c.prepare(session("A"), t0, wall);
@@ -768,7 +768,7 @@ TEST_CASE("a snapshot from the same runtime in an earlier process restores",
 }
 
 TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/design.md §3, §6)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -809,7 +809,7 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
   CHECK(p2.restore->expected_tokens == 800);
 }
 
-TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][coordinator_core]") {
+TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][slot_pool]") {
   auto c = make_core();
   SECTION("unowned slot") {}
   SECTION("clean owner") {
@@ -825,7 +825,7 @@ TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][co
   CHECK(c.owner().empty());
 }
 
-TEST_CASE("switch-only saving can be turned off", "[core][coordinator_core]") {
+TEST_CASE("switch-only saving can be turned off", "[core][slot_pool]") {
   auto o = test_options();
   o.save_on_switch = false;
   auto c = make_core(o);
@@ -836,7 +836,7 @@ TEST_CASE("switch-only saving can be turned off", "[core][coordinator_core]") {
 }
 
 TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores",
-          "[core][coordinator_core][dispose]") {
+          "[core][slot_pool][dispose]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -865,7 +865,7 @@ TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores"
 }
 
 TEST_CASE("checkpoint.onTurnEnd saves when a reply ends the user's turn, not a tool step",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto o = test_options();
   o.save_on_turn_end = true;
   auto c = make_core(o);
@@ -883,7 +883,7 @@ TEST_CASE("checkpoint.onTurnEnd saves when a reply ends the user's turn, not a t
   CHECK(c.state() == slot_state::saving);
 }
 
-TEST_CASE("checkpoint.onStepEnd saves after every model call", "[core][coordinator_core]") {
+TEST_CASE("checkpoint.onStepEnd saves after every model call", "[core][slot_pool]") {
   auto o = test_options();
   o.save_on_step_end = true;
   auto c = make_core(o);
@@ -900,7 +900,7 @@ namespace {
 
 // Three transport failures in a row: erase (A), save of A and erase (B). B owns the slot,
 // dirty, and the breaker is open until t0 + 1s + 60s.
-void open_breaker(coordinator_core& c) {
+void open_breaker(slot_pool& c) {
   auto p1 = c.prepare(session("A"), t0, wall);
   REQUIRE(p1.erase);
   CHECK_FALSE(c.on_erase(transport(), t0));
@@ -921,7 +921,7 @@ void open_breaker(coordinator_core& c) {
 }  // namespace
 
 TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design.md §13)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   const auto b = c.hash_for("B");
@@ -958,7 +958,7 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design
 }
 
 TEST_CASE("a restore miss is a returning session that runs cold, not a first visit",
-          "[core][coordinator_core][metrics]") {
+          "[core][slot_pool][metrics]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
   run_request(c, session("B"), t0 + 1s);  // saves A
@@ -979,7 +979,7 @@ TEST_CASE("a restore miss is a returning session that runs cold, not a first vis
 }
 
 TEST_CASE("the breaker's transitions are reported once each, in order",
-          "[core][coordinator_core][circuit]") {
+          "[core][slot_pool][circuit]") {
   auto c = make_core();
   CHECK(c.take_circuit_changes().empty());
   open_breaker(c);
@@ -1013,7 +1013,7 @@ TEST_CASE("the breaker's transitions are reported once each, in order",
   CHECK(c.take_circuit_changes().empty());
 }
 
-TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinator_core]") {
+TEST_CASE("an open circuit fails the request in strict mode", "[core][slot_pool]") {
   auto o = test_options();
   o.strict = true;
   auto c = make_core(o);
@@ -1047,7 +1047,7 @@ TEST_CASE("an open circuit fails the request in strict mode", "[core][coordinato
 }
 
 TEST_CASE("a server epoch change ends residency, and the session restores (docs/design.md §4)",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -1070,7 +1070,7 @@ TEST_CASE("a server epoch change ends residency, and the session restores (docs/
 }
 
 TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch and a new key",
-          "[core][coordinator_core]") {
+          "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
@@ -1095,9 +1095,9 @@ TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch 
   }
 }
 
-TEST_CASE("without persistence every plan is empty", "[core][coordinator_core]") {
+TEST_CASE("without persistence every plan is empty", "[core][slot_pool]") {
   SECTION("before the first successful probe") {
-    coordinator_core c(test_options());
+    slot_pool c(test_options());
     CHECK_FALSE(c.persistence_enabled());
     CHECK(c.hash_for("A").empty());
     auto p = c.prepare(session("A"), t0, wall);
