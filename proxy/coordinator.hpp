@@ -267,8 +267,6 @@ class coordinator {
   net::awaitable<void> probe_loop();
   net::awaitable<void> refresh_runtime(int slot);
   net::awaitable<void> look_for_changes(int slot);
-  // The runtime's epoch and metadata fingerprint, without the behaviour class.
-  static std::string epoch_key(core::runtime_info rt);
   net::awaitable<void> establish_behaviour(int slot);
   void adopt_behaviour(const std::string& key, const std::string& id);
   void suspect_behaviour(const std::string& why);
@@ -345,7 +343,9 @@ class coordinator {
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
   bool server_sleeping_ = false;   // /props said is_sleeping
-  std::string behaviour_epoch_;    // epoch_key the behaviour class was established for
+  std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
+  std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
+  std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for
   std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
   bool behaviour_suspect_ = false;  // probes failed or disagreed: persistence off until retry
   std::chrono::steady_clock::time_point behaviour_retry_at_{};

@@ -58,7 +58,8 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   }
   auto identity = rt;
   identity.runtime_key = opts_.pool.runtime_key;
-  const auto verdict = store_.read_compatibility(identity.fingerprint());
+  const auto meta_fp = identity.fingerprint();  // no behaviour yet: the metadata fingerprint
+  const auto verdict = store_.read_compatibility(meta_fp);
   if (verdict == "broken") {
     // docs/design.md §9: saves and restores would cost time and reuse nothing here.
     disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
@@ -66,7 +67,9 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
     return;
   }
   // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
-  if (epoch_key(identity) == behaviour_epoch_) identity.behaviour = behaviour_class_;
+  meta_fingerprint_ = meta_fp;
+  runtime_epoch_ = identity.media_marker + "|" + meta_fp;
+  if (runtime_epoch_ == behaviour_epoch_) identity.behaviour = behaviour_class_;
   pool_.set_runtime(identity);
   pool_.set_compatibility(verdict);
   disabled_why_.clear();
@@ -154,25 +157,18 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
   apply_probe(p);
 }
 
-std::string coordinator::epoch_key(core::runtime_info rt) {
-  rt.behaviour.clear();
-  return rt.media_marker + "|" + rt.fingerprint();
-}
-
 // docs/design.md §4: three probes of one class agree, a class seen before needs one. Until
 // the class is known, restores would compare against the wrong fingerprint and mark good
 // snapshots invalid, so a probe that fails or disagrees turns persistence off for a while
 // instead (nothing is invalidated; requests run cold).
 net::awaitable<void> coordinator::establish_behaviour(int slot) {
-  if (!pool_.persistence_enabled() || slot < 0) co_return;
-  const auto key = epoch_key(pool_.runtime());
-  if (key == behaviour_epoch_) co_return;
+  // Every prepare asks: two string compares, the hashing was done when the runtime was read.
+  if (!pool_.persistence_enabled() || slot < 0 || runtime_epoch_ == behaviour_epoch_) co_return;
+  const auto key = runtime_epoch_;
   auto first = co_await backend_->probe_behaviour(slot);
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
   if (first->top.empty()) co_return adopt_behaviour(key, "");
-  auto meta = pool_.runtime();
-  meta.behaviour.clear();
-  const auto meta_fp = meta.fingerprint();
+  const auto meta_fp = meta_fingerprint_;
   auto known = store_.read_behaviours(meta_fp);
   if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
   for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
