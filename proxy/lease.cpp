@@ -65,7 +65,8 @@ net::awaitable<void> lease::release() {
 
 net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
                                     bool pooled, std::chrono::milliseconds queue_timeout,
-                                    net::awaitable<bool> gone, std::function<void()> on_wait) {
+                                    std::function<net::awaitable<bool>()> gone,
+                                    std::function<void()> on_wait) {
   auto t = std::make_shared<lease_ticket>(co_await net::this_coro::executor);
   t->who = who;
   t->unpinnable = unpinnable;
@@ -90,7 +91,7 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
       break;
   }
   on_wait();
-  auto w = co_await (t->wakeup.async_wait(token) || std::move(gone));
+  auto w = co_await (t->wakeup.async_wait(token) || gone());
   const bool client_left = w.index() == 1;
   const bool granted = co_await c.on_strand(c.settle(t));
   if (granted) out.held = lease(c, t);

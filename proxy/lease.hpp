@@ -68,11 +68,13 @@ struct acquisition {
 
 // Waits for a lease of `c` for `who` (docs/design.md §5). `pooled`: the request has a pooled
 // upstream connection, so a lease granted at once is prepared in the same trip (a resident
-// request then needs one trip to the strand). `gone` completes when the client hangs up;
-// `on_wait` runs once if the request has to queue (it gives the pooled connection back).
+// request then needs one trip to the strand). Only a request that has to queue calls
+// `on_wait` (it gives the pooled connection back) and `gone` (a watch that completes when the
+// client hangs up), so the common case builds neither.
 net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
                                     bool pooled, std::chrono::milliseconds queue_timeout,
-                                    net::awaitable<bool> gone, std::function<void()> on_wait);
+                                    std::function<net::awaitable<bool>()> gone,
+                                    std::function<void()> on_wait);
 
 // POST /lora-adapters (docs/design.md §4): the whole server, dirty sessions saved first;
 // then, once forwarded, end_runtime_change drops residency and has the fingerprint re-read.

@@ -528,7 +528,8 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
     if (idle) up.pool->release(std::move(idle));
   };
   auto acq = co_await acquire(*up.coord, who, core::is_unpinnable(req.target()), idle != nullptr,
-                              cfg_.queue.timeout, client_gone(c.stream.socket()), give_back_idle);
+                              cfg_.queue.timeout,
+                              [&c] { return client_gone(c.stream.socket()); }, give_back_idle);
   using outcome = acquisition::outcome;
   if (acq.what == outcome::client_gone) co_return false;
   if (acq.what == outcome::rejected || acq.what == outcome::timed_out) {
