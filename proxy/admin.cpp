@@ -166,10 +166,6 @@ std::optional<page_query> parse_page_query(std::string_view target) {
 // Coroutines that run on a coordinator's strand (plain functions, not capturing lambdas:
 // CP.51). Each only reads or copies: JSON of a listing is formatted by the caller, off the
 // strand.
-template <class T>
-net::awaitable<T> on_strand(coordinator* c, net::awaitable<T> work) {
-  return c->on_strand(std::move(work));
-}
 net::awaitable<core::prom_writer> metrics_of(coordinator* c) {
   core::prom_writer w;
   c->write_metrics(w);
@@ -186,7 +182,7 @@ net::awaitable<std::optional<session_row>> session_of(coordinator* c, std::strin
 net::awaitable<response> all_metrics(std::vector<coordinator*> coords, unsigned v) {
   core::prom_writer all;
   for (auto* c : coords) {
-    auto part = co_await on_strand(c, metrics_of(c));
+    auto part = co_await c->on_strand(metrics_of(c));
     all.merge(part);
   }
   response res{http::status::ok, v};
@@ -213,7 +209,7 @@ std::string status_body(const std::vector<std::string>& servers) {
 net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v) {
   std::vector<std::string> servers;
   for (auto* c : coords) {
-    auto part = co_await on_strand(c, status_of(c));
+    auto part = co_await c->on_strand(status_of(c));
     servers.push_back(std::move(part));
   }
   co_return json(200, status_body(servers), v);
@@ -238,7 +234,7 @@ net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::exe
                                        std::string target, unsigned v) {
   auto q = parse_page_query(target);
   if (!q) co_return err(400, "limit must be 1..1000 and after a 64-hex session hash", v);
-  auto page = co_await on_strand(coord, page_of(coord, std::move(q->after), q->limit));
+  auto page = co_await coord->on_strand(page_of(coord, std::move(q->after), q->limit));
   auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
   co_return json(200, std::move(body), v);
 }
@@ -274,27 +270,27 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   admin_outcome r;
   if (action.empty()) {
     if (method == http::verb::get) {
-      const auto row = co_await on_strand(coord, session_of(coord, rest));
+      const auto row = co_await coord->on_strand(session_of(coord, rest));
       if (!row) co_return outcome_response({admin_result::unknown_session}, v);
       co_return json(200, session_json(*row), v);
     } else if (method == http::verb::delete_) {
-      r = co_await on_strand(coord, coord->admin_purge(rest));
+      r = co_await coord->on_strand(coord->admin_purge(rest));
     } else {
       co_return err(405, "use GET or DELETE", v);
     }
   } else {
     if (method != http::verb::post) co_return err(405, "use POST", v);
     if (action == "save" || action == "flush")
-      r = co_await on_strand(coord, coord->admin_save(rest));
+      r = co_await coord->on_strand(coord->admin_save(rest));
     else if (action == "restore")
-      r = co_await on_strand(coord, coord->admin_restore(rest));
+      r = co_await coord->on_strand(coord->admin_restore(rest));
     else if (action == "invalidate") {
       auto note = invalidate_note(body);
       if (!note) co_return err(400, "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
-      r = co_await on_strand(coord, coord->admin_invalidate(rest, std::move(*note)));
+      r = co_await coord->on_strand(coord->admin_invalidate(rest, std::move(*note)));
     }
     else if (action == "dispose")
-      r = co_await on_strand(coord, coord->admin_dispose(rest));
+      r = co_await coord->on_strand(coord->admin_dispose(rest));
     else
       co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
   }
@@ -607,10 +603,10 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (path == "/kv/flush" || path == "/kv/gc") {
     if (method != http::verb::post) co_return err(405, "use POST", v);
     if (path == "/kv/flush") {
-      const auto flushed = co_await on_strand(coord, coord->admin_flush());
+      const auto flushed = co_await coord->on_strand(coord->admin_flush());
       co_return outcome_response(flushed, v);
     }
-    const auto report = co_await on_strand(coord, coord->admin_gc());
+    const auto report = co_await coord->on_strand(coord->admin_gc());
     co_return json(200, gc_report_json(report), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
