@@ -266,7 +266,7 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   }
   rest = core::decode_path(rest);
   if (rest.empty()) co_return err(404, "no session id in the path", v);
-  // One co_await per statement: g++ 12 miscompiles co_await inside ?: (double free).
+  // One co_await per statement (docs/conventions.md §3).
   admin_outcome r;
   if (action.empty()) {
     if (method == http::verb::get) {
@@ -435,7 +435,7 @@ net::awaitable<void> admin_server::run_session(tcp_stream s) {
   for (;;) {
     request_reader reader(s, buf, limits);
     if (!co_await reader.read_header()) break;
-    if (!co_await reader.read_body()) break;  // one co_await per statement (GCC 12)
+    if (!co_await reader.read_body()) break;  // one co_await per statement (docs/conventions.md §3)
     auto req = reader.release();
     if (is_event_stream(req)) {
       co_await serve_events(s, req);

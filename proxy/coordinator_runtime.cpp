@@ -254,7 +254,7 @@ net::awaitable<void> coordinator::probe_loop() {
       if (rt && rt->media_marker == pool_.runtime().media_marker) {
         if (leased_.empty()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
-        // (One co_await per statement: GCC 12 evaluates one inside && regardless.)
+        // One co_await per statement (docs/conventions.md §3).
         if (leased_.empty() && !rt->sleeping && opts_.sleep_idle.count() <= 0) {
           const bool lost = co_await slots_lost_kv(-1);
           if (lost && leased_.empty()) note_restart_behind_marker();

@@ -543,7 +543,7 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
     give_back_idle();
     co_return co_await send(c, strict_failure(acq.prepared, req));
   }
-  // (No co_await inside a conditional expression: GCC 12 miscompiles it.)
+  // One co_await per statement (docs/conventions.md §3).
   core::result<upstream_conn> conn = core::error{};
   if (idle)
     conn = upstream_conn{std::move(idle), false};
@@ -578,7 +578,7 @@ response server::strict_failure(const prepare_result& pr,
 net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
                                            http::request<http::string_body>& req, lease held,
                                            upstream_conn conn) {
-  const core::request_identity nobody;  // a named argument: GCC 12 mishandles a temporary here
+  const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
   auto pr = co_await held.prepare(nobody, false);
   if (!pr.ok) {
     up.pool->release(std::move(conn.stream));
