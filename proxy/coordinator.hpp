@@ -286,19 +286,15 @@ class coordinator {
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   void note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::slot_pool::session_view v) const;
-  struct restore_outcome {
-    bool restored = false;
-    bool need_erase = false;  // the slot's content is unknown: erase before running cold
-    core::errc code = core::errc::invariant;  // why not, when !restored
-  };
-  net::awaitable<restore_outcome> run_restore(const core::restore_step& rs);
+  // The core's decision on the restore, its manifest write already done.
+  net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
   struct plan_failure {
     core::errc code = core::errc::invariant;
     std::string what;
   };
   struct plan_result {
     std::optional<plan_failure> failure;   // only when stopped on it
-    std::optional<restore_outcome> restore;  // when the plan had a restore
+    std::optional<core::restore_decision> restore;  // when the plan had a restore
   };
   net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
   net::awaitable<std::optional<core::errc>> run_erase(int slot);

@@ -77,7 +77,7 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
 }
 
 // The plan's restore, checked against the file first in shared-filesystem mode.
-net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core::restore_step& rs) {
+net::awaitable<core::restore_decision> coordinator::run_restore(const core::restore_step& rs) {
   const auto sess = std::string(core::abbrev(rs.hash));
   log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
   core::result<core::slot_restored> r = core::error{};
@@ -109,7 +109,7 @@ net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
          {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
          {"ms", ms_str(r->restore_ms)}});
-    co_return restore_outcome{true, false, d.err.code};
+    co_return d;
   }
   log(log_level::warn, "kv.session.restore.failed",
       {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
@@ -117,7 +117,7 @@ net::awaitable<coordinator::restore_outcome> coordinator::run_restore(const core
        {"reason", r ? d.err.message : r.err().message},
        {"effect", "cold prefill"}});
   note_slot_error(d.err);
-  co_return restore_outcome{false, d.need_erase, d.err.code};
+  co_return d;
 }
 
 // The plan's calls in order: save, then restore or erase (an erase also after a restore that
@@ -137,7 +137,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
   if (plan.restore) {
     out.restore = co_await run_restore(*plan.restore);
     if (!out.restore->restored && stop_on_failure) {
-      out.failure = plan_failure{out.restore->code, "restoring the session's snapshot failed"};
+      out.failure = plan_failure{out.restore->err.code, "restoring the session's snapshot failed"};
       co_return out;
     }
     if (!out.restore->restored) need_erase = out.restore->need_erase;
