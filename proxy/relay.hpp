@@ -36,7 +36,8 @@ struct relay_state {
   bool upstream_failed = false;  // upstream broke mid-body or timed out
   bool upstream_timeout = false;
   bool client_failed = false;    // writing to the client failed
-  bool upstream_reusable = false;  // complete and keep-alive: may go back to the pool
+  bool upstream_reusable = false;  // upstream complete and keep-alive: may go back to the pool,
+                                   // whatever became of the client
   bool client_keep_alive = false;  // what the client was told (HTTP/1.0 streams must close)
   unsigned status = 0;
   std::size_t body_bytes = 0;
@@ -147,6 +148,13 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
   }
   res.keep_alive(keep);
   st.client_keep_alive = keep;
+  // Once upstream's response is read whole, its connection is clean whatever the client
+  // does next: a client that reads `data: [DONE]` and closes must not cost a new connection
+  // (and a new /props read) to the next request.
+  const auto upstream_finished = [&st, upstream_keep, interim] {
+    st.upstream_done = true;
+    st.upstream_reusable = upstream_keep && !interim;
+  };
 
   http::response_serializer<http::buffer_body> sr{res};
   // Not zeroed: the parser writes before anything reads (a zeroed 64 KiB was a quarter of
@@ -174,7 +182,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = false;
     st.body_bytes = got;
-    st.upstream_done = true;
+    upstream_finished();
     detail::keep_tail(tail, buf.data(), got);
   } else {
     detail::expire(client, opts.client_write);
@@ -207,7 +215,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     res.body().size = got;
     res.body().more = !p.is_done();
     st.body_bytes += got;
-    st.upstream_done = p.is_done();
+    if (p.is_done()) upstream_finished();
     detail::keep_tail(tail, buf.data(), got);
     detail::expire(client, opts.client_write);
     auto [wec, wn] = co_await http::async_write(client, sr, token);
@@ -231,9 +239,8 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     }
   }
   st.header_sent = true;
-  st.upstream_done = true;
+  upstream_finished();
   st.done = true;
-  st.upstream_reusable = upstream_keep && !interim;
 }
 
 }  // namespace kvp::proxy

@@ -54,6 +54,15 @@ net::awaitable<bool> client_gone(client_socket& sock) {
   co_return false;
 }
 
+// An upstream connection whose response was read whole goes back to the pool; any other is
+// closed (closing is also how a request still running is cancelled).
+void give_back_or_close(upstream_pool& pool, upstream_conn& conn, const relay_state& st) {
+  if (st.upstream_reusable)
+    pool.release(std::move(conn.stream));
+  else
+    conn.stream->close();
+}
+
 // How client requests are read: the configured limits, and the fields prepare_upstream_request
 // drops (they do not count against llama-server's limits).
 read_limits client_read_limits(const config::config& cfg) {
@@ -422,9 +431,10 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
                          client_gone(c.stream.socket()));
       if (r.index() == 1) {
         // Closing the upstream connection is the only portable cancel: llama-server notices
-        // within about a second and frees the slot (docs/llama-server.md §6).
+        // within about a second and frees the slot (docs/llama-server.md §6). A response
+        // already read whole needs no cancel.
         st.client_failed = true;
-        conn->stream->close();
+        give_back_or_close(*up.pool, *conn, st);
         co_return false;
       }
     }
@@ -437,14 +447,8 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
     }
     break;
   }
-  if (st.done) {
-    if (st.upstream_reusable)
-      up.pool->release(std::move(conn->stream));
-    else
-      conn->stream->close();
-    co_return st.client_keep_alive;
-  }
-  conn->stream->close();
+  give_back_or_close(*up.pool, *conn, st);
+  if (st.done) co_return st.client_keep_alive;
   if (st.client_failed) co_return false;
   up.coord->note_upstream_trouble();
   if (!st.header_sent) {

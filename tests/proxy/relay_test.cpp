@@ -508,7 +508,7 @@ TEST_CASE("a client that hung up is reported, not retried", "[proxy][relay]") {
 
 // A client that leaves while the last bytes go out (it read `data: [DONE]` and closed) must
 // not hide that upstream finished: the turn-end checkpoint and the timings depend on it.
-TEST_CASE("upstream_done survives a client write that fails late", "[proxy][relay]") {
+TEST_CASE("upstream_done and upstream reuse survive a client write that fails late", "[proxy][relay]") {
   const std::string upstream = sse_upstream();
   bool failed_after_upstream_end = false;
   for (std::size_t n = 1; n <= 40; ++n) {
@@ -520,6 +520,8 @@ TEST_CASE("upstream_done survives a client write that fails late", "[proxy][rela
       break;
     }
     CHECK_FALSE(r.st.done);
+    // The upstream connection is clean once its response was read whole: it may be pooled.
+    CHECK(r.st.upstream_reusable == r.st.upstream_done);
     if (r.st.upstream_done) failed_after_upstream_end = true;
   }
   CHECK(failed_after_upstream_end);
