@@ -220,6 +220,7 @@ std::string_view to_string(slot_mode value) {
 
 std::string_view to_string(unmanaged_policy value) {
   switch (value) {
+    case unmanaged_policy::content: return "content";
     case unmanaged_policy::auxiliary: return "auxiliary";
     case unmanaged_policy::passthrough: return "passthrough";
   }
@@ -250,7 +251,8 @@ std::optional<slot_mode> parse_slot_mode(std::string_view text) {
 }
 
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text) {
-  for (auto v : {unmanaged_policy::auxiliary, unmanaged_policy::passthrough}) {
+  for (auto v : {unmanaged_policy::content, unmanaged_policy::auxiliary,
+                 unmanaged_policy::passthrough}) {
     if (text == to_string(v)) return v;
   }
   return std::nullopt;

@@ -16,6 +16,8 @@ using std::chrono::milliseconds;
 
 // What happens to inference requests that carry no session header.
 enum class unmanaged_policy {
+  content,      // a session named by its content (core/prefix_chain.hpp); auxiliary when the
+                // request has no conversation (raw prompts, embeddings)
   auxiliary,    // coordinated like an auxiliary call: the owner is saved first, the slot ends unowned
   passthrough,  // forwarded without touching the coordinator (the slot's owner may be overwritten)
 };
@@ -54,7 +56,7 @@ struct session_config {
   std::string purpose_header = "X-Session-Purpose";
   // Removed before forwarding, in addition to the session and purpose headers.
   std::vector<std::string> strip_headers = {"X-Conversation-Id"};
-  unmanaged_policy unmanaged = unmanaged_policy::auxiliary;
+  unmanaged_policy unmanaged = unmanaged_policy::content;
 
   bool operator==(const session_config&) const = default;
 };

@@ -314,7 +314,8 @@ config reader::read_document(const YAML::Node& root) {
         {"stripHeaders", [&](V v2, P p2) { c.sessions.strip_headers = read_string_list(v2, p2); }},
         {"unmanaged", [&](V v2, P p2) {
           c.sessions.unmanaged = read_enum(v2, p2, parse_unmanaged_policy,
-                                           {unmanaged_policy::auxiliary,
+                                           {unmanaged_policy::content,
+                                            unmanaged_policy::auxiliary,
                                             unmanaged_policy::passthrough});
         }},
       });

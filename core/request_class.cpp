@@ -72,19 +72,11 @@ std::string decode_path(std::string_view path) {
   return out;
 }
 
-namespace {
-
-// llama-server's HTTP library percent-decodes the path before routing, so classify what it
-// will route, or "/%73lots/0" would reach the slot API and "/v1/chat/%63ompletions" would
-// run on the slot without a lease. A trailing slash is collapsed so "/v1/chat/completions/"
-// is not a way around the lease.
 std::string routed_path(std::string_view target) {
   std::string path = decode_path(target.substr(0, target.find_first_of("?#")));
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
 }
-
-}  // namespace
 
 endpoint_kind classify_target(std::string_view target) {
   const std::string path = routed_path(target);

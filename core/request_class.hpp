@@ -17,6 +17,12 @@ enum class endpoint_kind {
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);
 
+// The path llama-server routes `target` to. Its HTTP library percent-decodes the path
+// before routing, so classify what it will route, or "/%73lots/0" would reach the slot API
+// and "/v1/chat/%63ompletions" would run on the slot without a lease. The query is dropped
+// and a trailing slash collapsed, so "/v1/chat/completions/" is not a way around the lease.
+std::string routed_path(std::string_view target);
+
 // Classifies by the decoded path (query string ignored). Exact paths only, so "/v1/chat/completions/x"
 // is passthrough (llama-server answers 404 to it anyway).
 endpoint_kind classify_target(std::string_view target);

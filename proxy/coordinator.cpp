@@ -433,12 +433,18 @@ net::awaitable<bool> coordinator::checkpoint() {
   co_return ok;
 }
 
+std::string_view to_string(restore_source s) {
+  return s == restore_source::content ? "content" : "own";
+}
+
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
-  if (kind == core::prepare_kind::restored) note_restore_reuse(slot, t.cache_n);
   if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
-    reused_tokens_ += static_cast<std::uint64_t>(t.cache_n);
+    const auto it = restored_on_.find(slot);
+    const auto source = it == restored_on_.end() ? restore_source::own : it->second.source;
+    note_restore_reuse(slot, t.cache_n);
+    reused_tokens_[static_cast<std::size_t>(source)] += static_cast<std::uint64_t>(t.cache_n);
     if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
   } else if ((kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback) &&
              t.prompt_n >= 64 && t.prompt_ms > 0) {
@@ -453,7 +459,8 @@ void coordinator::record_response(int slot, core::prepare_kind kind, response_ti
 void coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
   auto it = restored_on_.find(slot);
   if (it == restored_on_.end()) return;
-  const auto [hash, restored] = it->second;
+  const std::string hash = it->second.hash;
+  const std::uint64_t restored = it->second.tokens;
   restored_on_.erase(it);
   last_restore_[hash] = restore_reuse{restored, cache_n};
   if (static_cast<std::uint64_t>(cache_n) * 2 >= restored) return;

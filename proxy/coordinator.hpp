@@ -4,6 +4,7 @@
 // client sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +41,11 @@ struct coordinator_options {
 };
 
 // What a response told about the prompt cache (timings of llama-server's final event).
+// Whose snapshot a restore loaded: a header session's own, or a content session's
+// (core/prefix_chain.hpp). Labels kvpersist_reused_prompt_tokens_total.
+enum class restore_source { own, content };
+std::string_view to_string(restore_source s);
+
 struct response_timings {
   std::int64_t cache_n = -1;
   std::int64_t prompt_n = -1;
@@ -354,10 +360,16 @@ class coordinator {
   core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
   core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
-  std::map<int, std::pair<std::string, std::uint64_t>> restored_on_;  // slot -> (hash, tokens)
+  struct restored_content {
+    std::string hash;
+    std::uint64_t tokens = 0;
+    restore_source source = restore_source::own;
+  };
+  std::map<int, restored_content> restored_on_;  // slot -> what its last restore loaded
   std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
   std::uint64_t unpaid_restores_ = 0;
-  std::uint64_t reused_tokens_ = 0;       // sum of cache_n on requests right after a restore
+  // Sum of cache_n on requests right after a restore, by restore_source.
+  std::array<std::uint64_t, 2> reused_tokens_{};
   std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
+#include "core/prefix_chain.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/coordinator_internal.hpp"
 
@@ -104,9 +105,13 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
         {{"session", sess}, {"reason", d.write->invalid_reason}});
   }
   if (d.restored) {
-    restored_on_[rs.slot] = {rs.hash, r->n_restored};
+    const auto* m = pool_.find_manifest(rs.hash);
+    const auto source = m && core::is_content_session(m->session_id) ? restore_source::content
+                                                                      : restore_source::own;
+    restored_on_[rs.slot] = {rs.hash, r->n_restored, source};
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
+         {"source", std::string(to_string(source))},
          {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
          {"ms", ms_str(r->restore_ms)}});
     co_return d;

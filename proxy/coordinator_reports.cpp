@@ -295,7 +295,8 @@ std::string coordinator::status_json() const {
   w.Key("stats");
   w.StartObject();
   write_core_stats(w, pool_.stats());
-  core::write_json_count(w, "reusedTokens", reused_tokens_);
+  core::write_json_count(w, "reusedTokens", reused_tokens_[0] + reused_tokens_[1]);
+  core::write_json_count(w, "reusedTokensContent", reused_tokens_[1]);
   core::write_json_count(w, "prefilledTokens", prefilled_tokens_);
   w.Key("prefillSecondsSaved");
   w.Double(prefill_seconds_saved_);
@@ -359,9 +360,14 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   const metric_sink m{w, fmt::format("server=\"{}\"", core::escape_label(opts_.server_name))};
   write_restore_counters(m, st, unpaid_restores_);
   write_save_counters(m, st);
-  m.counter("kvpersist_reused_prompt_tokens_total",
-            "Prompt tokens llama-server reused (timings.cache_n) on requests right after a restore.",
-            static_cast<double>(reused_tokens_));
+  w.family("kvpersist_reused_prompt_tokens_total", "counter",
+           "Prompt tokens llama-server reused (timings.cache_n) on requests right after a "
+           "restore, by whose snapshot it was: own (a header session) or content (a session "
+           "named by its content).");
+  for (auto source : {restore_source::own, restore_source::content})
+    w.sample("kvpersist_reused_prompt_tokens_total",
+             fmt::format("{},source=\"{}\"", m.labels, to_string(source)),
+             static_cast<double>(reused_tokens_[static_cast<std::size_t>(source)]));
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             prefill_seconds_saved_);

@@ -16,6 +16,7 @@
 #include "backends/llama_http_backend.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
@@ -361,6 +362,17 @@ core::request_identity server::identity_of(const http::request<http::string_body
   return id;
 }
 
+// `sessions.unmanaged: content`: a request without a session header belongs to the
+// conversation its content names, per credential (core/prefix_chain.hpp); "" when it has
+// none (raw prompts, embeddings), which makes it an auxiliary call.
+std::string server::content_session_of(const http::request<http::string_body>& req) const {
+  const auto chain = core::prefix_chain_of(req.target(), req.body());
+  if (!chain) return {};
+  std::string_view credential = req[http::field::authorization];
+  if (credential.empty()) credential = req["X-Api-Key"];
+  return core::content_session_id(*chain, credential);
+}
+
 void server::prepare_upstream_request(const upstream_entry& up,
                                       http::request<http::string_body>& req) const {
   for (const auto& name : cfg_.sessions.headers) req.erase(name);
@@ -482,7 +494,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                               version, keep);
     co_return co_await send(c, std::move(res));
   }
-  const auto who = identity_of(req);
+  auto who = identity_of(req);
   auto& up = route(req);
   // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
   // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
@@ -499,9 +511,13 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   relay_state st;
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
-  const bool coordinated = core::needs_slot(req.method_string(), req.target()) &&
-                           (!who.session_id.empty() ||
-                            cfg_.sessions.unmanaged == config::unmanaged_policy::auxiliary);
+  const bool needs_slot = core::needs_slot(req.method_string(), req.target());
+  if (needs_slot && who.session_id.empty() && who.purpose.empty() &&
+      cfg_.sessions.unmanaged == config::unmanaged_policy::content)
+    who.session_id = content_session_of(req);
+  const bool coordinated =
+      needs_slot && (!who.session_id.empty() ||
+                     cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
   if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
   // Checked before admission, as llama-server would check it: a client without the key
   // must not make kvpersist save or evict the resident session with its own key.

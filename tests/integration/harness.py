@@ -651,10 +651,13 @@ def words(n: int, seed: str) -> str:
 class Conversation:
     """An agent-style conversation: the whole history is resent on every turn."""
 
-    def __init__(self, session: str | None, system_words: int = 60, header: str = "X-Session-Id"):
+    def __init__(self, session: str | None, system_words: int = 60, header: str = "X-Session-Id",
+                 tag: str | None = None):
+        """`tag` (default: the session id) names the system prompt and the turns' texts."""
         self.session = session
         self.header = header
-        self.messages = [{"role": "system", "content": "You are agent %s. %s" % (session, words(system_words, str(session)))}]
+        self.tag = tag if tag is not None else session
+        self.messages = [{"role": "system", "content": "You are agent %s. %s" % (self.tag, words(system_words, str(self.tag)))}]
         self.turns = 0
         self.slot_tokens: int | None = None
 
@@ -676,7 +679,7 @@ class Conversation:
     def turn(self, port: int, text: str | None = None, stream: bool = False, headers=None, commit: bool = True,
              path: str = "/v1/chat/completions", **kw) -> Response:
         self.turns += 1
-        text = text or "turn %d of %s: %s" % (self.turns, self.session, words(20, "%s/%d" % (self.session, self.turns)))
+        text = text or "turn %d of %s: %s" % (self.turns, self.tag, words(20, "%s/%d" % (self.tag, self.turns)))
         body = self.body(text, stream=stream)
         r = http_request(port, "POST", path, headers=self.headers(headers), body=body, **kw)
         r.before_tokens = self.slot_tokens  # what the slot held after this session's last turn

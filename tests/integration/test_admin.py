@@ -624,7 +624,8 @@ def test_metrics_scrape_and_parse(stack):
     assert value(m, "kvpersist_restore_miss_total", **lbl) == 0
     assert value(m, "kvpersist_restore_hit_ratio", **lbl) == 1.0
     assert value(m, "kvpersist_slot_switch_total", **lbl) == 2
-    assert value(m, "kvpersist_reused_prompt_tokens_total", **lbl) == reused > 0
+    assert value(m, "kvpersist_reused_prompt_tokens_total", source="own", **lbl) == reused > 0
+    assert value(m, "kvpersist_reused_prompt_tokens_total", source="content", **lbl) == 0
     assert value(m, "kvpersist_prefill_seconds_saved_total", **lbl) >= 0
     assert value(m, "kvpersist_save_bytes_total", **lbl) > 0
     assert value(m, "kvpersist_restore_bytes_total", **lbl) > 0

@@ -1,4 +1,5 @@
-"""A seeded random walk of 200 steps (issue 7, part 1): sessions, streams, auxiliary calls,
+"""A seeded random walk of 200 steps (issue 7, part 1): sessions (header and content sessions),
+streams, auxiliary calls,
 client disconnects, concurrent sessions, pass-through and /slots requests, injected save and
 restore failures, llama-server restarts and kvpersist restarts (SIGTERM and SIGKILL), against
 the fake llama-server. After every step the docs/design.md §2 invariants are checked from the fake's own
@@ -125,8 +126,11 @@ class Walk:
             f.event_delay = 0
         elif kind in ("aux", "aux-unnamed"):
             n = len(self.history)
+            # With a purpose header: auxiliary. Without one: a content session of its own
+            # (sessions.unmanaged: content), named CS-n by its system prompt.
+            who = "AUX" if kind == "aux" else "CS"
             body = {"model": "fake", "max_tokens": 3, "messages": [
-                {"role": "system", "content": "You are agent AUX-%d. Write a title." % n},
+                {"role": "system", "content": "You are agent %s-%d. Write a title." % (who, n)},
                 {"role": "user", "content": "title for %s" % c.session}]}
             hdr = {"X-Session-Id": c.session, "X-Session-Purpose": "session-title"} if kind == "aux" else {}
             self.expect_ok(http_request(port, "POST", "/v1/chat/completions", headers=hdr, body=body, timeout=10),
@@ -230,8 +234,14 @@ class Walk:
         action, fname, status = m["action"], m.get("filename"), m["status"]
         if action == "save":
             h = fname[:64]
-            sid = self.hash_to_sid.get(h)
             head_agent = agent_of(m.get("head") or [])
+            if h not in self.hash_to_sid:
+                # A content session's file is named by a hash of its content: learn it from the
+                # first save, by what it wrote or (a failed save writes nothing) by the slot.
+                cs = head_agent if head_agent is not None else self.content
+                if cs and cs.startswith("CS-"):
+                    self.hash_to_sid[h] = cs
+            sid = self.hash_to_sid.get(h)
             assert head_agent is None or head_agent == sid, self.fail_msg(
                 "I7: save into %s's file wrote %s's content" % (sid, head_agent))
             assert self.content in (sid, None), self.fail_msg(

@@ -300,8 +300,9 @@ def test_lru_eviction_saves_the_evicted_owner_once(world):
 
 def test_reserved_aux_slot_takes_aux_calls_and_leaves_sessions_alone(world):
     """reserveAuxSlot with 3 slots: slot 2 serves title/summary calls (and requests without a
-    session), pinned there, with no management call; sessions use only 0 and 1."""
-    world.start(slots=3, config={"reserveAuxSlot": True})
+    session, under `sessions.unmanaged: auxiliary`), pinned there, with no management call;
+    sessions use only 0 and 1."""
+    world.start(slots=3, config={"reserveAuxSlot": True, "sessions": {"unmanaged": "auxiliary"}})
     st = admin_json(world.proxy, "/kv/status")["servers"][0]
     assert [s["auxiliary"] for s in st["slots"]] == [False, False, True]
     for s in ("aux-A", "aux-B", "aux-C"):

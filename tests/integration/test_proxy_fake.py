@@ -377,14 +377,15 @@ def test_switch_and_lease_events(stack):
 @fake_only
 def test_strict_persistence_off_refuses_session_requests(stack):
     """failure.strict with a llama-server started without --slot-save-path (the probe gets
-    501): a session's request gets 503 KV_BACKEND_UNSUPPORTED and is not forwarded; an
-    auxiliary request (nothing of it is ever persisted) still runs."""
+    501): a session's request, header or content session, gets 503 KV_BACKEND_UNSUPPORTED and
+    is not forwarded; an auxiliary request (nothing of it is ever persisted) still runs."""
     stack.start_upstream(slot_actions=False)
     stack.start_proxy({"failure": {"strict": True}})
-    r = Conversation(sid("A")).turn(stack.port, commit=False)
-    assert r.status == 503 and kv_error(r) == (503, "KV_BACKEND_UNSUPPORTED"), (r.status, r.body)
+    for c in (Conversation(sid("A")), Conversation(None)):
+        r = c.turn(stack.port, commit=False)
+        assert r.status == 503 and kv_error(r) == (503, "KV_BACKEND_UNSUPPORTED"), (r.status, r.body)
     assert stack.fake.inference_requests() == []
-    ok(Conversation(None).turn(stack.port), "auxiliary")
+    ok(Conversation(None).turn(stack.port, headers={"X-Session-Purpose": "title"}), "auxiliary")
     assert len(stack.fake.inference_requests()) == 1
 
 
@@ -430,8 +431,10 @@ def test_strict_manifest_write_failure_fails_the_request(stack):
 @fake_only
 @pytest.mark.parametrize("kind", ["purpose-header", "no-session-header"])
 def test_auxiliary_request(stack, kind):
-    """A, title, title, A -> erase | save A (no erase/restore) | nothing | restore A."""
-    stack.start()
+    """A, title, title, A -> erase | save A (no erase/restore) | nothing | restore A. A request
+    without a session header is auxiliary under `sessions.unmanaged: auxiliary` (by default
+    it is a content session: test_content_sessions.py)."""
+    stack.start({"sessions": {"unmanaged": "auxiliary"}} if kind == "no-session-header" else None)
     port = stack.port
     A = Conversation(sid("A"))
     ok(A.turn(port))

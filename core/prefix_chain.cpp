@@ -1,0 +1,190 @@
+#include "core/prefix_chain.hpp"
+
+#include <openssl/evp.h>
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/identity.hpp"
+#include "core/json.hpp"
+#include "core/request_class.hpp"
+
+namespace kvp::core {
+
+namespace {
+
+using member = rapidjson::Value::Member;
+
+std::string_view name_of(const member& m) {
+  return {m.name.GetString(), m.name.GetStringLength()};
+}
+
+// How one route family lays out a conversation.
+struct layout {
+  std::string_view family;                 // starts the chain: equal text on two routes is
+                                           // rendered differently, so never shared
+  std::string_view messages;               // the message list's member
+  bool text_is_one_message;                // a string there is the only (user) message
+  std::vector<std::string_view> preamble;  // members of the body that go into link 0
+};
+
+const layout* layout_of(std::string_view target) {
+  static const layout chat{
+      "chat", "messages", false, {"chat_template_kwargs", "functions", "response_format", "tools"}};
+  static const layout messages{"messages", "messages", false, {"system", "thinking", "tools"}};
+  static const layout responses{"responses", "input", true, {"instructions", "tools"}};
+  const std::string path = routed_path(target);
+  if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/api/chat")
+    return &chat;
+  if (path == "/v1/messages") return &messages;
+  if (path == "/v1/responses" || path == "/responses") return &responses;
+  return nullptr;
+}
+
+bool has_role(const rapidjson::Value& message, std::string_view role) {
+  if (!message.IsObject()) return false;
+  const auto it = message.FindMember("role");
+  return it != message.MemberEnd() && it->value.IsString() &&
+         std::string_view(it->value.GetString(), it->value.GetStringLength()) == role;
+}
+
+bool is_system_part(const rapidjson::Value& message) {
+  return has_role(message, "system") || has_role(message, "developer");
+}
+
+// Appends links: each hashes the previous link and one element. An element is hashed in a
+// canonical form, never re-serialized: a type tag, then strings as length and bytes, numbers
+// by value, object members sorted by name (bytewise; a stable sort keeps duplicate names in
+// their order). Parsing bounds the depth (parse_json_bounded), so the recursion is bounded.
+class chain_builder {
+ public:
+  explicit chain_builder(std::string_view family)
+      : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free), previous_(family) {}
+
+  void begin() {
+    EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
+    feed_text(previous_);
+  }
+  void feed(const rapidjson::Value& v) {
+    if (v.IsObject()) {
+      std::vector<const member*> members;
+      members.reserve(v.MemberCount());
+      for (const auto& m : v.GetObject()) members.push_back(&m);
+      std::stable_sort(members.begin(), members.end(),
+                       [](const member* a, const member* b) { return name_of(*a) < name_of(*b); });
+      feed_tag('{', members.size());
+      for (const member* m : members) {
+        feed_text(name_of(*m));
+        feed(m->value);
+      }
+    } else if (v.IsArray()) {
+      feed_tag('[', v.Size());
+      for (const auto& e : v.GetArray()) feed(e);
+    } else if (v.IsString()) {
+      feed_text({v.GetString(), v.GetStringLength()});
+    } else if (v.IsInt64()) {
+      feed_tag('i', static_cast<std::uint64_t>(v.GetInt64()));
+    } else if (v.IsUint64()) {
+      feed_tag('u', v.GetUint64());
+    } else if (v.IsDouble()) {
+      feed_tag('d', std::bit_cast<std::uint64_t>(v.GetDouble()));
+    } else {
+      feed_tag(v.IsNull() ? 'n' : v.IsTrue() ? 't' : 'f', 0);
+    }
+  }
+  void feed_tag(char tag, std::uint64_t n) {
+    std::array<unsigned char, 9> b{static_cast<unsigned char>(tag)};
+    for (int i = 0; i < 8; ++i) b[1 + i] = static_cast<unsigned char>(n >> (8 * i));
+    EVP_DigestUpdate(ctx_.get(), b.data(), b.size());
+  }
+  void feed_text(std::string_view s) {
+    feed_tag('s', s.size());
+    EVP_DigestUpdate(ctx_.get(), s.data(), s.size());
+  }
+  void link(prefix_chain& chain) {
+    std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_.get(), md.data(), &len);
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string hex(32, '0');
+    for (std::size_t i = 0; i < 16; ++i) {
+      hex[2 * i] = digits[md[i] >> 4];
+      hex[2 * i + 1] = digits[md[i] & 0xf];
+    }
+    chain.links.push_back(hex);
+    previous_ = std::move(hex);
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+  std::string previous_;
+};
+
+// Link 0: the preamble members present in the body, then the leading system messages.
+// Returns how many messages it took.
+std::size_t feed_preamble(chain_builder& b, const layout& l, const rapidjson::Value& body,
+                          const rapidjson::Value& messages) {
+  for (std::string_view key : l.preamble) {
+    const auto it = body.FindMember(rapidjson::StringRef(key.data(), key.size()));
+    if (it == body.MemberEnd()) continue;
+    b.feed_text(key);
+    b.feed(it->value);
+  }
+  std::size_t taken = 0;
+  if (messages.IsArray())
+    for (; taken < messages.Size() && is_system_part(messages[taken]); ++taken) {
+      b.feed_tag('m', taken);
+      b.feed(messages[taken]);
+    }
+  return taken;
+}
+
+}  // namespace
+
+std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body) {
+  const layout* l = layout_of(target);
+  if (!l) return std::nullopt;
+  rapidjson::Document doc;
+  if (!parse_json_bounded(body, doc) || !doc.IsObject()) return std::nullopt;
+  const auto list = doc.FindMember(rapidjson::StringRef(l->messages.data(), l->messages.size()));
+  if (list == doc.MemberEnd()) return std::nullopt;
+  const rapidjson::Value& messages = list->value;
+  // /v1/responses takes a plain string as its only user message.
+  const bool single = l->text_is_one_message && messages.IsString();
+  if (!messages.IsArray() && !single) return std::nullopt;
+
+  prefix_chain chain;
+  chain_builder b(l->family);
+  b.begin();
+  const std::size_t leading = feed_preamble(b, *l, doc, messages);
+  b.link(chain);
+  if (single) {
+    b.begin();
+    b.feed(messages);
+    b.link(chain);
+    chain.identity_links = chain.links.size();
+    return chain;
+  }
+  for (std::size_t i = leading; i < messages.Size(); ++i) {
+    b.begin();
+    b.feed(messages[i]);
+    b.link(chain);
+    if (chain.identity_links == 0 && has_role(messages[i], "user"))
+      chain.identity_links = chain.links.size();
+  }
+  if (chain.identity_links == 0) chain.identity_links = chain.links.size();
+  return chain;
+}
+
+std::string content_session_id(const prefix_chain& chain, std::string_view credential) {
+  if (chain.identity_links == 0 || chain.identity_links > chain.links.size()) return {};
+  const std::string& named = chain.links[chain.identity_links - 1];
+  return "content:" + sha256_hex(fmt::format("kvpersist-content-v1;{}:{};{}:{};",
+                                             credential.size(), credential, named.size(), named));
+}
+
+}  // namespace kvp::core

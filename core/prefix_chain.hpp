@@ -1,0 +1,48 @@
+// A request's prompt as a chain of hashes (docs/design.md §3): what kvpersist knows of a
+// request's content without tokenizing it. Each link hashes the link before it and one
+// element of the request's canonical content, in the order llama-server renders the prompt:
+//
+//   link 0    the preamble: the options that change the rendered prompt (tools, functions,
+//             response format, template kwargs) and the system part (leading system or
+//             developer messages; /v1/messages' `system`; /v1/responses' `instructions`)
+//   link 1..  one message (or input item) each, in order
+//
+// Two requests share their first k links exactly when their first k elements are equal, so
+// a chain names every prefix of a conversation. Elements are hashed as canonical JSON
+// (object members sorted by name, no insignificant whitespace), so a harness that reorders
+// keys or re-indents its body still matches itself.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvp::core {
+
+struct prefix_chain {
+  std::vector<std::string> links;  // 32 hex digits each (128 bits of SHA-256)
+  // Links that name the conversation: the preamble and every message up to and including
+  // the first user message (all links when there is none).
+  std::size_t identity_links = 0;
+};
+
+// The chain of a POST to an inference route (`target` as the client sent it) with `body`:
+// chat completions, /v1/messages and /v1/responses. nullopt for other routes (raw prompts,
+// embeddings, rerank) and for a body that is not a JSON object with that route's message
+// list; such a request has no conversation to find.
+std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body);
+
+// The session id a request without a session header gets (`sessions.unmanaged: content`):
+// a hash of its conversation's identity links and the caller's credential (the
+// Authorization value, else X-Api-Key's; "" when none), so equal conversations of two
+// credentials stay two sessions. "content:" and 64 hex digits.
+std::string content_session_id(const prefix_chain& chain, std::string_view credential);
+
+// Whether `session_id` was made by content_session_id.
+inline bool is_content_session(std::string_view session_id) {
+  return session_id.starts_with("content:");
+}
+
+}  // namespace kvp::core

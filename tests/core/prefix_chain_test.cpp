@@ -1,0 +1,163 @@
+// Tests for core/prefix_chain.hpp: a request's content as a chain of hashes, and the session
+// a request without a session header belongs to (docs/design.md §3).
+#include "core/prefix_chain.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+
+namespace {
+
+using namespace kvp::core;
+
+constexpr std::string_view chat = "/v1/chat/completions";
+
+prefix_chain chain(std::string_view body, std::string_view target = chat) {
+  auto c = prefix_chain_of(target, body);
+  REQUIRE(c);
+  return *c;
+}
+
+const std::string sys = R"({"role":"system","content":"You are a coding agent."})";
+const std::string tools = R"([{"type":"function","function":{"name":"read","parameters":{}}}])";
+const std::string u1 = R"({"role":"user","content":"fix the bug"})";
+const std::string a1 = R"({"role":"assistant","content":"done"})";
+const std::string u2 = R"({"role":"user","content":"thanks"})";
+
+std::string body(std::string messages, std::string extra = "") {
+  return R"({"model":"m","stream":true,)" + extra + R"("messages":[)" + messages + "]}";
+}
+
+}  // namespace
+
+TEST_CASE("link 0 holds tools and the system prompt; one link per later message",
+          "[core][prefix_chain]") {
+  const auto c = chain(body(sys + "," + u1 + "," + a1 + "," + u2, R"("tools":)" + tools + ","));
+  CHECK(c.links.size() == 4);
+  CHECK(c.identity_links == 2);  // link 0 and the first user message
+  for (const auto& l : c.links) CHECK(l.size() == 32);
+}
+
+TEST_CASE("a longer conversation extends the chain of its earlier turns", "[core][prefix_chain]") {
+  const auto t1 = chain(body(sys + "," + u1));
+  const auto t2 = chain(body(sys + "," + u1 + "," + a1 + "," + u2));
+  REQUIRE(t2.links.size() == t1.links.size() + 2);
+  CHECK(std::equal(t1.links.begin(), t1.links.end(), t2.links.begin()));
+  CHECK(content_session_id(t1, "") == content_session_id(t2, ""));
+}
+
+TEST_CASE("key order, whitespace and sampling options do not change the chain",
+          "[core][prefix_chain]") {
+  const auto a = chain(body(sys + "," + u1, R"("tools":)" + tools + ","));
+  const auto b = chain(R"({ "messages" : [ {"content":"You are a coding agent.", "role":"system"},
+      {"content":"fix the bug","role":"user"} ], "temperature": 0.2, "model": "other",
+      "tools": [{"function":{"parameters":{},"name":"read"},"type":"function"}] })");
+  CHECK(a.links == b.links);
+}
+
+TEST_CASE("what the prompt renders from changes the chain where it changes",
+          "[core][prefix_chain]") {
+  const auto base = chain(body(sys + "," + u1 + "," + a1, R"("tools":)" + tools + ","));
+  SECTION("other tools: nothing is shared") {
+    const auto c = chain(body(sys + "," + u1 + "," + a1, R"("tools":[],)"));
+    CHECK(c.links[0] != base.links[0]);
+  }
+  SECTION("template kwargs and response format belong to link 0") {
+    for (std::string extra : {R"("chat_template_kwargs":{"enable_thinking":false},)",
+                              R"("response_format":{"type":"json_object"},)"}) {
+      const auto c = chain(body(sys + "," + u1 + "," + a1, R"("tools":)" + tools + "," + extra));
+      CHECK(c.links[0] != base.links[0]);
+    }
+  }
+  SECTION("a sub-agent's other system prompt is another conversation") {
+    const auto c = chain(body(R"({"role":"system","content":"Extract memories."},)" + u1 + "," + a1,
+                              R"("tools":)" + tools + ","));
+    CHECK(c.links[0] != base.links[0]);
+    CHECK(content_session_id(c, "") != content_session_id(base, ""));
+  }
+  SECTION("another first user message: same link 0, another conversation") {
+    const auto c = chain(body(sys + R"(,{"role":"user","content":"write docs"},)" + a1,
+                              R"("tools":)" + tools + ","));
+    CHECK(c.links[0] == base.links[0]);
+    CHECK(c.links[1] != base.links[1]);
+    CHECK(content_session_id(c, "") != content_session_id(base, ""));
+  }
+  SECTION("a re-rendered last turn keeps the links before it") {
+    const auto c = chain(body(sys + "," + u1 + R"(,{"role":"assistant","content":"done."})",
+                              R"("tools":)" + tools + ","));
+    CHECK(c.links[1] == base.links[1]);
+    CHECK(c.links[2] != base.links[2]);
+  }
+}
+
+TEST_CASE("content session ids are per credential", "[core][prefix_chain]") {
+  const auto c = chain(body(sys + "," + u1));
+  const auto id = content_session_id(c, "Bearer key-a");
+  CHECK(id.starts_with("content:"));
+  CHECK(id.size() == 8 + 64);
+  CHECK(id == content_session_id(c, "Bearer key-a"));
+  CHECK(id != content_session_id(c, "Bearer key-b"));
+  CHECK(id != content_session_id(c, ""));
+  CHECK(id.find("key-a") == std::string::npos);
+}
+
+TEST_CASE("a conversation without a user message is named by all its links",
+          "[core][prefix_chain]") {
+  const auto c = chain(body(sys + "," + a1));
+  CHECK(c.identity_links == c.links.size());
+  CHECK(c.links.size() == 2);
+}
+
+TEST_CASE("the three chat routes, each its own family", "[core][prefix_chain]") {
+  const auto oa = chain(body(sys + "," + u1));
+  CHECK(chain(body(sys + "," + u1), "/chat/completions").links == oa.links);
+  CHECK(chain(body(sys + "," + u1), "/v1/chat/%63ompletions/?x=1").links == oa.links);
+
+  const auto an = chain(R"({"system":"You are a coding agent.","max_tokens":8,"messages":[)" + u1 +
+                            "]}",
+                        "/v1/messages");
+  CHECK(an.links.size() == 2);
+  CHECK(an.identity_links == 2);
+  CHECK(an.links[0] != oa.links[0]);
+
+  const auto rs = chain(R"({"instructions":"You are a coding agent.","input":"fix the bug"})",
+                        "/v1/responses");
+  CHECK(rs.links.size() == 2);
+  CHECK(rs.identity_links == 2);
+  const auto items = chain(R"({"instructions":"You are a coding agent.","input":[)" + u1 + "," +
+                               a1 + "]}",
+                           "/responses");
+  CHECK(items.links.size() == 3);
+  CHECK(items.identity_links == 2);
+}
+
+TEST_CASE("no chain without a conversation", "[core][prefix_chain]") {
+  CHECK_FALSE(prefix_chain_of("/completion", R"({"prompt":"hi"})"));
+  CHECK_FALSE(prefix_chain_of("/v1/embeddings", R"({"input":"hi"})"));
+  CHECK_FALSE(prefix_chain_of(chat, R"({"model":"m"})"));
+  CHECK_FALSE(prefix_chain_of(chat, R"({"messages":"hi"})"));
+  CHECK_FALSE(prefix_chain_of(chat, R"([1,2])"));
+  CHECK_FALSE(prefix_chain_of(chat, R"({"messages":[)"));
+  CHECK_FALSE(prefix_chain_of(chat, ""));
+  CHECK(content_session_id(prefix_chain{}, "") == "");
+}
+
+// Not a timed assertion (docs/conventions.md): prints what hashing a 60 KB agent request
+// costs, for bench/RESULTS.md.
+TEST_CASE("a 60 KB agent request is chained once per request", "[core][prefix_chain][.cost]") {
+  std::string tools_big = "[";
+  for (int i = 0; i < 10; ++i)
+    tools_big += (i ? "," : "") + std::string(R"({"type":"function","function":{"name":"t)") +
+                 std::to_string(i) + R"(","description":")" + std::string(2700, 'd') + R"("}})";
+  tools_big += "]";
+  const std::string big = body(R"({"role":"system","content":")" + std::string(23000, 's') +
+                                   R"("},{"role":"user","content":")" + std::string(10000, 'u') +
+                                   R"("})",
+                               R"("tools":)" + tools_big + ",");
+  const int n = 2000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) REQUIRE(prefix_chain_of(chat, big));
+  const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0);
+  WARN("prefix_chain_of on " << big.size() << " bytes: " << us.count() / n << " us per request");
+}
