@@ -227,6 +227,15 @@ std::string_view to_string(unmanaged_policy value) {
   return "?";
 }
 
+std::string_view to_string(sharing_scope value) {
+  switch (value) {
+    case sharing_scope::instance: return "instance";
+    case sharing_scope::credential: return "credential";
+    case sharing_scope::session: return "session";
+  }
+  return "?";
+}
+
 std::string_view to_string(snapshot_management value) {
   switch (value) {
     case snapshot_management::server_owned: return "server-owned";
@@ -253,6 +262,13 @@ std::optional<slot_mode> parse_slot_mode(std::string_view text) {
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text) {
   for (auto v : {unmanaged_policy::content, unmanaged_policy::auxiliary,
                  unmanaged_policy::passthrough}) {
+    if (text == to_string(v)) return v;
+  }
+  return std::nullopt;
+}
+
+std::optional<sharing_scope> parse_sharing_scope(std::string_view text) {
+  for (auto v : {sharing_scope::instance, sharing_scope::credential, sharing_scope::session}) {
     if (text == to_string(v)) return v;
   }
   return std::nullopt;

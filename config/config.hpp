@@ -22,6 +22,13 @@ enum class unmanaged_policy {
   passthrough,  // forwarded without touching the coordinator (the slot's owner may be overwritten)
 };
 
+// Whose snapshots may seed a session's first turns (docs/design.md §3, "Seeding").
+enum class sharing_scope {
+  instance,    // any snapshot of the same llama-server runtime
+  credential,  // only snapshots of requests with the same Authorization (X-Api-Key) value
+  session,     // none: a session restores only its own snapshot
+};
+
 // Who owns the snapshot binaries (docs/design.md §12).
 enum class snapshot_management {
   server_owned,       // only llama-server sees the files; kvpersist never deletes them
@@ -177,6 +184,7 @@ struct config {
   bool reserve_aux_slot = false;  // managed-slots: the highest slot serves auxiliary calls only
   std::string state_dir;  // empty: $XDG_STATE_HOME/kvpersist or ~/.local/state/kvpersist
   session_config sessions;
+  sharing_scope sharing = sharing_scope::instance;
   checkpoint_config checkpoint;
   restore_config restore;
   snapshot_config snapshots;
@@ -253,12 +261,14 @@ bool is_http_token(std::string_view name);
 // Names of enum values as written in YAML ("single-slot", "shared-filesystem", ...).
 std::string_view to_string(slot_mode value);
 std::string_view to_string(unmanaged_policy value);
+std::string_view to_string(sharing_scope value);
 std::string_view to_string(snapshot_management value);
 std::string_view to_string(log_format value);
 
 // Inverses of to_string(); exact, case-sensitive match. nullopt for anything else.
 std::optional<slot_mode> parse_slot_mode(std::string_view text);
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text);
+std::optional<sharing_scope> parse_sharing_scope(std::string_view text);
 std::optional<snapshot_management> parse_snapshot_management(std::string_view text);
 std::optional<log_format> parse_log_format(std::string_view text);
 

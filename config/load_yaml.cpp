@@ -320,6 +320,11 @@ config reader::read_document(const YAML::Node& root) {
         }},
       });
     }},
+    {"sharing", [&](V v, P p) {
+      c.sharing = read_enum(v, p, parse_sharing_scope,
+                            {sharing_scope::instance, sharing_scope::credential,
+                             sharing_scope::session});
+    }},
     {"checkpoint", [&](V v, P p) {
       read_section(v, p, {
         {"onSwitch", [&](V v2, P p2) { c.checkpoint.on_switch = read_bool(v2, p2); }},

@@ -75,6 +75,16 @@ std::string to_json(const manifest& m) {
   str("updatedAt", m.updated_at);
   w.Key("saveMs");
   w.Double(m.save_ms);
+  if (!m.chain.empty()) {
+    w.Key("prefixChain");
+    w.StartArray();
+    for (std::size_t i = 0; i < m.chain.size() && i < manifest::max_chain_links; ++i) {
+      const std::string hex = to_hex(m.chain[i]);
+      w.String(hex.data(), static_cast<rapidjson::SizeType>(hex.size()));
+    }
+    w.EndArray();
+  }
+  if (!m.credential.empty()) str("credential", m.credential);
   w.EndObject();
   return std::string(sb.GetString(), sb.GetSize()) + "\n";
 }
@@ -88,6 +98,23 @@ bool is_hex64(std::string_view s) {
   for (char c : s)
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   return true;
+}
+
+// The optional prefixChain: a malformed one is dropped (it only ranks seeds), never the
+// manifest; at most max_chain_links links are kept.
+void read_chain(const rapidjson::Document& d, std::vector<chain_link>& out) {
+  const auto it = d.FindMember("prefixChain");
+  if (it == d.MemberEnd() || !it->value.IsArray()) return;
+  for (const auto& v : it->value.GetArray()) {
+    if (out.size() == manifest::max_chain_links) break;
+    const auto link = v.IsString() ? parse_link({v.GetString(), v.GetStringLength()})
+                                   : std::nullopt;
+    if (!link) {
+      out.clear();
+      return;
+    }
+    out.push_back(*link);
+  }
 }
 
 }  // namespace
@@ -138,6 +165,9 @@ result<manifest> parse_manifest(std::string_view json) {
   get_str("compatibility", m.compatibility);
   if (auto it = d.FindMember("saveMs"); it != d.MemberEnd() && it->value.IsNumber())
     m.save_ms = it->value.GetDouble();
+  read_chain(d, m.chain);
+  get_str("credential", m.credential);
+  if (m.credential.size() > 64) m.credential.clear();
   return m;
 }
 

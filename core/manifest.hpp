@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "core/prefix_chain.hpp"
 #include "core/result.hpp"
 
 namespace kvp::core {
@@ -32,6 +34,11 @@ struct manifest {
   std::string created_at;                       // RFC 3339 UTC, from the caller's wall clock
   std::string updated_at;
   double save_ms = 0;
+  // The prefix chain of the saved content (core/prefix_chain.hpp), its first max_chain_links
+  // links; empty when the requests had none. What seeding ranks snapshots by.
+  std::vector<chain_link> chain;
+  static constexpr std::size_t max_chain_links = 256;
+  std::string credential;  // credential_key() of the requests that made it ("" without one)
 
   std::string snapshot_file() const;  // "<hash>.<generation>.bin"
   // The generation the next save writes: never the one this manifest points at.

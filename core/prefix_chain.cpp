@@ -109,14 +109,10 @@ class chain_builder {
     std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx_.get(), md.data(), &len);
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string hex(32, '0');
-    for (std::size_t i = 0; i < 16; ++i) {
-      hex[2 * i] = digits[md[i] >> 4];
-      hex[2 * i + 1] = digits[md[i] & 0xf];
-    }
-    chain.links.push_back(hex);
-    previous_ = std::move(hex);
+    chain_link l;
+    std::copy_n(md.begin(), l.size(), l.begin());
+    chain.links.push_back(l);
+    previous_.assign(reinterpret_cast<const char*>(l.data()), l.size());
   }
 
  private:
@@ -180,9 +176,47 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string
   return chain;
 }
 
+std::string to_hex(const chain_link& link) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string hex(2 * link.size(), '0');
+  for (std::size_t i = 0; i < link.size(); ++i) {
+    hex[2 * i] = digits[link[i] >> 4];
+    hex[2 * i + 1] = digits[link[i] & 0xf];
+  }
+  return hex;
+}
+
+std::optional<chain_link> parse_link(std::string_view hex) {
+  chain_link l{};
+  if (hex.size() != 2 * l.size()) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    l[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return l;
+}
+
+std::size_t common_links(const std::vector<chain_link>& a, const std::vector<chain_link>& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+std::string credential_key(std::string_view credential) {
+  if (credential.empty()) return {};
+  return sha256_hex(fmt::format("kvpersist-credential-v1;{}:{};", credential.size(), credential))
+      .substr(0, 32);
+}
+
 std::string content_session_id(const prefix_chain& chain, std::string_view credential) {
   if (chain.identity_links == 0 || chain.identity_links > chain.links.size()) return {};
-  const std::string& named = chain.links[chain.identity_links - 1];
+  const std::string named = to_hex(chain.links[chain.identity_links - 1]);
   return "content:" + sha256_hex(fmt::format("kvpersist-content-v1;{}:{};{}:{};",
                                              credential.size(), credential, named.size(), named));
 }

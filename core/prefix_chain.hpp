@@ -13,7 +13,9 @@
 // keys or re-indents its body still matches itself.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,8 +23,18 @@
 
 namespace kvp::core {
 
+// One link: the first 128 bits of a SHA-256.
+using chain_link = std::array<std::uint8_t, 16>;
+
+// 32 hex digits, and back (nullopt unless exactly 32 hex digits).
+std::string to_hex(const chain_link& link);
+std::optional<chain_link> parse_link(std::string_view hex);
+
+// Links two chains have in common from the start.
+std::size_t common_links(const std::vector<chain_link>& a, const std::vector<chain_link>& b);
+
 struct prefix_chain {
-  std::vector<std::string> links;  // 32 hex digits each (128 bits of SHA-256)
+  std::vector<chain_link> links;
   // Links that name the conversation: the preamble and every message up to and including
   // the first user message (all links when there is none).
   std::size_t identity_links = 0;
@@ -39,6 +51,10 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string
 // Authorization value, else X-Api-Key's; "" when none), so equal conversations of two
 // credentials stay two sessions. "content:" and 64 hex digits.
 std::string content_session_id(const prefix_chain& chain, std::string_view credential);
+
+// What identifies a credential (the Authorization value, else X-Api-Key's) in manifests and
+// in the `sharing: credential` check: 32 hex digits of a SHA-256, "" for none.
+std::string credential_key(std::string_view credential);
 
 // Whether `session_id` was made by content_session_id.
 inline bool is_content_session(std::string_view session_id) {

@@ -4,6 +4,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "core/prefix_chain.hpp"
 
 namespace kvp::core {
 
@@ -57,6 +60,10 @@ bool is_unpinnable(std::string_view target);
 struct request_identity {
   std::string session_id;
   std::string purpose;  // non-empty marks an auxiliary call (session-title, compaction, ...)
+  // Seeding (docs/design.md §3): the request's prefix chain (empty: none, or not needed)
+  // and credential_key() of its credential.
+  std::vector<chain_link> chain;
+  std::string credential;
 };
 
 }  // namespace kvp::core

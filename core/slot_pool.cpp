@@ -126,8 +126,18 @@ void slot_pool::add_manifest(manifest m) {
   auto [it, fresh] = sessions_.try_emplace(m.session_hash);
   auto& r = it->second;
   r.session_id = m.session_id;
+  if (r.credential.empty()) r.credential = m.credential;
   if (m.state == snapshot_state::ready)
     r.saved_rev = r.dirty_rev = fresh ? m.revision : rev_latest(r.dirty_rev, m.revision);
+  set_snapshot(it->first, r, std::move(m));
+}
+
+// Every change of a session's snapshot goes through here, so the chain index stays current.
+void slot_pool::set_snapshot(const std::string& hash, session_rec& r, manifest m) {
+  if (m.state == snapshot_state::ready)
+    index_.put(hash, m.chain);
+  else
+    index_.erase(hash);
   r.snapshot = std::move(m);
 }
 
@@ -282,30 +292,94 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
     return plan;
   }
 
+  // What the slot holds now counts as a candidate (docs/design.md §3); a save below marks it.
+  const std::size_t in_slot = shared_with_slot(sl, who);
   if (!sl.owner.empty() && sl.owner != sl.pending_hash) ++stats_.switches;
   if (need_save) plan.save = make_save(sl);
   if (sl.pending_aux) return plan;
 
   auto& r = rec(sl.pending_hash, who.session_id);
-  if (r.snapshot && opts_.restore_enabled && r.snapshot->state == snapshot_state::ready) {
-    if (r.snapshot->runtime_fingerprint == fingerprint_) {
-      plan.restore = restore_step{slot, sl.pending_hash, r.snapshot->snapshot_file(),
-                                  r.snapshot->tokens, r.snapshot->bytes};
-      if (!plan.save) sl.state = slot_state::restoring;
-    } else {
-      // docs/design.md §9: never restore across runtimes; mark, don't delete.
-      r.snapshot->state = snapshot_state::invalid;
-      r.snapshot->invalid_reason = std::string(to_string(errc::snapshot_incompatible));
-      r.snapshot->updated_at = std::string(wall_now);
-      ++stats_.invalidations;
-      plan.manifest_writes.push_back(*r.snapshot);
-    }
+  const auto own = own_snapshot_usable(r, plan, who, wall_now);
+  const auto seed = own && *own == unknown_overlap ? std::nullopt : best_seed(who, own.value_or(0));
+  if (seed && seed->common > in_slot) {
+    const manifest& m = *sessions_.at(seed->hash).snapshot;
+    plan.restore = restore_step{slot,    seed->hash, m.snapshot_file(), m.tokens,
+                                m.bytes, sl.pending_hash, seed->common};
+  } else if (own && (*own >= in_slot || *own == unknown_overlap)) {
+    plan.restore = restore_step{slot, sl.pending_hash, r.snapshot->snapshot_file(),
+                                r.snapshot->tokens, r.snapshot->bytes, {}, 0};
+  } else if (in_slot > 0) {
+    sl.pending_kind = prepare_kind::cold;  // no erase: llama-server reuses the common prefix
+    plan.kept_links = in_slot;
+    return plan;
   }
+  if (plan.restore && !plan.save) sl.state = slot_state::restoring;
   if (!plan.restore) {
     plan.erase = true;
     sl.pending_kind = prepare_kind::cold;
   }
   return plan;
+}
+
+// The session's own snapshot, when it may be restored: nullopt, or how many links it shares
+// with the request (unknown_overlap when either chain is unknown: then it is restored as
+// before seeding existed). One from another runtime is marked invalid here (§9).
+std::optional<std::size_t> slot_pool::own_snapshot_usable(session_rec& r, prepare_plan& plan,
+                                                          const request_identity& who,
+                                                          std::string_view wall_now) {
+  if (!r.snapshot || !opts_.restore_enabled || r.snapshot->state != snapshot_state::ready)
+    return std::nullopt;
+  if (r.snapshot->runtime_fingerprint != fingerprint_) {
+    // docs/design.md §9: never restore across runtimes; mark, don't delete.
+    r.snapshot->state = snapshot_state::invalid;
+    r.snapshot->invalid_reason = std::string(to_string(errc::snapshot_incompatible));
+    r.snapshot->updated_at = std::string(wall_now);
+    ++stats_.invalidations;
+    plan.manifest_writes.push_back(*r.snapshot);
+    return std::nullopt;
+  }
+  if (r.snapshot->chain.empty() || who.chain.empty()) return unknown_overlap;
+  return common_links(r.snapshot->chain, who.chain);
+}
+
+// Seeding needs: the scope allows it, restores are on, and the model kind reuses a prefix of
+// restored KV (a sliding-window or recurrent model judged experimental or broken by
+// `doctor --verify` reprocesses everything unless the prompt continues the snapshot exactly).
+bool slot_pool::seeding_allowed() const {
+  return opts_.seed_across_sessions && opts_.restore_enabled &&
+         compatibility_ != "experimental" && compatibility_ != "broken";
+}
+
+// Links the slot's current content shares with the request, when it is another session's,
+// known, and within the sharing scope; 0 otherwise.
+std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identity& who) const {
+  if (!seeding_allowed() || sl.pending_aux || who.chain.empty() || sl.owner.empty() ||
+      sl.owner == sl.pending_hash ||
+      (sl.state != slot_state::ready && sl.state != slot_state::dirty))
+    return 0;
+  const auto it = sessions_.find(sl.owner);
+  if (it == sessions_.end()) return 0;
+  if (opts_.seed_within_credential && it->second.credential != who.credential) return 0;
+  return common_links(it->second.chain, who.chain);
+}
+
+// Another session's ready snapshot of this runtime, within the sharing scope, sharing more
+// than `better_than` (and at least one) links with the request: the one sharing most.
+std::optional<chain_index::match> slot_pool::best_seed(const request_identity& who,
+                                                       std::size_t better_than) const {
+  if (!seeding_allowed() || who.chain.empty()) return std::nullopt;
+  const std::string own = hash_for(who.session_id);
+  return index_.longest(who.chain, std::max<std::size_t>(1, better_than + 1),
+                        [&](const std::string& h) {
+                          if (h == own) return false;
+                          const auto it = sessions_.find(h);
+                          if (it == sessions_.end() || !it->second.snapshot) return false;
+                          const manifest& m = *it->second.snapshot;
+                          return m.state == snapshot_state::ready &&
+                                 m.runtime_fingerprint == fingerprint_ &&
+                                 (!opts_.seed_within_credential ||
+                                  m.credential == who.credential);
+                        });
 }
 
 save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>& r,
@@ -361,6 +435,10 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
   m.updated_at = std::string(wall_now);
   m.save_ms = r->save_ms;
   m.compatibility = compatibility_;
+  m.chain.assign(rc.chain.begin(),
+                 rc.chain.begin() + static_cast<std::ptrdiff_t>(
+                                        std::min(rc.chain.size(), manifest::max_chain_links)));
+  m.credential = rc.credential;
   if (owned && sl->state == slot_state::saving) sl->state = slot_state::dirty;  // clean once stored
   d.ok = true;
   d.write = std::move(m);
@@ -371,7 +449,7 @@ void slot_pool::store_manifest(const manifest& m) {
   auto& r = sessions_[m.session_hash];
   if (r.session_id.empty()) r.session_id = m.session_id;
   if (m.state == snapshot_state::ready) r.saved_rev = rev_latest(r.saved_rev, m.revision);
-  r.snapshot = m;
+  set_snapshot(m.session_hash, r, m);
   for (auto& s : slots_)
     if (s.owner == m.session_hash && s.state == slot_state::dirty && !r.dirty())
       s.state = slot_state::ready;
@@ -494,7 +572,6 @@ void slot_pool::abort_prepare(int slot) {
 }
 
 prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
-  (void)who;
   if (!enabled_) return prepare_kind::none;
   slot_rec& sl = *find_slot(slot);
   const prepare_kind k = sl.pending_kind;
@@ -502,6 +579,16 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
     sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
   } else {
     sl.owner = sl.pending_hash;
+    // What the slot holds from now on. A request without a chain (a raw prompt, the admin
+    // API's restore) after a restore of the session's own snapshot: the snapshot's.
+    auto& r = sessions_[sl.owner];
+    if (!who.chain.empty())
+      r.chain = who.chain;
+    else if (k == prepare_kind::restored && r.snapshot)
+      r.chain = r.snapshot->chain;
+    else
+      r.chain.clear();
+    r.credential = who.credential;
     if (k == prepare_kind::cold || k == prepare_kind::cold_fallback) {
       ++stats_.cold_starts;
       if (find_manifest(sl.owner)) ++stats_.restore_misses;
@@ -580,6 +667,7 @@ std::optional<manifest> slot_pool::invalidate(const std::string& hash, errc reas
 }
 
 bool slot_pool::forget(const std::string& hash) {
+  index_.erase(hash);
   const bool known = sessions_.erase(hash) > 0;
   const int slot = slot_of(hash);
   if (slot >= 0) forget_slot(slot);

@@ -21,6 +21,7 @@
 
 #include "core/backend_types.hpp"
 #include "core/breaker.hpp"
+#include "core/chain_index.hpp"
 #include "core/manifest.hpp"
 #include "core/request_class.hpp"
 #include "core/result.hpp"
@@ -46,6 +47,11 @@ struct slot_pool_options {
   // Managed multi-slot mode: keep the highest slot for auxiliary calls (titles, summaries)
   // so they never evict a session (docs/design.md §6).
   bool reserve_aux_slot = false;
+  // Seeding (docs/design.md §3): a session without a usable snapshot of its own may start
+  // from another session's whose prefix chain it shares; with `seed_within_credential`, only
+  // from a session of the same credential.
+  bool seed_across_sessions = true;
+  bool seed_within_credential = false;
 };
 
 enum class slot_state { unknown, idle, saving, restoring, ready, inference, dirty };
@@ -61,11 +67,19 @@ struct save_step {
 
 struct restore_step {
   int slot = 0;
-  std::string hash;
+  std::string hash;  // whose snapshot: verified against, and invalidated if it fails
   std::string filename;
   std::uint64_t expected_tokens = 0;
   std::uint64_t expected_bytes = 0;  // n_written at save time (file size)
+  // A seed (docs/design.md §3): the hash of the session the slot is prepared for, whose
+  // request shares `common_links` prefix links with `hash`'s snapshot. "" for a session's
+  // own snapshot.
+  std::string seed_for;
+  std::size_t common_links = 0;
 };
+
+// A snapshot and a request whose overlap cannot be told (either has no prefix chain).
+inline constexpr std::size_t unknown_overlap = static_cast<std::size_t>(-1);
 
 // The management calls to run before forwarding, in this order: save, then restore or erase.
 struct prepare_plan {
@@ -73,6 +87,9 @@ struct prepare_plan {
   std::optional<save_step> save;
   std::optional<restore_step> restore;  // run only if the save (if any) is finished
   bool erase = false;                   // cold start: clear the slot
+  // A cold start that keeps the slot's content: another session's, sharing this many prefix
+  // links with the request (docs/design.md §3). 0: not kept.
+  std::size_t kept_links = 0;
   bool resident = false;                // the session already owns the slot: nothing to do
   bool fail = false;                    // strict mode: persistence cannot run, answer 503
   errc fail_code = errc::invariant;     // why, when fail
@@ -256,6 +273,8 @@ class slot_pool {
     std::uint64_t dirty_rev = 0;
     std::uint64_t saved_rev = 0;
     std::optional<manifest> snapshot;
+    std::vector<chain_link> chain;  // of its last request that ran: what its slot holds
+    std::string credential;         // credential_key() of its requests
     bool dirty() const;  // the slot holds turns the last saved snapshot lacks
   };
   struct slot_rec {
@@ -277,6 +296,15 @@ class slot_pool {
   const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);
   std::optional<save_step> make_save(slot_rec& s);
+  void set_snapshot(const std::string& hash, session_rec& r, manifest m);
+  // Seeding (docs/design.md §3).
+  bool seeding_allowed() const;
+  std::size_t shared_with_slot(const slot_rec& sl, const request_identity& who) const;
+  std::optional<chain_index::match> best_seed(const request_identity& who,
+                                              std::size_t better_than) const;
+  std::optional<std::size_t> own_snapshot_usable(session_rec& r, prepare_plan& plan,
+                                                 const request_identity& who,
+                                                 std::string_view wall_now);
   void record_backend_failure(const error& e, steady_time now);
   void record_backend_success();
 
@@ -287,6 +315,7 @@ class slot_pool {
   runtime_info runtime_;
   std::string fingerprint_;
   std::unordered_map<std::string, session_rec> sessions_;
+  chain_index index_;  // the prefix chains of ready snapshots
   std::vector<slot_rec> slots_;
   std::uint64_t use_clock_ = 0;
   core_stats stats_;

@@ -278,7 +278,13 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (done.failure) co_return fail(done.failure->code, done.failure->what);
   log_circuit_changes();
   out.kind = pool_.start_inference(who, slot);
-  if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
+  if (plan.kept_links > 0)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
+         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
+         {"links", std::to_string(plan.kept_links)},
+         {"effect", "the slot's content shares a prefix: kept, not erased"}});
+  else if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
@@ -434,7 +440,12 @@ net::awaitable<bool> coordinator::checkpoint() {
 }
 
 std::string_view to_string(restore_source s) {
-  return s == restore_source::content ? "content" : "own";
+  switch (s) {
+    case restore_source::own: return "own";
+    case restore_source::content: return "content";
+    case restore_source::seed: return "seed";
+  }
+  return "?";
 }
 
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
@@ -456,14 +467,16 @@ void coordinator::record_response(int slot, core::prepare_kind kind, response_ti
 
 // docs/design.md §9: a restore that the next response reuses less than half of did not pay
 // for itself (a prompt that diverged early, a model kind that reprocesses after a restore).
+// A seed is expected to share only a prefix: it did not pay when nothing was reused.
 void coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
   auto it = restored_on_.find(slot);
   if (it == restored_on_.end()) return;
   const std::string hash = it->second.hash;
   const std::uint64_t restored = it->second.tokens;
+  const bool seed = it->second.source == restore_source::seed;
   restored_on_.erase(it);
   last_restore_[hash] = restore_reuse{restored, cache_n};
-  if (static_cast<std::uint64_t>(cache_n) * 2 >= restored) return;
+  if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return;
   ++unpaid_restores_;
   log(log_level::info, "kv.session.restore.unpaid",
       {{"session", std::string(core::abbrev(hash))}, {"slot", std::to_string(slot)},

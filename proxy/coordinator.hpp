@@ -41,9 +41,10 @@ struct coordinator_options {
 };
 
 // What a response told about the prompt cache (timings of llama-server's final event).
-// Whose snapshot a restore loaded: a header session's own, or a content session's
-// (core/prefix_chain.hpp). Labels kvpersist_reused_prompt_tokens_total.
-enum class restore_source { own, content };
+// Whose snapshot a restore loaded: a header session's own, a content session's own
+// (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
+// §3). Labels kvpersist_reused_prompt_tokens_total.
+enum class restore_source { own, content, seed };
 std::string_view to_string(restore_source s);
 
 struct response_timings {
@@ -294,6 +295,7 @@ class coordinator {
   session_row row_with_reuse(core::slot_pool::session_view v) const;
   // The core's decision on the restore, its manifest write already done.
   net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
+  restore_source source_of(const core::restore_step& rs) const;
   struct plan_failure {
     core::errc code = core::errc::invariant;
     std::string what;
@@ -369,7 +371,7 @@ class coordinator {
   std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
   std::uint64_t unpaid_restores_ = 0;
   // Sum of cache_n on requests right after a restore, by restore_source.
-  std::array<std::uint64_t, 2> reused_tokens_{};
+  std::array<std::uint64_t, 3> reused_tokens_{};
   std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing

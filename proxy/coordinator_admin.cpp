@@ -51,7 +51,8 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   }
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
-  core::request_identity who{resolve_session(hash_or_id).session_id, ""};
+  core::request_identity who;
+  who.session_id = resolve_session(hash_or_id).session_id;
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
   auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) write_manifest(m);

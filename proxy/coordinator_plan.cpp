@@ -78,9 +78,22 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_
 }
 
 // The plan's restore, checked against the file first in shared-filesystem mode.
+// Whose snapshot a restore loads: another session's (seed), or the session's own, made by
+// header or by content.
+restore_source coordinator::source_of(const core::restore_step& rs) const {
+  if (!rs.seed_for.empty()) return restore_source::seed;
+  const auto* m = pool_.find_manifest(rs.hash);
+  return m && core::is_content_session(m->session_id) ? restore_source::content
+                                                      : restore_source::own;
+}
+
 net::awaitable<core::restore_decision> coordinator::run_restore(const core::restore_step& rs) {
-  const auto sess = std::string(core::abbrev(rs.hash));
-  log(log_level::debug, "kv.session.restore.start", {{"session", sess}, {"file", rs.filename}});
+  // A seed restores another session's snapshot (rs.hash) for rs.seed_for (docs/design.md §3).
+  const bool seed = !rs.seed_for.empty();
+  const auto sess = std::string(core::abbrev(seed ? rs.seed_for : rs.hash));
+  const auto from = std::string(core::abbrev(rs.hash));
+  log(log_level::debug, "kv.session.restore.start",
+      {{"session", sess}, {"file", rs.filename}, {"from", from}});
   core::result<core::slot_restored> r = core::error{};
   const auto size = snapshots_.shared() ? snapshots_.size(rs.filename) : std::nullopt;
   if (snapshots_.shared() && !size) {
@@ -102,16 +115,15 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   if (d.write) {
     write_manifest(*d.write);
     log(log_level::info, "kv.snapshot.invalidated",
-        {{"session", sess}, {"reason", d.write->invalid_reason}});
+        {{"session", from}, {"reason", d.write->invalid_reason}});
   }
   if (d.restored) {
-    const auto* m = pool_.find_manifest(rs.hash);
-    const auto source = m && core::is_content_session(m->session_id) ? restore_source::content
-                                                                      : restore_source::own;
-    restored_on_[rs.slot] = {rs.hash, r->n_restored, source};
+    const auto source = source_of(rs);
+    restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
-         {"source", std::string(to_string(source))},
+         {"source", std::string(to_string(source))}, {"from", from},
+         {"links", std::to_string(rs.common_links)},
          {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
          {"ms", ms_str(r->restore_ms)}});
     co_return d;

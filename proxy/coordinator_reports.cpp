@@ -54,6 +54,7 @@ void write_snapshot(json_writer& w, const core::manifest& m) {
   jstr(w, m.snapshot_file());
   core::write_json_count(w, "tokens", m.tokens);
   core::write_json_count(w, "bytes", m.bytes);
+  core::write_json_count(w, "chainLinks", m.chain.size());  // docs/design.md §3
   w.Key("compatibility");
   jstr(w, m.compatibility);
   w.Key("updatedAt");
@@ -295,8 +296,10 @@ std::string coordinator::status_json() const {
   w.Key("stats");
   w.StartObject();
   write_core_stats(w, pool_.stats());
-  core::write_json_count(w, "reusedTokens", reused_tokens_[0] + reused_tokens_[1]);
+  core::write_json_count(w, "reusedTokens",
+                         reused_tokens_[0] + reused_tokens_[1] + reused_tokens_[2]);
   core::write_json_count(w, "reusedTokensContent", reused_tokens_[1]);
+  core::write_json_count(w, "reusedTokensSeed", reused_tokens_[2]);
   core::write_json_count(w, "prefilledTokens", prefilled_tokens_);
   w.Key("prefillSecondsSaved");
   w.Double(prefill_seconds_saved_);
@@ -362,9 +365,9 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   write_save_counters(m, st);
   w.family("kvpersist_reused_prompt_tokens_total", "counter",
            "Prompt tokens llama-server reused (timings.cache_n) on requests right after a "
-           "restore, by whose snapshot it was: own (a header session) or content (a session "
-           "named by its content).");
-  for (auto source : {restore_source::own, restore_source::content})
+           "restore, by whose snapshot it was: own (a header session's), content (a content "
+           "session's own) or seed (another session's sharing a prefix).");
+  for (auto source : {restore_source::own, restore_source::content, restore_source::seed})
     w.sample("kvpersist_reused_prompt_tokens_total",
              fmt::format("{},source=\"{}\"", m.labels, to_string(source)),
              static_cast<double>(reused_tokens_[static_cast<std::size_t>(source)]));

@@ -179,6 +179,8 @@ server::server(net::io_context& ioc, config::config cfg)
     co.pool.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
     co.pool.restore_enabled = cfg_.restore.enabled;
     co.pool.verify_restore = cfg_.restore.verify;
+    co.pool.seed_across_sessions = cfg_.sharing != config::sharing_scope::session;
+    co.pool.seed_within_credential = cfg_.sharing == config::sharing_scope::credential;
     co.pool.strict = cfg_.failure.strict;
     co.pool.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
     co.pool.cooldown = cfg_.failure.cooldown;
@@ -362,15 +364,23 @@ core::request_identity server::identity_of(const http::request<http::string_body
   return id;
 }
 
-// `sessions.unmanaged: content`: a request without a session header belongs to the
-// conversation its content names, per credential (core/prefix_chain.hpp); "" when it has
-// none (raw prompts, embeddings), which makes it an auxiliary call.
-std::string server::content_session_of(const http::request<http::string_body>& req) const {
-  const auto chain = core::prefix_chain_of(req.target(), req.body());
-  if (!chain) return {};
+// What a request to a slot says about its content (docs/design.md §3): its credential and
+// prefix chain for seeding, and, under `sessions.unmanaged: content`, the session a request
+// without a session header belongs to (none when it has no conversation: raw prompts and
+// embeddings stay auxiliary). The body is parsed only when something will use the chain.
+void server::describe_content(const http::request<http::string_body>& req,
+                              core::request_identity& who) const {
+  if (!who.purpose.empty()) return;  // auxiliary: never seeds, never seeded
   std::string_view credential = req[http::field::authorization];
   if (credential.empty()) credential = req["X-Api-Key"];
-  return core::content_session_id(*chain, credential);
+  who.credential = core::credential_key(credential);
+  const bool names_session =
+      who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
+  if (!names_session && cfg_.sharing == config::sharing_scope::session) return;
+  auto chain = core::prefix_chain_of(req.target(), req.body());
+  if (!chain) return;
+  if (names_session) who.session_id = core::content_session_id(*chain, credential);
+  if (!who.session_id.empty()) who.chain = std::move(chain->links);
 }
 
 void server::prepare_upstream_request(const upstream_entry& up,
@@ -512,9 +522,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());
-  if (needs_slot && who.session_id.empty() && who.purpose.empty() &&
-      cfg_.sessions.unmanaged == config::unmanaged_policy::content)
-    who.session_id = content_session_of(req);
+  if (needs_slot) describe_content(req, who);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);

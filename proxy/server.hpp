@@ -64,7 +64,8 @@ class server {
                                http::request<http::string_body>& req,
                                std::optional<upstream_conn> pre, relay_state& st,
                                std::string* tail = nullptr);
-  std::string content_session_of(const http::request<http::string_body>& req) const;
+  void describe_content(const http::request<http::string_body>& req,
+                        core::request_identity& who) const;
   bool client_may_use(const upstream_entry& up, const http::request<http::string_body>& req) const;
   net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
                                           http::request<http::string_body>& req,

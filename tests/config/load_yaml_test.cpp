@@ -87,6 +87,7 @@ sessions:
   purposeHeader: X-Why
   stripHeaders: []
   unmanaged: passthrough
+sharing: credential
 checkpoint:
   onSwitch: false
   onShutdown: false
@@ -136,6 +137,7 @@ log:
   CHECK(cfg.sessions.purpose_header == "X-Why");
   CHECK(cfg.sessions.strip_headers.empty());
   CHECK(cfg.sessions.unmanaged == unmanaged_policy::passthrough);
+  CHECK(cfg.sharing == sharing_scope::credential);
   CHECK_FALSE(cfg.checkpoint.on_switch);
   CHECK_FALSE(cfg.checkpoint.on_shutdown);
   CHECK(cfg.checkpoint.on_turn_end);
@@ -245,7 +247,8 @@ TEST_CASE("a bad enum value lists the allowed values", "[config][load_yaml]") {
   require_error_at("mode: multi-slot\n", 1,
                    "'multi-slot' is not one of: single-slot, managed-slots");
   CHECK(contains(load_error("sessions:\n  unmanaged: drop\n").message,
-                 "auxiliary, passthrough"));
+                 "content, auxiliary, passthrough"));
+  CHECK(contains(load_error("sharing: everyone\n").message, "instance, credential, session"));
   CHECK(contains(load_error("snapshots:\n  management: s3\n").message,
                  "server-owned, shared-filesystem"));
   CHECK(contains(load_error("log:\n  format: xml\n").message, "plain, json"));
@@ -470,8 +473,12 @@ TEST_CASE("enum names round-trip", "[config]") {
   for (auto v : {slot_mode::single_slot, slot_mode::managed_slots}) {
     CHECK(parse_slot_mode(to_string(v)) == v);
   }
-  for (auto v : {unmanaged_policy::auxiliary, unmanaged_policy::passthrough}) {
+  for (auto v : {unmanaged_policy::content, unmanaged_policy::auxiliary,
+                 unmanaged_policy::passthrough}) {
     CHECK(parse_unmanaged_policy(to_string(v)) == v);
+  }
+  for (auto v : {sharing_scope::instance, sharing_scope::credential, sharing_scope::session}) {
+    CHECK(parse_sharing_scope(to_string(v)) == v);
   }
   for (auto v : {snapshot_management::server_owned, snapshot_management::shared_filesystem}) {
     CHECK(parse_snapshot_management(to_string(v)) == v);

@@ -36,14 +36,16 @@ TEST_CASE("link 0 holds tools and the system prompt; one link per later message"
   const auto c = chain(body(sys + "," + u1 + "," + a1 + "," + u2, R"("tools":)" + tools + ","));
   CHECK(c.links.size() == 4);
   CHECK(c.identity_links == 2);  // link 0 and the first user message
-  for (const auto& l : c.links) CHECK(l.size() == 32);
+  for (const auto& l : c.links) CHECK(parse_link(to_hex(l)) == l);
+  CHECK_FALSE(parse_link("00"));
+  CHECK_FALSE(parse_link(std::string(31, '0') + "g"));
 }
 
 TEST_CASE("a longer conversation extends the chain of its earlier turns", "[core][prefix_chain]") {
   const auto t1 = chain(body(sys + "," + u1));
   const auto t2 = chain(body(sys + "," + u1 + "," + a1 + "," + u2));
   REQUIRE(t2.links.size() == t1.links.size() + 2);
-  CHECK(std::equal(t1.links.begin(), t1.links.end(), t2.links.begin()));
+  CHECK(common_links(t1.links, t2.links) == t1.links.size());
   CHECK(content_session_id(t1, "") == content_session_id(t2, ""));
 }
 

@@ -43,9 +43,9 @@ slot_pool make_core(slot_pool_options o = test_options()) {
   return c;
 }
 
-request_identity session(std::string id) { return request_identity{std::move(id), ""}; }
+request_identity session(std::string id) { return request_identity{std::move(id), "", {}, ""}; }
 request_identity auxiliary(std::string id, std::string purpose) {
-  return request_identity{std::move(id), std::move(purpose)};
+  return request_identity{std::move(id), std::move(purpose), {}, ""};
 }
 
 result<slot_saved> saved(std::uint64_t tokens) {

@@ -58,9 +58,9 @@ slot_pool make_pool(int slots, bool reserve_aux = false) {
   return c;
 }
 
-request_identity session(std::string id) { return request_identity{std::move(id), ""}; }
+request_identity session(std::string id) { return request_identity{std::move(id), "", {}, ""}; }
 request_identity aux(std::string purpose = "session-title", std::string id = "") {
-  return request_identity{std::move(id), std::move(purpose)};
+  return request_identity{std::move(id), std::move(purpose), {}, ""};
 }
 
 result<slot_saved> saved(std::uint64_t tokens) { return slot_saved{tokens, 24 + tokens * 1024, 2.5}; }

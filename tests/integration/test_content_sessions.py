@@ -82,7 +82,8 @@ def test_interleaved_conversations_with_one_system_prompt(stack):
     A.first_text, B.first_text = "task A: fix the parser", "task B: write the docs"
     for c in (A, B):
         ok(c.turn(stack.port, text=c.first_text, timeout=120), "first turn")
-    assert acts(settled_calls(stack)) == ["erase", "save", "erase"]  # two cold starts
+    # A starts cold; B shares A's link 0, so A is saved and its slot content kept for B.
+    assert acts(settled_calls(stack)) == ["erase", "save"]
     for c in (A, B):
         r = ok(c.turn(stack.port, timeout=120), "return")
         assert acts(settled_calls(stack)) == ["save", "restore"]
@@ -129,8 +130,9 @@ def test_content_sessions_are_listed_and_counted(stack):
 @pytest.mark.fake_only
 def test_credentials_keep_equal_conversations_apart(stack):
     """The same conversation under two API keys is two sessions: the second is not 'resident'
-    in the first one's slot, it switches (save, then a cold start)."""
-    stack.start()
+    in the first one's slot, it switches (save, then a cold start; `sharing: credential`, so
+    nothing of the first key's is offered to the second)."""
+    stack.start({"sharing": "credential"})
     c = headerless("keys", words=60)
     ok(c.turn(stack.port, headers={"Authorization": "Bearer key-a"}), "key a")
     settled_calls(stack)

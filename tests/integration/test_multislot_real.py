@@ -199,10 +199,10 @@ def test_n_plus_one_sessions_evict_the_lru_with_one_save_each(pool_world):
 # ============================================================================ auxiliary slot
 def test_aux_call_on_the_reserved_slot_leaves_every_owned_slot_untouched(world):
     """reserveAuxSlot: sessions A and B own slots 0 and 1; a title call (X-Session-Purpose,
-    with A's session id) and a request without a session run on slot 2 with no management
-    call; A and B stay resident (no calls, >= 90% reuse), and the server's slots 0 and 1 ran
-    no task in between."""
-    proxy = world.start_proxy({"reserveAuxSlot": True})
+    with A's session id) and a request without a session (`sessions.unmanaged: auxiliary`)
+    run on slot 2 with no management call; A and B stay resident (no calls, >= 90% reuse),
+    and the server's slots 0 and 1 ran no task in between."""
+    proxy = world.start_proxy({"reserveAuxSlot": True, "sessions": {"unmanaged": "auxiliary"}})
     st = admin_json(proxy, "/kv/status")["servers"][0]
     assert [s["auxiliary"] for s in st["slots"]] == [False, False, True], st
     A, B = world.chat("auxA"), world.chat("auxB")

@@ -138,7 +138,7 @@ struct harness {
   prepare_result request(const std::string& session, std::uint64_t tokens,
                          const std::string& purpose = "", bool fresh_upstream = false) {
     auto t = acquire();
-    auto pr = run(coord->prepare(t, {session, purpose}, fresh_upstream));
+    auto pr = run(coord->prepare(t, {session, purpose, {}, ""}, fresh_upstream));
     if (pr.ok) {
       fake->run_inference(tokens);
       run(coord->finish(t, true));
@@ -183,7 +183,7 @@ kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
       co_await kvp::net::co_spawn(c->strand(), std::move(settle), kvp::net::use_awaitable);
   if (!granted) co_return;
   order->push_back(id);
-  kvp::core::request_identity who{"S" + std::to_string(id), ""};
+  kvp::core::request_identity who{"S" + std::to_string(id), "", {}, ""};
   auto prepare = c->prepare(t, who, false);
   auto pr = co_await kvp::net::co_spawn(c->strand(), std::move(prepare), kvp::net::use_awaitable);
   if (pr.ok) fake->run_inference(100 * static_cast<std::uint64_t>(id));
@@ -359,7 +359,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     auto t1 = h.acquire();
     auto t2 = h.enqueued();
     CHECK_FALSE(t2->granted);
-    auto pr = h.run(h.coord->prepare(t1, {"B", ""}, false));
+    auto pr = h.run(h.coord->prepare(t1, {"B", "", {}, ""}, false));
     CHECK_FALSE(pr.ok);
     CHECK_FALSE(pr.message.empty());
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
@@ -367,7 +367,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     CHECK(h.coord->waiting() == 0);
 
     // A is still in the slot, dirty: the next A request is resident.
-    auto pr2 = h.run(h.coord->prepare(t2, {"A", ""}, false));
+    auto pr2 = h.run(h.coord->prepare(t2, {"A", "", {}, ""}, false));
     CHECK(pr2.ok);
     CHECK(pr2.kind == prepare_kind::resident);
     h.run(h.coord->finish(t2, true));
@@ -383,7 +383,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   h.start_with_a_saved_b_dirty();
   h.fake->fail_next_restore(failure::http(400));
   auto t = h.acquire();
-  auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
+  auto pr = h.run(h.coord->prepare(t, {"A", "", {}, ""}, false));
   CHECK_FALSE(pr.ok);
   CHECK_FALSE(h.coord->busy());
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
@@ -457,7 +457,7 @@ TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordi
   CHECK(h.coord->busy());
   drive_until(h.ioc, [&] { return t->granted; });
   REQUIRE(h.run(h.coord->settle(t)));
-  auto pr = h.run(h.coord->prepare(t, {"A", ""}, false));
+  auto pr = h.run(h.coord->prepare(t, {"A", "", {}, ""}, false));
   CHECK(pr.kind == prepare_kind::resident);
   h.run(h.coord->finish(t, false));
   CHECK(h.fake->calls().size() == 2);
@@ -470,7 +470,7 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   h.start_quiet();
 
   auto t1 = h.acquire();
-  REQUIRE(h.run(h.coord->prepare(t1, {"S1", ""}, false)).ok);
+  REQUIRE(h.run(h.coord->prepare(t1, {"S1", "", {}, ""}, false)).ok);
   h.fake->run_inference(100);
 
   std::vector<int> order;
@@ -541,7 +541,7 @@ TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coor
   h.start_quiet();
   auto t1 = h.acquire();
   auto t2 = h.enqueued();
-  auto pr = h.run(h.coord->prepare(t2, {"B", ""}, false));
+  auto pr = h.run(h.coord->prepare(t2, {"B", "", {}, ""}, false));
   CHECK_FALSE(pr.ok);
   CHECK(h.fake->calls().empty());
   h.run(h.coord->finish(t2, true));  // ignored: not the holder
@@ -558,7 +558,7 @@ TEST_CASE("management calls are serialized with the lease (docs/design.md §5)",
   h.fake->delay_restore(100ms);
 
   auto t1 = h.acquire();
-  auto prep = h.spawn(h.coord->prepare(t1, {"A", ""}, false));
+  auto prep = h.spawn(h.coord->prepare(t1, {"A", "", {}, ""}, false));
   drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // save B, restore A started
   CHECK(h.fake->calls().back() == restore_call(h.file("A", 'a')));
   CHECK_FALSE(is_ready(prep));
@@ -605,7 +605,7 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
 
   SECTION("it waits for the request holding the lease") {
     auto t = h.acquire();
-    REQUIRE(h.run(h.coord->prepare(t, {"A", ""}, false)).ok);
+    REQUIRE(h.run(h.coord->prepare(t, {"A", "", {}, ""}, false)).ok);
     auto cp = h.spawn(h.coord->checkpoint());
     kvp::testing::run_for(h.ioc, 50ms);
     CHECK_FALSE(is_ready(cp));
@@ -741,7 +741,7 @@ TEST_CASE("a lease released after prepare still lets the shutdown checkpoint sav
   h.request("A", 1000);  // A dirty, never saved
   h.fake->clear_calls();
   auto t = h.acquire();
-  REQUIRE(h.run(h.coord->prepare(t, {"A", ""}, false)).kind == prepare_kind::resident);
+  REQUIRE(h.run(h.coord->prepare(t, {"A", "", {}, ""}, false)).kind == prepare_kind::resident);
   h.run(h.coord->release(t));
   CHECK_FALSE(h.coord->busy());
   CHECK(h.run(h.coord->checkpoint()));

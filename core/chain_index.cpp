@@ -1,0 +1,48 @@
+#include "core/chain_index.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvp::core {
+
+std::size_t chain_index::link_hash::operator()(const chain_link& l) const noexcept {
+  std::size_t h;  // the link is already a hash: its first bytes are as good as any
+  std::memcpy(&h, l.data(), sizeof h);
+  return h;
+}
+
+void chain_index::put(const std::string& hash, const std::vector<chain_link>& chain) {
+  erase(hash);
+  if (chain.empty()) return;
+  auto& mine = chains_[hash];
+  mine.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(
+                                                  std::min(chain.size(), max_links)));
+  for (const auto& l : mine) holders_[l].push_back(hash);
+}
+
+void chain_index::erase(const std::string& hash) {
+  const auto it = chains_.find(hash);
+  if (it == chains_.end()) return;
+  for (const auto& l : it->second) {
+    const auto h = holders_.find(l);
+    if (h == holders_.end()) continue;
+    std::erase(h->second, hash);
+    if (h->second.empty()) holders_.erase(h);
+  }
+  chains_.erase(it);
+}
+
+std::optional<chain_index::match> chain_index::longest(
+    const std::vector<chain_link>& chain, std::size_t min_common,
+    const std::function<bool(const std::string&)>& accept) const {
+  const std::size_t n = std::min(chain.size(), max_links);
+  for (std::size_t i = n; i > 0 && i >= min_common; --i) {
+    const auto it = holders_.find(chain[i - 1]);
+    if (it == holders_.end()) continue;
+    for (auto h = it->second.rbegin(); h != it->second.rend(); ++h)
+      if (accept(*h)) return match{*h, i};
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvp::core

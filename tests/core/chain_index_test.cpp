@@ -1,0 +1,118 @@
+// Tests for core/chain_index.hpp: finding the snapshot whose chain shares the longest start
+// with a request's (docs/design.md §3, "Seeding").
+#include "core/chain_index.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+
+namespace {
+
+using namespace kvp::core;
+
+// A chain whose link i is (tag of the prefix it names, i): chains built from the same tags
+// share exactly their common start, as prefix_chain_of's do.
+std::vector<chain_link> chain(std::initializer_list<int> tags) {
+  std::vector<chain_link> out;
+  std::uint32_t acc = 17;
+  for (int t : tags) {
+    acc = acc * 31 + static_cast<std::uint32_t>(t);
+    chain_link l{};
+    for (int i = 0; i < 4; ++i) l[i] = static_cast<std::uint8_t>(acc >> (8 * i));
+    l[4] = static_cast<std::uint8_t>(out.size());
+    out.push_back(l);
+  }
+  return out;
+}
+
+const auto any = [](const std::string&) { return true; };
+
+}  // namespace
+
+TEST_CASE("the longest common start wins", "[core][chain_index]") {
+  chain_index ix;
+  ix.put("A", chain({1, 2, 3, 4}));
+  ix.put("B", chain({1, 2, 9}));
+  ix.put("C", chain({5, 6}));
+  auto m = ix.longest(chain({1, 2, 3, 7, 8}), 1, any);
+  REQUIRE(m);
+  CHECK(m->hash == "A");
+  CHECK(m->common == 3);
+  m = ix.longest(chain({1, 2, 9, 9}), 1, any);
+  REQUIRE(m);
+  CHECK(m->hash == "B");
+  CHECK(m->common == 3);
+  CHECK_FALSE(ix.longest(chain({7}), 1, any));
+  CHECK_FALSE(ix.longest(chain({1, 2, 3}), 4, any));  // below the minimum
+  CHECK_FALSE(ix.longest({}, 1, any));
+}
+
+TEST_CASE("rejected candidates give way to shorter matches", "[core][chain_index]") {
+  chain_index ix;
+  ix.put("A", chain({1, 2, 3}));
+  ix.put("B", chain({1, 2}));
+  auto m = ix.longest(chain({1, 2, 3}), 1, [](const std::string& h) { return h != "A"; });
+  REQUIRE(m);
+  CHECK(m->hash == "B");
+  CHECK(m->common == 2);
+  // Equals: the one indexed last.
+  ix.put("C", chain({1, 2}));
+  CHECK(ix.longest(chain({1, 2}), 1, any)->hash == "C");
+}
+
+TEST_CASE("put replaces and erase removes a session's links", "[core][chain_index]") {
+  chain_index ix;
+  ix.put("A", chain({1, 2, 3}));
+  ix.put("A", chain({1, 4}));
+  CHECK(ix.longest(chain({1, 2, 3}), 1, any)->common == 1);
+  CHECK(ix.longest(chain({1, 4}), 1, any)->common == 2);
+  ix.erase("A");
+  CHECK_FALSE(ix.longest(chain({1, 4}), 1, any));
+  CHECK(ix.sessions() == 0);
+  ix.erase("never indexed");
+  ix.put("E", {});
+  CHECK(ix.sessions() == 0);
+}
+
+TEST_CASE("a chain keeps its first max_links links", "[core][chain_index]") {
+  std::vector<chain_link> long_chain;
+  for (std::size_t i = 0; i < chain_index::max_links + 50; ++i) {
+    chain_link l{};
+    l[0] = static_cast<std::uint8_t>(i);
+    l[1] = static_cast<std::uint8_t>(i >> 8);
+    long_chain.push_back(l);
+  }
+  chain_index ix;
+  ix.put("A", long_chain);
+  const auto m = ix.longest(long_chain, 1, any);
+  REQUIRE(m);
+  CHECK(m->common == chain_index::max_links);
+}
+
+// Not a timed assertion: prints the lookup cost with 10,000 indexed sessions of 40 links
+// that all share their first link (one harness's system prompt), for bench/RESULTS.md.
+TEST_CASE("lookups among 10,000 snapshots", "[core][chain_index][.cost]") {
+  chain_index ix;
+  auto make = [](int session, int links) {
+    std::vector<chain_link> c;
+    for (int i = 0; i < links; ++i) {
+      chain_link l{};
+      const int owner = i == 0 ? 0 : session;  // link 0 shared by all
+      for (int b = 0; b < 4; ++b) l[b] = static_cast<std::uint8_t>(owner >> (8 * b));
+      l[4] = static_cast<std::uint8_t>(i);
+      l[5] = 1;
+      c.push_back(l);
+    }
+    return c;
+  };
+  for (int s = 0; s < 10000; ++s) ix.put("session-" + std::to_string(s), make(s, 40));
+  const auto probe = make(123456, 60);  // a new session: shares link 0 only
+  const int n = 2000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) REQUIRE(ix.longest(probe, 1, any)->common == 1);
+  const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0);
+  const auto own = make(777, 41);
+  REQUIRE(ix.longest(own, 1, any)->common == 40);
+  WARN("chain_index::longest with 10000 sessions: " << us.count() / n << " us per lookup");
+}

@@ -1,0 +1,241 @@
+// Tests for seeding in core/slot_pool.hpp (docs/design.md §3): a session without a usable
+// snapshot of its own starts from the snapshot, or the slot content, that shares the most
+// prefix links with its request, within the sharing scope.
+#include "core/slot_pool.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tests/support/runtime.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace kvp::core;
+
+const steady_time t0 = steady_time{} + std::chrono::hours(24);
+constexpr std::string_view wall = "2025-06-01T12:00:00Z";
+
+// Link i of a chain built from `tags`: equal tags up to i give equal links, as
+// prefix_chain_of's chained hashes do.
+std::vector<chain_link> chain(std::initializer_list<int> tags) {
+  std::vector<chain_link> out;
+  std::uint32_t acc = 7;
+  for (int t : tags) {
+    acc = acc * 131 + static_cast<std::uint32_t>(t);
+    chain_link l{};
+    for (int i = 0; i < 4; ++i) l[i] = static_cast<std::uint8_t>(acc >> (8 * i));
+    l[4] = static_cast<std::uint8_t>(out.size());
+    out.push_back(l);
+  }
+  return out;
+}
+
+request_identity who(std::string id, std::vector<chain_link> c, std::string credential = "k1") {
+  return request_identity{std::move(id), "", std::move(c), std::move(credential)};
+}
+
+slot_pool make_pool(bool across = true, bool within_credential = false) {
+  slot_pool_options o;
+  o.instance_key = "test-instance";
+  o.idle_checkpoint = 0ms;
+  o.seed_across_sessions = across;
+  o.seed_within_credential = within_credential;
+  slot_pool p(o);
+  p.set_runtime(kvp::testing::qwen7b_runtime());
+  return p;
+}
+
+// Runs `plan`'s calls as if each succeeded (a restore reports the expected tokens), then the
+// inference; returns what the request started as.
+prepare_kind run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
+  REQUIRE_FALSE(plan.fail);
+  if (plan.save) {
+    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
+    REQUIRE(d.ok);
+    p.store_manifest(*d.write);
+  }
+  if (plan.restore)
+    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
+                         t0, wall)
+                .restored);
+  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, t0));
+  const auto kind = p.start_inference(w);
+  (void)p.end_inference(true, t0);
+  return kind;
+}
+
+prepare_kind request(slot_pool& p, const request_identity& w) {
+  return run(p, w, p.prepare(w, t0, wall));
+}
+
+// A's turn, then a checkpoint: A has a ready snapshot of `c` and still owns the slot.
+void saved(slot_pool& p, const request_identity& a) {
+  request(p, a);
+  auto s = p.checkpoint_owner(t0);
+  REQUIRE(s);
+  auto d = p.on_save(*s, slot_saved{100, 4096, 1.0}, t0, wall);
+  REQUIRE(d.ok);
+  p.store_manifest(*d.write);
+}
+
+// Another session with an unrelated prompt takes the slot (A is saved first if dirty).
+void evict(slot_pool& p) { request(p, who("other", chain({99, 98}))); }
+
+}  // namespace
+
+TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core][seeding]") {
+  auto p = make_pool();
+  const auto A = who("A", chain({1, 2, 3})), C = who("C", chain({1, 5}));
+  saved(p, A);
+  evict(p);
+  saved(p, C);
+  evict(p);
+  const auto B = who("B", chain({1, 2, 7}));
+  const auto plan = p.prepare(B, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for("A"));
+  CHECK(plan.restore->filename == p.find_manifest(p.hash_for("A"))->snapshot_file());
+  CHECK(plan.restore->seed_for == p.hash_for("B"));
+  CHECK(plan.restore->common_links == 2);
+  CHECK_FALSE(plan.erase);
+  CHECK(run(p, B, plan) == prepare_kind::restored);
+  CHECK(p.owner() == p.hash_for("B"));
+  // B's first save is its own file, with its own chain.
+  auto s = p.checkpoint_owner(t0);
+  REQUIRE(s);
+  CHECK(s->hash == p.hash_for("B"));
+  auto d = p.on_save(*s, slot_saved{120, 4096, 1.0}, t0, wall);
+  REQUIRE(d.ok);
+  CHECK(d.write->chain == B.chain);
+  CHECK(d.write->credential == "k1");
+}
+
+TEST_CASE("no seed without the first link in common", "[core][seeding]") {
+  auto p = make_pool();
+  saved(p, who("A", chain({1, 2, 3})));
+  evict(p);
+  const auto plan = p.prepare(who("B", chain({4, 2, 3})), t0, wall);
+  CHECK_FALSE(plan.restore);
+  CHECK(plan.erase);
+}
+
+TEST_CASE("a session's own snapshot wins unless another shares more", "[core][seeding]") {
+  auto p = make_pool();
+  saved(p, who("A", chain({1, 2, 3, 4})));
+  evict(p);
+  saved(p, who("B", chain({1, 2})));
+  evict(p);
+  SECTION("own shares as much: own") {
+    const auto plan = p.prepare(who("B", chain({1, 2, 8})), t0, wall);
+    REQUIRE(plan.restore);
+    CHECK(plan.restore->hash == p.hash_for("B"));
+    CHECK(plan.restore->seed_for.empty());
+  }
+  SECTION("another shares more (B was compacted into A's prefix): the other") {
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 9})), t0, wall);
+    REQUIRE(plan.restore);
+    CHECK(plan.restore->hash == p.hash_for("A"));
+    CHECK(plan.restore->common_links == 3);
+  }
+  SECTION("a request without a chain: own, as before seeding") {
+    const auto plan = p.prepare(who("B", {}), t0, wall);
+    REQUIRE(plan.restore);
+    CHECK(plan.restore->hash == p.hash_for("B"));
+  }
+}
+
+TEST_CASE("the slot's content is kept when it shares the most", "[core][seeding]") {
+  auto p = make_pool();
+  request(p, who("A", chain({1, 2, 3})));  // A owns the slot, dirty, no snapshot yet
+  const auto B = who("B", chain({1, 2, 9}));
+  const auto plan = p.prepare(B, t0, wall);
+  REQUIRE(plan.save);  // A is saved first, as on any switch
+  CHECK(plan.save->hash == p.hash_for("A"));
+  CHECK_FALSE(plan.restore);  // A's new snapshot would share as much: no reload needed
+  CHECK_FALSE(plan.erase);
+  CHECK(plan.kept_links == 2);
+  CHECK(run(p, B, plan) == prepare_kind::cold);
+  CHECK(p.owner() == p.hash_for("B"));
+}
+
+TEST_CASE("sharing: session never seeds nor keeps", "[core][seeding]") {
+  auto p = make_pool(false);
+  request(p, who("A", chain({1, 2, 3})));
+  auto plan = p.prepare(who("B", chain({1, 2, 9})), t0, wall);
+  CHECK(plan.erase);
+  CHECK(plan.kept_links == 0);
+  run(p, who("B", chain({1, 2, 9})), plan);
+  evict(p);
+  plan = p.prepare(who("C", chain({1, 2, 3})), t0, wall);
+  CHECK_FALSE(plan.restore);
+  CHECK(plan.erase);
+}
+
+TEST_CASE("sharing: credential seeds only within one credential", "[core][seeding]") {
+  auto p = make_pool(true, true);
+  saved(p, who("A", chain({1, 2, 3}), "k1"));
+  SECTION("another key: the slot is not kept either") {
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k2"), t0, wall);
+    CHECK_FALSE(plan.restore);
+    CHECK(plan.erase);
+  }
+  SECTION("the same key") {
+    evict(p);
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k1"), t0, wall);
+    REQUIRE(plan.restore);
+    CHECK(plan.restore->hash == p.hash_for("A"));
+  }
+}
+
+TEST_CASE("no seeding where a restored prefix is not reused", "[core][seeding]") {
+  // doctor --verify judged the model kind experimental (sliding window, recurrent): only a
+  // session's own snapshot, an exact continuation, is worth restoring.
+  auto p = make_pool();
+  p.set_compatibility("experimental");
+  saved(p, who("A", chain({1, 2, 3})));
+  evict(p);
+  const auto plan = p.prepare(who("B", chain({1, 2, 3, 4})), t0, wall);
+  CHECK_FALSE(plan.restore);
+  CHECK(plan.erase);
+}
+
+TEST_CASE("seeds are ready snapshots of this runtime that are still known", "[core][seeding]") {
+  auto p = make_pool();
+  saved(p, who("A", chain({1, 2, 3})));
+  evict(p);
+  const auto B = who("B", chain({1, 2, 3, 4}));
+  SECTION("invalidated") {
+    REQUIRE(p.invalidate(p.hash_for("A"), errc::snapshot_corrupt, wall));
+    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+  }
+  SECTION("forgotten (purge, retention)") {
+    REQUIRE(p.forget(p.hash_for("A")));
+    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+  }
+  SECTION("another runtime") {
+    auto rt = kvp::testing::qwen7b_runtime();
+    rt.build_info = "b7000-other";
+    p.set_runtime(rt);
+    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+  }
+}
+
+TEST_CASE("a seed that fails verification is invalidated, the requester runs cold",
+          "[core][seeding]") {
+  auto p = make_pool();
+  saved(p, who("A", chain({1, 2, 3})));
+  evict(p);
+  const auto B = who("B", chain({1, 2, 9}));
+  const auto plan = p.prepare(B, t0, wall);
+  REQUIRE(plan.restore);
+  const auto d = p.on_restore(*plan.restore, slot_restored{3, 10, 1.0}, t0, wall);
+  CHECK_FALSE(d.restored);
+  CHECK(d.need_erase);
+  REQUIRE(d.write);
+  CHECK(d.write->session_hash == p.hash_for("A"));  // the donor's snapshot, not B's
+  REQUIRE(p.on_erase(slot_erased{0}, t0));
+  CHECK(p.start_inference(B) == prepare_kind::cold_fallback);
+  CHECK(p.owner() == p.hash_for("B"));
+}
