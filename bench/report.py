@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 
-ORDER = ["overhead", "streaming", "switch", "footprint"]
+ORDER = ["overhead", "streaming", "switch", "footprint", "seed"]
 
 
 def sh(cmd: list[str]) -> str:
@@ -158,6 +158,13 @@ def headlines(results: dict) -> list[str]:
                       h["restore_ms"]["median"], h["kv_resident"]["median"]))
         if sw.get("skipped"):
             out.append("Not measured (over the time budget): %s-token prompts." % ", ".join(map(str, sw["skipped"])))
+    sd = results.get("seed", {}).get("headline", {})
+    for size in sorted((k for k in sd if k.isdigit()), key=int):
+        h = sd[size]
+        out.append("**A new session seeded from a saved prefix** (%s shared tokens): first token after %.0f ms vs "
+                   "%.1f s cold: **%.0fx** (llama-server reused %.0f%% of the prompt; the resident floor is %.0f ms)."
+                   % (size, h["seeded"]["median"], h["cold"]["median"] / 1000, h["speedup"],
+                      h["reuse_pct"]["median"], h["resident"]["median"]))
     ov = results.get("overhead", {}).get("headline", {})
     if ov.get("stub"):
         c1 = ov["stub"]["1"]

@@ -8,7 +8,7 @@
 #                                   writes to a temporary directory unless --out is given. Exits 0
 #                                   when the benchmark machinery worked (CI runs this); the numbers
 #                                   are not meant to be quoted.
-#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint
+#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed
 #                                   (repeatable; RESULTS.md is regenerated from every results/*.json)
 #   Options: --out DIR (where RESULTS.md and results/ go), --keep (keep the work directory with
 #            every log), --wait-quiet S (before each benchmark wait up to S seconds for the 1-minute
@@ -23,6 +23,8 @@
 #   switch     bench/switch.py     TTFT of a returning session: kvpersist, cold, llama-server RAM
 #                                  cache, after a restart (bench model; ci model with --quick)
 #   footprint  bench/footprint.py  RSS idle / 256 streams; callgrind instructions per request/event
+#   seed       bench/seed.py       TTFT of a new session's first turn seeded from a saved prefix vs
+#                                  cold, 4K/8K/16K shared tokens (bench model; ci model with --quick)
 #
 # Environment: LLAMA_SERVER, KVP_CACHE_DIR (see scripts/llama-server.sh), KVPERSIST_BIN (use this
 # binary instead of building build/kvpersist), TMPDIR.
@@ -52,7 +54,7 @@ while (($#)); do
   esac
   shift
 done
-all=(overhead streaming switch footprint)
+all=(overhead streaming switch footprint seed)
 ((${#only[@]})) || only=("${all[@]}")
 for n in "${only[@]}"; do
   [[ " ${all[*]} " == *" $n "* ]] || { echo "run.sh: unknown benchmark '$n' (one of: ${all[*]})" >&2; exit 2; }
@@ -186,6 +188,12 @@ for n in "${only[@]}"; do
       fi ;;
     footprint)
       run_bench footprint $((quick ? 240 : 1800)) ;;
+    seed)
+      if ((quick)); then
+        run_bench seed 240 --llama-server "$ls_bin" --model "$ci_model" --model-name ci
+      else
+        run_bench seed 2400 --llama-server "$ls_bin" --model "$bench_model" --model-name bench
+      fi ;;
   esac
 done
 

@@ -121,14 +121,16 @@ class chain_builder {
 };
 
 // Link 0: the preamble members present in the body, then the leading system messages.
-// Returns how many messages it took.
+// Returns how many messages it took; `members` counts the preamble members found.
 std::size_t feed_preamble(chain_builder& b, const layout& l, const rapidjson::Value& body,
-                          const rapidjson::Value& messages) {
+                          const rapidjson::Value& messages, std::size_t& members) {
+  members = 0;
   for (std::string_view key : l.preamble) {
     const auto it = body.FindMember(rapidjson::StringRef(key.data(), key.size()));
     if (it == body.MemberEnd()) continue;
     b.feed_text(key);
     b.feed(it->value);
+    ++members;
   }
   std::size_t taken = 0;
   if (messages.IsArray())
@@ -143,7 +145,7 @@ std::size_t feed_preamble(chain_builder& b, const layout& l, const rapidjson::Va
 
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body) {
   const layout* l = layout_of(target);
-  if (!l) return std::nullopt;
+  if (!l || body.size() > max_chained_body_bytes) return std::nullopt;
   rapidjson::Document doc;
   if (!parse_json_bounded(body, doc) || !doc.IsObject()) return std::nullopt;
   const auto list = doc.FindMember(rapidjson::StringRef(l->messages.data(), l->messages.size()));
@@ -156,8 +158,10 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string
   prefix_chain chain;
   chain_builder b(l->family);
   b.begin();
-  const std::size_t leading = feed_preamble(b, *l, doc, messages);
+  std::size_t members = 0;
+  const std::size_t leading = feed_preamble(b, *l, doc, messages, members);
   b.link(chain);
+  chain.empty_preamble = members == 0 && leading == 0;
   if (single) {
     b.begin();
     b.feed(messages);

@@ -38,12 +38,20 @@ struct prefix_chain {
   // Links that name the conversation: the preamble and every message up to and including
   // the first user message (all links when there is none).
   std::size_t identity_links = 0;
+  // No tools, options or system part: link 0 is the same for every such conversation of a
+  // route and says nothing about its content.
+  bool empty_preamble = false;
 };
+
+// Bodies larger than this are not chained: parsing one builds a document about its size, and
+// such bodies carry media more than text. 8 MiB is about 2M tokens of text. Parses run one
+// at a time per I/O thread (nothing suspends inside), so this bounds their memory too.
+inline constexpr std::size_t max_chained_body_bytes = std::size_t{8} << 20;
 
 // The chain of a POST to an inference route (`target` as the client sent it) with `body`:
 // chat completions, /v1/messages and /v1/responses. nullopt for other routes (raw prompts,
-// embeddings, rerank) and for a body that is not a JSON object with that route's message
-// list; such a request has no conversation to find.
+// embeddings, rerank), for a body over max_chained_body_bytes, and for a body that is not a
+// JSON object with that route's message list; such a request has no conversation to find.
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body);
 
 // The session id a request without a session header gets (`sessions.unmanaged: content`):

@@ -64,6 +64,8 @@ struct request_identity {
   // and credential_key() of its credential.
   std::vector<chain_link> chain;
   std::string credential;
+  // Links a candidate must share to be worth offering: 2 when link 0 is an empty preamble.
+  std::size_t min_shared_links = 1;
 };
 
 }  // namespace kvp::core

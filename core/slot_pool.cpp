@@ -360,7 +360,8 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
   const auto it = sessions_.find(sl.owner);
   if (it == sessions_.end()) return 0;
   if (opts_.seed_within_credential && it->second.credential != who.credential) return 0;
-  return common_links(it->second.chain, who.chain);
+  const std::size_t common = common_links(it->second.chain, who.chain);
+  return common >= who.min_shared_links ? common : 0;
 }
 
 // Another session's ready snapshot of this runtime, within the sharing scope, sharing more
@@ -369,7 +370,7 @@ std::optional<chain_index::match> slot_pool::best_seed(const request_identity& w
                                                        std::size_t better_than) const {
   if (!seeding_allowed() || who.chain.empty()) return std::nullopt;
   const std::string own = hash_for(who.session_id);
-  return index_.longest(who.chain, std::max<std::size_t>(1, better_than + 1),
+  return index_.longest(who.chain, std::max(who.min_shared_links, better_than + 1),
                         [&](const std::string& h) {
                           if (h == own) return false;
                           const auto it = sessions_.find(h);

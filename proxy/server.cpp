@@ -380,7 +380,9 @@ void server::describe_content(const http::request<http::string_body>& req,
   auto chain = core::prefix_chain_of(req.target(), req.body());
   if (!chain) return;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
-  if (!who.session_id.empty()) who.chain = std::move(chain->links);
+  if (who.session_id.empty()) return;
+  who.chain = std::move(chain->links);
+  who.min_shared_links = chain->empty_preamble ? 2 : 1;
 }
 
 void server::prepare_upstream_request(const upstream_entry& up,

@@ -12,6 +12,11 @@ What it does
       4. llama-server is restarted, session A returns again
                                       kvpersist notices the restart and restores
                                       A from the snapshot on disk
+      5. session B returns            kvpersist saves A and restores B
+      6. a new session C starts with A's notes and its own question
+                                      kvpersist finds the saved snapshot that
+                                      shares the longest prefix (A's) and starts
+                                      C from it instead of a cold prefill
 
     For each turn it measures the time to first token at the client and reads
     llama-server's timings (prompt_n, cache_n), then prints a table and the
@@ -484,6 +489,9 @@ def describe(turn: Turn, events: list, names: dict[str, str], with_ms: bool = Tr
             parts.append("saved %s" % who + (" (%s ms)" % f.get("ms", "?") if with_ms else ""))
         elif ev == "kv.session.save.failed":
             parts.append("save of %s FAILED" % who)
+        elif ev == "kv.session.restore.success" and f.get("source") == "seed":
+            parts.append("started %s from %s's snapshot" % (who, names.get(f.get("from", ""), "?"))
+                         + (" (%s ms)" % f.get("ms", "?") if with_ms else ""))
         elif ev == "kv.session.restore.success":
             parts.append("restored %s" % who + (" (%s ms)" % f.get("ms", "?") if with_ms else ""))
         elif ev == "kv.session.restore.failed":
@@ -537,18 +545,23 @@ def run_demo(args, work: str) -> int:
     except (OSError, ValueError, KeyError) as e:
         raise DemoError("could not measure prompt sizes with llama-server's /tokenize: %s" % e,
                         logs=[llama.log_path], tail=tail_of(llama.log_path))
-    session_ids = {"A": "demo-session-A-%d" % os.getpid(), "B": "demo-session-B-%d" % os.getpid()}
+    session_ids = {s: "demo-session-%s-%d" % (s, os.getpid()) for s in ("A", "B", "C")}
     history = {s: [{"role": "user", "content": prompts[s]}] for s in ("A", "B")}
-    followups = iter(["Thanks. Now list the three most frequent words.",
-                      "Good. Which word appears first?"])
+    history["C"] = [{"role": "user", "content": prompts["A"]},
+                    {"role": "user", "content": "A different task: which word is the longest?"}]
+    followups = {"A": iter(["Thanks. Now list the three most frequent words.",
+                            "Good. Which word appears first?"]),
+                 "B": iter(["Thanks. Which word appears last?"])}
 
     say()
-    say("Four streamed chat turns through kvpersist (X-Session-Id: A or B, ~%s-token prompts, max_tokens %d):"
-        % (fmt_n(target), MAX_TOKENS))
     plan = [(1, "A", "session A, first turn"),
             (2, "B", "session B takes the slot"),
             (3, "A", "session A returns"),
-            (4, "A", "session A returns after a llama-server restart")]
+            (4, "A", "session A returns after a llama-server restart"),
+            (5, "B", "session B returns"),
+            (6, "C", "new session C starts with A's notes")]
+    say("%d streamed chat turns through kvpersist (X-Session-Id: A, B or C, ~%s-token prompts, "
+        "max_tokens %d):" % (len(plan), fmt_n(target), MAX_TOKENS))
     turns: list[Turn] = []
     names: dict[str, str] = {}
     mark = kvp.mark()
@@ -558,9 +571,9 @@ def run_demo(args, work: str) -> int:
             say("  llama-server: stopping it and starting it again with the same --slot-save-path ...")
             llama.stop()
             llama.start()
-        print("  [%d/4] %s ..." % (step, label), end="", flush=True)
-        if step > 1 and sess == "A":
-            history["A"].append({"role": "user", "content": next(followups)})
+        print("  [%d/%d] %s ..." % (step, len(plan), label), end="", flush=True)
+        if sess in followups and any(t.session == sess for t in turns):
+            history[sess].append({"role": "user", "content": next(followups[sess])})
         try:
             turn.ttft, turn.total, timings, turn.reply = chat(kvp.port, session_ids[sess], history[sess],
                                                              preset["request_s"])
@@ -582,10 +595,10 @@ def run_demo(args, work: str) -> int:
         time.sleep(0.1)   # let the log reader catch up with kvpersist's lines
         turn.events = kvp.since(mark)
         mark = kvp.mark()
-        if step <= 2:   # learn which abbreviated session hash is which session
-            for _lvl, ev, f in turn.events:
-                if ev == "kv.session.cold" and f.get("session"):
-                    names.setdefault(f["session"], sess)
+        for _lvl, ev, f in turn.events:   # learn which abbreviated session hash is which session
+            if ev in ("kv.session.cold", "kv.session.restore.success") and f.get("session") \
+                    and f["session"] not in names and sess not in names.values():
+                names[f["session"]] = sess
         turn.did = describe(turn, turn.events, names)
         turns.append(turn)
         say(" %s; first token after %s" % (describe(turn, turn.events, names, with_ms=False), fmt_s(turn.ttft)))
@@ -642,18 +655,22 @@ def check(turns: list[Turn], target: int, names: dict[str, str]) -> list[str]:
     for t in turns:
         if t.prompt_n is None:
             continue
-        restored = any(ev == "kv.session.restore.success" and names.get(f.get("session")) == "A"
-                       for _l, ev, f in t.events)
+        restores = [f for _l, ev, f in t.events if ev == "kv.session.restore.success"]
+        restored = any(names.get(f.get("session")) == t.session and f.get("source") != "seed"
+                       for f in restores)
+        seeded = any(f.get("source") == "seed" and names.get(f.get("from")) == "A" for f in restores)
         if t.step in (1, 2) and t.cache_n and t.cache_n > t.prompt_n * 0.1:
             problems.append("turn %d: expected a cold prefill, but llama-server reused %s tokens"
                             % (t.step, fmt_n(t.cache_n)))
-        if t.step in (3, 4):
-            if not restored:
-                problems.append("turn %d: kvpersist logged no kv.session.restore.success for session A"
-                                % t.step)
-            if (t.cache_n or 0) < t.prompt_n * 0.9:
-                problems.append("turn %d: expected session A's prompt to be reused, but llama-server reused "
-                                "only %s of %s tokens" % (t.step, fmt_n(t.cache_n), fmt_n(t.prompt_n)))
+        if t.step in (3, 4, 5) and not restored:
+            problems.append("turn %d: kvpersist logged no kv.session.restore.success for session %s"
+                            % (t.step, t.session))
+        if t.step == 6 and not seeded:
+            problems.append("turn 6: kvpersist did not start session C from A's snapshot "
+                            "(no kv.session.restore.success source=seed from A)")
+        if t.step >= 3 and (t.cache_n or 0) < t.prompt_n * 0.9:
+            problems.append("turn %d: expected session %s's prompt to be reused, but llama-server reused "
+                            "only %s of %s tokens" % (t.step, t.session, fmt_n(t.cache_n), fmt_n(t.prompt_n)))
         if t.step == 4 and not any(ev == "kv.backend.restarted" for _l, ev, _f in t.events):
             problems.append("turn 4: kvpersist did not log kv.backend.restarted after llama-server restarted")
     return problems
@@ -671,14 +688,18 @@ def relevant_log_lines(path: str) -> list[str]:
 
 def conclusion(turns: list[Turn], model: str) -> str:
     cold = turns[0]
-    back, after = turns[2], turns[3]
+    back, after, new = turns[2], turns[3], turns[5]
     r1 = cold.ttft / back.ttft if back.ttft else float("inf")
     r2 = cold.ttft / after.ttft if after.ttft else float("inf")
+    r3 = cold.ttft / new.ttft if new.ttft else float("inf")
     text = ("When session A came back, its first token arrived after %s instead of %s for its cold start: "
             "%.1fx faster, because kvpersist restored %s cached tokens from a snapshot instead of "
             "llama-server recomputing them. After the llama-server restart it was still %.1fx faster "
-            "(restored from disk)." % (fmt_s(back.ttft), fmt_s(cold.ttft), r1, fmt_n(back.cache_n), r2))
-    if min(r1, r2) < 2:
+            "(restored from disk). The new session C, which started with A's notes, got its first token "
+            "after %s (%.1fx faster than cold): kvpersist started it from A's snapshot, and llama-server "
+            "reused the %s tokens they share." % (fmt_s(back.ttft), fmt_s(cold.ttft), r1, fmt_n(back.cache_n),
+                                                 r2, fmt_s(new.ttft), r3, fmt_n(new.cache_n)))
+    if min(r1, r2, r3) < 2:
         text += " (The speed-up is small here because this test model prefills quickly"
         text += "; try --model bench for a bigger one.)" if model == "ci" else ".)"
     return text

@@ -104,6 +104,15 @@ TEST_CASE("content session ids are per credential", "[core][prefix_chain]") {
   CHECK(id.find("key-a") == std::string::npos);
 }
 
+TEST_CASE("an empty preamble is flagged: its link 0 is every such conversation's",
+          "[core][prefix_chain]") {
+  const auto bare = chain(body(u1));
+  CHECK(bare.empty_preamble);
+  CHECK(chain(body(R"({"role":"user","content":"other"})")).links[0] == bare.links[0]);
+  CHECK_FALSE(chain(body(sys + "," + u1)).empty_preamble);
+  CHECK_FALSE(chain(body(u1, R"("tools":[],)")).empty_preamble);
+}
+
 TEST_CASE("a conversation without a user message is named by all its links",
           "[core][prefix_chain]") {
   const auto c = chain(body(sys + "," + a1));
@@ -142,6 +151,10 @@ TEST_CASE("no chain without a conversation", "[core][prefix_chain]") {
   CHECK_FALSE(prefix_chain_of(chat, R"([1,2])"));
   CHECK_FALSE(prefix_chain_of(chat, R"({"messages":[)"));
   CHECK_FALSE(prefix_chain_of(chat, ""));
+  // Over the size bound: not parsed at all.
+  const std::string huge = body(R"({"role":"user","content":")" +
+                                std::string(max_chained_body_bytes, 'x') + R"("})");
+  CHECK_FALSE(prefix_chain_of(chat, huge));
   CHECK(content_session_id(prefix_chain{}, "") == "");
 }
 

@@ -121,6 +121,24 @@ TEST_CASE("no seed without the first link in common", "[core][seeding]") {
   CHECK(plan.erase);
 }
 
+TEST_CASE("an empty preamble needs a message in common too", "[core][seeding]") {
+  auto p = make_pool();
+  auto bare = [](std::string id, std::vector<chain_link> c) {
+    auto w = who(std::move(id), std::move(c));
+    w.min_shared_links = 2;
+    return w;
+  };
+  request(p, bare("A", chain({0, 1})));
+  auto plan = p.prepare(bare("B", chain({0, 2})), t0, wall);
+  CHECK(plan.erase);  // the slot shares only the empty link 0: erased, not kept
+  run(p, bare("B", chain({0, 2})), plan);  // A was saved first
+  evict(p);                                // and B now
+  CHECK_FALSE(p.prepare(bare("E", chain({0, 9})), t0, wall).restore);
+  plan = p.prepare(bare("D", chain({0, 2, 5})), t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for("B"));
+}
+
 TEST_CASE("a session's own snapshot wins unless another shares more", "[core][seeding]") {
   auto p = make_pool();
   saved(p, who("A", chain({1, 2, 3, 4})));
