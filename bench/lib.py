@@ -402,6 +402,18 @@ def common_args(ap) -> None:
     ap.add_argument("--work", default=None, help="work directory for logs (default: a temp dir)")
 
 
+def prompt_size_args(ap, reps_help: str) -> None:
+    """The arguments of a benchmark that runs llama-server at several prompt sizes."""
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-name", default="bench")
+    ap.add_argument("--sizes", default=None, help="comma-separated prompt sizes in tokens")
+    ap.add_argument("--ctx", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None, help=reps_help)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=900)
+
+
 def work_dir(args, name: str) -> str:
     if args.work:
         d = os.path.join(args.work, name)

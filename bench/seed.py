@@ -105,15 +105,8 @@ def run_size(a, size: int, system: str, reps: int, work: str, out: dict) -> None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     lib.common_args(ap)
-    ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--model-name", default="bench")
-    ap.add_argument("--sizes", default=None, help="comma-separated shared prefix sizes in tokens")
-    ap.add_argument("--ctx", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=None, help="new sessions per size")
+    lib.prompt_size_args(ap, "new sessions per size")
     ap.add_argument("--cold-reps", type=int, default=None, help="cold first turns per size")
-    ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--timeout", type=float, default=900)
     a = ap.parse_args()
     lib.install_signal_handlers()
     sizes = [int(x) for x in (a.sizes or ("1024" if a.quick else "4096,8192,16384")).split(",")]

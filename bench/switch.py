@@ -265,17 +265,10 @@ def S(xs, key="ttft", scale=1.0):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     lib.common_args(ap)
-    ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--model-name", default="bench")
-    ap.add_argument("--sizes", default=None, help="comma-separated prompt sizes in tokens")
-    ap.add_argument("--ctx", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=None, help="returns per session per size")
+    lib.prompt_size_args(ap, "returns per session per size")
     ap.add_argument("--cold-reps", type=int, default=None, help="cold returns per size (besides B's first turn)")
     ap.add_argument("--restarts", type=int, default=None, choices=(1, 2),
                     help="llama-server restarts per config and size (default 2; 1 with --quick)")
-    ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip a size whose estimated run time (from the previous size's cold prefill) exceeds this")
     a = ap.parse_args()

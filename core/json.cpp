@@ -41,11 +41,10 @@ class depth_limited_handler {
 
 }  // namespace
 
-result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
-  if (text.find('\0') != std::string_view::npos)
-    return error{errc::invariant, 0, "JSON text contains a NUL byte"};
-  rapidjson::MemoryStream ms(text.data(), text.size());
-  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(ms);
+namespace {
+
+template <typename Stream>
+result<unit> parse_stream(Stream& in, rapidjson::Document& d) {
   rapidjson::Reader reader;
   rapidjson::ParseResult parsed;
   depth_limited_handler handler(d);
@@ -63,6 +62,24 @@ result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
                  fmt::format("invalid JSON at byte {}: {}", parsed.Offset(),
                              rapidjson::GetParseError_En(parsed.Code()))};
   return unit{};
+}
+
+error nul_byte() { return error{errc::invariant, 0, "JSON text contains a NUL byte"}; }
+
+}  // namespace
+
+result<unit> parse_json_bounded(std::string_view text, rapidjson::Document& d) {
+  if (text.find('\0') != std::string_view::npos) return nul_byte();
+  rapidjson::MemoryStream ms(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(ms);
+  return parse_stream(in, d);
+}
+
+result<unit> parse_json_bounded(const std::string& text, rapidjson::Document& d) {
+  // Without a NUL inside, the string ends exactly at its terminator, where StringStream stops.
+  if (text.find('\0') != std::string::npos) return nul_byte();
+  rapidjson::StringStream in(text.c_str());
+  return parse_stream(in, d);
 }
 
 std::optional<std::uint64_t> json_count(const rapidjson::Value& v) {

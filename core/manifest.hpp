@@ -37,7 +37,7 @@ struct manifest {
   // The prefix chain of the saved content (core/prefix_chain.hpp), its first max_chain_links
   // links; empty when the requests had none. What seeding ranks snapshots by.
   std::vector<chain_link> chain;
-  static constexpr std::size_t max_chain_links = 256;
+  static constexpr std::size_t max_chain_links = manifest_chain_cap;
   std::string credential;  // credential_key() of the requests that made it ("" without one)
 
   std::string snapshot_file() const;  // "<hash>.<generation>.bin"

@@ -29,15 +29,21 @@ struct layout {
                                            // rendered differently, so never shared
   std::string_view messages;               // the message list's member
   bool text_is_one_message;                // a string there is the only (user) message
+  bool raw_text;                           // a prompt string, chained in fixed-size chunks
   std::vector<std::string_view> preamble;  // members of the body that go into link 0
 };
 
 const layout* layout_of(std::string_view target) {
-  static const layout chat{
-      "chat", "messages", false, {"chat_template_kwargs", "functions", "response_format", "tools"}};
-  static const layout messages{"messages", "messages", false, {"system", "thinking", "tools"}};
-  static const layout responses{"responses", "input", true, {"instructions", "tools"}};
+  static const layout chat{"chat",
+                           "messages",
+                           false,
+                           false,
+                           {"chat_template_kwargs", "functions", "response_format", "tools"}};
+  static const layout messages{"messages", "messages", false, false, {"system", "thinking", "tools"}};
+  static const layout responses{"responses", "input", true, false, {"instructions", "tools"}};
+  static const layout raw{"prompt", "prompt", false, true, {}};
   const std::string path = routed_path(target);
+  if (path == "/completion" || path == "/completions" || path == "/v1/completions") return &raw;
   if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/api/chat")
     return &chat;
   if (path == "/v1/messages") return &messages;
@@ -141,9 +147,28 @@ std::size_t feed_preamble(chain_builder& b, const layout& l, const rapidjson::Va
   return taken;
 }
 
+// A raw prompt string: an empty link 0, then one link per raw_chunk_bytes of text (the last
+// one shorter). It names no conversation (identity_links 0): raw prompts only seed.
+std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::Value& prompt) {
+  if (!prompt.IsString()) return std::nullopt;  // token arrays, several prompts: not chained
+  const std::string_view text(prompt.GetString(), prompt.GetStringLength());
+  prefix_chain chain;
+  chain_builder b(l.family);
+  b.begin();
+  b.link(chain);
+  chain.empty_preamble = true;
+  for (std::size_t off = 0; off < text.size() && chain.links.size() < manifest_chain_cap;
+       off += raw_chunk_bytes) {
+    b.begin();
+    b.feed_text(text.substr(off, raw_chunk_bytes));
+    b.link(chain);
+  }
+  return chain;
+}
+
 }  // namespace
 
-std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body) {
+std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body) {
   const layout* l = layout_of(target);
   if (!l || body.size() > max_chained_body_bytes) return std::nullopt;
   rapidjson::Document doc;
@@ -151,6 +176,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string
   const auto list = doc.FindMember(rapidjson::StringRef(l->messages.data(), l->messages.size()));
   if (list == doc.MemberEnd()) return std::nullopt;
   const rapidjson::Value& messages = list->value;
+  if (l->raw_text) return raw_prompt_chain(*l, messages);
   // /v1/responses takes a plain string as its only user message.
   const bool single = l->text_is_one_message && messages.IsString();
   if (!messages.IsArray() && !single) return std::nullopt;

@@ -7,6 +7,8 @@
 //             developer messages; /v1/messages' `system`; /v1/responses' `instructions`)
 //   link 1..  one message (or input item) each, in order
 //
+// A raw prompt (/completion) is chained as an empty link 0 and one link per 4 KiB of its text.
+//
 // Two requests share their first k links exactly when their first k elements are equal, so
 // a chain names every prefix of a conversation. Elements are hashed as canonical JSON
 // (object members sorted by name, no insignificant whitespace), so a harness that reorders
@@ -48,11 +50,17 @@ struct prefix_chain {
 // at a time per I/O thread (nothing suspends inside), so this bounds their memory too.
 inline constexpr std::size_t max_chained_body_bytes = std::size_t{8} << 20;
 
+// A raw prompt (/completion, /completions, /v1/completions with a string `prompt`) is
+// chained in pieces of this many bytes, at most manifest_chain_cap links.
+inline constexpr std::size_t raw_chunk_bytes = 4096;
+inline constexpr std::size_t manifest_chain_cap = 256;
+
 // The chain of a POST to an inference route (`target` as the client sent it) with `body`:
-// chat completions, /v1/messages and /v1/responses. nullopt for other routes (raw prompts,
+// chat completions, /v1/messages, /v1/responses (identity_links > 0), and raw prompts
+// (identity_links 0: they name no conversation). nullopt for other routes (infill,
 // embeddings, rerank), for a body over max_chained_body_bytes, and for a body that is not a
-// JSON object with that route's message list; such a request has no conversation to find.
-std::optional<prefix_chain> prefix_chain_of(std::string_view target, std::string_view body);
+// JSON object of that route's shape.
+std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body);
 
 // The session id a request without a session header gets (`sessions.unmanaged: content`):
 // a hash of its conversation's identity links and the caller's credential (the

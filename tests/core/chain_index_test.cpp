@@ -7,24 +7,13 @@
 #include <chrono>
 #include <string>
 
+#include "tests/support/chains.hpp"
+
 namespace {
 
 using namespace kvp::core;
 
-// A chain whose link i is (tag of the prefix it names, i): chains built from the same tags
-// share exactly their common start, as prefix_chain_of's do.
-std::vector<chain_link> chain(std::initializer_list<int> tags) {
-  std::vector<chain_link> out;
-  std::uint32_t acc = 17;
-  for (int t : tags) {
-    acc = acc * 31 + static_cast<std::uint32_t>(t);
-    chain_link l{};
-    for (int i = 0; i < 4; ++i) l[i] = static_cast<std::uint8_t>(acc >> (8 * i));
-    l[4] = static_cast<std::uint8_t>(out.size());
-    out.push_back(l);
-  }
-  return out;
-}
+using kvp::testing::chain;
 
 const auto any = [](const std::string&) { return true; };
 

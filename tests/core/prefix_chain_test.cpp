@@ -13,7 +13,7 @@ using namespace kvp::core;
 
 constexpr std::string_view chat = "/v1/chat/completions";
 
-prefix_chain chain(std::string_view body, std::string_view target = chat) {
+prefix_chain chain(const std::string& body, std::string_view target = chat) {
   auto c = prefix_chain_of(target, body);
   REQUIRE(c);
   return *c;
@@ -143,8 +143,26 @@ TEST_CASE("the three chat routes, each its own family", "[core][prefix_chain]") 
   CHECK(items.identity_links == 2);
 }
 
+TEST_CASE("a raw prompt is chained in 4 KiB pieces and names no session",
+          "[core][prefix_chain]") {
+  const std::string text(2 * raw_chunk_bytes + 100, 'p');
+  auto raw = [](std::string_view target, const std::string& t) {
+    return chain("{\"prompt\":\"" + t + "\",\"n_predict\":4}", target);
+  };
+  const auto c = raw("/completion", text);
+  CHECK(c.links.size() == 1 + 3);
+  CHECK(c.identity_links == 0);
+  CHECK(c.empty_preamble);
+  CHECK(content_session_id(c, "") == "");
+  const auto longer = raw("/completion", text + std::string(raw_chunk_bytes, 'q'));
+  CHECK(common_links(c.links, longer.links) == 1 + 2);  // the full pieces
+  CHECK(raw("/v1/completions", text).links == raw("/completions", text).links);
+  CHECK(raw("/v1/completions", text).links[1] != chain(body(u1)).links[1]);
+  CHECK_FALSE(prefix_chain_of("/completion", R"({"prompt":[1,2,3]})"));
+  CHECK_FALSE(prefix_chain_of("/infill", R"({"prompt":"x","input_prefix":"a"})"));
+}
+
 TEST_CASE("no chain without a conversation", "[core][prefix_chain]") {
-  CHECK_FALSE(prefix_chain_of("/completion", R"({"prompt":"hi"})"));
   CHECK_FALSE(prefix_chain_of("/v1/embeddings", R"({"input":"hi"})"));
   CHECK_FALSE(prefix_chain_of(chat, R"({"model":"m"})"));
   CHECK_FALSE(prefix_chain_of(chat, R"({"messages":"hi"})"));

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "tests/support/chains.hpp"
+
 #include "tests/support/runtime.hpp"
 
 namespace {
@@ -17,20 +19,7 @@ using namespace kvp::core;
 const steady_time t0 = steady_time{} + std::chrono::hours(24);
 constexpr std::string_view wall = "2025-06-01T12:00:00Z";
 
-// Link i of a chain built from `tags`: equal tags up to i give equal links, as
-// prefix_chain_of's chained hashes do.
-std::vector<chain_link> chain(std::initializer_list<int> tags) {
-  std::vector<chain_link> out;
-  std::uint32_t acc = 7;
-  for (int t : tags) {
-    acc = acc * 131 + static_cast<std::uint32_t>(t);
-    chain_link l{};
-    for (int i = 0; i < 4; ++i) l[i] = static_cast<std::uint8_t>(acc >> (8 * i));
-    l[4] = static_cast<std::uint8_t>(out.size());
-    out.push_back(l);
-  }
-  return out;
-}
+using kvp::testing::chain;
 
 request_identity who(std::string id, std::vector<chain_link> c, std::string credential = "k1") {
   return request_identity{std::move(id), "", std::move(c), std::move(credential)};

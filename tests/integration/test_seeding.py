@@ -20,7 +20,7 @@ from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 from kvptest.prometheus import value
 
-SYSTEM_WORDS = 700  # the shared prefix: a long system prompt, as agent harnesses send
+SYSTEM_WORDS = 1150  # the shared prefix: a system prompt of over 4K tokens, as agent harnesses send
 REUSE = 0.9
 
 
@@ -58,6 +58,8 @@ def test_a_new_session_starts_from_a_saved_prefix(stack):
     assert acts(calls) == ["save", "restore"], calls  # the other session's save, then A's file
     assert calls[1].filename == m["snapshotFile"]
     assert reuse(r) >= REUSE, (cached_tokens(r), r.body[-300:])
+    if stack.kind == "real":
+        assert reported(r, "usage", "prompt_tokens") >= 4096, "the shared prefix should be over 4K tokens"
     ev = stack.proxy.events("kv.session.restore.success")[-1]
     assert ev.fields["source"] == "seed" and ev.fields["from"] == m["sessionHash"][:8], ev.raw
     metrics = scrape(stack.proxy)
