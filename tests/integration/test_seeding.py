@@ -47,10 +47,13 @@ def saved_then_evicted(stack, headers=None, chained=True) -> tuple[Conversation,
     return A, m
 
 
+CTX = 8192  # room for the 4K-token shared prefix and a few turns
+
+
 def test_a_new_session_starts_from_a_saved_prefix(stack):
     """The issue's header case: B's system prompt and tools equal saved A's. B's first turn
     restores A's snapshot (a seed) and reuses the shared prefix instead of prefilling it."""
-    stack.start()
+    stack.start(n_ctx=CTX)
     A, m = saved_then_evicted(stack)
     B = agent("B")
     r = ok(B.turn(stack.port, text="task B: write the docs", timeout=120), "B's first turn")
@@ -75,7 +78,7 @@ def test_a_new_session_starts_from_a_saved_prefix(stack):
 
 
 def test_a_new_session_after_a_llama_server_restart_is_seeded(stack):
-    stack.start()
+    stack.start(n_ctx=CTX)
     A, m = saved_then_evicted(stack)
     stack.upstream.restart()
     r = ok(agent("B").turn(stack.port, text="task B: after the restart", timeout=120), "B")
