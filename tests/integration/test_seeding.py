@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from admin_client import scrape
+from admin_client import idle, scrape
 from harness import Conversation, cached_tokens, manifest_for, reported, wait_until
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
@@ -63,6 +63,7 @@ def test_a_new_session_starts_from_a_saved_prefix(stack):
     assert reuse(r) >= REUSE, (cached_tokens(r), r.body[-300:])
     if stack.kind == "real":
         assert reported(r, "usage", "prompt_tokens") >= 4096, "the shared prefix should be over 4K tokens"
+    idle(stack.proxy)  # the response is recorded when the lease is released
     ev = stack.proxy.events("kv.session.restore.success")[-1]
     assert ev.fields["source"] == "seed" and ev.fields["from"] == m["sessionHash"][:8], ev.raw
     metrics = scrape(stack.proxy)
