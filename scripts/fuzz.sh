@@ -6,9 +6,7 @@
 #   --seconds N  per target (default 60; CI runs 20)
 #   --no-build   reuse build-fuzz as it is
 #   --merge      afterwards, minimize what was found into tests/fuzz/corpus/<target> (-merge=1)
-#   TARGET       request_path http_request config manifest llama_replies request_rewrite
-#                request_reader
-#                (default: all)
+#   TARGET       one of tests/fuzz/targets.cmake's KVP_FUZZ_TARGETS (default: all of them)
 # Env:   KVP_FUZZ_STRICT=1  also check the properties of known, reported bugs (they fail at once)
 #        KVP_FUZZ_JOBS      compile jobs (default: nproc)
 #
@@ -33,7 +31,9 @@ while (($#)); do
   esac
   shift
 done
-all=(request_path http_request config manifest llama_replies request_rewrite request_reader)
+# The one list of targets is tests/fuzz/targets.cmake (the build and the corpus replay use it).
+read -r -a all <<<"$(sed -n '/set(KVP_FUZZ_TARGETS/,/)/p' tests/fuzz/targets.cmake |
+                     sed -e 's/set(KVP_FUZZ_TARGETS//' -e 's/)//' | tr '\n' ' ')"
 ((${#targets[@]})) || targets=("${all[@]}")
 
 build=build-fuzz
