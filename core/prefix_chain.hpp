@@ -43,6 +43,8 @@ struct prefix_chain {
   // No tools, options or system part: link 0 is the same for every such conversation of a
   // route and says nothing about its content.
   bool empty_preamble = false;
+  // Links another request's chain must share with this one to say anything about content.
+  std::size_t min_shared_links() const { return empty_preamble ? 2 : 1; }
 };
 
 // Bodies larger than this are not chained: parsing one builds a document about its size, and

@@ -371,18 +371,19 @@ core::request_identity server::identity_of(const http::request<http::string_body
 void server::describe_content(const http::request<http::string_body>& req,
                               core::request_identity& who) const {
   if (!who.purpose.empty()) return;  // auxiliary: never seeds, never seeded
+  const bool names_session =
+      who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
+  if (who.session_id.empty() && !names_session) return;  // auxiliary or passthrough
   std::string_view credential = req[http::field::authorization];
   if (credential.empty()) credential = req["X-Api-Key"];
   who.credential = core::credential_key(credential);
-  const bool names_session =
-      who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
   if (!names_session && cfg_.sharing == config::sharing_scope::session) return;
   auto chain = core::prefix_chain_of(req.target(), req.body());
   if (!chain) return;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
   if (who.session_id.empty()) return;
   who.chain = std::move(chain->links);
-  who.min_shared_links = chain->empty_preamble ? 2 : 1;
+  who.min_shared_links = chain->min_shared_links();
 }
 
 void server::prepare_upstream_request(const upstream_entry& up,
