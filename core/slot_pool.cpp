@@ -300,7 +300,9 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
 
   auto& r = rec(sl.pending_hash, who.session_id);
   const auto own = own_snapshot_usable(r, plan, who, wall_now);
-  const auto seed = own && *own == unknown_overlap ? std::nullopt : best_seed(who, own.value_or(0));
+  const auto seed = own && *own == unknown_overlap
+                        ? std::nullopt
+                        : best_seed(who, sl.pending_hash, own.value_or(0));
   if (seed && seed->common > in_slot) {
     const manifest& m = *sessions_.at(seed->hash).snapshot;
     plan.restore = restore_step{slot,    seed->hash, m.snapshot_file(), m.tokens,
@@ -367,9 +369,9 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
 // Another session's ready snapshot of this runtime, within the sharing scope, sharing more
 // than `better_than` (and at least one) links with the request: the one sharing most.
 std::optional<chain_index::match> slot_pool::best_seed(const request_identity& who,
+                                                       const std::string& own,
                                                        std::size_t better_than) const {
   if (!seeding_allowed() || who.chain.empty()) return std::nullopt;
-  const std::string own = hash_for(who.session_id);
   return index_.longest(who.chain, std::max(who.min_shared_links, better_than + 1),
                         [&](const std::string& h) {
                           if (h == own) return false;

@@ -301,6 +301,7 @@ class slot_pool {
   bool seeding_allowed() const;
   std::size_t shared_with_slot(const slot_rec& sl, const request_identity& who) const;
   std::optional<chain_index::match> best_seed(const request_identity& who,
+                                              const std::string& own,
                                               std::size_t better_than) const;
   std::optional<std::size_t> own_snapshot_usable(session_rec& r, prepare_plan& plan,
                                                  const request_identity& who,

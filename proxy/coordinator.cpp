@@ -452,9 +452,7 @@ void coordinator::record_response(int slot, core::prepare_kind kind, response_ti
   if (t.cache_n < 0) return;
   if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
-    const auto it = restored_on_.find(slot);
-    const auto source = it == restored_on_.end() ? restore_source::own : it->second.source;
-    note_restore_reuse(slot, t.cache_n);
+    const auto source = note_restore_reuse(slot, t.cache_n);
     reused_tokens_[static_cast<std::size_t>(source)] += static_cast<std::uint64_t>(t.cache_n);
     if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
   } else if ((kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback) &&
@@ -468,20 +466,21 @@ void coordinator::record_response(int slot, core::prepare_kind kind, response_ti
 // docs/design.md §9: a restore that the next response reuses less than half of did not pay
 // for itself (a prompt that diverged early, a model kind that reprocesses after a restore).
 // A seed is expected to share only a prefix: it did not pay when nothing was reused.
-void coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
+// Returns whose snapshot the slot's last restore loaded.
+restore_source coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
   auto it = restored_on_.find(slot);
-  if (it == restored_on_.end()) return;
-  const std::string hash = it->second.hash;
-  const std::uint64_t restored = it->second.tokens;
-  const bool seed = it->second.source == restore_source::seed;
+  if (it == restored_on_.end()) return restore_source::own;
+  const auto [hash, restored, source] = std::move(it->second);
   restored_on_.erase(it);
   last_restore_[hash] = restore_reuse{restored, cache_n};
-  if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return;
+  const bool seed = source == restore_source::seed;
+  if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return source;
   ++unpaid_restores_;
   log(log_level::info, "kv.session.restore.unpaid",
       {{"session", std::string(core::abbrev(hash))}, {"slot", std::to_string(slot)},
        {"restored", std::to_string(restored)}, {"reused", std::to_string(cache_n)},
        {"effect", "the prompt was reprocessed after the restore"}});
+  return source;
 }
 
 }  // namespace kvp::proxy

@@ -291,7 +291,7 @@ class coordinator {
   void note_sleeping(bool sleeping);
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  void note_restore_reuse(int slot, std::int64_t cache_n);
+  restore_source note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::slot_pool::session_view v) const;
   // The core's decision on the restore, its manifest write already done.
   net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
