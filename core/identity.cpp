@@ -8,17 +8,21 @@
 
 namespace kvp::core {
 
+std::string hex_bytes(const unsigned char* data, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(n * 2, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[data[i] >> 4];
+    out[2 * i + 1] = digits[data[i] & 0xf];
+  }
+  return out;
+}
+
 std::string sha256_hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
   unsigned int len = 0;
   EVP_Digest(data.data(), data.size(), md.data(), &len, EVP_sha256(), nullptr);
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out(len * 2, '0');
-  for (unsigned int i = 0; i < len; ++i) {
-    out[2 * i] = digits[md[i] >> 4];
-    out[2 * i + 1] = digits[md[i] & 0xf];
-  }
-  return out;
+  return hex_bytes(md.data(), len);
 }
 
 // Fields are length-prefixed so that no choice of values can collide with another.

@@ -2,6 +2,7 @@
 // Filenames are hex SHA-256 digests, never raw session ids (docs/design.md §3, invariant 9).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -10,6 +11,8 @@ namespace kvp::core {
 
 // Lower-case hex SHA-256 of `data`.
 std::string sha256_hex(std::string_view data);
+// Lowercase hex of `n` bytes.
+std::string hex_bytes(const unsigned char* data, std::size_t n);
 
 // The most slots kvpersist manages on one server; /props reporting more is refused.
 inline constexpr std::int64_t max_total_slots = 1024;

@@ -206,15 +206,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   return chain;
 }
 
-std::string to_hex(const chain_link& link) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string hex(2 * link.size(), '0');
-  for (std::size_t i = 0; i < link.size(); ++i) {
-    hex[2 * i] = digits[link[i] >> 4];
-    hex[2 * i + 1] = digits[link[i] & 0xf];
-  }
-  return hex;
-}
+std::string to_hex(const chain_link& link) { return hex_bytes(link.data(), link.size()); }
 
 std::optional<chain_link> parse_link(std::string_view hex) {
   chain_link l{};
