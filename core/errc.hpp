@@ -26,6 +26,7 @@ enum class errc {
   listen_failed,          // a listen address that does not parse, or cannot be bound
   slot_not_found,         // the slot does not exist on the server (an id it would wrap)
   slot_state_invalid,     // the server cannot tell what its slots hold (no slot list)
+  file_io_timeout,        // a file operation exceeded failure.fileTimeoutMs (a stuck filesystem)
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -49,6 +50,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::listen_failed: return "KV_LISTEN_FAILED";
     case errc::slot_not_found: return "KV_SLOT_NOT_FOUND";
     case errc::slot_state_invalid: return "KV_SLOT_STATE_INVALID";
+    case errc::file_io_timeout: return "KV_FILE_IO_TIMEOUT";
   }
   return "KV_INVARIANT";
 }
