@@ -317,6 +317,7 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
   }
 
   if (auto p = check_ms("checkpoint.idleMs", cfg.checkpoint.idle, false)) return p;
+  if (auto p = check_ms("checkpoint.earlyMs", cfg.checkpoint.early, false)) return p;
   if (cfg.snapshots.management == snapshot_management::shared_filesystem &&
       cfg.snapshots.path.empty()) {
     return problem("snapshots.management",
@@ -331,6 +332,7 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
   if (auto p = check_ms("failure.managementTimeoutMs", cfg.failure.management_timeout, true)) {
     return p;
   }
+  if (auto p = check_ms("failure.fileTimeoutMs", cfg.failure.file_timeout, true)) return p;
   if (cfg.queue.max_waiting < 1) return problem("queue.maxWaiting", "must be >= 1 (got 0)");
   if (auto p = check_ms("queue.timeoutMs", cfg.queue.timeout, false)) return p;
   if (cfg.limits.max_header_bytes < 1024) {

@@ -74,6 +74,8 @@ struct checkpoint_config {
   bool on_turn_end = false;     // save after a reply that hands the conversation to the user
   bool on_step_end = false;     // save after every model call (each tool-loop step)
   milliseconds idle{30'000};    // save a dirty owner after this much idle time; 0 = off
+  // after a turn end, save once idle this long (at least twice the last save); 0 = off
+  milliseconds early{0};
 
   bool operator==(const checkpoint_config&) const = default;
 };
@@ -97,6 +99,7 @@ struct failure_config {
   int max_consecutive_failures = 3;
   milliseconds cooldown{60'000};
   milliseconds management_timeout{15'000};  // save/restore/erase/probe, independent of inference
+  milliseconds file_timeout{30'000};  // each of kvpersist's own file operations (fsync, manifest)
 
   bool operator==(const failure_config&) const = default;
 };

@@ -332,6 +332,7 @@ config reader::read_document(const YAML::Node& root) {
         {"onTurnEnd", [&](V v2, P p2) { c.checkpoint.on_turn_end = read_bool(v2, p2); }},
         {"onStepEnd", [&](V v2, P p2) { c.checkpoint.on_step_end = read_bool(v2, p2); }},
         {"idleMs", [&](V v2, P p2) { c.checkpoint.idle = read_ms(v2, p2); }},
+        {"earlyMs", [&](V v2, P p2) { c.checkpoint.early = read_ms(v2, p2); }},
       });
     }},
     {"restore", [&](V v, P p) {
@@ -358,6 +359,7 @@ config reader::read_document(const YAML::Node& root) {
         {"cooldownMs", [&](V v2, P p2) { c.failure.cooldown = read_ms(v2, p2); }},
         {"managementTimeoutMs",
          [&](V v2, P p2) { c.failure.management_timeout = read_ms(v2, p2); }},
+        {"fileTimeoutMs", [&](V v2, P p2) { c.failure.file_timeout = read_ms(v2, p2); }},
       });
     }},
     {"queue", [&](V v, P p) {

@@ -207,7 +207,8 @@ std::optional<save_step> slot_pool::make_save(slot_rec& s) {
 // A 4xx on restore is the snapshot's fault and is handled by invalidating it.
 void slot_pool::record_backend_failure(const error& e, steady_time now) {
   if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
-      e.code == errc::operation_timeout || e.http_status >= 500) {
+      e.code == errc::operation_timeout || e.code == errc::file_io_timeout ||
+      e.http_status >= 500) {
     if (breaker_.on_failure(now)) circuit_changes_.push_back({true, e.code});
   }
 }
@@ -448,6 +449,12 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
   return d;
 }
 
+void slot_pool::on_commit_failed(const error& e, steady_time now) {
+  ++stats_.save_failures;
+  --stats_.saves;  // counted by on_save, which preceded this
+  record_backend_failure(e, now);
+}
+
 void slot_pool::store_manifest(const manifest& m) {
   auto& r = sessions_[m.session_hash];
   if (r.session_id.empty()) r.session_id = m.session_id;
@@ -620,13 +627,27 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   const bool dirty = r.dirty();
   sl.state = dirty ? slot_state::dirty : slot_state::ready;
   if (!dirty) return std::nullopt;
-  if (opts_.idle_checkpoint.count() > 0) {
-    sl.idle_deadline = now + opts_.idle_checkpoint;
+  const auto idle_for = idle_before_checkpoint(r, turn_end);
+  if (idle_for.count() > 0) {
+    sl.idle_deadline = now + idle_for;
     sl.idle_rev = r.dirty_rev;
   }
   const bool save_now = opts_.save_on_step_end || (opts_.save_on_turn_end && turn_end);
   if (save_now && breaker_.allow(now)) return make_save(sl);
   return std::nullopt;
+}
+
+// How long a dirty slot waits before its idle checkpoint: the early checkpoint's delay after
+// a turn end (at least twice the session's last save, so a user who answers quickly rarely
+// finds the save in progress), else checkpoint.idleMs. 0: none.
+std::chrono::milliseconds slot_pool::idle_before_checkpoint(const session_rec& r,
+                                                            bool turn_end) const {
+  using std::chrono::milliseconds;
+  if (!turn_end || opts_.early_checkpoint.count() == 0) return opts_.idle_checkpoint;
+  const auto last_save = milliseconds(r.snapshot ? static_cast<std::int64_t>(r.snapshot->save_ms) : 0);
+  auto wait = std::max(opts_.early_checkpoint, 2 * last_save);
+  if (opts_.idle_checkpoint.count() > 0) wait = std::min(wait, opts_.idle_checkpoint);
+  return wait;
 }
 
 std::optional<steady_time> slot_pool::idle_deadline() const {

@@ -39,6 +39,10 @@ struct slot_pool_options {
   bool save_on_turn_end = false;   // after a reply that hands the conversation to the user
   bool save_on_step_end = false;   // after every model call
   std::chrono::milliseconds idle_checkpoint{30'000};  // 0: off
+  // Early checkpoint (docs/design.md §10): after a reply that ends the user's turn, save once
+  // the slot has been idle this long, or twice the session's last save time if that is
+  // longer, so that the next switch is a restore only. 0: off.
+  std::chrono::milliseconds early_checkpoint{0};
   bool restore_enabled = true;
   bool verify_restore = true;
   bool strict = false;
@@ -182,6 +186,13 @@ class slot_pool {
 
   // A manifest was durably written (or an invalidation decided): make it current.
   void store_manifest(const manifest& m);
+  // The second half of a successful on_save failed: the snapshot file could not be made
+  // durable or the manifest could not be written, so the save is no checkpoint (the session
+  // stays dirty where it still owns its slot, and its previous manifest stays current).
+  void on_commit_failed(const error& e, steady_time now);
+  // One of kvpersist's own file operations failed. A timeout (a stuck filesystem) counts
+  // towards the breaker like a management call that timed out; other errors do not.
+  void on_file_failure(const error& e, steady_time now) { record_backend_failure(e, now); }
 
   // REQUIRES: lease of `slot` held. The prepared request is about to be forwarded.
   // Returns what kind of preparation it got (for logs and metrics).
@@ -296,6 +307,7 @@ class slot_pool {
   const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);
   std::optional<save_step> make_save(slot_rec& s);
+  std::chrono::milliseconds idle_before_checkpoint(const session_rec& r, bool turn_end) const;
   void set_snapshot(const std::string& hash, session_rec& r, manifest m);
   // Seeding (docs/design.md §3).
   bool seeding_allowed() const;

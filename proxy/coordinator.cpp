@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -34,29 +36,54 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       probe_timer_(strand_),
       gc_timer_(strand_) {}
 
-net::awaitable<void> coordinator::start() {
-  if (auto r = store_.open(); !r) {
+// What start reads from the state directory, on the file pool.
+struct loaded_state {
+  std::optional<core::error> unavailable;  // the sessions directory cannot be used
+  std::vector<core::manifest> manifests;
+  std::vector<std::string> skipped;
+  std::optional<std::string> snapshot_dir_problem;  // strerror of access(2), shared mode
+};
+
+net::awaitable<void> coordinator::load_state() {
+  const auto store = store_;
+  const auto snapshot_dir = opts_.snapshot_dir;
+  std::function<core::result<loaded_state>()> work = [store, snapshot_dir] {
+    loaded_state st;
+    auto mutable_store = store;
+    if (auto r = mutable_store.open(); !r) st.unavailable = r.err();
+    else st.manifests = store.load_all(st.skipped);
+    if (!snapshot_dir.empty() && ::access(snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0)
+      st.snapshot_dir_problem = std::strerror(errno);
+    return core::result<loaded_state>(std::move(st));
+  };
+  auto loaded = co_await on_file_pool<loaded_state>("reading the state directory", std::move(work));
+  if (!loaded || loaded->unavailable) {
     log(log_level::warn, "kv.state.unavailable",
-        {{"reason", r.err().message}, {"effect", "persistence off"}});
+        {{"reason", loaded ? loaded->unavailable->message : loaded.err().message},
+         {"effect", "persistence off"}});
   } else {
-    std::vector<std::string> skipped;
-    auto all = store_.load_all(skipped);
-    for (auto& s : skipped)
+    for (auto& s : loaded->skipped)
       log(log_level::warn, "kv.manifest.skipped",
           {{"file", s}, {"code", std::string(core::to_string(core::errc::manifest_invalid))}});
-    for (auto& m : all) pool_.add_manifest(std::move(m));
+    const auto count = loaded->manifests.size();
+    for (auto& m : loaded->manifests) pool_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
-        {{"dir", store_.dir()}, {"manifests", std::to_string(all.size())}});
-    enforce_session_budget();
+        {{"dir", store_.dir()}, {"manifests", std::to_string(count)}});
+    co_await enforce_session_budget();
   }
-  if (!opts_.snapshot_dir.empty() && ::access(opts_.snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0) {
+  if (loaded && loaded->snapshot_dir_problem) {
     // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
     log(log_level::warn, "kv.snapshots.dir_unusable",
-        {{"dir", opts_.snapshot_dir}, {"reason", std::strerror(errno)},
+        {{"dir", opts_.snapshot_dir}, {"reason", *loaded->snapshot_dir_problem},
          {"effect", "saves fail and sessions start cold until snapshots.path is llama-server's "
                     "--slot-save-path, readable and writable by kvpersist"}});
   }
+}
+
+net::awaitable<void> coordinator::start() {
+  co_await load_state();
   auto p = co_await backend_->probe();
+  co_await reload_compatibility();
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
@@ -250,14 +277,27 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     // resident path.
     const auto h = pool_.hash_for(who.session_id);
     if (pool_.slot_of(h) < 0) {
-      if (auto m = store_.read(h)) pool_.add_manifest(std::move(*m));
+      // Its own commit may still be in flight (it left this or another slot moments ago).
+      const auto committed = co_await wait_commit(h);
+      (void)committed;
+      auto m = co_await read_manifest(h);
+      if (m) pool_.add_manifest(std::move(*m));
     }
+  }
+  const bool session = !who.session_id.empty() && who.purpose.empty();
+  if (const auto owner = pool_.owner(slot);
+      !owner.empty() && (!session || owner != pool_.hash_for(who.session_id))) {
+    // Another session's slot, just checkpointed (idle or early): once that commit lands its
+    // owner is clean and needs no second save. The owner itself never waits for it.
+    const auto committed = co_await wait_commit(owner);
+    (void)committed;
   }
   const std::string before = pool_.owner(slot);
   auto plan = pool_.prepare(who, slot, now, wall_now());
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
-    write_manifest(m);
+    const bool written = co_await write_manifest(m);
+    (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
   }
@@ -295,8 +335,12 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
                                          bool turn_end) {
   if (!holds(t) || t->slot < 0) co_return;
   if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
-  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end))
-    co_await run_save(*s);
+  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
+    // The commit goes on after the lease is released: the session's next request needs
+    // only the snapshot written, not the manifest (docs/design.md §11).
+    const auto saved = co_await start_save(*s);
+    (void)saved;
+  }
   release_and_wake(t);
 }
 
@@ -394,7 +438,9 @@ net::awaitable<void> coordinator::idle_loop() {
       leased_[id] = self;
       log(log_level::debug, "kv.checkpoint.idle",
           {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
-      co_await run_save(*s);
+      // Only llama-server's write holds the slot; the commit runs after the release.
+      const auto saved = co_await start_save(*s);
+      (void)saved;
       log_circuit_changes();
       std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
       pump();
@@ -423,6 +469,8 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
     auto [ec] = co_await t->wakeup.async_wait(token);
     (void)ec;
   }
+  // Flush, shutdown, admin and gc see every save's manifest on disk.
+  co_await wait_all_commits();
   co_return t;
 }
 

@@ -19,6 +19,7 @@
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
+#include "proxy/file_io.hpp"
 #include "proxy/manifest_store.hpp"
 #include "proxy/snapshot_files.hpp"
 
@@ -38,6 +39,7 @@ struct coordinator_options {
   std::size_t retention_max_sessions = 0;
   int retention_max_age_days = 0;
   std::chrono::milliseconds retention_interval{0};
+  std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
 };
 
 // What a response told about the prompt cache (timings of llama-server's final event).
@@ -201,7 +203,10 @@ class coordinator {
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false);
   // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
-  bool watches_turn_end() const { return opts_.pool.save_on_turn_end && !opts_.pool.save_on_step_end; }
+  bool watches_turn_end() const {
+    return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
+           !opts_.pool.save_on_step_end;
+  }
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
   // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
   // task, so that finish_exclusive can tell which slot the server used and forget only its
@@ -306,10 +311,29 @@ class coordinator {
   };
   net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
   net::awaitable<std::optional<core::errc>> run_erase(int slot);
-  // The error, with its code, when the snapshot did not become the session's checkpoint.
-  net::awaitable<core::result<core::unit>> run_save(const core::save_step& s);
+  // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
+  // the snapshot file; when that succeeds it starts the commit (the file made durable, then
+  // the manifest pointing at it), which runs on the file pool while the slot serves its next
+  // session. wait_commit awaits a session's commit in flight; run_save is both, awaited.
+  // Each returns the error, with its code, when the snapshot did not become the session's
+  // checkpoint.
+  struct pending_commit;
+  using commit_handle = std::shared_ptr<pending_commit>;
+  net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
+  net::awaitable<core::result<core::unit>> await_commit(commit_handle pc);
+  net::awaitable<core::result<core::unit>> wait_commit(std::string hash);
+  net::awaitable<core::result<core::unit>> run_save(core::save_step s);
+  net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
+                                   std::shared_ptr<pending_commit> pc);
+  net::awaitable<void> wait_all_commits();
   // Stores the manifest durably and makes it current; false (logged) if the write failed.
-  bool write_manifest(const core::manifest& m);
+  net::awaitable<bool> write_manifest(core::manifest m);
+  // Runs a file operation on the file pool; a timeout is reported to the breaker.
+  template <class T>
+  net::awaitable<core::result<T>> on_file_pool(std::string_view what,
+                                               std::function<core::result<T>()> work);
+  // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
+  net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
   net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
   struct session_ref {
@@ -320,9 +344,18 @@ class coordinator {
   // anything else is a harness's session id.
   session_ref resolve_session(const std::string& hash_or_id) const;
   net::awaitable<void> gc_loop();
-  gc_report run_gc();
-  void enforce_session_budget();
-  std::uint64_t forget_session(const core::retention_eviction& e);
+  net::awaitable<gc_report> run_gc();
+  net::awaitable<void> enforce_session_budget();
+  // Forgets an evicted session and deletes its files; the bytes freed. A session whose
+  // commit is in flight is kept for the next run.
+  net::awaitable<std::uint64_t> forget_session(core::retention_eviction e);
+  // Forgets the session and deletes its manifest and, in shared-filesystem mode, its snapshot
+  // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
+  net::awaitable<std::uint64_t> drop_session(std::string hash);
+  net::awaitable<void> load_state();
+  // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
+  // before a probe is applied.
+  net::awaitable<void> reload_compatibility();
 
   net::strand<net::io_context::executor_type> strand_;
   std::unique_ptr<backends::kv_backend> backend_;
@@ -330,6 +363,16 @@ class coordinator {
   coordinator_options opts_;
   core::slot_pool pool_;
   snapshot_files snapshots_{opts_.snapshot_dir};
+  file_io files_{2, 64, opts_.file_timeout};
+  // A save's commit in flight, by session hash: its snapshot is written, not yet durable and
+  // named by the manifest. Planning for that session, or its slot, waits for it.
+  struct pending_commit {
+    explicit pending_commit(net::any_io_executor ex) : settled(std::move(ex)) {}
+    steady_timer settled;  // cancelled when the commit is done
+    bool done = false;
+    core::result<core::unit> outcome = core::unit{};
+  };
+  std::map<std::string, std::shared_ptr<pending_commit>> commits_;
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
@@ -347,6 +390,7 @@ class coordinator {
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
   bool server_sleeping_ = false;   // /props said is_sleeping
+  manifest_store::compatibility_record compatibility_;  // as last read
   std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
   std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
   std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for

@@ -55,7 +55,10 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   who.session_id = resolve_session(hash_or_id).session_id;
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
   auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
-  for (const auto& m : plan.manifest_writes) write_manifest(m);
+  for (const auto& m : plan.manifest_writes) {
+    const bool written = co_await write_manifest(m);
+    (void)written;  // logged
+  }
   admin_outcome out = admin_outcome{admin_result::resident};
   if (plan.fail) {
     pool_.abort_prepare(slot);
@@ -82,7 +85,9 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
   if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
-    write_manifest(*m);
+    const auto invalid = *m;
+    const bool written = co_await write_manifest(invalid);
+    (void)written;  // logged
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
     out.result = admin_result::invalidated;
@@ -115,13 +120,10 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
 }
 
 net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
-  auto t = co_await acquire_internal();
+  auto t = co_await acquire_internal();  // every commit has landed: none can bring it back
   const auto hash = resolve_session(hash_or_id).hash;
-  const bool known = pool_.forget(hash);
-  last_restore_.erase(hash);
-  if (auto r = store_.remove(hash); !r)
-    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  const std::uint64_t freed = snapshots_.remove(hash);
+  const bool known = pool_.session(hash).has_value();
+  const auto freed = co_await drop_session(hash);
   release_and_wake(t);
   if (!known) co_return admin_outcome{admin_result::unknown_session};
   log(log_level::info, "kv.session.purged",

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/utc_time.hpp"
+#include "proxy/coordinator.hpp"
 
 namespace kvp::proxy::detail {
 
@@ -22,3 +23,15 @@ inline std::int64_t unix_now() {
 }
 
 }  // namespace kvp::proxy::detail
+
+namespace kvp::proxy {
+
+template <class T>
+net::awaitable<core::result<T>> coordinator::on_file_pool(std::string_view what,
+                                                          std::function<core::result<T>()> work) {
+  auto r = co_await files_.run<T>(what, std::move(work));
+  if (!r) pool_.on_file_failure(r.err(), std::chrono::steady_clock::now());
+  co_return r;
+}
+
+}  // namespace kvp::proxy

@@ -9,6 +9,7 @@
 #include "core/prefix_chain.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/coordinator_internal.hpp"
+#include "proxy/listen.hpp"
 
 namespace kvp::proxy {
 
@@ -23,58 +24,141 @@ std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 }  // namespace
 
-bool coordinator::write_manifest(const core::manifest& m) {
-  if (auto r = store_.write(m); !r) {
+net::awaitable<bool> coordinator::write_manifest(core::manifest m) {
+  const auto store = store_;
+  std::function<core::result<core::unit>()> work = [store, m] { return store.write(m); };
+  const auto r = co_await on_file_pool<core::unit>("manifest write", std::move(work));
+  if (!r) {
     log(log_level::warn, "kv.manifest.write_failed",
         {{"session", std::string(core::abbrev(m.session_hash))},
-         {"code", std::string(core::to_string(core::errc::metadata_io))},
-         {"reason", r.err().message}});
-    return false;
+         {"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
+    co_return false;
   }
   const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
   pool_.store_manifest(m);
-  if (new_session) enforce_session_budget();
-  return true;
+  if (new_session) co_await enforce_session_budget();
+  co_return true;
 }
 
-net::awaitable<core::result<core::unit>> coordinator::run_save(const core::save_step& s) {
-  const auto sess = std::string(core::abbrev(s.hash));
-  core::save_step step = s;
+net::awaitable<std::optional<core::manifest>> coordinator::read_manifest(std::string hash) {
+  const auto store = store_;
+  std::function<core::result<std::optional<core::manifest>>()> work = [store, hash] {
+    return core::result<std::optional<core::manifest>>(store.read(hash));
+  };
+  auto r = co_await on_file_pool<std::optional<core::manifest>>("manifest read", std::move(work));
+  if (!r) co_return std::nullopt;
+  co_return std::move(r.value());
+}
+
+net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save(
+    core::save_step step) {
+  // Never two saves of one session in flight: the generation chosen below must be the one
+  // the manifest on disk does not name, and a commit in flight is about to change that.
+  const auto before = co_await wait_commit(step.hash);
+  (void)before;  // a failed commit left the previous manifest current: that is what counts
+  const auto sess = std::string(core::abbrev(step.hash));
   // Another kvpersist sharing the state directory may have saved this session since we
   // last read its manifest: never write the generation the manifest on disk points at.
-  if (auto disk = store_.read(step.hash); disk && disk->generation == step.generation) {
+  const auto disk = co_await read_manifest(step.hash);
+  if (disk && disk->generation == step.generation) {
     step.generation = disk->next_generation();
     step.filename = core::snapshot_filename(step.hash, step.generation);
   }
   log(log_level::debug, "kv.session.save.start",
       {{"session", sess}, {"slot", std::to_string(step.slot)}, {"file", step.filename}});
   auto r = co_await backend_->save(step.slot, step.filename);
-  if (r && r->n_saved > 0 && !snapshots_.make_durable(step.filename, r->n_written))
-    r = core::error{core::errc::save_failed, 0,
-                    "snapshot file size differs from n_written (or fsync failed)"};
   if (r) {
     save_ms_.observe(r->save_ms);
     save_bytes_.observe(static_cast<double>(r->n_written));
   }
   auto d = pool_.on_save(step, r, steady_clock::now(), wall_now());
-  if (d.ok && !write_manifest(*d.write)) {
+  if (!d.ok) {
+    note_slot_error(d.err);
+    log(log_level::warn, "kv.session.save.failed",
+        {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
+         {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
+    co_return d.err;
+  }
+  auto pc = std::make_shared<pending_commit>(strand_);
+  pc->settled.expires_at(steady_timer::time_point::max());
+  commits_[step.hash] = pc;
+  const std::uint64_t bytes = r->n_written;
+  net::co_spawn(strand_, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
+  co_return pc;
+}
+
+// The commit (docs/design.md §11): the snapshot file complete and durable before the manifest
+// points at it. Until the manifest is written the previous generation stays the one a restore
+// (or a restarted kvpersist) uses, so a crash anywhere in between loses only this save.
+net::awaitable<void> coordinator::commit_save(core::save_step step, core::manifest m,
+                                              std::uint64_t bytes,
+                                              std::shared_ptr<pending_commit> pc) {
+  const auto sess = std::string(core::abbrev(step.hash));
+  core::result<core::unit> out = core::unit{};
+  if (snapshots_.shared()) {
+    const auto files = snapshots_;
+    const auto filename = step.filename;
+    std::function<core::result<core::unit>()> work = [files, filename, bytes]()
+        -> core::result<core::unit> {
+      if (files.make_durable(filename, bytes)) return core::unit{};
+      return core::error{core::errc::save_failed, 0,
+                         "snapshot file size differs from n_written (or fsync failed)"};
+    };
+    out = co_await on_file_pool<core::unit>("snapshot fsync", std::move(work));
+  }
+  if (out) {
+    const bool written = co_await write_manifest(m);
     // The snapshot is on disk but nothing points at it: not a checkpoint. The session stays
     // dirty and its previous manifest (if any) stays the one a restore uses.
-    d.ok = false;
-    d.err = core::error{core::errc::metadata_io, 0, "the manifest could not be written"};
+    if (!written) out = core::error{core::errc::metadata_io, 0, "the manifest could not be written"};
   }
-  if (d.ok) {
+  if (out) {
     log(log_level::info, "kv.session.save.success",
         {{"session", sess}, {"slot", std::to_string(step.slot)},
-         {"tokens", std::to_string(d.write->tokens)}, {"bytes", std::to_string(d.write->bytes)},
-         {"ms", ms_str(d.write->save_ms)}, {"generation", std::string(1, step.generation)}});
-    co_return core::unit{};
+         {"tokens", std::to_string(m.tokens)}, {"bytes", std::to_string(m.bytes)},
+         {"ms", ms_str(m.save_ms)}, {"generation", std::string(1, step.generation)}});
+  } else {
+    pool_.on_commit_failed(out.err(), steady_clock::now());
+    log(log_level::warn, "kv.session.save.failed",
+        {{"session", sess}, {"code", std::string(core::to_string(out.err().code))},
+         {"status", "0"}, {"reason", out.err().message}});
   }
-  note_slot_error(d.err);
-  log(log_level::warn, "kv.session.save.failed",
-      {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
-       {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
-  co_return d.err;
+  log_circuit_changes();
+  pc->outcome = std::move(out);
+  pc->done = true;
+  pc->settled.cancel();
+  if (auto it = commits_.find(step.hash); it != commits_.end() && it->second == pc)
+    commits_.erase(it);
+}
+
+net::awaitable<core::result<core::unit>> coordinator::await_commit(commit_handle pc) {
+  while (!pc->done) {
+    auto [ec] = co_await pc->settled.async_wait(token);
+    (void)ec;
+  }
+  co_return pc->outcome;
+}
+
+net::awaitable<core::result<core::unit>> coordinator::wait_commit(std::string hash) {
+  auto it = commits_.find(hash);
+  if (it == commits_.end()) co_return core::unit{};
+  auto pc = it->second;
+  co_return co_await await_commit(std::move(pc));
+}
+
+net::awaitable<void> coordinator::wait_all_commits() {
+  while (!commits_.empty()) {
+    const auto hash = commits_.begin()->first;
+    const auto r = co_await wait_commit(hash);
+    (void)r;
+  }
+}
+
+net::awaitable<core::result<core::unit>> coordinator::run_save(core::save_step s) {
+  auto saved = co_await start_save(std::move(s));
+  if (!saved) co_return saved.err();
+  auto pc = std::move(saved.value());
+  co_return co_await await_commit(std::move(pc));
 }
 
 // The plan's restore, checked against the file first in shared-filesystem mode.
@@ -95,8 +179,24 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   log(log_level::debug, "kv.session.restore.start",
       {{"session", sess}, {"file", rs.filename}, {"from", from}});
   core::result<core::slot_restored> r = core::error{};
-  const auto size = snapshots_.shared() ? snapshots_.size(rs.filename) : std::nullopt;
-  if (snapshots_.shared() && !size) {
+  std::optional<std::uint64_t> size;
+  core::result<core::unit> stat_ok = core::unit{};
+  if (snapshots_.shared()) {
+    const auto files = snapshots_;
+    const auto filename = rs.filename;
+    std::function<core::result<std::optional<std::uint64_t>>()> work = [files, filename] {
+      return core::result<std::optional<std::uint64_t>>(files.size(filename));
+    };
+    auto st = co_await on_file_pool<std::optional<std::uint64_t>>("snapshot stat", std::move(work));
+    if (st) size = st.value();
+    else stat_ok = st.err();
+  }
+  if (!stat_ok) {
+    // The file could not even be looked at in time: the snapshot may be fine, the filesystem
+    // is not. Keep it; the slot was not touched, so llama-server's own prefix check keeps
+    // the cold run correct.
+    r = stat_ok.err();
+  } else if (snapshots_.shared() && !size) {
     // A failed restore clears the slot on the server; don't ask for a file we know is gone.
     r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
   } else if (size && rs.expected_bytes > 0 && *size != rs.expected_bytes) {
@@ -113,7 +213,9 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   }
   auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
   if (d.write) {
-    write_manifest(*d.write);
+    const auto invalid = *d.write;
+    const bool written = co_await write_manifest(invalid);
+    (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", from}, {"reason", d.write->invalid_reason}});
   }
@@ -143,12 +245,17 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
 net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepare_plan& plan,
                                                             bool stop_on_failure) {
   plan_result out;
+  // The departing session's commit runs while the slot is restored or erased for the
+  // arriving one; the request is forwarded only once both are done (docs/design.md §11).
+  commit_handle commit;
   if (plan.save) {
-    const auto saved = co_await run_save(*plan.save);
+    const auto step = *plan.save;
+    auto saved = co_await start_save(step);
     if (!saved && stop_on_failure) {
       out.failure = plan_failure{saved.err().code, "saving the previous session failed"};
       co_return out;
     }
+    if (saved) commit = std::move(saved.value());
   }
   bool need_erase = plan.erase;
   if (plan.restore) {
@@ -162,6 +269,11 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
   if (need_erase) {
     const auto code = co_await run_erase(plan.slot);
     if (code && stop_on_failure) out.failure = plan_failure{*code, "erasing the slot failed"};
+  }
+  if (commit) {
+    const auto committed = co_await await_commit(std::move(commit));
+    if (!committed && stop_on_failure && !out.failure)
+      out.failure = plan_failure{committed.err().code, "saving the previous session failed"};
   }
   co_return out;
 }

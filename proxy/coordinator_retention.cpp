@@ -1,6 +1,8 @@
 // Retention (docs/design.md §12): core::plan_retention decides which sessions to forget;
 // the coordinator forgets them, deletes their files in shared-filesystem mode, and runs gc
 // on its interval, on demand (POST /kv/gc) and as new sessions arrive.
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -15,57 +17,101 @@ namespace kvp::proxy {
 using core::log;
 using core::log_level;
 
+// What deleting a session's files did.
+struct files_removed {
+  std::optional<std::string> manifest_problem;  // why the manifest could not be removed
+  std::uint64_t snapshot_bytes = 0;             // shared-filesystem mode only
+};
+
+net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
+  pool_.forget(hash);
+  last_restore_.erase(hash);
+  const auto store = store_;
+  const auto files = snapshots_;
+  std::function<core::result<files_removed>()> work = [store, files, hash] {
+    files_removed out;
+    if (auto r = store.remove(hash); !r) out.manifest_problem = r.err().message;
+    out.snapshot_bytes = files.remove(hash);
+    return core::result<files_removed>(out);
+  };
+  const auto removed = co_await on_file_pool<files_removed>("deleting a session's files",
+                                                           std::move(work));
+  if (!removed || removed->manifest_problem)
+    log(log_level::warn, "kv.manifest.remove_failed",
+        {{"reason", removed ? *removed->manifest_problem : removed.err().message}});
+  co_return removed ? removed->snapshot_bytes : 0;
+}
+
 // REQUIRES: the session is not in use. Returns the bytes freed (shared-filesystem mode only:
 // in server-owned mode the files are llama-server's, and kvpersist names them once in the log
 // for the operator, see README "Retention").
-std::uint64_t coordinator::forget_session(const core::retention_eviction& e) {
-  if (auto r = store_.remove(e.hash); !r)
-    log(log_level::warn, "kv.manifest.remove_failed", {{"reason", r.err().message}});
-  pool_.forget(e.hash);
-  last_restore_.erase(e.hash);
+net::awaitable<std::uint64_t> coordinator::forget_session(core::retention_eviction e) {
+  if (commits_.contains(e.hash)) co_return 0;  // being saved: the next run decides again
+  const auto freed = co_await drop_session(e.hash);
   const auto sess = std::string(core::abbrev(e.hash));
   if (!snapshots_.shared()) {
     ++sessions_forgotten_;
     log(log_level::info, "kv.session.forgotten",
         {{"session", sess}, {"why", std::string(e.why)},
          {"files", core::snapshot_filename(e.hash, 'a') + "," + core::snapshot_filename(e.hash, 'b')}});
-    return 0;
+    co_return 0;
   }
-  const auto freed = snapshots_.remove(e.hash);
   ++gc_evicted_;
   gc_freed_bytes_ += freed;
   log(log_level::info, "kv.gc.evicted",
       {{"session", sess}, {"bytes", std::to_string(freed)}, {"why", std::string(e.why)}});
-  return freed;
+  co_return freed;
 }
 
-gc_report coordinator::run_gc() {
-  // REQUIRES: lease held (we may forget sessions).
+// REQUIRES: lease held (we may forget sessions).
+net::awaitable<gc_report> coordinator::run_gc() {
   auto entries = pool_.retention_entries();
-  if (snapshots_.shared())
-    for (auto& e : entries) e.bytes = snapshots_.bytes(e.hash);
+  if (snapshots_.shared()) {
+    std::vector<std::string> hashes;
+    for (const auto& e : entries) hashes.push_back(e.hash);
+    const auto files = snapshots_;
+    std::function<core::result<std::vector<std::uint64_t>>()> work = [files, hashes] {
+      std::vector<std::uint64_t> sizes;
+      for (const auto& h : hashes) sizes.push_back(files.bytes(h));
+      return core::result<std::vector<std::uint64_t>>(std::move(sizes));
+    };
+    const auto sizes = co_await on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
+                                                                        std::move(work));
+    if (!sizes) {
+      // Without the sizes the byte budget cannot be judged: nothing is evicted this time.
+      log(log_level::warn, "kv.gc.skipped", {{"reason", sizes.err().message}});
+      co_return gc_report{0, 0, entries.size(), 0, false};
+    }
+    for (std::size_t i = 0; i < entries.size(); ++i) entries[i].bytes = sizes.value()[i];
+  }
   const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
                                       opts_.retention_max_age_days};
   const auto plan = core::plan_retention(std::move(entries), limits, detail::unix_now());
   std::uint64_t freed = 0;
-  for (const auto& e : plan.evict) freed += forget_session(e);
-  return gc_report{plan.evict.size(), freed, plan.remaining_sessions, plan.remaining_bytes,
-                   !snapshots_.shared()};
+  for (const auto& e : plan.evict) {
+    const auto bytes = co_await forget_session(e);
+    freed += bytes;
+  }
+  co_return gc_report{plan.evict.size(), freed, plan.remaining_sessions, plan.remaining_bytes,
+                      !snapshots_.shared()};
 }
 
 // The session budget between gc runs, kept as each new session's first manifest is written:
 // a burst of new sessions never outgrows it. Only the count (sizes and ages wait for gc).
 // Off when gc runs only on demand (retention.intervalMs 0).
-void coordinator::enforce_session_budget() {
-  if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) return;
+net::awaitable<void> coordinator::enforce_session_budget() {
+  if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) co_return;
   const auto plan = core::plan_retention(pool_.retention_entries(),
                                          {0, opts_.retention_max_sessions, 0}, detail::unix_now());
-  for (const auto& e : plan.evict) forget_session(e);
+  for (const auto& e : plan.evict) {
+    const auto bytes = co_await forget_session(e);
+    (void)bytes;
+  }
 }
 
 net::awaitable<gc_report> coordinator::admin_gc() {
   auto t = co_await acquire_internal();
-  const auto report = run_gc();
+  const auto report = co_await run_gc();
   release_and_wake(t);
   co_return report;
 }
@@ -76,7 +122,8 @@ net::awaitable<void> coordinator::gc_loop() {
     auto [ec] = co_await gc_timer_.async_wait(token);
     if (ec || stopped_) co_return;
     auto t = co_await acquire_internal();
-    run_gc();
+    const auto report = co_await run_gc();
+    (void)report;
     release_and_wake(t);
   }
 }

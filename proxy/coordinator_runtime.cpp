@@ -3,12 +3,14 @@
 // planned only against a fingerprint established here for the current epoch.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include <fmt/format.h>
 
 #include "core/behaviour.hpp"
 #include "core/log.hpp"
 #include "proxy/coordinator.hpp"
+#include "proxy/coordinator_internal.hpp"
 
 namespace kvp::proxy {
 
@@ -59,7 +61,7 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   auto identity = rt;
   identity.runtime_key = opts_.pool.runtime_key;
   const auto meta_fp = identity.fingerprint();  // no behaviour yet: the metadata fingerprint
-  const auto verdict = store_.read_compatibility(meta_fp);
+  const auto verdict = compatibility_.fingerprint == meta_fp ? compatibility_.verdict : "unknown";
   if (verdict == "broken") {
     // docs/design.md §9: saves and restores would cost time and reuse nothing here.
     disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
@@ -154,7 +156,18 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
     }
   }
   auto p = co_await backend_->probe();
+  co_await reload_compatibility();
   apply_probe(p);
+}
+
+net::awaitable<void> coordinator::reload_compatibility() {
+  const auto store = store_;
+  std::function<core::result<manifest_store::compatibility_record>()> work = [store] {
+    return core::result<manifest_store::compatibility_record>(store.read_compatibility_record());
+  };
+  auto r = co_await on_file_pool<manifest_store::compatibility_record>("reading compatibility.json",
+                                                                       std::move(work));
+  if (r) compatibility_ = std::move(r.value());
 }
 
 // docs/design.md §4: three probes of one class agree, a class seen before needs one. Until
@@ -169,7 +182,14 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
   if (first->top.empty()) co_return adopt_behaviour(key, "");
   const auto meta_fp = meta_fingerprint_;
-  auto known = store_.read_behaviours(meta_fp);
+  const auto store = store_;
+  std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
+    return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
+  };
+  auto read_back = co_await on_file_pool<std::vector<core::behaviour_signature>>(
+      "reading the behaviour classes", std::move(read));
+  if (!read_back) co_return suspect_behaviour(read_back.err().message);
+  auto known = std::move(read_back.value());
   if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
   for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
     auto again = co_await backend_->probe_behaviour(slot);
@@ -177,8 +197,11 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
       co_return suspect_behaviour("probes of one runtime disagree (nondeterministic backend?)");
   }
   known.push_back(first.value());
-  if (auto w = store_.write_behaviours(meta_fp, known); !w)
-    log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+  std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
+    return store.write_behaviours(meta_fp, known);
+  };
+  const auto w = co_await on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
   const auto id = core::behaviour_class_id(first.value());
   if (known.size() > 1) {
     log(log_level::warn, "kv.backend.behaviour_changed",
@@ -263,6 +286,7 @@ net::awaitable<void> coordinator::probe_loop() {
       }
     }
     auto p = co_await backend_->probe();
+    co_await reload_compatibility();
     if (leased_.empty()) {
       apply_probe(p);
     } else {

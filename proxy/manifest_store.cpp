@@ -192,17 +192,23 @@ core::result<core::unit> manifest_store::write_compatibility(const std::string& 
                       compatibility_json(fingerprint, verdict, checked_at));
 }
 
-// Anything but a record for `fingerprint` with a known verdict (no file, a file that does not
-// parse or nests too deep, another fingerprint) is "unknown".
-std::string manifest_store::read_compatibility(const std::string& fingerprint) const {
+// Anything but a record with a known verdict (no file, a file that does not parse or nests
+// too deep) is "unknown".
+manifest_store::compatibility_record manifest_store::read_compatibility_record() const {
+  compatibility_record out;
   auto text = read_state_file(state_dir_ + "/compatibility.json");
   rapidjson::Document d;
-  if (!text || !core::parse_json_bounded(text.value(), d)) return "unknown";
-  if (string_member(d, "runtimeFingerprint") != fingerprint) return "unknown";
+  if (!text || !core::parse_json_bounded(text.value(), d)) return out;
+  const auto fingerprint = string_member(d, "runtimeFingerprint");
   const auto verdict = string_member(d, "verdict");
-  for (const char* known : {"supported", "experimental", "broken"})
-    if (verdict == known) return known;
-  return "unknown";
+  if (!fingerprint) return out;
+  for (const char* known : {"supported", "experimental", "broken"}) {
+    if (verdict == known) {
+      out.fingerprint = std::string(*fingerprint);
+      out.verdict = known;
+    }
+  }
+  return out;
 }
 
 namespace {

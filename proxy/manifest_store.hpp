@@ -33,8 +33,18 @@ class manifest_store {
   core::result<core::unit> write_compatibility(const std::string& fingerprint,
                                                const std::string& verdict,
                                                const std::string& checked_at) const;
+  // What compatibility.json records: one runtime fingerprint and its verdict ("unknown" for
+  // no file, a file that does not parse, or a verdict not known).
+  struct compatibility_record {
+    std::string fingerprint;
+    std::string verdict = "unknown";
+  };
+  compatibility_record read_compatibility_record() const;
   // The verdict recorded for `fingerprint`, or "unknown".
-  std::string read_compatibility(const std::string& fingerprint) const;
+  std::string read_compatibility(const std::string& fingerprint) const {
+    auto r = read_compatibility_record();
+    return r.fingerprint == fingerprint ? r.verdict : "unknown";
+  }
 
   // The behaviour classes seen under a metadata fingerprint (core/behaviour.hpp), oldest
   // first, in <state_dir>/behaviour-<fingerprint>.json. Unreadable or absent: none known.

@@ -177,6 +177,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.pool.save_on_turn_end = cfg_.checkpoint.on_turn_end;
     co.pool.save_on_step_end = cfg_.checkpoint.on_step_end;
     co.pool.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
+    co.pool.early_checkpoint = cfg_.checkpoint.early;
     co.pool.restore_enabled = cfg_.restore.enabled;
     co.pool.verify_restore = cfg_.restore.verify;
     co.pool.seed_across_sessions = cfg_.sharing != config::sharing_scope::session;
@@ -196,6 +197,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.retention_max_sessions = cfg_.retention.max_sessions;
     co.retention_max_age_days = cfg_.retention.max_age_days;
     co.retention_interval = cfg_.retention.interval;
+    co.file_timeout = cfg_.failure.file_timeout;
     const std::string state = config::server_state_dir(cfg_, sc, state_root);
     up->coord = std::make_unique<coordinator>(
         ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),

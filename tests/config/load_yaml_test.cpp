@@ -94,6 +94,7 @@ checkpoint:
   onTurnEnd: true
   onStepEnd: true
   idleMs: 0
+  earlyMs: 2500
 restore:
   enabled: false
   verify: false
@@ -105,6 +106,7 @@ failure:
   maxConsecutiveFailures: 7
   cooldownMs: 5
   managementTimeoutMs: 6
+  fileTimeoutMs: 12
 queue:
   maxWaiting: 1
   timeoutMs: 8
@@ -143,6 +145,7 @@ log:
   CHECK(cfg.checkpoint.on_turn_end);
   CHECK(cfg.checkpoint.on_step_end);
   CHECK(cfg.checkpoint.idle == 0ms);
+  CHECK(cfg.checkpoint.early == 2500ms);
   CHECK_FALSE(cfg.restore.enabled);
   CHECK_FALSE(cfg.restore.verify);
   CHECK(cfg.snapshots.management == snapshot_management::shared_filesystem);
@@ -151,6 +154,7 @@ log:
   CHECK(cfg.failure.max_consecutive_failures == 7);
   CHECK(cfg.failure.cooldown == 5ms);
   CHECK(cfg.failure.management_timeout == 6ms);
+  CHECK(cfg.failure.file_timeout == 12ms);
   CHECK(cfg.queue.max_waiting == 1);
   CHECK(cfg.queue.timeout == 8ms);
   CHECK(cfg.limits.max_header_bytes == 1024);
@@ -291,6 +295,9 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
     CHECK(contains(load_error("failure:\n  maxConsecutiveFailures: 0\n").message,
                    "maxConsecutiveFailures: must be >= 1"));
     CHECK(contains(load_error("checkpoint:\n  idleMs: -5\n").message, "checkpoint.idleMs"));
+    CHECK(contains(load_error("checkpoint:\n  earlyMs: -1\n").message, "checkpoint.earlyMs"));
+    CHECK(contains(load_error("failure:\n  fileTimeoutMs: 0\n").message,
+                   "failure.fileTimeoutMs: must be >= 1"));
     CHECK(contains(load_error("shutdownGraceMs: -1\n").message, "shutdownGraceMs"));
     CHECK(contains(load_error("queue:\n  maxWaiting: 0\n").message, "queue.maxWaiting"));
     CHECK(contains(load_error("limits:\n  maxHeaderBytes: 1023\n").message,

@@ -361,6 +361,75 @@ TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §
   CHECK(c.stats().saves == 1);
 }
 
+TEST_CASE("the early checkpoint follows a turn end, waits at least twice the last save, and "
+          "never longer than idleMs (docs/design.md §10)",
+          "[core][slot_pool]") {
+  auto o = test_options();
+  o.early_checkpoint = 2s;
+  auto c = make_core(o);
+  const auto a = c.hash_for("A");
+  run_request(c, session("A"), t0);  // a tool step, not a turn end: the idle deadline
+  CHECK(c.idle_deadline() == t0 + 30s);
+
+  auto end_turn = [&](steady_time now) {
+    REQUIRE(c.prepare(session("A"), now, wall).resident);
+    c.start_inference(session("A"));
+    CHECK_FALSE(c.end_inference(true, now, true));  // no save on the spot: onTurnEnd is off
+  };
+  end_turn(t0 + 1s);
+  CHECK(c.idle_deadline() == t0 + 3s);  // earlyMs: no save measured yet
+  auto s = c.idle_checkpoint(t0 + 3s);
+  REQUIRE(s);
+  CHECK(s->hash == a);
+  auto d = c.on_save(*s, slot_saved{100, 24 + 100 * 1024, 1500.0}, t0 + 4s, wall);  // 1.5 s
+  REQUIRE(d.ok);
+  c.store_manifest(*d.write);
+  CHECK_FALSE(c.owner_dirty());
+
+  end_turn(t0 + 10s);
+  CHECK(c.idle_deadline() == t0 + 13s);  // twice the last save (3 s) is more than earlyMs
+
+  SECTION("a big snapshot waits no longer than the idle checkpoint would") {
+    auto big = c.on_save(*c.checkpoint_owner(t0 + 11s), slot_saved{100, 1 << 20, 20'000.0},
+                         t0 + 31s, wall);
+    c.store_manifest(*big.write);
+    end_turn(t0 + 40s);
+    CHECK(c.idle_deadline() == t0 + 70s);
+  }
+  SECTION("with earlyMs 0 a turn end arms the idle deadline only") {
+    auto plain = make_core();
+    run_request(plain, session("A"), t0);
+    REQUIRE(plain.prepare(session("A"), t0 + 1s, wall).resident);
+    plain.start_inference(session("A"));
+    plain.end_inference(true, t0 + 1s, true);
+    CHECK(plain.idle_deadline() == t0 + 31s);
+  }
+}
+
+TEST_CASE("a commit that fails after the save leaves the previous snapshot current and the "
+          "session dirty (docs/design.md §11)",
+          "[core][slot_pool]") {
+  auto c = make_core();
+  run_request(c, session("A"), t0);
+  checkpoint(c, t0 + 1s, 100);  // generation a, committed
+  run_request(c, session("A"), t0 + 2s);
+  auto s = c.checkpoint_owner(t0 + 3s);
+  REQUIRE(s);
+  CHECK(s->generation == 'b');
+  auto d = c.on_save(*s, saved(200), t0 + 3s, wall);
+  REQUIRE(d.ok);
+  const auto saves = c.stats().saves;
+  c.on_commit_failed(error{errc::file_io_timeout, 0, "manifest write took too long"}, t0 + 4s);
+  CHECK(c.stats().saves == saves - 1);
+  CHECK(c.stats().save_failures == 1);
+  CHECK(c.owner_dirty());
+  CHECK(c.find_manifest(c.hash_for("A"))->generation == 'a');
+  CHECK(c.circuit().consecutive_failures() == 1);  // a stuck filesystem counts like a timeout
+  auto again = c.checkpoint_owner(t0 + 5s);
+  REQUIRE(again);
+  CHECK(again->generation == 'b');
+}
+
 TEST_CASE(
     "the idle checkpoint fires once, at its deadline, for the same owner and revision "
     "(docs/design.md §10)",
