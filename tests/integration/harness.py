@@ -114,8 +114,9 @@ class KvPersist:
     def __init__(self, upstream_url: str, state_dir: str, config: dict | None = None,
                  runtime_key: str | None = "test-runtime", log_level: str = "debug",
                  extra_args: list[str] | None = None, binary: str | None = None,
-                 work_dir: str | None = None):
+                 work_dir: str | None = None, env: dict | None = None):
         self.binary = binary or kvpersist_bin()
+        self.env = env  # added to the environment (tests/integration/stall.py preloads a shim)
         self.upstream_url = upstream_url
         self.state_dir = state_dir
         self.config = config
@@ -159,8 +160,9 @@ class KvPersist:
     def start(self, timeout: float = 15.0) -> "KvPersist":
         os.makedirs(self.state_dir, exist_ok=True)
         self.cmd = self.command()
+        env = dict(os.environ, **self.env) if self.env else None
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, cwd=self.work_dir)
+                                     stderr=subprocess.PIPE, cwd=self.work_dir, env=env)
         for stream, sink in ((self.proc.stderr, None), (self.proc.stdout, self.stdout)):
             t = threading.Thread(target=self._reader, args=(stream, sink), daemon=True)
             t.start()
