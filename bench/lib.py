@@ -174,7 +174,7 @@ class KvPersist:
 
     def __init__(self, binary: str, upstream_port: int, work: str, name: str = "kvpersist",
                  extra: dict | None = None, wrapper: list[str] | None = None, ready_timeout: float = 20,
-                 expect_ready: bool = True):
+                 expect_ready: bool = True, env: dict | None = None):
         self.port = free_port()
         self.admin_port = free_port()
         state = os.path.join(work, name + "-state")
@@ -190,7 +190,8 @@ class KvPersist:
         self.config_path = os.path.join(work, name + ".yaml")
         with open(self.config_path, "w") as f:
             f.write(to_yaml(cfg))
-        self.proc = Proc(name, (wrapper or []) + [binary, "serve", "--config", self.config_path], work)
+        self.proc = Proc(name, (wrapper or []) + [binary, "serve", "--config", self.config_path], work,
+                         env=dict(os.environ, **env) if env else None)
         self.log_path = self.proc.log_path
         if expect_ready:
             wait_until(lambda: re.search(r" kv\.backend\.(ready|unsupported|unavailable)\b", read(self.log_path)),

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 
-ORDER = ["overhead", "streaming", "switch", "footprint", "seed"]
+ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall"]
 
 
 def sh(cmd: list[str]) -> str:
@@ -126,7 +126,8 @@ set key top left
 plot "{dat}" u 1:2:8:9 w yerrorlines lw 2 pt 7 t "cold re-prefill", \\
      "" u 1:6 w lp lw 2 pt 5 dt 2 t "after restart: direct", \\
      "" u 1:7 w lp lw 2 pt 5 t "after restart: kvpersist", \\
-     "" u 1:4:10:11 w yerrorlines lw 2 pt 9 t "switch: kvpersist", \\
+     "" u 1:4:10:11 w yerrorlines lw 2 pt 9 t "switch: kvpersist, save on the path", \\
+     "" u 1:14:15:16 w yerrorlines lw 2 pt 13 t "switch: kvpersist, early checkpoint", \\
      "" u 1:3:12:13 w yerrorlines lw 2 pt 11 dt 3 t "switch: llama-server RAM cache", \\
      "" u 1:5 w lp lw 1 pt 1 t "resident"
 """
@@ -152,10 +153,19 @@ def headlines(results: dict) -> list[str]:
                    "cache evicted) vs %.1f s directly (the RAM cache is gone, so it is a cold prefill): **%.0fx**."
                    % (big, h["kv_restart"]["median"], h["ramcache_restart"]["median"] / 1000,
                       h["ramcache_restart"]["median"] / h["kv_restart"]["median"]))
+        if "early_switch" in h:
+            out.append("**With the early checkpoint** (checkpoint.earlyMs, %s tokens): the switch is a restore only, "
+                       "%.0f ms: **%.2fx** llama-server's RAM cache. An owner who answers the moment that checkpoint "
+                       "starts waits %.0f ms more than a resident turn (%.0f vs %.0f ms)."
+                       % (big, h["early_switch"]["median"], h["early_switch"]["median"] / h["ramcache"]["median"],
+                          h["midsave"]["median"] - h["midsave_resident"]["median"], h["midsave"]["median"],
+                          h["midsave_resident"]["median"]))
         out.append("**kvpersist's own share of a switch** (%s tokens): %.1f ms of %.0f ms (switch TTFT - "
-                   "llama-server's save_ms %.1f - restore_ms %.1f - resident TTFT %.0f ms)."
+                   "llama-server's save_ms %.1f - restore_ms %.1f - resident TTFT %.0f ms)%s."
                    % (big, h["share_ms"]["median"], h["kv_switch"]["median"], h["save_ms"]["median"],
-                      h["restore_ms"]["median"], h["kv_resident"]["median"]))
+                      h["restore_ms"]["median"], h["kv_resident"]["median"],
+                      "; with the early checkpoint %.1f ms" % h["early_share_ms"]["median"]
+                      if "early_share_ms" in h else ""))
         if sw.get("skipped"):
             out.append("Not measured (over the time budget): %s-token prompts." % ", ".join(map(str, sw["skipped"])))
     sd = results.get("seed", {}).get("headline", {})
@@ -165,6 +175,13 @@ def headlines(results: dict) -> list[str]:
                    "%.1f s cold: **%.0fx** (llama-server reused %.0f%% of the prompt; the resident floor is %.0f ms)."
                    % (size, h["seeded"]["median"], h["cold"]["median"] / 1000, h["speedup"],
                       h["reuse_pct"]["median"], h["resident"]["median"]))
+    sl = results.get("stall", {}).get("headline", {})
+    if sl.get("stalled"):
+        out.append("**A hung disk on one server** (its manifest fsyncs blocked): another server's SSE events arrive "
+                   "%.2f ms after they were written at p99 (max %.2f ms), vs %.2f ms (max %.2f ms) with no stall; "
+                   "%d manifest writes timed out into the failure policy."
+                   % (sl["stalled"]["p99"], sl["stalled"]["max"], sl["quiet"]["p99"], sl["quiet"]["max"],
+                      sl["file_timeouts"]))
     ov = results.get("overhead", {}).get("headline", {})
     if ov.get("stub"):
         c1 = ov["stub"]["1"]

@@ -8,7 +8,7 @@
 #                                   writes to a temporary directory unless --out is given. Exits 0
 #                                   when the benchmark machinery worked (CI runs this); the numbers
 #                                   are not meant to be quoted.
-#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed
+#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed | stall
 #                                   (repeatable; RESULTS.md is regenerated from every results/*.json)
 #   Options: --out DIR (where RESULTS.md and results/ go), --keep (keep the work directory with
 #            every log), --wait-quiet S (before each benchmark wait up to S seconds for the 1-minute
@@ -25,6 +25,8 @@
 #   footprint  bench/footprint.py  RSS idle / 256 streams; callgrind instructions per request/event
 #   seed       bench/seed.py       TTFT of a new session's first turn seeded from a saved prefix vs
 #                                  cold, 4K/8K/16K shared tokens (bench model; ci model with --quick)
+#   stall      bench/stall.py      per-event SSE delay on one server while another server's manifest
+#                                  writes hang in fsync (stubs and a preloaded shim; no model)
 #
 # Environment: LLAMA_SERVER, KVP_CACHE_DIR (see scripts/llama-server.sh), KVPERSIST_BIN (use this
 # binary instead of building build/kvpersist), TMPDIR.
@@ -54,7 +56,7 @@ while (($#)); do
   esac
   shift
 done
-all=(overhead streaming switch footprint seed)
+all=(overhead streaming switch footprint seed stall)
 ((${#only[@]})) || only=("${all[@]}")
 for n in "${only[@]}"; do
   [[ " ${all[*]} " == *" $n "* ]] || { echo "run.sh: unknown benchmark '$n' (one of: ${all[*]})" >&2; exit 2; }
@@ -124,7 +126,7 @@ export KVP_BENCH_REVISION="$revision"
 # ---- 3. llama-server and models -----------------------------------------------------------
 ls_bin=""; ci_model=""; bench_model=""
 needs_llama=0
-for n in "${only[@]}"; do [[ $n == footprint ]] || needs_llama=1; done
+for n in "${only[@]}"; do [[ $n == footprint || $n == stall ]] || needs_llama=1; done
 if ((needs_llama)); then
   say "locating llama-server (scripts/llama-server.sh; the first time this builds it: minutes)"
   ls_bin="$("$repo/scripts/llama-server.sh")" || die "scripts/llama-server.sh failed"
@@ -188,6 +190,8 @@ for n in "${only[@]}"; do
       fi ;;
     footprint)
       run_bench footprint $((quick ? 240 : 1800)) ;;
+    stall)
+      run_bench stall $((quick ? 120 : 300)) ;;
     seed)
       if ((quick)); then
         run_bench seed 240 --llama-server "$ls_bin" --model "$ci_model" --model-name ci

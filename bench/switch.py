@@ -6,11 +6,17 @@ For each prompt size S, three fresh llama-server processes (-np 1, same -c) run 
 only one of them busy at a time, and their turns are interleaved so that machine noise hits
 them alike:
 
-  kvpersist  llama-server --slot-save-path --no-cache-idle-slots, kvpersist in front:
-             A (cold), B (cold), then R times: A returns (save B + restore A), A again
-             (resident), B returns (save A + restore B), B again (resident). Then llama-server
-             is restarted (snapshot files evicted from the page cache first: a real disk read)
-             and A returns (and again for B): kvpersist notices the restart and restores from disk.
+  kvpersist  llama-server --slot-save-path --no-cache-idle-slots, kvpersist in front with
+             checkpoint.idleMs 0, so that every switch saves on its path: A (cold), B (cold),
+             then R times: A returns (save B + restore A), A again (resident), B returns (save
+             A + restore B), B again (resident). Then llama-server is restarted (snapshot files
+             evicted from the page cache first: a real disk read) and A returns (and again for
+             B): kvpersist notices the restart and restores from disk.
+  early      the same with checkpoint.earlyMs (--early-ms, default 1000): after each turn end
+             the departing session is checkpointed ahead of time, and the next switch (sent
+             once that checkpoint is done) is a restore only. Once per return it also sends the
+             owner's next turn the moment the early checkpoint starts ("mid-save"): what the
+             early checkpoint costs an owner who comes back at the worst moment.
   ram-cache  llama-server's own prompt cache, no kvpersist (defaults: --cache-ram 8192, idle
              slots cached): the same turns, then a restart, then A returns (the RAM cache is
              empty, so this is a cold prefill).
@@ -141,6 +147,20 @@ def manifest_ms(kv: lib.KvPersist, mark: int) -> float:
     return total
 
 
+def wait_event(kv: lib.KvPersist, mark: int, event: str, timeout: float) -> None:
+    """Waits until kvpersist logs `event` after line `mark`."""
+    lib.wait_until(lambda: any(e == event for e, _ in kv.events(mark)), timeout,
+                   "kvpersist to log %s" % event, [kv.proc], interval=0.002)
+
+
+def wait_clean(kv: lib.KvPersist, timeout: float) -> None:
+    """Waits until the slot's owner has nothing unsaved (its checkpoint committed): /kv/status."""
+    def clean():
+        st, body = lib.http_request(kv.admin_port, "GET", "/kv/status", timeout=5)
+        return st == 200 and json.loads(body)["servers"][0]["slots"][0]["state"] != "dirty"
+    lib.wait_until(clean, timeout, "kvpersist's early checkpoint", [kv.proc], interval=0.05)
+
+
 def log_turn(cfg: str, size: int, what: str, r: dict) -> None:
     lib.log("switch %s %5d %-16s TTFT %8.1f ms  prompt_n %s cache_n %s" % (
         cfg, size, what, r["ttft"] * 1000, r.get("prompt_n"), r.get("cache_n")))
@@ -152,18 +172,26 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
     d = os.path.join(work, "size-%d" % size)
     sd = os.path.join(d, "slots")
     os.makedirs(sd, exist_ok=True)
+    sd_early = os.path.join(d, "slots-early")
+    os.makedirs(sd_early, exist_ok=True)
     servers = {
         "kvpersist": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-kvpersist", slot_dir=sd),
+        "early": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-early", slot_dir=sd_early),
         "ramcache": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-ramcache", no_cache_idle=False),
         "cold": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-cold", cache_ram=0),
     }
-    kv = None
+    kv = kve = None
     try:
         for cfg, ls in servers.items():
             ls.start()
             out["cmd_" + cfg] = ls.command_line()
-        kv = lib.KvPersist(a.kvpersist, servers["kvpersist"].port, d, extra={"log": {"level": "debug"}})
-        port = {"kvpersist": kv.port, "ramcache": servers["ramcache"].port, "cold": servers["cold"].port}
+        kv = lib.KvPersist(a.kvpersist, servers["kvpersist"].port, d,
+                           extra={"log": {"level": "debug"}, "checkpoint": {"idleMs": 0}})
+        kve = lib.KvPersist(a.kvpersist, servers["early"].port, d, name="kvpersist-early",
+                            extra={"log": {"level": "debug"}, "checkpoint": {"earlyMs": a.early_ms}})
+        port = {"kvpersist": kv.port, "early": kve.port, "ramcache": servers["ramcache"].port,
+                "cold": servers["cold"].port}
+        proxy = {"kvpersist": kv, "early": kve}
         conv = {cfg: {s: Conversation("bench-%s-%d" % (s, size), prompts[s]) for s in "AB"} for cfg in servers}
 
         def turn(cfg, s, what):
@@ -185,24 +213,37 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                         if n_cold >= a.cold_reps:
                             continue
                         n_cold += 1
-                    mark = kv.lines() if cfg == "kvpersist" else 0
+                    if cfg == "early":
+                        # the switch comes once the departing session's early checkpoint is done
+                        wait_clean(kve, a.early_ms / 1000 + 120)
+                    mark = proxy[cfg].lines() if cfg in proxy else 0
                     r = turn(cfg, s, "returns")
-                    if cfg == "kvpersist":
+                    if cfg in proxy:
                         time.sleep(0.05)
-                        save, restore, calls, evs = kv_switch_ms(kv, mark)
+                        save, restore, calls, evs = kv_switch_ms(proxy[cfg], mark)
                         if "kv.session.restore.success" not in evs:
-                            raise BenchError("kvpersist did not restore session %s on its return (log: %s)" % (s, evs))
-                        r.update(save_ms=save, restore_ms=restore, calls_ms=calls, manifest_ms=manifest_ms(kv, mark))
+                            raise BenchError("%s did not restore session %s on its return (log: %s)" % (cfg, s, evs))
+                        r.update(save_ms=save, restore_ms=restore, calls_ms=calls,
+                                 manifest_ms=manifest_ms(proxy[cfg], mark))
+                    res_mark = kve.lines()
                     res_r = turn(cfg, s, "resident")
                     r["resident"] = res_r["ttft"]
-                    if cfg == "kvpersist":
+                    if cfg in proxy:
                         r["share"] = r["ttft"] - (r["save_ms"] + r["restore_ms"]) / 1000 - res_r["ttft"]
                         r["outside_calls"] = r["ttft"] - r["calls_ms"] / 1000 - res_r["ttft"]
-                    key = {"kvpersist": "kv_switch", "ramcache": "ramcache_return", "cold": "cold_return"}[cfg]
+                    if cfg == "early":
+                        # the owner answers the moment its early checkpoint starts
+                        wait_event(kve, res_mark, "kv.session.save.start", a.early_ms / 1000 + 120)
+                        mid = turn(cfg, s, "mid-save")
+                        mid["resident"] = res_r["ttft"]
+                        out.setdefault("early_midsave", []).append(mid)
+                    key = {"kvpersist": "kv_switch", "early": "early_switch", "ramcache": "ramcache_return",
+                           "cold": "cold_return"}[cfg]
                     out.setdefault(key, []).append(r)
-                    out.setdefault({"kvpersist": "kv", "ramcache": "ramcache", "cold": "cold"}[cfg] + "_resident",
-                                   []).append(res_r)
+                    out.setdefault({"kvpersist": "kv", "early": "early", "ramcache": "ramcache", "cold": "cold"}[cfg]
+                                   + "_resident", []).append(res_r)
         servers["cold"].stop()
+        servers["early"].stop()
         # restarts: llama-server goes away and comes back. kvpersist restores from disk (snapshot files
         # evicted from the page cache first); llama-server's RAM cache is empty (a cold prefill, costly,
         # so only one at large sizes).
@@ -226,36 +267,11 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                 ls.start()
                 out.setdefault("ramcache_restart", []).append(turn("ramcache", s, "after restart"))
     finally:
-        if kv:
-            kv.stop()
+        for k in (kv, kve):
+            if k:
+                k.stop()
         for ls in servers.values():
             ls.stop()
-
-
-def idle_checkpoint_notes(data: dict) -> list[str]:
-    """Switches whose departing session kvpersist had already saved before the switch: the other
-    configurations' cold prefills between kvpersist's turns are longer than checkpoint.idleMs
-    (30 s by default), so the idle checkpoint saved the dirty slot and the switch only restored."""
-    parts, mf = [], []
-    for size, o in data.items():
-        sw = o.get("kv_switch", [])
-        pre = sum(1 for x in sw if not x.get("save_ms"))
-        if pre:
-            parts.append("%d of %d at %d tokens" % (pre, len(sw), size))
-        on_path = [x["manifest_ms"] for x in sw if x.get("save_ms") and x.get("manifest_ms") is not None]
-        if on_path:
-            mf.append("%d-%d ms at %d" % (min(on_path), max(on_path), size))
-    out = []
-    if parts:
-        out.append("Switches with save_ms 0: the departing session had already been saved by kvpersist's idle "
-                   "checkpoint (checkpoint.idleMs 30 s; the other configurations' cold prefills between "
-                   "kvpersist's turns took longer than that), so the switch only restored: %s. The other "
-                   "switches saved on the request's path." % ", ".join(parts))
-    if mf:
-        out.append("Manifest write on the switch path (switches that saved): %s tokens. It grows with the "
-                   "snapshot size, most likely because its fsync also flushes the snapshot llama-server has "
-                   "just written to the same file system." % ", ".join(mf))
-    return out
 
 
 def S(xs, key="ttft", scale=1.0):
@@ -269,6 +285,7 @@ def main() -> int:
     ap.add_argument("--cold-reps", type=int, default=None, help="cold returns per size (besides B's first turn)")
     ap.add_argument("--restarts", type=int, default=None, choices=(1, 2),
                     help="llama-server restarts per config and size (default 2; 1 with --quick)")
+    ap.add_argument("--early-ms", type=int, default=1000, help="checkpoint.earlyMs of the early configuration")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip a size whose estimated run time (from the previous size's cold prefill) exceeds this")
     a = ap.parse_args()
@@ -313,55 +330,76 @@ def main() -> int:
     for size, o in data.items():
         cold = S(o["cold_return"], scale=ms)
         kvs = S(o["kv_switch"], scale=ms)
+        ear = S(o["early_switch"], scale=ms)
         ram = S(o["ramcache_return"], scale=ms)
         kres = S(o["kv_resident"], scale=ms)
         kvr = S(o["kv_restart"], scale=ms)
         ramr = S(o["ramcache_restart"], scale=ms)
+        mid = S(o["early_midsave"], scale=ms)
+        mid_res = S(o["early_midsave"], "resident", ms)
         sp_cold = mmm([c / k for c in [x["ttft"] for x in o["cold_return"]] for k in [x["ttft"] for x in o["kv_switch"]]])
-        rows.append([size, fmt_mmm(cold, 0), fmt_mmm(ram, 0), fmt_mmm(kvs, 0), fmt_mmm(kres, 0),
+        rows.append([size, fmt_mmm(cold, 0), fmt_mmm(ram, 0), fmt_mmm(kvs, 0), fmt_mmm(ear, 0), fmt_mmm(kres, 0),
                      fmt_mmm(ramr, 0), fmt_mmm(kvr, 0),
                      "%.1fx" % (cold["median"] / kvs["median"]), "%.2fx" % (kvs["median"] / ram["median"]),
-                     "%.1fx" % (ramr["median"] / kvr["median"])])
+                     "%.2fx" % (ear["median"] / ram["median"]), "%.1fx" % (ramr["median"] / kvr["median"])])
         prow.append([size, cold["median"], ram["median"], kvs["median"], kres["median"], ramr["median"],
-                     kvr["median"], cold["min"], cold["max"], kvs["min"], kvs["max"], ram["min"], ram["max"]])
+                     kvr["median"], cold["min"], cold["max"], kvs["min"], kvs["max"], ram["min"], ram["max"],
+                     ear["median"], ear["min"], ear["max"]])
         sv = S(o["kv_switch"], "save_ms")
         rs = S(o["kv_switch"], "restore_ms")
         sh = S(o["kv_switch"], "share", ms)
         cl = S(o["kv_switch"], "calls_ms")
         oc = S(o["kv_switch"], "outside_calls", ms)
         mf = S(o["kv_switch"], "manifest_ms")
-        shares.append([size, fmt_mmm(kvs, 0), fmt_mmm(sv, 1), fmt_mmm(rs, 1), fmt_mmm(cl, 1), fmt_mmm(kres, 1),
-                       fmt_mmm(sh, 1), fmt(100 * sh["median"] / kvs["median"], 1) + "%", fmt_mmm(oc, 1),
-                       fmt_mmm(mf, 0), fmt_mmm(S(o["kv_restart"], "restore_ms"), 1)])
-        o["summary"] = {"cold": cold, "kv_switch": kvs, "ramcache": ram, "kv_resident": kres, "kv_restart": kvr,
-                        "ramcache_restart": ramr, "speedup_vs_cold": sp_cold, "save_ms": sv, "restore_ms": rs,
-                        "share_ms": sh, "calls_ms": cl, "outside_calls_ms": oc, "manifest_ms": mf}
+        esh = S(o["early_switch"], "share", ms)
+        shares.append([size, "save on the path", fmt_mmm(kvs, 0), fmt_mmm(sv, 1), fmt_mmm(rs, 1), fmt_mmm(cl, 1),
+                       fmt_mmm(kres, 1), fmt_mmm(sh, 1), fmt(100 * sh["median"] / kvs["median"], 1) + "%",
+                       fmt_mmm(oc, 1), fmt_mmm(mf, 0)])
+        shares.append([size, "early checkpoint", fmt_mmm(ear, 0), fmt_mmm(S(o["early_switch"], "save_ms"), 1),
+                       fmt_mmm(S(o["early_switch"], "restore_ms"), 1), fmt_mmm(S(o["early_switch"], "calls_ms"), 1),
+                       fmt_mmm(S(o["early_resident"], scale=ms), 1), fmt_mmm(esh, 1),
+                       fmt(100 * esh["median"] / ear["median"], 1) + "%",
+                       fmt_mmm(S(o["early_switch"], "outside_calls", ms), 1), "-"])
+        o["summary"] = {"cold": cold, "kv_switch": kvs, "early_switch": ear, "ramcache": ram, "kv_resident": kres,
+                        "kv_restart": kvr, "ramcache_restart": ramr, "speedup_vs_cold": sp_cold, "save_ms": sv,
+                        "restore_ms": rs, "share_ms": sh, "early_share_ms": esh, "calls_ms": cl,
+                        "outside_calls_ms": oc, "manifest_ms": mf, "midsave": mid, "midsave_resident": mid_res}
     if not data:
         raise BenchError("no size was measured")
     first = data[next(iter(data))]
-    head = ["prompt tokens", "cold re-prefill", "RAM cache (built-in)", "kvpersist switch", "resident",
-            "restart: direct", "restart: kvpersist", "cold / kvpersist", "kvpersist / RAM cache",
-            "restart: direct / kvpersist"]
+    head = ["prompt tokens", "cold re-prefill", "RAM cache (built-in)", "kvpersist switch",
+            "kvpersist switch, early checkpoint", "resident", "restart: direct", "restart: kvpersist",
+            "cold / kvpersist", "kvpersist / RAM cache", "early / RAM cache", "restart: direct / kvpersist"]
     res.table("TTFT of a returning session, ms, %s model (-c %d; median (min..max); %d returns per config and "
               "size, %d cold)" % (a.model_name, a.ctx, 2 * reps, 1 + a.cold_reps), md_table(head, rows),
-              command="kvpersist: %s + kvpersist serve; RAM cache: %s; cold: %s" % (
-                  first["cmd_kvpersist"], first["cmd_ramcache"], first["cmd_cold"]))
+              command="kvpersist: %s + kvpersist serve (checkpoint.idleMs 0; early: checkpoint.earlyMs %d); "
+                      "RAM cache: %s; cold: %s" % (first["cmd_kvpersist"], a.early_ms, first["cmd_ramcache"],
+                                                   first["cmd_cold"]))
     res.table("kvpersist's own share of a switch, ms: switch TTFT - (save_ms + restore_ms) - resident TTFT",
-              md_table(["prompt tokens", "switch TTFT", "save_ms", "restore_ms", "save+restore HTTP calls",
-                        "resident TTFT", "kvpersist share", "share of switch", "share outside the calls",
-                        "of which manifest write", "restore_ms after restart"], shares),
+              md_table(["prompt tokens", "kvpersist", "switch TTFT", "save_ms", "restore_ms",
+                        "save+restore HTTP calls", "resident TTFT", "kvpersist share", "share of switch",
+                        "share outside the calls", "save call end to commit"], shares),
               command="save_ms/restore_ms: llama-server's timings, from kvpersist's kv.session.save.success / "
                       "restore.success lines; HTTP calls: wall time of the /slots calls (kv.backend.call, "
                       "--log-level debug)")
+    res.table("What the early checkpoint costs its owner: the owner's next turn sent the moment the early "
+              "checkpoint starts, ms",
+              md_table(["prompt tokens", "resident TTFT before", "TTFT mid-save", "added"],
+                       [[size, fmt_mmm(o["summary"]["midsave_resident"], 0), fmt_mmm(o["summary"]["midsave"], 0),
+                         fmt(o["summary"]["midsave"]["median"] - o["summary"]["midsave_resident"]["median"], 0)]
+                        for size, o in data.items()]),
+              command="early configuration: after a resident turn, wait for kv.session.save.start, then send")
     res.note("\"share outside the calls\" = switch TTFT - wall time of the /slots HTTP calls - resident TTFT: "
-             "kvpersist's own work on a switch (coordination and the manifest write). \"of which manifest "
-             "write\": from kvpersist's log timestamps (1 ms resolution), the time between the end of the save "
-             "call and kv.session.save.success, i.e. the manifest written atomically (temp file, fsync, rename, "
-             "directory fsync) before the restore may start. The "
-             "difference between the calls' wall time and llama-server's save_ms + restore_ms is llama-server's "
-             "task queue and HTTP handling around the file I/O.")
+             "kvpersist's own work on a switch. \"save call end to commit\": from kvpersist's log timestamps "
+             "(1 ms resolution), the time between the end of the save call and kv.session.save.success, i.e. the "
+             "commit (snapshot fsync in shared-filesystem mode, then the manifest written atomically). It runs "
+             "alongside the arriving session's restore (docs/design.md §11), so only the part that outlasts the "
+             "restore is on the switch's path. The difference between the calls' wall time and llama-server's "
+             "save_ms + restore_ms is llama-server's task queue and HTTP handling around the file I/O. With the "
+             "early checkpoint the switch is sent once the departing session's checkpoint has been committed, "
+             "so save_ms is 0: the switch is a restore only.")
     res.dat("switch.dat", "tokens cold ramcache kv_switch resident ramcache_restart kv_restart cold_min cold_max "
-            "kv_min kv_max ram_min ram_max", prow)
+            "kv_min kv_max ram_min ram_max early early_min early_max", prow)
     res.plots.append("switch.png")
     for size, o in data.items():
         kr = o["kv_restart"][0]
@@ -372,8 +410,6 @@ def main() -> int:
                      "{:,}".format(o.get("evicted_bytes", 0)), kr.get("cache_n"),
                      (kr.get("prompt_n") or 0) + (kr.get("cache_n") or 0), len(o["kv_restart"]),
                      len(o["ramcache_restart"])))
-    for n in idle_checkpoint_notes(data):
-        res.note(n)
     for size, est in skipped:
         res.note("%d tokens: NOT measured; the estimated run time (%.0f s, from the previous size's cold prefill) "
                  "exceeded the budget of %.0f s (--budget-s)." % (size, est, budget))

@@ -49,8 +49,7 @@ net::awaitable<void> coordinator::load_state() {
   const auto snapshot_dir = opts_.snapshot_dir;
   std::function<core::result<loaded_state>()> work = [store, snapshot_dir] {
     loaded_state st;
-    auto mutable_store = store;
-    if (auto r = mutable_store.open(); !r) st.unavailable = r.err();
+    if (auto r = store.open(); !r) st.unavailable = r.err();
     else st.manifests = store.load_all(st.skipped);
     if (!snapshot_dir.empty() && ::access(snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0)
       st.snapshot_dir_problem = std::strerror(errno);

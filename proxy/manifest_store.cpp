@@ -72,7 +72,7 @@ std::string manifest_store::path_for(const std::string& hash) const {
   return sessions_dir_ + "/" + hash + ".json";
 }
 
-core::result<core::unit> manifest_store::open() {
+core::result<core::unit> manifest_store::open() const {
   std::error_code ec;
   fs::create_directories(sessions_dir_, ec);
   if (ec)

@@ -18,7 +18,7 @@ class manifest_store {
   explicit manifest_store(std::string state_dir);
 
   // Creates <state_dir>/sessions (mode 0700). Error: metadata_io with the reason.
-  core::result<core::unit> open();
+  core::result<core::unit> open() const;
   // Every manifest that parses; the others are reported in `skipped` ("file: reason")
   // and left in place (a cache problem costs a cold prefill, never a crash).
   std::vector<core::manifest> load_all(std::vector<std::string>& skipped) const;
