@@ -8,10 +8,10 @@ as on a hung NFS mount. Two phases, each with the same beta streams (--streams s
 --events events, one every --interval ms, each event stamped by the stub when written):
 
   quiet    nothing else happens.
-  stalled  the gate is held for --stall-s seconds from the first stuck fsync, while two
-           sessions take turns on alpha, so each switch's manifest write hangs until
-           failure.fileTimeoutMs (--file-timeout-ms) and fails into the failure policy. The beta
-           streams start when the first fsync is stuck.
+  stalled  beta's streams start, and while the first is in flight the gate is held (for
+           --stall-s seconds from the first stuck fsync) and two sessions take turns on alpha,
+           so each switch's manifest write hangs until failure.fileTimeoutMs
+           (--file-timeout-ms) and fails into the failure policy.
 
 Per beta event: delay = client receive time - the stub's write time (both CLOCK_MONOTONIC).
 The stalled phase's delays against the quiet phase's tell whether one server's stuck disk
@@ -81,20 +81,24 @@ def phase(port: int, a) -> list[float]:
     return delays
 
 
-def measure(binary: str, shim: str, work: str, a) -> dict:
+def measure(binary: str, shim: str, work: str, a, baseline: bool = False) -> dict:
     """The quiet and stalled phases against one kvpersist binary: beta's delays, alpha's answers."""
     os.makedirs(work, exist_ok=True)
     gate = os.path.join(work, "stall.gate")
     stubs = [lib.start_sse_stub(work, "stub-" + n, "slots-" + n) for n in ("alpha", "beta")]
     (_, alpha), (_, beta) = stubs
     url = "http://%s:%d"
-    kv = lib.KvPersist(binary, alpha, work, extra={
+    extra = {} if baseline else {"failure": {"fileTimeoutMs": a.file_timeout_ms}}  # a key it may not know
+    kv = lib.KvPersist(binary, alpha, work, extra=dict(extra, **{
         "checkpoint": {"idleMs": 0}, "epochProbeIntervalMs": 0,
-        "failure": {"fileTimeoutMs": a.file_timeout_ms},
         "servers": {"alpha": {"url": url % (lib.HOST, alpha)}, "beta": {"url": url % (lib.HOST, beta)}},
-        "routes": [{"header": "X-Backend", "value": "beta", "server": "beta"}]},
+        "routes": [{"header": "X-Backend", "value": "beta", "server": "beta"}]}),
         env={"LD_PRELOAD": shim, "KVP_STALL_MATCH": "/servers/alpha/sessions/", "KVP_STALL_WHILE": gate})
     out = {"quiet": phase(kv.port, a)}
+    stalled: list[float] = []
+    beta_streams = threading.Thread(target=lambda: stalled.extend(phase(kv.port, a)), daemon=True)
+    beta_streams.start()
+    time.sleep(0.2)  # beta's first stream is in flight
     open(gate, "w").close()
     stop, served = threading.Event(), []
     t = threading.Thread(target=alpha_switches, args=(kv.port, stop, served), daemon=True)
@@ -103,7 +107,8 @@ def measure(binary: str, shim: str, work: str, a) -> dict:
     try:
         lib.wait_until(lambda: os.path.exists(gate + ".hit"), 10, "alpha's manifest write to hang", [kv.proc])
         release.start()  # a kvpersist that waits for the disk on its relay thread gets it back then
-        out["stalled"] = phase(kv.port, a)
+        beta_streams.join(120)
+        out["stalled"] = stalled
     finally:
         release.cancel()
         stop.set()
@@ -140,7 +145,7 @@ def main() -> int:
         runs = [("kvpersist", a.kvpersist)] + ([("baseline", a.baseline)] if a.baseline else [])
         rows, summary = [], {}
         for label, binary in runs:
-            m = measure(binary, shim, os.path.join(work, label), a)
+            m = measure(binary, shim, os.path.join(work, label), a, label == "baseline")
             for name in ("quiet", "stalled"):
                 ds = m[name]
                 rows.append([label, name, len(ds), fmt(pct(ds, 50)), fmt(pct(ds, 99)), fmt(max(ds))])
