@@ -308,7 +308,9 @@ def test_random_walk_invariants(stack):
     print("random walk: KVP_FAULT_SEED=%d KVP_FAULT_STEPS=%d" % (seed, STEPS))
     if LONG:
         signal.alarm(int(STEPS * 0.6) + 120)      # the long walk outlives the 90 s backstop
-    stack.start_upstream()
+    # 2000 steps grow each conversation past 8K tokens: a long walk gets the context a long
+    # agent session has, so that only kvpersist's behaviour can fail it
+    stack.start_upstream(**({"n_ctx": 65536} if STEPS > 400 else {}))
     w = Walk(stack, seed)
     w.start_proxy()
     t0 = now()
