@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 from lib import BenchError, fmt, md_table, pct  # noqa: E402
+from streaming import stub_deltas  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,12 +54,7 @@ def beta_stream(port: int, events: int, interval: int) -> list[float]:
     r = lib.sse_request(port, "/v1/chat/completions", body, {"X-Backend": "beta"}, timeout=60)
     if r["status"] != 200:
         raise BenchError("beta stream answered %s" % r["status"])
-    out = []
-    for t, ev, _ in r["events"]:
-        j = lib.event_json(ev)
-        if j and "t_ns" in j:
-            out.append((t - j["t_ns"]) / 1e6)
-    return out
+    return stub_deltas(r)
 
 
 def alpha_switches(port: int, stop: threading.Event, served: list) -> None:

@@ -96,16 +96,7 @@ class EventStream:
                 return SseEvent(int(fields["id"]), fields["event"], json.loads(fields["data"]))
 
     def wait_for(self, event: str, session: str, timeout: float = 5.0) -> SseEvent:
-        deadline = time.monotonic() + timeout
-        seen = []
-        while (left := deadline - time.monotonic()) > 0:
-            e = self.next(left)
-            if e is None:
-                break
-            seen.append((e.event, e.data.get("session")))
-            if e.event == event and e.data.get("session") == session:
-                return e
-        raise AssertionError("no %s for %s within %.1f s; saw %r" % (event, session, timeout, seen))
+        return self.wait_for_all([(event, session)], timeout)[0]
 
     def wait_for_all(self, wanted: list[tuple[str, str]], timeout: float = 5.0) -> list[SseEvent]:
         """Each (event, session) of `wanted`, in whatever order they come (a switch's commit runs
@@ -195,26 +186,6 @@ class _WebSocket:
                 message += payload
                 if b0 & 0x80:
                     return message.decode("utf-8")
-
-    def wait_for_all(self, wanted: list[tuple[str, str]], timeout: float = 5.0) -> list[SseEvent]:
-        """Each (event, session) of `wanted`, in whatever order they come (a switch's commit runs
-        alongside the arriving session's restore: docs/design.md §11); returned in `wanted`'s order."""
-        deadline = time.monotonic() + timeout
-        found: dict[int, SseEvent] = {}
-        seen = []
-        while len(found) < len(wanted) and (left := deadline - time.monotonic()) > 0:
-            e = self.next(left)
-            if e is None:
-                break
-            seen.append((e.event, e.data.get("session")))
-            for i, (event, session) in enumerate(wanted):
-                if i not in found and e.event == event and e.data.get("session") == session:
-                    found[i] = e
-                    break
-        if len(found) < len(wanted):
-            raise AssertionError("missing %r within %.1f s; saw %r"
-                                 % ([w for i, w in enumerate(wanted) if i not in found], timeout, seen))
-        return [found[i] for i in range(len(wanted))]
 
     def close(self):
         self.sock.close()
