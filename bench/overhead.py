@@ -54,6 +54,11 @@ def stub_conf(port: int) -> str:
       return 400 '{{"error":{{"code":400,"message":"Invalid action","type":"invalid_request_error"}}}}';
     }}
     location = /v1/chat/completions {{ return 200 '{CHAT}'; }}
+    # what kvpersist's probe reads besides /props: absent routes (as on an older llama-server),
+    # and a behaviour probe that reports no token probabilities (a runtime it cannot tell apart)
+    location = /v1/models {{ return 404 '{{"error":{{"code":404,"message":"not found"}}}}'; }}
+    location = /lora-adapters {{ return 404 '{{"error":{{"code":404,"message":"not found"}}}}'; }}
+    location = /completion {{ return 200 '{{"content":"ok"}}'; }}
   }}"""
 
 
@@ -168,6 +173,12 @@ def main() -> int:
         kv = lib.KvPersist(args.kvpersist, up, work)
         kvp = lib.KvPersist(args.kvpersist, up, work, name="kvpersist-passthrough",
                             extra={"sessions": {"unmanaged": "passthrough"}})
+        # The resident path is measured only if persistence is on: a probe that fails is
+        # retried on every request, which would be measured instead.
+        for k in (kv, kvp):
+            if not any(e == "kv.backend.ready" for e, _ in k.events()):
+                raise BenchError("kvpersist did not take the stub for a usable llama-server: %s"
+                                 % lib.tail(k.log_path, 5))
         mark = kv.lines()
         paths = {"direct": (up, script), "kvpersist": (kv.port, script), "nginx": (ngp, script),
                  "kvpersist passthrough": (kvp.port, script_ns)}

@@ -166,6 +166,10 @@ def headlines(results: dict) -> list[str]:
                       h["restore_ms"]["median"], h["kv_resident"]["median"],
                       "; with the early checkpoint %.1f ms" % h["early_share_ms"]["median"]
                       if "early_share_ms" in h else ""))
+        if h.get("early_own_ms", {}).get("median") is not None:
+            out.append("**kvpersist's own time before forwarding a switch** (%s tokens, from its log): %.1f ms with "
+                       "the early checkpoint, %.1f ms with the save on the path (the rest of the share above is "
+                       "llama-server's)." % (big, h["early_own_ms"]["median"], h["own_ms"]["median"]))
         if sw.get("skipped"):
             out.append("Not measured (over the time budget): %s-token prompts." % ", ".join(map(str, sw["skipped"])))
     sd = results.get("seed", {}).get("headline", {})

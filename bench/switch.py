@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -161,6 +162,35 @@ def wait_clean(kv: lib.KvPersist, timeout: float) -> None:
     lib.wait_until(clean, timeout, "kvpersist's early checkpoint", [kv.proc], interval=0.05)
 
 
+def own_ms(kv: lib.KvPersist, mark: int) -> float | None:
+    """kvpersist's own time on a switch before the request is forwarded, from its log (1 ms
+    timestamps): from the lease's grant (kv.slot.acquire) to the end of the later of the restore
+    and the departing session's commit (kv.session.restore.success, kv.session.save.success),
+    minus the wall time of the /slots calls in between. What is left is the strand's work, the
+    file pool's round trips and, when it outlasts the restore, the commit."""
+    import datetime
+    t_acquire, t_end, calls = None, None, 0.0
+    for raw in lib.read(kv.log_path).splitlines()[mark:]:
+        parts = raw.split()
+        if len(parts) < 3:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() * 1000
+        except ValueError:
+            continue
+        event = parts[2]
+        if event == "kv.slot.acquire" and t_acquire is None:
+            t_acquire = t
+        elif event in ("kv.session.restore.success", "kv.session.save.success") and t_acquire is not None:
+            t_end = t if t_end is None else max(t_end, t)
+        elif event == "kv.backend.call" and t_acquire is not None and re.search(r"action=(save|restore|erase)", raw):
+            m = re.search(r" ms=([0-9.]+)", raw)
+            calls += float(m.group(1)) if m else 0.0
+        elif event == "kv.request.done":
+            break
+    return None if t_acquire is None or t_end is None else t_end - t_acquire - calls
+
+
 def log_turn(cfg: str, size: int, what: str, r: dict) -> None:
     lib.log("switch %s %5d %-16s TTFT %8.1f ms  prompt_n %s cache_n %s" % (
         cfg, size, what, r["ttft"] * 1000, r.get("prompt_n"), r.get("cache_n")))
@@ -224,7 +254,7 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                         if "kv.session.restore.success" not in evs:
                             raise BenchError("%s did not restore session %s on its return (log: %s)" % (cfg, s, evs))
                         r.update(save_ms=save, restore_ms=restore, calls_ms=calls,
-                                 manifest_ms=manifest_ms(proxy[cfg], mark))
+                                 manifest_ms=manifest_ms(proxy[cfg], mark), own_ms=own_ms(proxy[cfg], mark))
                     res_mark = kve.lines()
                     res_r = turn(cfg, s, "resident")
                     r["resident"] = res_r["ttft"]
@@ -354,16 +384,18 @@ def main() -> int:
         esh = S(o["early_switch"], "share", ms)
         shares.append([size, "save on the path", fmt_mmm(kvs, 0), fmt_mmm(sv, 1), fmt_mmm(rs, 1), fmt_mmm(cl, 1),
                        fmt_mmm(kres, 1), fmt_mmm(sh, 1), fmt(100 * sh["median"] / kvs["median"], 1) + "%",
-                       fmt_mmm(oc, 1), fmt_mmm(mf, 0)])
+                       fmt_mmm(oc, 1), fmt_mmm(mf, 0), fmt_mmm(S(o["kv_switch"], "own_ms"), 1)])
         shares.append([size, "early checkpoint", fmt_mmm(ear, 0), fmt_mmm(S(o["early_switch"], "save_ms"), 1),
                        fmt_mmm(S(o["early_switch"], "restore_ms"), 1), fmt_mmm(S(o["early_switch"], "calls_ms"), 1),
                        fmt_mmm(S(o["early_resident"], scale=ms), 1), fmt_mmm(esh, 1),
                        fmt(100 * esh["median"] / ear["median"], 1) + "%",
-                       fmt_mmm(S(o["early_switch"], "outside_calls", ms), 1), "-"])
+                       fmt_mmm(S(o["early_switch"], "outside_calls", ms), 1), "-",
+                       fmt_mmm(S(o["early_switch"], "own_ms"), 1)])
         o["summary"] = {"cold": cold, "kv_switch": kvs, "early_switch": ear, "ramcache": ram, "kv_resident": kres,
                         "kv_restart": kvr, "ramcache_restart": ramr, "speedup_vs_cold": sp_cold, "save_ms": sv,
                         "restore_ms": rs, "share_ms": sh, "early_share_ms": esh, "calls_ms": cl,
-                        "outside_calls_ms": oc, "manifest_ms": mf, "midsave": mid, "midsave_resident": mid_res}
+                        "outside_calls_ms": oc, "manifest_ms": mf, "midsave": mid, "midsave_resident": mid_res,
+                        "own_ms": S(o["kv_switch"], "own_ms"), "early_own_ms": S(o["early_switch"], "own_ms")}
     if not data:
         raise BenchError("no size was measured")
     first = data[next(iter(data))]
@@ -378,7 +410,8 @@ def main() -> int:
     res.table("kvpersist's own share of a switch, ms: switch TTFT - (save_ms + restore_ms) - resident TTFT",
               md_table(["prompt tokens", "kvpersist", "switch TTFT", "save_ms", "restore_ms",
                         "save+restore HTTP calls", "resident TTFT", "kvpersist share", "share of switch",
-                        "share outside the calls", "save call end to commit"], shares),
+                        "share outside the calls", "save call end to commit", "kvpersist's own, from its log"],
+                       shares),
               command="save_ms/restore_ms: llama-server's timings, from kvpersist's kv.session.save.success / "
                       "restore.success lines; HTTP calls: wall time of the /slots calls (kv.backend.call, "
                       "--log-level debug)")
