@@ -201,6 +201,8 @@ def headlines(results: dict) -> list[str]:
                     "nginx %.0f and %.0f." % (g("16", "kvpersist"), g("64", "kvpersist"),
                                               g("16", "kvpersist passthrough"), g("64", "kvpersist passthrough"),
                                               g("16", "nginx"), g("64", "nginx")))
+        if ov.get("caution"):
+            txt = "(CAUTION: %s) %s" % (ov["caution"], txt)
         out.append(txt)
     if ov.get("real"):
         r = ov["real"]
