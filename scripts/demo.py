@@ -504,6 +504,9 @@ def describe(turn: Turn, events: list, names: dict[str, str], with_ms: bool = Tr
             parts.append(ev)
     if not parts:
         parts.append("slot already held" if turn.cache_n else "nothing logged")
+    # The departing session's save comes first in words; in the log its commit often lands
+    # after the arriving session's restore, which runs alongside it (docs/design.md §11).
+    parts.sort(key=lambda p: 0 if p == "noticed the restart" else 1 if p.startswith(("saved ", "save of ")) else 2)
     return ", ".join(parts)
 
 
