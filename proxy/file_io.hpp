@@ -48,11 +48,11 @@ class file_io {
 
  private:
   struct shared_state;
-  // A job runs its work and returns what delivers the result; the pool calls that only while
-  // it is not stopping, so nothing is posted to an executor that may be gone.
-  using job = std::function<std::function<void()>()>;
-  // Queues a job; false if the queue is full or the pool is stopping.
-  bool submit(job j);
+  // Queues `work` (which stores its result itself) and registers `wake`, which tells the
+  // caller's executor that the result is there. The pool keeps `wake` (it holds the caller's
+  // executor) and runs or destroys it only while the pool exists, so nothing that refers to
+  // an io_context outlives the pool on a worker thread. False if the queue is full.
+  bool submit(std::function<void()> work, std::function<void()> wake);
   core::error timed_out(std::string_view what) const;
   static core::error queue_full(std::string_view what);
 
@@ -63,33 +63,38 @@ class file_io {
 template <class T>
 net::awaitable<core::result<T>> file_io::run(std::string_view what,
                                              std::function<core::result<T>()> work) {
-  // The caller waits on `wake`, a timer on its own executor: the worker moves its expiry to
-  // the past through a post to that executor, which completes the wait (a timer is touched
-  // only on its executor); the deadline itself is the timer's first expiry.
+  // The result goes into `box`, shared with the worker. The caller waits on `wake`, a timer
+  // on its own executor whose first expiry is the deadline; the worker's wake-up moves that
+  // expiry to the past through a post to the same executor (a timer is touched only there).
+  // The worker holds the box, never the timer: a call that timed out is destroyed with its
+  // coroutine, and a late wake-up finds it gone.
+  struct box {
+    std::mutex mu;
+    std::optional<core::result<T>> out;
+  };
   struct call {
     explicit call(net::any_io_executor ex) : wake(std::move(ex)) {}
     steady_timer wake;
-    std::mutex mu;
-    std::optional<core::result<T>> out;
+    std::shared_ptr<box> result = std::make_shared<box>();
   };
   auto ex = co_await net::this_coro::executor;
   auto c = std::make_shared<call>(ex);
   c->wake.expires_after(timeout_);
-  const bool queued = submit([c, ex, work = std::move(work)]() mutable -> std::function<void()> {
+  auto do_work = [b = c->result, work = std::move(work)] {
     auto r = work();
-    {
-      std::lock_guard lock(c->mu);
-      c->out.emplace(std::move(r));
-    }
-    return [c, ex] {
-      net::post(ex, [c] { c->wake.expires_at(steady_timer::time_point::min()); });
-    };
-  });
-  if (!queued) co_return queue_full(what);
+    std::lock_guard lock(b->mu);
+    b->out.emplace(std::move(r));
+  };
+  auto do_wake = [ex, weak = std::weak_ptr<call>(c)] {
+    net::post(ex, [weak] {
+      if (auto alive = weak.lock()) alive->wake.expires_at(steady_timer::time_point::min());
+    });
+  };
+  if (!submit(std::move(do_work), std::move(do_wake))) co_return queue_full(what);
   auto [ec] = co_await c->wake.async_wait(token);
   (void)ec;  // fired: the deadline; cancelled: the worker's answer
-  std::lock_guard lock(c->mu);
-  if (c->out) co_return std::move(*c->out);
+  std::lock_guard lock(c->result->mu);
+  if (c->result->out) co_return std::move(*c->result->out);
   co_return timed_out(what);
 }
 
