@@ -126,23 +126,29 @@ def kv_switch_ms(kv: lib.KvPersist, mark: int) -> tuple[float, float, float, lis
     return save, restore, calls, evs
 
 
-def manifest_ms(kv: lib.KvPersist, mark: int) -> float:
-    """Time between the end of the save call (its kv.backend.call line) and kv.session.save.success,
-    from the log's millisecond timestamps: kvpersist's manifest write (temp file, fsync, rename,
-    directory fsync) after a save."""
+def timed_lines(kv: lib.KvPersist, mark: int):
+    """(ms timestamp, event, raw line) of kvpersist's log lines after line `mark`."""
     import datetime
-    total, t_call = 0.0, None
-    for line in lib.read(kv.log_path).splitlines()[mark:]:
-        parts = line.split()
+    for raw in lib.read(kv.log_path).splitlines()[mark:]:
+        parts = raw.split()
         if len(parts) < 3:
             continue
         try:
             t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() * 1000
         except ValueError:
             continue
-        if parts[2] == "kv.backend.call" and "action=save" in line:
+        yield t, parts[2], raw
+
+
+def manifest_ms(kv: lib.KvPersist, mark: int) -> float:
+    """Time between the end of the save call (its kv.backend.call line) and kv.session.save.success,
+    from the log's millisecond timestamps: kvpersist's manifest write (temp file, fsync, rename,
+    directory fsync) after a save."""
+    total, t_call = 0.0, None
+    for t, event, line in timed_lines(kv, mark):
+        if event == "kv.backend.call" and "action=save" in line:
             t_call = t
-        elif parts[2] == "kv.session.save.success" and t_call is not None:
+        elif event == "kv.session.save.success" and t_call is not None:
             total += t - t_call
             t_call = None
     return total
@@ -168,17 +174,8 @@ def own_ms(kv: lib.KvPersist, mark: int) -> float | None:
     and the departing session's commit (kv.session.restore.success, kv.session.save.success),
     minus the wall time of the /slots calls in between. What is left is the strand's work, the
     file pool's round trips and, when it outlasts the restore, the commit."""
-    import datetime
     t_acquire, t_end, calls = None, None, 0.0
-    for raw in lib.read(kv.log_path).splitlines()[mark:]:
-        parts = raw.split()
-        if len(parts) < 3:
-            continue
-        try:
-            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() * 1000
-        except ValueError:
-            continue
-        event = parts[2]
+    for t, event, raw in timed_lines(kv, mark):
         if event == "kv.slot.acquire" and t_acquire is None:
             t_acquire = t
         elif event in ("kv.session.restore.success", "kv.session.save.success") and t_acquire is not None:
