@@ -269,28 +269,25 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const int slot = t->slot;
   if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
   co_await refresh_runtime(slot);
-  const auto now = steady_clock::now();
-  if (pool_.persistence_enabled() && !who.session_id.empty() && who.purpose.empty()) {
+  const bool session = !who.session_id.empty() && who.purpose.empty();
+  const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who.session_id)
+                                                                 : std::string();
+  if (!own.empty() && pool_.slot_of(own) < 0) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
     // sharing the snapshot and state directories saved it). One small read, never on the
-    // resident path.
-    const auto h = pool_.hash_for(who.session_id);
-    if (pool_.slot_of(h) < 0) {
-      // Its own commit may still be in flight (it left this or another slot moments ago).
-      const auto committed = co_await wait_commit(h);
-      (void)committed;
-      auto m = co_await read_manifest(h);
-      if (m) pool_.add_manifest(std::move(*m));
-    }
+    // resident path. Its own commit may still be in flight (it left a slot moments ago).
+    const auto committed = co_await wait_commit(own);
+    (void)committed;
+    auto m = co_await read_manifest(own);
+    if (m) pool_.add_manifest(std::move(*m));
   }
-  const bool session = !who.session_id.empty() && who.purpose.empty();
-  if (const auto owner = pool_.owner(slot);
-      !owner.empty() && (!session || owner != pool_.hash_for(who.session_id))) {
+  if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
     // owner is clean and needs no second save. The owner itself never waits for it.
     const auto committed = co_await wait_commit(owner);
     (void)committed;
   }
+  const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
   const std::string before = pool_.owner(slot);
   auto plan = pool_.prepare(who, slot, now, wall_now());
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
