@@ -31,6 +31,11 @@ struct layout {
   bool text_is_one_message;                // a string there is the only (user) message
   bool raw_text;                           // a prompt string, chained in fixed-size chunks
   std::vector<std::string_view> preamble;  // members of the body that go into link 0
+  // Members llama-server's converter drops before the chat template renders the prompt
+  // (docs/design.md §3, "What is chained"): skipped in an element and in the objects directly
+  // inside it (a message's content blocks, a tool), never deeper (a tool's JSON schema may
+  // name a property so).
+  std::vector<std::string_view> unrendered;
 };
 
 const layout* layout_of(std::string_view target) {
@@ -38,10 +43,17 @@ const layout* layout_of(std::string_view target) {
                            "messages",
                            false,
                            false,
-                           {"chat_template_kwargs", "functions", "response_format", "tools"}};
-  static const layout messages{"messages", "messages", false, false, {"system", "thinking", "tools"}};
-  static const layout responses{"responses", "input", true, false, {"instructions", "tools"}};
-  static const layout raw{"prompt", "prompt", false, true, {}};
+                           {"chat_template_kwargs", "functions", "response_format", "tools"},
+                           {}};
+  static const layout messages{"messages",
+                               "messages",
+                               false,
+                               false,
+                               {"system", "thinking", "tools"},
+                               {"cache_control", "signature"}};
+  static const layout responses{
+      "responses", "input", true, false, {"instructions", "tools"}, {"id", "status"}};
+  static const layout raw{"prompt", "prompt", false, true, {}, {}};
   const std::string path = routed_path(target);
   if (path == "/completion" || path == "/completions" || path == "/v1/completions") return &raw;
   if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/api/chat")
@@ -68,28 +80,31 @@ bool is_system_part(const rapidjson::Value& message) {
 // their order). Parsing bounds the depth (parse_json_bounded), so the recursion is bounded.
 class chain_builder {
  public:
-  explicit chain_builder(std::string_view family)
-      : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free), previous_(family) {}
+  explicit chain_builder(const layout& l)
+      : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free), previous_(l.family), unrendered_(&l.unrendered) {}
 
   void begin() {
     EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
     feed_text(previous_);
   }
-  void feed(const rapidjson::Value& v) {
+  // `depth`: 0 for an element, 1 inside it, ...; unrendered members are skipped at 0 and 1.
+  void feed(const rapidjson::Value& v, int depth = 0) {
     if (v.IsObject()) {
       std::vector<const member*> members;
       members.reserve(v.MemberCount());
-      for (const auto& m : v.GetObject()) members.push_back(&m);
+      for (const auto& m : v.GetObject())
+        if (depth > 1 || !unrendered(name_of(m))) members.push_back(&m);
       std::stable_sort(members.begin(), members.end(),
                        [](const member* a, const member* b) { return name_of(*a) < name_of(*b); });
       feed_tag('{', members.size());
       for (const member* m : members) {
         feed_text(name_of(*m));
-        feed(m->value);
+        feed(m->value, depth + 1);
       }
     } else if (v.IsArray()) {
+      // An array is no level of its own: a message's content blocks are one level inside it.
       feed_tag('[', v.Size());
-      for (const auto& e : v.GetArray()) feed(e);
+      for (const auto& e : v.GetArray()) feed(e, depth);
     } else if (v.IsString()) {
       feed_text({v.GetString(), v.GetStringLength()});
     } else if (v.IsInt64()) {
@@ -122,8 +137,13 @@ class chain_builder {
   }
 
  private:
+  bool unrendered(std::string_view name) const {
+    return std::find(unrendered_->begin(), unrendered_->end(), name) != unrendered_->end();
+  }
+
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
   std::string previous_;
+  const std::vector<std::string_view>* unrendered_;
 };
 
 // Link 0: the preamble members present in the body, then the leading system messages.
@@ -135,7 +155,7 @@ std::size_t feed_preamble(chain_builder& b, const layout& l, const rapidjson::Va
     const auto it = body.FindMember(rapidjson::StringRef(key.data(), key.size()));
     if (it == body.MemberEnd()) continue;
     b.feed_text(key);
-    b.feed(it->value);
+    b.feed(it->value, 1);  // a preamble member is inside link 0's element: tools[i] at level 1
     ++members;
   }
   std::size_t taken = 0;
@@ -153,7 +173,7 @@ std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::V
   if (!prompt.IsString()) return std::nullopt;  // token arrays, several prompts: not chained
   const std::string_view text(prompt.GetString(), prompt.GetStringLength());
   prefix_chain chain;
-  chain_builder b(l.family);
+  chain_builder b(l);
   b.begin();
   b.link(chain);
   chain.empty_preamble = true;
@@ -182,7 +202,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   if (!messages.IsArray() && !single) return std::nullopt;
 
   prefix_chain chain;
-  chain_builder b(l->family);
+  chain_builder b(*l);
   b.begin();
   std::size_t members = 0;
   const std::size_t leading = feed_preamble(b, *l, doc, messages, members);

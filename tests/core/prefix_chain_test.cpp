@@ -194,3 +194,54 @@ TEST_CASE("a 60 KB agent request is chained once per request", "[core][prefix_ch
   const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0);
   WARN("prefix_chain_of on " << big.size() << " bytes: " << us.count() / n << " us per request");
 }
+
+TEST_CASE("members llama-server does not render are not chained", "[core][prefix_chain]") {
+  // Codex: every Responses item carries an id (and a status) that differs per thread.
+  const auto thread_a = chain(
+      R"({"instructions":"agent","input":[{"type":"message","role":"developer","id":"msg_ed29",
+          "content":[{"type":"input_text","text":"env"}]},
+          {"type":"message","role":"user","id":"msg_ed2a","status":"completed",
+           "content":[{"type":"input_text","text":"task one"}]}]})",
+      "/v1/responses");
+  const auto thread_b = chain(
+      R"({"instructions":"agent","input":[{"type":"message","role":"developer","id":"msg_e96e",
+          "content":[{"type":"input_text","text":"env"}]},
+          {"type":"message","role":"user","id":"msg_e96f",
+           "content":[{"type":"input_text","text":"task two"}]}]})",
+      "/v1/responses");
+  REQUIRE(thread_a.links.size() == 2);
+  CHECK(thread_a.links[0] == thread_b.links[0]);  // instructions and the developer item
+  CHECK(thread_a.links[1] != thread_b.links[1]);  // the user's own text still counts
+
+  const auto call = [](std::string_view id) {
+    return chain(R"({"input":[{"role":"user","content":"go"},{"type":"function_call","id":")" +
+                     std::string(id) + R"(","call_id":"c1","name":"ls","arguments":"{}"}]})",
+                 "/v1/responses");
+  };
+  CHECK(call("fc_1").links == call("fc_2").links);
+
+  // Anthropic: cache_control on system blocks, content blocks and tools; thinking signatures.
+  const auto anthropic = [](std::string_view mark, std::string_view sig) {
+    const std::string cc(mark);
+    return chain(R"({"system":[{"type":"text","text":"You are Claude Code."
+                     )" + cc + R"(}],"tools":[{"name":"Read","input_schema":{"type":"object"})" +
+                     cc + R"(}],"messages":[{"role":"user","content":[{"type":"text","text":"hi")" +
+                     cc + R"(}]},{"role":"assistant","content":[{"type":"thinking",
+                     "thinking":"hm","signature":")" + std::string(sig) + R"("}]}]})",
+                 "/v1/messages");
+  };
+  const auto plain = anthropic("", "s1");
+  const auto marked = anthropic(R"(,"cache_control":{"type":"ephemeral"})", "s2");
+  CHECK(plain.links == marked.links);
+
+  // Deeper than a block, a member of that name is content: a tool schema's property.
+  const auto schema = [](std::string_view props) {
+    return chain(R"({"tools":[{"name":"t","input_schema":{"properties":{)" + std::string(props) +
+                     R"(}}}],"messages":[{"role":"user","content":"x"}]})",
+                 "/v1/messages");
+  };
+  CHECK(schema(R"("cache_control":{})").links[0] != schema("").links[0]);
+  // Chat completions keep every member: a message's name is rendered by some templates.
+  CHECK(chain(body(R"({"role":"user","content":"x","id":"1"})")).links !=
+        chain(body(R"({"role":"user","content":"x","id":"2"})")).links);
+}
