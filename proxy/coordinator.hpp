@@ -18,6 +18,7 @@
 #include "backends/net.hpp"
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
+#include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "proxy/file_io.hpp"
 #include "proxy/manifest_store.hpp"
@@ -42,18 +43,13 @@ struct coordinator_options {
   std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
 };
 
-// What a response told about the prompt cache (timings of llama-server's final event).
 // Whose snapshot a restore loaded: a header session's own, a content session's own
 // (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
 // §3). Labels kvpersist_reused_prompt_tokens_total.
 enum class restore_source { own, content, seed };
 std::string_view to_string(restore_source s);
 
-struct response_timings {
-  std::int64_t cache_n = -1;
-  std::int64_t prompt_n = -1;
-  double prompt_ms = -1;
-};
+using core::response_timings;
 
 // What the session's last restore paid: tokens restored, and how many of them the next
 // response reused (llama-server's cache_n; -1 until that response is read).

@@ -364,7 +364,8 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   write_restore_counters(m, st, unpaid_restores_);
   write_save_counters(m, st);
   w.family("kvpersist_reused_prompt_tokens_total", "counter",
-           "Prompt tokens llama-server reused (timings.cache_n) on requests right after a "
+           "Prompt tokens llama-server reused (timings.cache_n, or the API's cached-token count: "
+           "docs/llama-server.md §12) on requests right after a "
            "restore, by whose snapshot it was: own (a header session's), content (a content "
            "session's own) or seed (another session's sharing a prefix).");
   for (auto source : {restore_source::own, restore_source::content, restore_source::seed})

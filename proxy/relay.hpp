@@ -64,10 +64,11 @@ void expire(S& s, std::chrono::milliseconds d) {
   if constexpr (requires { s.expires_after(d); }) s.expires_after(d);
 }
 
-// Keeps the first 256 bytes and the last 8-16 KiB of the body: a stream's final event
-// (timings, finish reason) is at its end, a whole OpenAI reply's finish_reason at its start
-// (core/reply_end.hpp reads both).
-inline constexpr std::size_t kept_head_bytes = 256;
+// Keeps the first KiB and the last 8-16 KiB of the body: a stream's final event (timings,
+// finish reason) is at its end; a whole OpenAI reply's finish_reason, and a Messages stream's
+// `message_start` with its reused-token count, at its start (core/reply_end.hpp and
+// core/response_timings.hpp read both).
+inline constexpr std::size_t kept_head_bytes = 1024;
 inline void keep_tail(std::string* tail, const char* data, std::size_t n) {
   if (!tail || n == 0) return;
   tail->append(data, n);

@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
+#include "core/response_timings.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
@@ -124,32 +125,6 @@ std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle
   const std::chrono::milliseconds period = sleep_idle;
   const auto before = std::max(period - std::chrono::seconds(1), period / 2);
   return idle.count() > 0 ? std::min(idle, before) : before;
-}
-
-response_timings parse_timings(std::string_view tail) {
-  // The last occurrence wins: in a stream, the final event carries the request's totals.
-  auto number_after = [&](std::string_view key) -> std::optional<double> {
-    auto pos = tail.rfind(key);
-    if (pos == std::string_view::npos) return std::nullopt;
-    pos += key.size();
-    while (pos < tail.size() && (tail[pos] == ' ' || tail[pos] == ':')) ++pos;
-    std::size_t end = pos;
-    while (end < tail.size() && (std::isdigit(static_cast<unsigned char>(tail[end])) ||
-                                 tail[end] == '.' || tail[end] == '-' || tail[end] == 'e' ||
-                                 tail[end] == 'E' || tail[end] == '+'))
-      ++end;
-    if (end == pos) return std::nullopt;
-    try {
-      return std::stod(std::string(tail.substr(pos, end - pos)));
-    } catch (...) {
-      return std::nullopt;
-    }
-  };
-  response_timings t;
-  if (auto v = number_after("\"cache_n\"")) t.cache_n = static_cast<std::int64_t>(*v);
-  if (auto v = number_after("\"prompt_n\"")) t.prompt_n = static_cast<std::int64_t>(*v);
-  if (auto v = number_after("\"prompt_ms\"")) t.prompt_ms = *v;
-  return t;
 }
 
 server::server(net::io_context& ioc, config::config cfg)
@@ -658,7 +633,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   // the slot holds the whole reply either way.
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  if (watch && st.upstream_done) held.record(pr.kind, parse_timings(tail));
+  if (watch && st.upstream_done) held.record(pr.kind, core::parse_response_timings(tail));
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
   held.finish_later(st.request_sent, turn_end);

@@ -21,10 +21,6 @@
 
 namespace kvp::proxy {
 
-// Reads llama-server's `timings` (cache_n, prompt_n, prompt_ms) from the end of a response
-// body: the final SSE event or the JSON object. Missing values stay negative.
-response_timings parse_timings(std::string_view tail);
-
 // checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never).
 std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
                                                   std::chrono::seconds sleep_idle);

@@ -588,7 +588,9 @@ TEST_CASE("every SSE event reaches the client before upstream sends the next", "
   CHECK(std::count(c.sizes.begin(), c.sizes.end(), std::size_t{0}) == 1);
 }
 
-TEST_CASE("the kept body is its first 256 bytes and its last 8-16 KiB", "[relay][tail]") {
+TEST_CASE("the kept body is its first KiB and its last 8-16 KiB", "[relay][tail]") {
+  using kvp::proxy::detail::kept_head_bytes;
+  REQUIRE(kept_head_bytes == 1024);  // a Messages stream's message_start fits
   std::string kept;
   std::string body;
   for (int i = 0; i < 4000; ++i) {  // 32000 bytes, no 8-byte run repeated
@@ -598,9 +600,9 @@ TEST_CASE("the kept body is its first 256 bytes and its last 8-16 KiB", "[relay]
   }
   for (std::size_t at = 0; at < body.size(); at += 1000)
     kvp::proxy::detail::keep_tail(&kept, body.data() + at, std::min<std::size_t>(1000, body.size() - at));
-  REQUIRE(kept.size() >= 8 * 1024 + 256);
+  REQUIRE(kept.size() >= 8 * 1024 + kept_head_bytes);
   REQUIRE(kept.size() <= 16 * 1024);
-  CHECK(kept.substr(0, 256) == body.substr(0, 256));
-  const auto tail_len = kept.size() - 256;
-  CHECK(kept.substr(256) == body.substr(body.size() - tail_len));
+  CHECK(kept.substr(0, kept_head_bytes) == body.substr(0, kept_head_bytes));
+  const auto tail_len = kept.size() - kept_head_bytes;
+  CHECK(kept.substr(kept_head_bytes) == body.substr(body.size() - tail_len));
 }
