@@ -227,6 +227,14 @@ std::string_view to_string(unmanaged_policy value) {
   return "?";
 }
 
+std::string_view to_string(harness_role value) {
+  switch (value) {
+    case harness_role::sub_session: return "subSession";
+    case harness_role::auxiliary: return "auxiliary";
+  }
+  return "?";
+}
+
 std::string_view to_string(sharing_scope value) {
   switch (value) {
     case sharing_scope::instance: return "instance";
@@ -262,6 +270,13 @@ std::optional<slot_mode> parse_slot_mode(std::string_view text) {
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text) {
   for (auto v : {unmanaged_policy::content, unmanaged_policy::auxiliary,
                  unmanaged_policy::passthrough}) {
+    if (text == to_string(v)) return v;
+  }
+  return std::nullopt;
+}
+
+std::optional<harness_role> parse_harness_role(std::string_view text) {
+  for (auto v : {harness_role::sub_session, harness_role::auxiliary}) {
     if (text == to_string(v)) return v;
   }
   return std::nullopt;
@@ -314,6 +329,10 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
   for (std::size_t i = 0; i < cfg.sessions.strip_headers.size(); ++i) {
     auto key = fmt::format("sessions.stripHeaders[{}]", i);
     if (auto p = check_header_name(std::move(key), cfg.sessions.strip_headers[i])) return p;
+  }
+  for (std::size_t i = 0; i < cfg.sessions.harness_headers.size(); ++i) {
+    auto key = fmt::format("sessions.harnessHeaders[{}]", i);
+    if (auto p = check_header_name(std::move(key), cfg.sessions.harness_headers[i].name)) return p;
   }
 
   if (auto p = check_ms("checkpoint.idleMs", cfg.checkpoint.idle, false)) return p;

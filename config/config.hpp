@@ -55,6 +55,22 @@ struct upstream_config {
   bool operator==(const upstream_config&) const = default;
 };
 
+// What a harness's own header says about a request within its session (README "Harnesses",
+// docs/design.md §20).
+enum class harness_role {
+  sub_session,  // another conversation of the session: the sub-session `<session>#<value>`
+  auxiliary,    // a side call (compaction, memory): auxiliary, the owner saved first
+};
+
+struct harness_header {
+  std::string name;
+  harness_role role = harness_role::sub_session;
+  std::string field;                // the value is a JSON object: read this member's string
+  std::vector<std::string> values;  // only these values; empty: any non-empty value
+
+  bool operator==(const harness_header&) const = default;
+};
+
 struct session_config {
   // Ordered: the first header present wins.
   std::vector<std::string> headers = {"X-Session-Id",        "x-claude-code-session-id",
@@ -64,6 +80,13 @@ struct session_config {
   // Removed before forwarding, in addition to the session and purpose headers.
   std::vector<std::string> strip_headers = {"X-Conversation-Id"};
   unmanaged_policy unmanaged = unmanaged_policy::content;
+  // Checked in order, first match wins; only for requests that have a session.
+  std::vector<harness_header> harness_headers = {
+      {"x-openai-subagent", harness_role::auxiliary, "", {"compact", "memory_consolidation"}},
+      {"x-openai-subagent", harness_role::sub_session, "", {}},
+      {"x-codex-turn-metadata", harness_role::auxiliary, "request_kind", {"compaction", "memory"}},
+      {"x-claude-code-agent-id", harness_role::sub_session, "", {}},
+  };
 
   bool operator==(const session_config&) const = default;
 };
@@ -187,7 +210,9 @@ struct config {
   bool reserve_aux_slot = false;  // managed-slots: the highest slot serves auxiliary calls only
   std::string state_dir;  // empty: $XDG_STATE_HOME/kvpersist or ~/.local/state/kvpersist
   session_config sessions;
-  sharing_scope sharing = sharing_scope::instance;
+  // credential: one user's sessions share KV as with `instance`; several API keys on one
+  // server never see each other's (docs/design.md §20).
+  sharing_scope sharing = sharing_scope::credential;
   checkpoint_config checkpoint;
   restore_config restore;
   snapshot_config snapshots;
@@ -264,6 +289,7 @@ bool is_http_token(std::string_view name);
 // Names of enum values as written in YAML ("single-slot", "shared-filesystem", ...).
 std::string_view to_string(slot_mode value);
 std::string_view to_string(unmanaged_policy value);
+std::string_view to_string(harness_role value);
 std::string_view to_string(sharing_scope value);
 std::string_view to_string(snapshot_management value);
 std::string_view to_string(log_format value);
@@ -271,6 +297,7 @@ std::string_view to_string(log_format value);
 // Inverses of to_string(); exact, case-sensitive match. nullopt for anything else.
 std::optional<slot_mode> parse_slot_mode(std::string_view text);
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text);
+std::optional<harness_role> parse_harness_role(std::string_view text);
 std::optional<sharing_scope> parse_sharing_scope(std::string_view text);
 std::optional<snapshot_management> parse_snapshot_management(std::string_view text);
 std::optional<log_format> parse_log_format(std::string_view text);

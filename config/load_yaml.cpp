@@ -100,6 +100,8 @@ class reader {
   std::chrono::seconds read_seconds(const YAML::Node& node, const std::string& path);
   std::string read_string(const YAML::Node& node, const std::string& path);
   std::vector<std::string> read_string_list(const YAML::Node& node, const std::string& path);
+  std::vector<harness_header> read_harness_headers(const YAML::Node& node,
+                                                   const std::string& path);
   template <typename Enum, typename Parse>
   Enum read_enum(const YAML::Node& node, const std::string& path, Parse parse,
                  std::initializer_list<Enum> allowed);
@@ -244,6 +246,34 @@ std::vector<std::string> reader::read_string_list(const YAML::Node& node,
   return out;
 }
 
+// sessions.harnessHeaders: a list of {header, role, field, values}; `header` is required.
+std::vector<harness_header> reader::read_harness_headers(const YAML::Node& node,
+                                                         const std::string& path) {
+  if (node.IsNull()) return {};
+  if (!node.IsSequence())
+    fail(node.Mark(), fmt::format("{}: expected a list of harness headers, got {}", path,
+                                  kind_of(node)));
+  std::vector<harness_header> out;
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& item = node[i];
+    const std::string ip = fmt::format("{}[{}]", path, i);
+    marks_[ip] = item.Mark();
+    harness_header h;
+    read_map(item, ip, {
+      {"header", [&](const YAML::Node& v, const std::string& p) { h.name = read_string(v, p); }},
+      {"role", [&](const YAML::Node& v, const std::string& p) {
+        h.role = read_enum(v, p, parse_harness_role,
+                           {harness_role::sub_session, harness_role::auxiliary});
+      }},
+      {"field", [&](const YAML::Node& v, const std::string& p) { h.field = read_string(v, p); }},
+      {"values", [&](const YAML::Node& v, const std::string& p) { h.values = read_string_list(v, p); }},
+    });
+    if (h.name.empty()) fail(item.Mark(), fmt::format("{}.header: a header name is required", ip));
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 template <typename Enum, typename Parse>
 Enum reader::read_enum(const YAML::Node& node, const std::string& path, Parse parse,
                        std::initializer_list<Enum> allowed) {
@@ -318,6 +348,7 @@ config reader::read_document(const YAML::Node& root) {
                                             unmanaged_policy::auxiliary,
                                             unmanaged_policy::passthrough});
         }},
+        {"harnessHeaders", [&](V v2, P p2) { c.sessions.harness_headers = read_harness_headers(v2, p2); }},
       });
     }},
     {"sharing", [&](V v, P p) {

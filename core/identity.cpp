@@ -48,11 +48,12 @@ std::string runtime_info::fingerprint() const {
 }
 
 std::string session_hash(std::string_view instance_key, std::string_view model_id,
-                         std::string_view session_id) {
+                         std::string_view session_id, std::string_view credential) {
   std::string in = "kvpersist-session-v1;";
   append_field(in, instance_key);
   append_field(in, model_id);
   append_field(in, session_id);
+  if (!credential.empty()) append_field(in, credential);
   return sha256_hex(in);
 }
 

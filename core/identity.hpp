@@ -41,8 +41,10 @@ struct runtime_info {
 
 // The session's snapshot key: hash of the server instance, the model and the session id.
 // One session talking to two models gets two independent snapshots (docs/design.md §3).
+// `credential`: a credential_key() that scopes a header session under `sharing: credential`
+// or `session` (docs/design.md §20); "" leaves the derivation as it was before scopes.
 std::string session_hash(std::string_view instance_key, std::string_view model_id,
-                         std::string_view session_id);
+                         std::string_view session_id, std::string_view credential = {});
 
 // The name llama-server writes under --slot-save-path for generation 'a' or 'b' (70 bytes,
 // passes llama-server's fs_validate_filename).

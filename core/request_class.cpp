@@ -5,6 +5,7 @@
 #include <array>
 
 #include "core/identity.hpp"
+#include "core/json.hpp"
 
 namespace kvp::core {
 
@@ -115,6 +116,34 @@ bool is_unpinnable(std::string_view target) {
                              "/api/generate"})
     if (path == p) return true;
   return false;
+}
+
+std::string harness_header_value(std::string_view header_value, std::string_view field,
+                                 const std::vector<std::string>& values) {
+  std::string v;
+  if (field.empty()) {
+    v = std::string(header_value);
+  } else {
+    rapidjson::Document d;
+    if (!parse_json_bounded(header_value, d) || !d.IsObject()) return {};
+    const auto it = d.FindMember(rapidjson::StringRef(field.data(), field.size()));
+    if (it == d.MemberEnd() || !it->value.IsString()) return {};
+    v.assign(it->value.GetString(), it->value.GetStringLength());
+  }
+  if (v.empty()) return {};
+  if (values.empty()) return v;
+  for (const auto& want : values)
+    if (v == want) return v;
+  return {};
+}
+
+std::string sub_session_id(std::string_view session_id, std::string_view tag) {
+  constexpr std::size_t max_tag = 64;
+  std::string out(session_id);
+  out += '#';
+  if (tag.size() <= max_tag) out += tag;
+  else out += sha256_hex(tag).substr(0, 16);
+  return out;
 }
 
 }  // namespace kvp::core

@@ -56,6 +56,16 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
 // whole server.
 bool is_unpinnable(std::string_view target);
 
+// What a harness's own header says (docs/design.md §20, README "Harnesses"): the value that
+// decides, or "" when the header does not match. `field` names a string member of a JSON
+// object value ("" = the value itself); `values` lists the values that match (empty: any).
+std::string harness_header_value(std::string_view header_value, std::string_view field,
+                                 const std::vector<std::string>& values);
+
+// The sub-session of `session_id` that `tag` names: "<id>#<tag>", a long tag hashed to 16
+// hex digits so that the id stays bounded.
+std::string sub_session_id(std::string_view session_id, std::string_view tag);
+
 // The request's session: `session_id` empty means none was given.
 struct request_identity {
   std::string session_id;
@@ -66,6 +76,10 @@ struct request_identity {
   std::string credential;
   // Links a candidate must share to be worth offering: 2 when link 0 is an empty preamble.
   std::size_t min_shared_links = 1;
+  // The chain's links that name its conversation (prefix_chain::identity_links): a request
+  // under a session header that does not share them with the session's content is a
+  // sub-session (docs/design.md §20). 0: unknown.
+  std::size_t identity_links = 0;
 };
 
 }  // namespace kvp::core

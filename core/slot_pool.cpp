@@ -21,6 +21,15 @@ std::string_view to_string(slot_state s) {
   return "unknown";
 }
 
+std::string_view to_string(content_whose w) {
+  switch (w) {
+    case content_whose::empty: return "empty";
+    case content_whose::known: return "known";
+    case content_whose::unknown: return "unknown";
+  }
+  return "unknown";
+}
+
 std::string_view to_string(prepare_kind k) {
   switch (k) {
     case prepare_kind::none: return "none";
@@ -96,13 +105,19 @@ void slot_pool::set_runtime(const runtime_info& rt) {
   // Another runtime in the same process (LoRA scales changed): no slot holds KV it can use.
   const bool runtime_changed = enabled_ && fingerprint_ != before;
   enabled_ = true;
-  if (model_changed || runtime_changed) on_epoch_change();
+  if (model_changed || runtime_changed) {
+    on_epoch_change();
+    // Adapters changed in the same process: the slots keep KV that nobody may reuse blindly.
+    if (!model_changed)
+      for (auto& s : slots_) s.content = {};
+  }
 }
 
 void slot_pool::disable_persistence(errc why) {
   enabled_ = false;
   disabled_reason_ = why;
   on_epoch_change();
+  for (auto& s : slots_) s.content = {};  // requests now run without a plan
 }
 
 void slot_pool::on_epoch_change() {
@@ -110,6 +125,7 @@ void slot_pool::on_epoch_change() {
     s.owner.clear();
     s.state = slot_state::unknown;
     s.idle_deadline.reset();
+    s.content = {content_whose::empty, {}, {}};  // a new process holds nothing
   }
 }
 
@@ -118,6 +134,7 @@ void slot_pool::forget_slot(int slot) {
     s->owner.clear();
     s->state = slot_state::unknown;
     s->idle_deadline.reset();
+    s->content = {};
   }
 }
 
@@ -127,6 +144,7 @@ void slot_pool::add_manifest(manifest m) {
   auto& r = it->second;
   r.session_id = m.session_id;
   if (r.credential.empty()) r.credential = m.credential;
+  note_credential(m.credential);
   if (m.state == snapshot_state::ready)
     r.saved_rev = r.dirty_rev = fresh ? m.revision : rev_latest(r.dirty_rev, m.revision);
   set_snapshot(it->first, r, std::move(m));
@@ -142,13 +160,91 @@ void slot_pool::set_snapshot(const std::string& hash, session_rec& r, manifest m
 }
 
 std::string slot_pool::hash_for(std::string_view session_id) const {
+  return scoped_hash(session_id, {});
+}
+
+std::string slot_pool::hash_for(const request_identity& who) const {
+  // A content session's id already holds its credential (core/prefix_chain.hpp).
+  const bool scoped = scoped_by_credential() && !is_content_session(who.session_id);
+  return scoped_hash(who.session_id, scoped ? std::string_view(who.credential) : std::string_view());
+}
+
+std::string slot_pool::scoped_hash(std::string_view session_id, std::string_view credential) const {
   if (!enabled_) return {};
   for (const auto& m : hash_memo_)
-    if (!m.hash.empty() && m.session_id == session_id) return m.hash;
+    if (!m.hash.empty() && m.session_id == session_id && m.credential == credential) return m.hash;
   auto& m = hash_memo_[hash_memo_next_++ % hash_memo_.size()];
   m.session_id = std::string(session_id);
-  m.hash = session_hash(opts_.instance_key, runtime_.model_path, session_id);
+  m.credential = std::string(credential);
+  m.hash = session_hash(opts_.instance_key, runtime_.model_path, session_id, credential);
   return m.hash;
+}
+
+void slot_pool::resolve_session(request_identity& who) const {
+  if (!enabled_ || who.session_id.empty() || !who.purpose.empty() ||
+      is_content_session(who.session_id) || who.identity_links == 0 ||
+      who.identity_links > who.chain.size())
+    return;
+  const auto it = sessions_.find(hash_for(who));
+  if (it == sessions_.end()) return;  // its first request names the session's conversation
+  const session_rec& r = it->second;
+  const auto& held = !r.chain.empty() || !r.snapshot ? r.chain : r.snapshot->chain;
+  if (held.empty()) return;  // nothing known to compare with: the header decides
+  if (common_links(held, who.chain) >= std::min(who.identity_links, held.size())) return;
+  who.session_id = sub_session_id(who.session_id, to_hex(who.chain[who.identity_links - 1]).substr(0, 16));
+}
+
+bool slot_pool::may_share(const slot_content& c, const std::string& hash,
+                          const std::string& credential, bool aux) const {
+  switch (c.whose) {
+    case content_whose::empty: return true;
+    case content_whose::unknown: return false;  // as before scopes: a first request erases
+    case content_whose::known: break;
+  }
+  if (!opts_.seed_across_sessions) return !aux && !hash.empty() && c.session == hash;
+  if (opts_.seed_within_credential) return c.credential == credential;
+  return true;
+}
+
+// A scope erase must succeed (or the request fails) when the slot is known to hold another
+// credential's KV, or when its content is unknown and more than one credential has been
+// seen: with one credential only (one user, or no keys at all) nothing of another tenant
+// can be there, and a failed erase falls back to a cold run as any persistence failure does.
+// Under `session`, another session of the same credential is no tenant: its erase is tried,
+// not required.
+bool slot_pool::isolation_at_stake(const slot_content& c, const std::string& credential) const {
+  if (!scoped_by_credential()) return false;
+  switch (c.whose) {
+    case content_whose::empty: return false;
+    case content_whose::known: return c.credential != credential;
+    case content_whose::unknown: return several_credentials_;
+  }
+  return true;
+}
+
+void slot_pool::note_credential(const std::string& credential) {
+  if (several_credentials_) return;
+  if (!first_credential_) first_credential_ = credential;
+  else if (*first_credential_ != credential) several_credentials_ = true;
+}
+
+bool slot_pool::may_run_on(int slot, const request_identity& who) const {
+  const slot_rec* sl = find_slot(slot);
+  if (!sl) return false;
+  const bool aux = who.session_id.empty() || !who.purpose.empty();
+  return may_share(sl->content, aux ? std::string() : hash_for(who), who.credential, aux);
+}
+
+const slot_content& slot_pool::content(int slot) const {
+  static const slot_content none;
+  const slot_rec* sl = find_slot(slot);
+  return sl ? sl->content : none;
+}
+
+// A kept slot pays only for model kinds that reuse a prefix of foreign KV; the others
+// (`doctor --verify`: experimental or broken) reprocess it anyway, so they get an erase.
+bool slot_pool::keeps_content() const {
+  return compatibility_ != "experimental" && compatibility_ != "broken";
 }
 
 slot_pool::session_rec& slot_pool::rec(const std::string& hash,
@@ -230,7 +326,7 @@ std::optional<int> slot_pool::choose_slot(const request_identity& who,
   const int reserved = aux_slot();
   if (aux && reserved >= 0) return is_free(reserved) ? std::optional<int>(reserved) : std::nullopt;
   if (!aux && enabled_) {
-    const std::string h = hash_for(who.session_id);
+    const std::string h = hash_for(who);
     int own = slot_of(h);
     for (const auto& s : slots_)
       if (own < 0 && s.pending_hash == h) own = s.id;  // being prepared for this session
@@ -256,7 +352,7 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   plan.slot = slot;
   slot_rec& sl = *find_slot(slot);
   sl.pending_aux = who.session_id.empty() || !who.purpose.empty();
-  sl.pending_hash = sl.pending_aux ? std::string() : hash_for(who.session_id);
+  sl.pending_hash = sl.pending_aux ? std::string() : hash_for(who);
   sl.pending_kind = sl.pending_aux ? prepare_kind::auxiliary : prepare_kind::none;
   if (!enabled_) {
     // Strict mode promises that a session's turns are persisted: without persistence its
@@ -274,11 +370,21 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
     return plan;
   }
 
+  // docs/design.md §20: may the request run on what the slot holds? If not, it is erased
+  // first on every path, and a failed erase fails the request.
+  note_credential(who.credential);
+  const bool shareable = may_share(sl.content, sl.pending_hash, who.credential, sl.pending_aux);
+  const bool must_erase = !shareable && isolation_at_stake(sl.content, who.credential);
+  auto isolate = [&] {
+    plan.erase = true;
+    plan.erase_required = must_erase;
+  };
   const bool need_save = opts_.save_on_switch && owner_dirty(slot);
   const bool need_calls = need_save || !sl.pending_aux;
   if (need_calls && !breaker_.allow(now)) {
     // Persistence is paused: run the request as it is. Whatever the slot held is about to
-    // be overwritten, so nobody is resident afterwards except the requester.
+    // be overwritten, so nobody is resident afterwards except the requester. Isolation is no
+    // persistence: an erase it requires is tried even now.
     if (opts_.strict) {
       plan.fail = true;
       plan.fail_code = errc::backend_unavailable;
@@ -286,6 +392,7 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
     }
     sl.owner.clear();
     sl.state = slot_state::unknown;
+    if (must_erase) isolate();
     if (!sl.pending_aux) {
       rec(sl.pending_hash, who.session_id);
       sl.pending_kind = prepare_kind::cold;
@@ -297,7 +404,10 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   const std::size_t in_slot = shared_with_slot(sl, who);
   if (!sl.owner.empty() && sl.owner != sl.pending_hash) ++stats_.switches;
   if (need_save) plan.save = make_save(sl);
-  if (sl.pending_aux) return plan;
+  if (sl.pending_aux) {
+    if (!shareable) isolate();
+    return plan;
+  }
 
   auto& r = rec(sl.pending_hash, who.session_id);
   const auto own = own_snapshot_usable(r, plan, who, wall_now);
@@ -311,14 +421,18 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   } else if (own && (*own >= in_slot || *own == unknown_overlap)) {
     plan.restore = restore_step{slot, sl.pending_hash, r.snapshot->snapshot_file(),
                                 r.snapshot->tokens, r.snapshot->bytes, {}, 0};
-  } else if (in_slot > 0) {
-    sl.pending_kind = prepare_kind::cold;  // no erase: llama-server reuses the common prefix
+  } else if (shareable && keeps_content()) {
+    // docs/design.md §20: no erase; llama-server reuses the exact common token prefix, which
+    // is never worse than an empty slot.
+    sl.pending_kind = prepare_kind::cold;
+    plan.kept = true;
     plan.kept_links = in_slot;
     return plan;
   }
   if (plan.restore && !plan.save) sl.state = slot_state::restoring;
   if (!plan.restore) {
     plan.erase = true;
+    plan.erase_required = must_erase;
     sl.pending_kind = prepare_kind::cold;
   }
   return plan;
@@ -362,7 +476,7 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
     return 0;
   const auto it = sessions_.find(sl.owner);
   if (it == sessions_.end()) return 0;
-  if (opts_.seed_within_credential && it->second.credential != who.credential) return 0;
+  if (!may_share(sl.content, sl.pending_hash, who.credential, false)) return 0;
   const std::size_t common = common_links(it->second.chain, who.chain);
   return common >= who.min_shared_links ? common : 0;
 }
@@ -468,6 +582,25 @@ void slot_pool::store_manifest(const manifest& m) {
 restore_decision slot_pool::on_restore(const restore_step& step,
                                               const result<slot_restored>& r, steady_time now,
                                               std::string_view wall_now) {
+  restore_decision d = restore_outcome(step, r, now, wall_now);
+  slot_rec& sl = *find_slot(step.slot);
+  if (d.restored) {
+    const manifest* m = find_manifest(step.hash);
+    sl.content = {content_whose::known, m ? m->credential : std::string(), step.hash};
+  } else if (sl.state == slot_state::unknown) {
+    // docs/design.md §20: what the failed restore left is unknown; where isolation is at
+    // stake nobody may run on it before an erase.
+    sl.content = {};
+    if (isolation_at_stake(sl.content, {})) d.need_erase = d.erase_required = true;
+  } else {
+    sl.content = {content_whose::empty, {}, {}};  // llama-server cleared the slot
+  }
+  return d;
+}
+
+restore_decision slot_pool::restore_outcome(const restore_step& step,
+                                            const result<slot_restored>& r, steady_time now,
+                                            std::string_view wall_now) {
   restore_decision d;
   ++stats_.restores;
   auto& rc = sessions_[step.hash];
@@ -549,10 +682,12 @@ bool slot_pool::on_erase(int slot, const result<slot_erased>& r, steady_time now
   if (!r) {
     record_backend_failure(r.err(), now);
     sl.state = slot_state::unknown;
+    sl.content = {};
     return false;
   }
   record_backend_success();
   sl.state = slot_state::idle;
+  sl.content = {content_whose::empty, {}, {}};
   return true;
 }
 
@@ -585,6 +720,7 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
   if (!enabled_) return prepare_kind::none;
   slot_rec& sl = *find_slot(slot);
   const prepare_kind k = sl.pending_kind;
+  sl.content = {content_whose::known, who.credential, sl.pending_aux ? std::string() : sl.pending_hash};
   if (sl.pending_aux) {
     sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
   } else {

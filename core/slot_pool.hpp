@@ -54,8 +54,24 @@ struct slot_pool_options {
   // Seeding (docs/design.md §3): a session without a usable snapshot of its own may start
   // from another session's whose prefix chain it shares; with `seed_within_credential`, only
   // from a session of the same credential.
+  // The same two switches are the sharing scope of the slot's content (docs/design.md §20):
+  // instance (true, false), credential (true, true), session (false, either).
   bool seed_across_sessions = true;
   bool seed_within_credential = false;
+};
+
+// What a slot's KV holds, as far as kvpersist knows (docs/design.md §20).
+enum class content_whose {
+  empty,    // erased, cleared by a failed restore, or a new server process
+  known,    // the last request that ran there, or the snapshot restored into it
+  unknown,  // something kvpersist did not plan may have run there
+};
+std::string_view to_string(content_whose w);
+
+struct slot_content {
+  content_whose whose = content_whose::unknown;
+  std::string credential;  // credential_key() of whoever put it there
+  std::string session;     // the session's hash; "" for an auxiliary call
 };
 
 enum class slot_state { unknown, idle, saving, restoring, ready, inference, dirty };
@@ -91,8 +107,12 @@ struct prepare_plan {
   std::optional<save_step> save;
   std::optional<restore_step> restore;  // run only if the save (if any) is finished
   bool erase = false;                   // cold start: clear the slot
-  // A cold start that keeps the slot's content: another session's, sharing this many prefix
-  // links with the request (docs/design.md §3). 0: not kept.
+  // The erase is the scope's: the request may not run on the slot's content (docs/design.md
+  // §20), so a failed erase fails the request rather than run it there.
+  bool erase_required = false;
+  // A cold start that keeps the slot's content within the scope (docs/design.md §20), and how
+  // many prefix links that content shares with the request (0: none kvpersist can see).
+  bool kept = false;
   std::size_t kept_links = 0;
   bool resident = false;                // the session already owns the slot: nothing to do
   bool fail = false;                    // strict mode: persistence cannot run, answer 503
@@ -110,6 +130,7 @@ struct save_decision {
 struct restore_decision {
   bool restored = false;             // slot holds the session's snapshot, verified
   bool need_erase = false;           // slot content unknown: erase before running cold
+  bool erase_required = false;       // ... and a failed erase fails the request (§20)
   std::optional<manifest> write;     // an invalidation to persist
   error err;
 };
@@ -158,7 +179,17 @@ class slot_pool {
   void add_manifest(manifest m);
 
   // The session's snapshot key under the current runtime, or "" while persistence is off.
+  // The admin API names sessions by id alone; a request's key is scoped by its credential
+  // under `sharing: credential` or `session` (docs/design.md §20).
   std::string hash_for(std::string_view session_id) const;
+  std::string hash_for(const request_identity& who) const;
+  // A request under a session header whose content does not continue that session's (a
+  // title call, a sub-agent) becomes the sub-session `<id>#<its naming link>` (docs/design.md
+  // §20). Called on the strand before the request queues and again when it is planned.
+  void resolve_session(request_identity& who) const;
+  // Whether `who` may run on what `slot` holds without an erase first (the sharing scope).
+  bool may_run_on(int slot, const request_identity& who) const;
+  const slot_content& content(int slot) const;
 
   // Slot selection (docs/design.md §14) among `free_slots` (not leased): the slot the session already
   // owns (only that one: a session's requests stay in order), else an empty slot, else the
@@ -299,9 +330,19 @@ class slot_pool {
     std::string pending_hash;
     bool pending_aux = false;
     prepare_kind pending_kind = prepare_kind::none;
+    slot_content content;
   };
 
   int first_slot() const { return slots_.front().id; }
+  bool scoped_by_credential() const {
+    return opts_.seed_within_credential || !opts_.seed_across_sessions;
+  }
+  bool may_share(const slot_content& c, const std::string& hash, const std::string& credential,
+                 bool aux) const;
+  bool keeps_content() const;
+  bool isolation_at_stake(const slot_content& c, const std::string& credential) const;
+  void note_credential(const std::string& credential);
+  std::string scoped_hash(std::string_view session_id, std::string_view credential) const;
   static slot_rec make_slot(int id);
   slot_rec* find_slot(int id);
   const slot_rec* find_slot(int id) const;
@@ -318,6 +359,8 @@ class slot_pool {
   std::optional<std::size_t> own_snapshot_usable(session_rec& r, prepare_plan& plan,
                                                  const request_identity& who,
                                                  std::string_view wall_now);
+  restore_decision restore_outcome(const restore_step& step, const result<slot_restored>& r,
+                                   steady_time now, std::string_view wall_now);
   void record_backend_failure(const error& e, steady_time now);
   void record_backend_success();
 
@@ -337,9 +380,12 @@ class slot_pool {
   // hash_for's last few answers under the current runtime: one request asks for its session's
   // hash several times (queue, slot choice, plan), and each is a SHA-256. Cleared by set_runtime.
   struct hash_memo {
-    std::string session_id, hash;
+    std::string session_id, credential, hash;
   };
-  mutable std::array<hash_memo, 8> hash_memo_;
+  mutable std::array<hash_memo, 8> hash_memo_;  // keyed by session id and credential
+  // Credentials seen in requests and manifests: the first, and whether there was another.
+  std::optional<std::string> first_credential_;
+  bool several_credentials_ = false;
   mutable std::size_t hash_memo_next_ = 0;
 };
 

@@ -156,7 +156,7 @@ void coordinator::pump() {
     const auto& t = *it;
     const std::string key = t->who.session_id.empty() || !t->who.purpose.empty()
                                 ? std::string()
-                                : pool_.hash_for(t->who.session_id);
+                                : pool_.hash_for(t->who);
     const bool blocked = !key.empty() && std::find(blocked_sessions.begin(),
                                                    blocked_sessions.end(),
                                                    key) != blocked_sessions.end();
@@ -185,6 +185,9 @@ net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
                                              core::request_identity who, bool upstream_ready) {
   admission out;
+  // Which session the request belongs to may depend on its content (docs/design.md §20):
+  // resolved once for the queue and the slot choice, and again when it is planned.
+  pool_.resolve_session(t->who);
   t->admitting = true;
   const bool queued = co_await enqueue(t);
   t->admitting = false;
@@ -211,7 +214,7 @@ net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
 // The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
 void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
   const bool aux = who.session_id.empty() || !who.purpose.empty();
-  const std::string to = aux ? std::string() : pool_.hash_for(who.session_id);
+  const std::string to = aux ? std::string() : pool_.hash_for(who);
   if (from.empty() || from == to) return;
   log(log_level::info, "kv.session.switch",
       {{"from", std::string(core::abbrev(from))},
@@ -269,8 +272,9 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const int slot = t->slot;
   if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
   co_await refresh_runtime(slot);
+  pool_.resolve_session(who);
   const bool session = !who.session_id.empty() && who.purpose.empty();
-  const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who.session_id)
+  const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who)
                                                                  : std::string();
   if (!own.empty() && pool_.slot_of(own) < 0) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
@@ -311,15 +315,17 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        : "persistence is off and strict mode is on");
 
   const auto done = co_await execute(plan, opts_.pool.strict);
-  if (done.failure) co_return fail(done.failure->code, done.failure->what);
+  if (done.failure)
+    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->what + " (strict mode)"
+                                                         : done.failure->what);
   log_circuit_changes();
   out.kind = pool_.start_inference(who, slot);
-  if (plan.kept_links > 0)
+  if (plan.kept)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
          {"links", std::to_string(plan.kept_links)},
-         {"effect", "the slot's content shares a prefix: kept, not erased"}});
+         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
   else if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},

@@ -135,7 +135,7 @@ struct lease_ticket {
 
 // How a request was prepared, for the client session and its logs.
 struct prepare_result {
-  bool ok = true;               // false: strict-mode failure, answer 503 (lease released)
+  bool ok = true;  // false: strict mode, or a scope erase that failed: answer 503 (lease released)
   core::prepare_kind kind = core::prepare_kind::none;
   std::string message;          // why, when !ok
   core::errc code = core::errc::invariant;  // what failed, when !ok (the 503's kv_code)

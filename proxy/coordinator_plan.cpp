@@ -258,17 +258,27 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
     if (saved) commit = std::move(saved.value());
   }
   bool need_erase = plan.erase;
+  // An erase the sharing scope asks for (docs/design.md §20) is no optimisation: without it
+  // the request would run on KV of another credential or session, so its failure fails the
+  // request in every mode.
+  bool erase_required = plan.erase_required;
   if (plan.restore) {
     out.restore = co_await run_restore(*plan.restore);
     if (!out.restore->restored && stop_on_failure) {
       out.failure = plan_failure{out.restore->err.code, "restoring the session's snapshot failed"};
       co_return out;
     }
-    if (!out.restore->restored) need_erase = out.restore->need_erase;
+    if (!out.restore->restored) {
+      need_erase = out.restore->need_erase;
+      erase_required = out.restore->erase_required;
+    }
   }
   if (need_erase) {
     const auto code = co_await run_erase(plan.slot);
-    if (code && stop_on_failure) out.failure = plan_failure{*code, "erasing the slot failed"};
+    if (code && erase_required)
+      out.failure = plan_failure{*code, "the slot holds another scope's KV and could not be erased"};
+    else if (code && stop_on_failure)
+      out.failure = plan_failure{*code, "erasing the slot failed"};
   }
   if (commit) {
     const auto committed = co_await await_commit(std::move(commit));

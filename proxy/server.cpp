@@ -338,7 +338,25 @@ core::request_identity server::identity_of(const http::request<http::string_body
   }
   if (auto it = req.find(cfg_.sessions.purpose_header); it != req.end())
     id.purpose = std::string(it->value());
+  if (!id.session_id.empty() && id.purpose.empty()) apply_harness_headers(req, id);
   return id;
+}
+
+// A harness's own headers say which side of its session a request is (README "Harnesses"):
+// a sub-agent is a sub-session, a compaction or memory call is auxiliary. First match wins.
+void server::apply_harness_headers(const http::request<http::string_body>& req,
+                                   core::request_identity& id) const {
+  for (const auto& h : cfg_.sessions.harness_headers) {
+    auto it = req.find(h.name);
+    if (it == req.end()) continue;
+    const auto v = core::harness_header_value(it->value(), h.field, h.values);
+    if (v.empty()) continue;
+    if (h.role == config::harness_role::auxiliary)
+      id.purpose = h.name + ": " + v;
+    else
+      id.session_id = core::sub_session_id(id.session_id, v);
+    return;
+  }
 }
 
 // What a request to a slot says about its content (docs/design.md §3): its credential and
@@ -347,18 +365,20 @@ core::request_identity server::identity_of(const http::request<http::string_body
 // embeddings stay auxiliary). The body is parsed only when something will use the chain.
 void server::describe_content(const http::request<http::string_body>& req,
                               core::request_identity& who) const {
+  // Every request on a slot carries its credential: the sharing scope decides on it whether
+  // the request may run on what the slot holds (docs/design.md §20).
+  std::string_view credential = req[http::field::authorization];
+  if (credential.empty()) credential = req["X-Api-Key"];
+  who.credential = core::credential_key(credential);
   if (!who.purpose.empty()) return;  // auxiliary: never seeds, never seeded
   const bool names_session =
       who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
   if (who.session_id.empty() && !names_session) return;  // auxiliary or passthrough
-  std::string_view credential = req[http::field::authorization];
-  if (credential.empty()) credential = req["X-Api-Key"];
-  who.credential = core::credential_key(credential);
-  if (!names_session && cfg_.sharing == config::sharing_scope::session) return;
   auto chain = core::prefix_chain_of(req.target(), req.body());
   if (!chain) return;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
   if (who.session_id.empty()) return;
+  who.identity_links = chain->identity_links;
   who.chain = std::move(chain->links);
   who.min_shared_links = chain->min_shared_links();
 }
@@ -502,17 +522,18 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());
+  // Checked before the body is parsed or the request admitted, as llama-server would check
+  // it: a client without the key costs no parse and cannot make kvpersist save or evict the
+  // resident session.
+  if (needs_slot && !client_may_use(up, req)) {
+    auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
+    co_return co_await send(c, std::move(res));
+  }
   if (needs_slot) describe_content(req, who);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
   if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
-  // Checked before admission, as llama-server would check it: a client without the key
-  // must not make kvpersist save or evict the resident session with its own key.
-  if (!client_may_use(up, req)) {
-    auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
-    co_return co_await send(c, std::move(res));
-  }
   co_return co_await handle_under_lease(up, c, req, who);
 }
 
@@ -549,7 +570,7 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   }
   if (acq.what == outcome::prepared && !acq.prepared.ok) {
     give_back_idle();
-    co_return co_await send(c, strict_failure(acq.prepared, req));
+    co_return co_await send(c, prepare_failure(acq.prepared, req));
   }
   // One co_await per statement (docs/conventions.md §3).
   core::result<upstream_conn> conn = core::error{};
@@ -570,15 +591,15 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   if (acq.what != outcome::prepared) pr = co_await acq.held.prepare(who, conn->fresh);
   if (!pr.ok) {
     up.pool->release(std::move(conn->stream));
-    co_return co_await send(c, strict_failure(pr, req));
+    co_return co_await send(c, prepare_failure(pr, req));
   }
   co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr, std::move(conn.value()), t0);
 }
 
-response server::strict_failure(const prepare_result& pr,
+response server::prepare_failure(const prepare_result& pr,
                                 const http::request<http::string_body>& req) const {
   return error_response(http::status::service_unavailable,
-                        fmt::format("KV persistence failed in strict mode: {}", pr.message),
+                        fmt::format("kvpersist could not prepare the slot: {}", pr.message),
                         req.version(), req.keep_alive(), core::to_string(pr.code));
 }
 
@@ -590,7 +611,7 @@ net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
   auto pr = co_await held.prepare(nobody, false);
   if (!pr.ok) {
     up.pool->release(std::move(conn.stream));
-    co_return co_await send(c, strict_failure(pr, req));
+    co_return co_await send(c, prepare_failure(pr, req));
   }
   relay_state st;
   const bool keep = co_await forward(up, c, req, std::move(conn), st);

@@ -73,13 +73,15 @@ class server {
                                    http::request<http::string_body>& req, lease held,
                                    prepare_result pr, upstream_conn conn,
                                    std::chrono::steady_clock::time_point t0);
-  response strict_failure(const prepare_result& pr,
+  response prepare_failure(const prepare_result& pr,
                           const http::request<http::string_body>& req) const;
   // POST /lora-adapters: forwarded while the coordinator holds the whole server.
   net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
                                               http::request<http::string_body>& req,
                                               relay_state& st);
   core::request_identity identity_of(const http::request<http::string_body>& req) const;
+  void apply_harness_headers(const http::request<http::string_body>& req,
+                             core::request_identity& id) const;
   void prepare_upstream_request(const upstream_entry& up,
                                 http::request<http::string_body>& req) const;
   net::awaitable<bool> send(client_conn& c, response res);

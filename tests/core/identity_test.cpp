@@ -51,6 +51,11 @@ TEST_CASE("session_hash is stable and separates instance, model and session", "[
   CHECK(h != session_hash("default", "/models/n.gguf", "conv-1"));
   CHECK(h != session_hash("default", "/models/m.gguf", "conv-2"));
   CHECK(h != sha256_hex("conv-1"));  // not a bare hash of the id
+  // docs/design.md §20: a credential scopes the session; none keeps the old derivation.
+  CHECK(session_hash("default", "/models/m.gguf", "conv-1", "") == h);
+  CHECK(session_hash("default", "/models/m.gguf", "conv-1", "k1") != h);
+  CHECK(session_hash("default", "/models/m.gguf", "conv-1", "k1") !=
+        session_hash("default", "/models/m.gguf", "conv-1", "k2"));
 
   SECTION("length-prefixed fields: moving a boundary changes the key") {
     CHECK(session_hash("ab", "c", "x") != session_hash("a", "bc", "x"));

@@ -197,11 +197,13 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   CHECK(c.start_inference(session("A")) == prepare_kind::resident);
   CHECK_FALSE(c.end_inference(true, t0 + 3s));
 
-  // B: save A into generation 'a', then erase for B's cold start.
+  // B: save A into generation 'a'; B's cold start keeps A's content (docs/design.md §20:
+  // llama-server reuses the common token prefix, which is never worse than an erase).
   auto p3 = c.prepare(session("B"), t0 + 4s, wall);
   CHECK_FALSE(p3.resident);
   check_save(p3, a, 'a', 2);
-  CHECK(p3.erase);
+  CHECK_FALSE(p3.erase);
+  CHECK(p3.kept);
   CHECK_FALSE(p3.restore);
   CHECK(c.state() == slot_state::saving);
 
@@ -594,9 +596,8 @@ TEST_CASE(
   CHECK(c.stats().saves == 1);
   CHECK(c.circuit().consecutive_failures() == 0);
 
-  // B continues cold; A later restores the last good generation.
-  REQUIRE(p.erase);
-  REQUIRE(c.on_erase(erased(), t0 + 3s));
+  // B continues cold on the slot as it is; A later restores the last good generation.
+  REQUIRE(p.kept);
   CHECK(c.start_inference(session("B")) == prepare_kind::cold);
   c.end_inference(true, t0 + 4s);
   auto p2 = c.prepare(session("A"), t0 + 5s, wall);
@@ -637,8 +638,8 @@ TEST_CASE(
   CHECK(d.err.http_status == 500);
   CHECK(c.circuit().consecutive_failures() == 1);  // a 5xx is the server's fault
   CHECK(c.state() == slot_state::dirty);
-  REQUIRE(p.erase);
-  REQUIRE(c.on_erase(erased(), t0 + 3s));
+  REQUIRE(p.kept);
+  CHECK_FALSE(p.erase);
   CHECK(c.start_inference(session("B")) == prepare_kind::cold);
   CHECK(c.find_manifest(a)->generation == 'a');
   CHECK(c.find_manifest(a)->tokens == 100);
@@ -689,7 +690,8 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
     c.on_epoch_change();
     auto p2 = c.prepare(session("A"), t0 + 2s, wall);
     CHECK_FALSE(p2.restore);
-    CHECK(p2.erase);
+    CHECK_FALSE(p2.erase);  // a new server process: the slot is empty, nothing to erase
+    CHECK(c.content(0).whose == content_whose::empty);
   }
 
   SECTION("200 with zero tokens is not a restore") {
@@ -880,7 +882,7 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
 
 TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][slot_pool]") {
   auto c = make_core();
-  SECTION("unowned slot") {}
+  SECTION("an empty slot") { c.on_epoch_change(); }
   SECTION("clean owner") {
     run_request(c, session("A"), t0);
     checkpoint(c, t0 + 1s, 100);
@@ -901,7 +903,7 @@ TEST_CASE("switch-only saving can be turned off", "[core][slot_pool]") {
   run_request(c, session("A"), t0);
   auto p = c.prepare(session("B"), t0 + 1s, wall);
   CHECK_FALSE(p.save);
-  CHECK(p.erase);
+  CHECK(p.kept);  // the unsaved turns stay in the slot, where B may reuse their prefix
 }
 
 TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores",
@@ -967,8 +969,8 @@ TEST_CASE("checkpoint.onStepEnd saves after every model call", "[core][slot_pool
 
 namespace {
 
-// Three transport failures in a row: erase (A), save of A and erase (B). B owns the slot,
-// dirty, and the breaker is open until t0 + 1s + 60s.
+// Three transport failures in a row: erase (A), save of A (B keeps the slot's content), and
+// a checkpoint of B. B owns the slot, dirty, and the breaker is open until t0 + 1s + 60s.
 void open_breaker(slot_pool& c) {
   auto p1 = c.prepare(session("A"), t0, wall);
   REQUIRE(p1.erase);
@@ -977,14 +979,17 @@ void open_breaker(slot_pool& c) {
   c.end_inference(true, t0);
   auto p2 = c.prepare(session("B"), t0 + 1s, wall);
   REQUIRE(p2.save);
-  REQUIRE(p2.erase);
+  REQUIRE(p2.kept);
   CHECK_FALSE(c.on_save(*p2.save, transport(), t0 + 1s, wall).ok);
   CHECK(c.circuit().current() == breaker::state::closed);
-  CHECK_FALSE(c.on_erase(transport(), t0 + 1s));
-  REQUIRE(c.circuit().current() == breaker::state::open);
   c.start_inference(session("B"));
   c.end_inference(true, t0 + 1s);
+  auto s = c.checkpoint_owner(t0 + 1s);
+  REQUIRE(s);
+  CHECK_FALSE(c.on_save(*s, transport(), t0 + 1s, wall).ok);
+  REQUIRE(c.circuit().current() == breaker::state::open);
   REQUIRE(c.owner() == c.hash_for("B"));
+  REQUIRE(c.owner_dirty());
 }
 
 }  // namespace
@@ -1019,7 +1024,7 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design
   CHECK(c.circuit().current() == breaker::state::half_open);
   REQUIRE(trial.save);
   CHECK(trial.save->hash == a);
-  CHECK(trial.erase);
+  CHECK(trial.kept);
   REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok);
   CHECK(c.circuit().current() == breaker::state::closed);
   CHECK(c.circuit().consecutive_failures() == 0);
@@ -1159,7 +1164,7 @@ TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch 
     auto p = c.prepare(session("A"), t0 + 1s, wall);
     CHECK_FALSE(p.resident);
     CHECK_FALSE(p.save);
-    CHECK(p.erase);
+    CHECK_FALSE(p.erase);  // another model: a new process whose slot is empty
     CHECK(c.find_manifest(a2) == nullptr);
   }
 }

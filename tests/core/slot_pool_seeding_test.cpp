@@ -107,7 +107,11 @@ TEST_CASE("no seed without the first link in common", "[core][seeding]") {
   evict(p);
   const auto plan = p.prepare(who("B", chain({4, 2, 3})), t0, wall);
   CHECK_FALSE(plan.restore);
-  CHECK(plan.erase);
+  // The slot's content is kept all the same (docs/design.md §20): nothing the chain can see
+  // is shared, and llama-server reuses whatever tokens are.
+  CHECK_FALSE(plan.erase);
+  CHECK(plan.kept);
+  CHECK(plan.kept_links == 0);
 }
 
 TEST_CASE("an empty preamble needs a message in common too", "[core][seeding]") {
@@ -119,7 +123,8 @@ TEST_CASE("an empty preamble needs a message in common too", "[core][seeding]") 
   };
   request(p, bare("A", chain({0, 1})));
   auto plan = p.prepare(bare("B", chain({0, 2})), t0, wall);
-  CHECK(plan.erase);  // the slot shares only the empty link 0: erased, not kept
+  CHECK(plan.kept);  // the slot shares only the empty link 0, which counts as nothing
+  CHECK(plan.kept_links == 0);
   run(p, bare("B", chain({0, 2})), plan);  // A was saved first
   evict(p);                                // and B now
   CHECK_FALSE(p.prepare(bare("E", chain({0, 9})), t0, wall).restore);
@@ -187,12 +192,13 @@ TEST_CASE("sharing: credential seeds only within one credential", "[core][seedin
     const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k2"), t0, wall);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase);
+    CHECK(plan.erase_required);  // docs/design.md §20: a failed erase fails the request
   }
   SECTION("the same key") {
-    evict(p);
+    request(p, who("other", chain({99, 98}), "k1"));
     const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k1"), t0, wall);
     REQUIRE(plan.restore);
-    CHECK(plan.restore->hash == p.hash_for("A"));
+    CHECK(plan.restore->hash == p.hash_for(who("A", {}, "k1")));
   }
 }
 

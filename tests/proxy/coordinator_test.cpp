@@ -52,6 +52,14 @@ coordinator_options test_options() {
   return o;
 }
 
+// `sharing: session`: a cold start always erases, as every cold start did before the slot's
+// content decided (docs/design.md §20); under the default scope it keeps the slot's content.
+coordinator_options session_scope_options() {
+  auto o = test_options();
+  o.pool.seed_across_sessions = false;
+  return o;
+}
+
 coordinator_options strict_options() {
   auto o = test_options();
   o.pool.strict = true;
@@ -196,7 +204,7 @@ kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
 TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/design.md §6)",
           "[proxy][coordinator]") {
   temp_dir tmp;
-  harness h(tmp.path());
+  harness h(tmp.path(), session_scope_options());
   h.start();
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
   CHECK(h.coord->pool().persistence_enabled());
@@ -237,6 +245,23 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   REQUIRE(mb);
   CHECK(mb->tokens == 500);
   CHECK(h.coord->pool().owner() == h.hash("A"));
+}
+
+TEST_CASE("A, A, B, A under the default scope: B keeps the slot's content (docs/design.md §20)",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start_quiet();
+  CHECK(h.request("A", 1000).kind == prepare_kind::cold);
+  CHECK(h.fake->calls() == calls{erase_call()});  // what the slot held before kvpersist: unknown
+  CHECK(h.request("A", 1200).kind == prepare_kind::resident);
+  // B (the same credential): A is saved, then B runs on A's KV, where llama-server reuses
+  // whatever prefix they share: no erase.
+  CHECK(h.request("B", 500).kind == prepare_kind::cold);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
+  CHECK(h.request("A", 1300).kind == prepare_kind::restored);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')),
+                                 save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
 }
 
 TEST_CASE("resident requests cost no management call and no disk write (docs/design.md §2)",
@@ -346,7 +371,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     auto r = h.request("B", 500);
     CHECK(r.ok);
     CHECK(r.kind == prepare_kind::cold);
-    CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a')), erase_call()});
+    CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});  // B keeps A's unsaved KV
     CHECK_FALSE(h.manifest_on_disk("A"));
     CHECK(h.coord->pool().owner() == h.hash("B"));
   }
@@ -495,9 +520,9 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   for (auto& c : clients) c.get();
   CHECK(order == std::vector<int>{2, 3, 4});
   auto file_of = [&](int id) { return h.file("S" + std::to_string(id), 'a'); };
-  CHECK(h.fake->calls() == calls{erase_call(), save_call(file_of(1)), erase_call(),
-                                 save_call(file_of(2)), erase_call(), save_call(file_of(3)),
-                                 erase_call()});
+  // One credential: each session keeps the slot's content of the one before it.
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(file_of(1)), save_call(file_of(2)),
+                                 save_call(file_of(3))});
   CHECK_FALSE(h.coord->busy());
 }
 
@@ -698,8 +723,9 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
     h.fake->restart_server();
     auto r = h.request("A", 1100, "", true);
     CHECK(r.kind == prepare_kind::cold);
-    CHECK(h.fake->calls() ==
-          calls{FakeBackend::props_call(), FakeBackend::probe_call(), erase_call()});
+    // A new server process holds nothing: no erase (docs/design.md §20).
+    CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call()});
+    CHECK(h.coord->pool().content(0).whose == kvp::core::content_whose::known);
     CHECK(h.hash("A") != old_hash);
     REQUIRE(h.manifest_on_disk("A") == std::nullopt);
   }
@@ -708,7 +734,7 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
 TEST_CASE("repeated backend failures open the circuit, and requests keep flowing",
           "[proxy][coordinator]") {
   temp_dir tmp;
-  auto o = test_options();
+  auto o = session_scope_options();  // every cold start erases: three calls to fail
   o.pool.cooldown = 200ms;
   harness h(tmp.path(), o);
   h.start_quiet();
