@@ -507,3 +507,28 @@ TEST_CASE("resolve_state_dir", "[config]") {
   CHECK(resolve_state_dir(cfg, "/xdg", "/home/u") == "/explicit");
   CHECK(resolve_state_dir(cfg) == "/explicit");
 }
+
+TEST_CASE("sessions.harnessHeaders reads a list of header roles", "[config][load_yaml]") {
+  using kvp::config::harness_header;
+  using kvp::config::harness_role;
+  const auto cfg = load_ok(
+      "sessions:\n"
+      "  harnessHeaders:\n"
+      "    - header: x-agent\n"
+      "      role: subSession\n"
+      "    - header: x-meta\n"
+      "      role: auxiliary\n"
+      "      field: kind\n"
+      "      values: [compaction]\n");
+  REQUIRE(cfg.sessions.harness_headers.size() == 2);
+  CHECK(cfg.sessions.harness_headers[0] ==
+        harness_header{"x-agent", harness_role::sub_session, "", {}});
+  CHECK(cfg.sessions.harness_headers[1] ==
+        harness_header{"x-meta", harness_role::auxiliary, "kind", {"compaction"}});
+  CHECK(load_ok("sessions:\n  harnessHeaders: []\n").sessions.harness_headers.empty());
+  require_error_at("sessions:\n  harnessHeaders:\n    - role: auxiliary\n", 3, "header name is required");
+  require_error_at("sessions:\n  harnessHeaders:\n    - header: x\n      role: side\n", 4,
+                   "subSession, auxiliary");
+  require_error_at("sessions:\n  harnessHeaders:\n    - header: \"bad header\"\n", 3,
+                   "harnessHeaders[0]");
+}

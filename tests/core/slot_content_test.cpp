@@ -1,0 +1,222 @@
+// Tests for the slot-content model of core/slot_pool.hpp (docs/design.md §20): whose KV a
+// slot holds, which requests may run on it, and what a header request that does not continue
+// its session becomes.
+#include "core/slot_pool.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "core/request_class.hpp"
+#include "tests/support/chains.hpp"
+#include "tests/support/runtime.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace kvp::core;
+
+const steady_time t0 = steady_time{} + std::chrono::hours(24);
+constexpr std::string_view wall = "2025-06-01T12:00:00Z";
+
+using kvp::testing::chain;
+
+enum class scope { instance, credential, session };
+
+slot_pool make_pool(scope s) {
+  slot_pool_options o;
+  o.instance_key = "test-instance";
+  o.idle_checkpoint = 0ms;
+  o.seed_across_sessions = s != scope::session;
+  o.seed_within_credential = s == scope::credential;
+  slot_pool p(o);
+  p.set_runtime(kvp::testing::qwen7b_runtime());
+  return p;
+}
+
+request_identity session(std::string id, std::string credential,
+                         std::vector<chain_link> c = chain({1, 2}), std::size_t identity = 2) {
+  request_identity w{std::move(id), "", std::move(c), std::move(credential)};
+  w.identity_links = identity;
+  return w;
+}
+
+request_identity auxiliary(std::string credential) {
+  return request_identity{"", "title", {}, std::move(credential)};
+}
+
+// Carries out `plan` as if every call succeeded, then the inference.
+void run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
+  REQUIRE_FALSE(plan.fail);
+  if (plan.save) {
+    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
+    REQUIRE(d.ok);
+    p.store_manifest(*d.write);
+  }
+  if (plan.restore)
+    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
+                         t0, wall)
+                .restored);
+  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, t0));
+  p.start_inference(w);
+  (void)p.end_inference(true, t0);
+}
+
+prepare_plan request(slot_pool& p, request_identity w) {
+  p.resolve_session(w);
+  auto plan = p.prepare(w, t0, wall);
+  run(p, w, plan);
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("a slot's content is unknown at first, known after a request, empty after an erase",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  CHECK(p.content(0).whose == content_whose::unknown);
+  const auto first = request(p, session("A", "k1"));
+  CHECK(first.erase);                 // unknown content is never shared under a scope
+  CHECK_FALSE(first.erase_required);  // ... but with one credential seen, nobody else's
+  CHECK(p.content(0).whose == content_whose::known);
+  CHECK(p.content(0).credential == "k1");
+  CHECK(p.content(0).session == p.hash_for(session("A", "k1")));
+  p.on_epoch_change();
+  CHECK(p.content(0).whose == content_whose::empty);  // a new server process holds nothing
+}
+
+TEST_CASE("under credential scope another credential never runs on the slot un-erased",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+
+  SECTION("an auxiliary call of the same credential runs on A's content") {
+    const auto plan = request(p, auxiliary("k1"));
+    CHECK(plan.save);  // A is saved first, as before
+    CHECK_FALSE(plan.erase);
+  }
+  SECTION("an auxiliary call of another credential: the erase is required") {
+    const auto plan = p.prepare(auxiliary("k2"), t0, wall);
+    CHECK(plan.save);
+    CHECK(plan.erase);
+    CHECK(plan.erase_required);
+  }
+  SECTION("a new session of another credential: no keep, no seed, a required erase") {
+    const auto plan = p.prepare(session("B", "k2"), t0, wall);
+    CHECK_FALSE(plan.kept);
+    CHECK_FALSE(plan.restore);
+    CHECK(plan.erase);
+    CHECK(plan.erase_required);
+  }
+  SECTION("a new session of the same credential keeps the slot's content") {
+    const auto plan = p.prepare(session("B", "k1", chain({7, 8})), t0, wall);
+    CHECK(plan.kept);
+    CHECK_FALSE(plan.erase);
+  }
+  SECTION("another credential sending A's session id names another session") {
+    CHECK(p.hash_for(session("A", "k2")) != p.hash_for(session("A", "k1")));
+    const auto plan = p.prepare(session("A", "k2"), t0, wall);
+    CHECK_FALSE(plan.resident);
+    CHECK_FALSE(plan.restore);
+    CHECK(plan.erase_required);
+  }
+}
+
+TEST_CASE("unknown content needs a required erase only once several credentials were seen",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+  request(p, session("B", "k2"));  // a second credential
+  p.forget_slot(0);                 // something kvpersist did not plan ran there
+  REQUIRE(p.content(0).whose == content_whose::unknown);
+  const auto plan = p.prepare(session("C", "k1", chain({7, 8})), t0, wall);
+  CHECK_FALSE(plan.restore);
+  CHECK(plan.erase);
+  CHECK(plan.erase_required);
+}
+
+TEST_CASE("a failed scope erase leaves the content unknown", "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+  const auto plan = p.prepare(auxiliary("k2"), t0, wall);
+  REQUIRE(plan.erase_required);
+  if (plan.save) p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
+  CHECK_FALSE(p.on_erase(error{errc::erase_failed, 500, "no"}, t0));
+  CHECK(p.content(0).whose == content_whose::unknown);
+}
+
+TEST_CASE("under instance scope any known content is shared; under session only its own",
+          "[core][slot_content]") {
+  SECTION("instance") {
+    auto p = make_pool(scope::instance);
+    request(p, session("A", "k1"));
+    CHECK_FALSE(p.prepare(auxiliary("k2"), t0, wall).erase);
+  }
+  SECTION("session: another session of the same credential is erased, not required") {
+    auto p = make_pool(scope::session);
+    request(p, session("A", "k1"));
+    const auto plan = p.prepare(session("B", "k1", chain({7})), t0, wall);
+    CHECK(plan.erase);
+    CHECK_FALSE(plan.erase_required);
+    CHECK_FALSE(plan.kept);
+  }
+}
+
+TEST_CASE("a header request whose content does not continue its session is a sub-session",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  const auto main_turn = session("X", "k1", chain({1, 2, 3}), 2);
+  request(p, main_turn);
+
+  SECTION("the next turn continues: the same session, resident") {
+    auto next = session("X", "k1", chain({1, 2, 3, 4}), 2);
+    p.resolve_session(next);
+    CHECK(next.session_id == "X");
+    CHECK(p.prepare(next, t0, wall).resident);
+  }
+  SECTION("a title call with another preamble: the sub-session X#<its naming link>") {
+    auto title = session("X", "k1", chain({9, 2}), 2);
+    p.resolve_session(title);
+    CHECK(title.session_id == sub_session_id("X", to_hex(title.chain[1]).substr(0, 16)));
+    const auto plan = p.prepare(title, t0, wall);
+    CHECK_FALSE(plan.resident);  // never silently on X's KV while X is thought resident
+    CHECK(plan.save);            // X is saved first
+    run(p, title, plan);
+    // X's next turn restores X.
+    auto back = session("X", "k1", chain({1, 2, 3, 4}), 2);
+    p.resolve_session(back);
+    CHECK(back.session_id == "X");
+    const auto again = p.prepare(back, t0, wall);
+    REQUIRE(again.restore);
+    CHECK(again.restore->hash == p.hash_for(back));
+  }
+  SECTION("an auxiliary request is never renamed") {
+    auto aux = auxiliary("k1");
+    p.resolve_session(aux);
+    CHECK(aux.session_id.empty());
+  }
+}
+
+TEST_CASE("harness headers: the deciding value of a header", "[core][request_class]") {
+  CHECK(harness_header_value("agent-7", "", {}) == "agent-7");
+  CHECK(harness_header_value("", "", {}).empty());
+  CHECK(harness_header_value("compact", "", {"compact", "memory_consolidation"}) == "compact");
+  CHECK(harness_header_value("review", "", {"compact", "memory_consolidation"}).empty());
+  CHECK(harness_header_value(R"({"request_kind":"compaction","turn":3})", "request_kind",
+                             {"compaction", "memory"}) == "compaction");
+  CHECK(harness_header_value(R"({"request_kind":"turn"})", "request_kind",
+                             {"compaction", "memory"})
+            .empty());
+  CHECK(harness_header_value(R"({"request_kind":7})", "request_kind", {}).empty());
+  CHECK(harness_header_value("not json", "request_kind", {}).empty());
+  CHECK(harness_header_value(R"(["request_kind"])", "request_kind", {}).empty());
+}
+
+TEST_CASE("sub-session ids stay bounded", "[core][request_class]") {
+  CHECK(sub_session_id("S", "agent-1") == "S#agent-1");
+  const std::string long_tag(1000, 'x');
+  const auto id = sub_session_id("S", long_tag);
+  CHECK(id.size() == 2 + 16);
+  CHECK(id == sub_session_id("S", long_tag));  // stable
+  CHECK(id != sub_session_id("S", long_tag + "y"));
+}
