@@ -236,6 +236,7 @@ class FakeLlamaServer:
         # fault controls (one-shot unless said otherwise)
         self._fail_save: list[tuple[int, str]] = []
         self._fail_restore: list[tuple[int, str]] = []
+        self._fail_erase: list[object] = []         # fail_next_erase(): a status, or "drop"
         self._delay_restore: list[float] = []
         self._delay_save: list[float] = []
         self.management_delay = 0.0          # persistent delay for save/restore/erase
@@ -356,6 +357,12 @@ class FakeLlamaServer:
                           message: str = "Unable to restore slot: No available space in KV cache or invalid slot save file"):
         with self._lock:
             self._fail_restore.append((status, message))
+
+    def fail_next_erase(self, status: int | str = 500):
+        """The next erase answers `status` with an error body and leaves the slot's content as
+        it was; "drop" closes the connection without an answer."""
+        with self._lock:
+            self._fail_erase.append(status)
 
     def delay_next_restore(self, ms: float):
         with self._lock:
@@ -686,6 +693,11 @@ class _Handler(BaseHTTPRequestHandler):
             return reply(400, err_body(400, "Invalid slot ID", "invalid_request_error"))
 
         fault = f.management_fault
+        if action == "erase":
+            with f._lock:
+                erase_fault = f._fail_erase.pop(0) if f._fail_erase else None
+            if erase_fault is not None:
+                fault = erase_fault
         if fault == "drop":
             mrec["status"] = "dropped"
             self.close_connection = True

@@ -113,6 +113,14 @@ def test_failed_restore_clears_slot(fake):
     fake.fail_next_save(500)
     assert post(fake, "/slots/0?action=save", {"filename": "g3.bin"}).status == 500
     assert not os.path.exists(fake.snapshot_path("g3.bin"))
+    # an injected erase failure leaves the slot's content; the next erase works
+    c.turn(fake.port)
+    held = list(fake.slot_tokens)
+    fake.fail_next_erase(500)
+    assert post(fake, "/slots/0?action=erase", None).status == 500
+    assert fake.slot_tokens == held and held
+    assert post(fake, "/slots/0?action=erase", None).status == 200
+    assert fake.slot_tokens == []
 
 
 def test_sse_framing_and_timing(fake):
