@@ -76,10 +76,6 @@ struct request_identity {
   std::string credential;
   // Links a candidate must share to be worth offering: 2 when link 0 is an empty preamble.
   std::size_t min_shared_links = 1;
-  // The chain's links that name its conversation (prefix_chain::identity_links): a request
-  // under a session header that does not share them with the session's content is a
-  // sub-session (docs/design.md §20). 0: unknown.
-  std::size_t identity_links = 0;
 };
 
 }  // namespace kvp::core

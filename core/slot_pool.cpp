@@ -180,18 +180,20 @@ std::string slot_pool::scoped_hash(std::string_view session_id, std::string_view
   return m.hash;
 }
 
+// docs/design.md §20: a header names a conversation by its preamble (tools, options, system
+// prompt: link 0). A request under the header with another preamble (a title call, a
+// sub-agent) is the sub-session `<id>#<its link 0>`. An empty preamble names nothing: the
+// header decides, as it does before the session's first request is known.
 void slot_pool::resolve_session(request_identity& who) const {
   if (!enabled_ || who.session_id.empty() || !who.purpose.empty() ||
-      is_content_session(who.session_id) || who.identity_links == 0 ||
-      who.identity_links > who.chain.size())
+      is_content_session(who.session_id) || who.chain.empty() || who.min_shared_links > 1)
     return;
   const auto it = sessions_.find(hash_for(who));
-  if (it == sessions_.end()) return;  // its first request names the session's conversation
+  if (it == sessions_.end()) return;
   const session_rec& r = it->second;
   const auto& held = !r.chain.empty() || !r.snapshot ? r.chain : r.snapshot->chain;
-  if (held.empty()) return;  // nothing known to compare with: the header decides
-  if (common_links(held, who.chain) >= std::min(who.identity_links, held.size())) return;
-  who.session_id = sub_session_id(who.session_id, to_hex(who.chain[who.identity_links - 1]).substr(0, 16));
+  if (held.empty() || held.front() == who.chain.front()) return;
+  who.session_id = sub_session_id(who.session_id, to_hex(who.chain.front()).substr(0, 16));
 }
 
 bool slot_pool::may_share(const slot_content& c, const std::string& hash,

@@ -183,8 +183,8 @@ class slot_pool {
   // under `sharing: credential` or `session` (docs/design.md §20).
   std::string hash_for(std::string_view session_id) const;
   std::string hash_for(const request_identity& who) const;
-  // A request under a session header whose content does not continue that session's (a
-  // title call, a sub-agent) becomes the sub-session `<id>#<its naming link>` (docs/design.md
+  // A request under a session header with another preamble than the session's (a title
+  // call, a sub-agent) becomes the sub-session `<id>#<its preamble link>` (docs/design.md
   // §20). Called on the strand before the request queues and again when it is planned.
   void resolve_session(request_identity& who) const;
   // Whether `who` may run on what `slot` holds without an erase first (the sharing scope).

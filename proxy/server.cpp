@@ -378,7 +378,6 @@ void server::describe_content(const http::request<http::string_body>& req,
   if (!chain) return;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
   if (who.session_id.empty()) return;
-  who.identity_links = chain->identity_links;
   who.chain = std::move(chain->links);
   who.min_shared_links = chain->min_shared_links();
 }

@@ -35,10 +35,8 @@ slot_pool make_pool(scope s) {
 }
 
 request_identity session(std::string id, std::string credential,
-                         std::vector<chain_link> c = chain({1, 2}), std::size_t identity = 2) {
-  request_identity w{std::move(id), "", std::move(c), std::move(credential)};
-  w.identity_links = identity;
-  return w;
+                         std::vector<chain_link> c = chain({1, 2})) {
+  return request_identity{std::move(id), "", std::move(c), std::move(credential)};
 }
 
 request_identity auxiliary(std::string credential) {
@@ -162,33 +160,43 @@ TEST_CASE("under instance scope any known content is shared; under session only 
   }
 }
 
-TEST_CASE("a header request whose content does not continue its session is a sub-session",
+TEST_CASE("a header request with another preamble than its session's is a sub-session",
           "[core][slot_content]") {
   auto p = make_pool(scope::credential);
-  const auto main_turn = session("X", "k1", chain({1, 2, 3}), 2);
-  request(p, main_turn);
+  request(p, session("X", "k1", chain({1, 2, 3})));
 
   SECTION("the next turn continues: the same session, resident") {
-    auto next = session("X", "k1", chain({1, 2, 3, 4}), 2);
+    auto next = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(next);
     CHECK(next.session_id == "X");
     CHECK(p.prepare(next, t0, wall).resident);
   }
-  SECTION("a title call with another preamble: the sub-session X#<its naming link>") {
-    auto title = session("X", "k1", chain({9, 2}), 2);
+  SECTION("another first user message with the same preamble: still the header's session") {
+    auto other = session("X", "k1", chain({1, 9}));
+    p.resolve_session(other);
+    CHECK(other.session_id == "X");
+  }
+  SECTION("a title call with another preamble: the sub-session X#<its preamble link>") {
+    auto title = session("X", "k1", chain({9, 2}));
     p.resolve_session(title);
-    CHECK(title.session_id == sub_session_id("X", to_hex(title.chain[1]).substr(0, 16)));
+    CHECK(title.session_id == sub_session_id("X", to_hex(title.chain[0]).substr(0, 16)));
     const auto plan = p.prepare(title, t0, wall);
     CHECK_FALSE(plan.resident);  // never silently on X's KV while X is thought resident
     CHECK(plan.save);            // X is saved first
     run(p, title, plan);
     // X's next turn restores X.
-    auto back = session("X", "k1", chain({1, 2, 3, 4}), 2);
+    auto back = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(back);
     CHECK(back.session_id == "X");
     const auto again = p.prepare(back, t0, wall);
     REQUIRE(again.restore);
     CHECK(again.restore->hash == p.hash_for(back));
+  }
+  SECTION("an empty preamble names nothing: the header decides") {
+    auto bare = session("X", "k1", chain({9, 2}));
+    bare.min_shared_links = 2;
+    p.resolve_session(bare);
+    CHECK(bare.session_id == "X");
   }
   SECTION("an auxiliary request is never renamed") {
     auto aux = auxiliary("k1");

@@ -201,7 +201,7 @@ def test_session_save(stack, action):
 
     # A is clean, so B's arrival needs no save of A
     ok(B.turn(port))
-    assert acts(settled_calls(stack)) == ["erase"]
+    assert acts(settled_calls(stack)) == []   # same key: B keeps A's KV (docs/design.md §20)
 
     # not resident: no call; its last snapshot is current
     j = jadm(stack, "POST", "/kv/sessions/%s/%s" % (A.session, action))
@@ -271,7 +271,7 @@ def test_session_restore_without_snapshot_is_cold(stack):
     newcomer = sid("new")
     j = jadm(stack, "POST", "/kv/sessions/%s/restore" % newcomer)
     assert j["result"].startswith("cold"), j
-    assert acts(settled_calls(stack)) == ["save", "erase"]     # A saved, slot cleared for the newcomer
+    assert acts(settled_calls(stack)) == ["save"]     # A saved; the newcomer (same key) keeps its KV
     assert jadm(stack, "GET", "/kv/sessions/%s" % newcomer)["resident"] is True
 
 
@@ -307,9 +307,9 @@ def test_session_invalidate(stack):
     assert settled_calls(stack) == []
     assert stack.proxy.wait_for_log(r"kv\.snapshot\.invalidated .*reason=KV_OPERATOR_INVALIDATED", 2)
 
-    # the next A request: B saved, slot erased, A runs cold (no restore of the invalid snapshot)
+    # the next A request: B saved, A runs cold on B's KV (no restore of the invalid snapshot)
     r = ok(A.turn(port))
-    assert acts(settled_calls(stack)) == ["save", "erase"]
+    assert acts(settled_calls(stack)) == ["save"]   # B saved; A (same key) runs on its KV
     assert not harness.is_warm(r)
     # unknown session: 404
     jadm(stack, "POST", "/kv/sessions/%s/invalidate" % sid("nobody"), status=404)
@@ -357,10 +357,10 @@ def test_purge_server_owned(stack):
     # B untouched
     assert jadm(stack, "GET", "/kv/sessions/%s" % B.session)["resident"] is True
 
-    # A comes back: no snapshot known, so it runs cold (B saved, erase)
+    # A comes back: no snapshot known, so it runs cold (B saved, its KV kept)
     stack.upstream.take_calls()
     ok(A.turn(port))
-    assert acts(settled_calls(stack)) == ["save", "erase"]
+    assert acts(settled_calls(stack)) == ["save"]
 
 
 def test_purge_shared_filesystem_deletes_files(stack):

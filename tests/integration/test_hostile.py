@@ -550,7 +550,7 @@ def test_inference_surrogate_escape_is_coordinated(stack):
     r = http_request(port, "POST", "/v1/chat/comp%uD800letions", headers=B.headers(), body=B.body("hi"))
     assert r.status == 200
     calls = stack.upstream.take_calls()
-    assert [c.action for c in calls] == ["save", "erase"], "the request ran without the slot lease: %s" % calls
+    assert [c.action for c in calls] == ["save"], "the request ran without the slot lease: %s" % calls
 
 
 # ============================================================================ exceptions

@@ -9,6 +9,8 @@ Run: KVPERSIST_BIN=$PWD/build/kvpersist python3 -m pytest -q -p no:cacheprovider
 
 from __future__ import annotations
 
+import pytest
+
 from admin_client import idle
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
@@ -25,25 +27,23 @@ def last_restore(stack, conv):
     return r.json["lastRestore"]
 
 
-def switch_away_and_back(stack, conv, diverge: bool):
-    """conv, then another session (which saves conv), then conv again, its system prompt
-    changed at the first word when `diverge`. Returns the last response."""
+def switch_away_and_back(stack, conv, restored: bool = True):
+    """conv, then another session (which saves conv), then conv again. Returns the last
+    response."""
     port = stack.port
     ok(conv.turn(port))
     ok(Conversation(sid("other")).turn(port))
     idle(stack.proxy)
     stack.upstream.take_calls()
-    if diverge:
-        conv.messages[0]["content"] = "Changed. " + conv.messages[0]["content"]
     r = ok(conv.turn(port), "return")
-    assert "restore" in acts(settled_calls(stack)), "the session was not restored"
+    assert ("restore" in acts(settled_calls(stack))) == restored, "restore expected: %s" % restored
     return r
 
 
 def test_a_restore_the_prompt_reuses_is_paid(stack):
     stack.start()
     A = Conversation(sid("A"))
-    r = switch_away_and_back(stack, A, diverge=False)
+    r = switch_away_and_back(stack, A)
     idle(stack.proxy)
     lr = last_restore(stack, A)
     assert lr["reused"] == cached_tokens(r) and lr["reused"] * 2 >= lr["tokens"] > 0, lr
@@ -51,13 +51,33 @@ def test_a_restore_the_prompt_reuses_is_paid(stack):
     assert unpaid_total(stack.proxy) == 0
 
 
-def test_a_restore_of_a_prompt_that_diverged_early_is_unpaid(stack):
+@pytest.mark.fake_only
+def test_a_restore_the_next_response_does_not_reuse_is_unpaid(stack):
+    """A model kind that reprocesses after a restore (the fake's hybrid mode): the restored KV
+    is not reused, and that is logged, counted and shown."""
     stack.start()
+    stack.fake.reuse_after_restore = False
     A = Conversation(sid("A"))
-    r = switch_away_and_back(stack, A, diverge=True)
+    r = switch_away_and_back(stack, A)
     line = stack.proxy.wait_for_log(r"kv\.session\.restore\.unpaid", 5)
     assert line is not None, stack.proxy.log_text()
     restored, reused = int(line.fields["restored"]), int(line.fields["reused"])
     assert reused == cached_tokens(r) and reused * 2 < restored, line
     assert unpaid_total(stack.proxy) == 1
     assert last_restore(stack, A) == {"tokens": restored, "reused": reused}
+
+
+def test_a_session_whose_system_prompt_changed_is_not_restored(stack):
+    """Under its header, a return whose system prompt changed at the first word continues
+    nothing of the session: it is the sub-session of its new content (docs/design.md §20),
+    which restores no snapshot that its prompt could not reuse."""
+    stack.start()
+    A = Conversation(sid("A"))
+    ok(A.turn(stack.port))
+    ok(Conversation(sid("other")).turn(stack.port))
+    idle(stack.proxy)
+    stack.upstream.take_calls()
+    A.messages[0]["content"] = "Changed. " + A.messages[0]["content"]
+    ok(A.turn(stack.port), "return")
+    assert "restore" not in acts(settled_calls(stack))
+    assert not stack.proxy.events("kv.session.restore.unpaid")

@@ -33,17 +33,16 @@ def agent(tag: str, prompt: str = "shared", words: int = SYSTEM_WORDS) -> Conver
     return Conversation(sid(tag), system_words=words, tag=prompt)
 
 
-def saved_then_evicted(stack, headers=None, chained=True) -> tuple[Conversation, dict]:
+def saved_then_evicted(stack, headers=None) -> tuple[Conversation, dict]:
     """Session A (the shared prompt) after one turn, saved when an unrelated session took the
-    slot; returns A and its manifest (whose prefixChain is recorded unless `sharing: session`
-    made it needless for a header session)."""
+    slot; returns A and its manifest, with its prefixChain."""
     A = agent("A")
     ok(A.turn(stack.port, text="task A: fix the parser", headers=headers, timeout=120), "A")
     ok(agent("O", "unrelated", 60).turn(stack.port, headers=headers, timeout=120), "other")
     settled_calls(stack)
     m = manifest_for(stack.state_dir, A.session)
     assert m and m["state"] == "ready", m
-    assert len(m.get("prefixChain", [])) == (2 if chained else 0), m  # system part, A's message
+    assert len(m.get("prefixChain", [])) == 2, m  # system part, A's message
     return A, m
 
 
@@ -92,7 +91,7 @@ def test_a_new_session_after_a_llama_server_restart_is_seeded(stack):
 def test_sharing_session_keeps_todays_call_sequence(stack):
     """`sharing: session`: B never sees A's snapshot; a cold start erases the slot."""
     stack.start({"sharing": "session"})
-    saved_then_evicted(stack, chained=False)
+    saved_then_evicted(stack)  # chained all the same: a header request's content names its sub-session
     ok(agent("B").turn(stack.port, text="task B", timeout=120), "B")
     assert acts(settled_calls(stack)) == ["save", "erase"]
 
@@ -115,4 +114,4 @@ def test_no_seed_without_the_same_system_prompt(stack):
     stack.start()
     saved_then_evicted(stack)
     ok(agent("B", "another prompt").turn(stack.port, timeout=120), "B")
-    assert acts(settled_calls(stack)) == ["save", "erase"]
+    assert acts(settled_calls(stack)) == ["save"]   # no seed; the slot's content kept
