@@ -406,8 +406,10 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   const std::size_t in_slot = shared_with_slot(sl, who);
   if (!sl.owner.empty() && sl.owner != sl.pending_hash) ++stats_.switches;
   if (need_save) plan.save = make_save(sl);
+  // An auxiliary call runs on what the slot holds within the scope. Content nobody knows
+  // of with one credential seen (a slot no request used yet) is no other tenant's: no erase.
   if (sl.pending_aux) {
-    if (!shareable) isolate();
+    if (must_erase || (!shareable && sl.content.whose == content_whose::known)) isolate();
     return plan;
   }
 

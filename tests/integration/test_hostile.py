@@ -358,7 +358,7 @@ def _files_under(root: str) -> set[str]:
 
 def _chat_raw(port: int, session: bytes, text: str) -> int:
     body = json.dumps({"model": "fake", "messages": [
-        {"role": "system", "content": "You are agent hostile. " + text},
+        {"role": "system", "content": "You are agent hostile."},
         {"role": "user", "content": text}], "max_tokens": 4}).encode()
     got, _ = raw_exchange(port, request_bytes(
         "POST", "/v1/chat/completions",
@@ -380,11 +380,12 @@ def test_hostile_session_id(stack, tmp_path, name):
     assert _chat_raw(port, b"plain-other-session", "switch away") == 200   # saves the hostile one
     assert _chat_raw(port, session, "second turn") == 200                 # restores it
     calls = stack.fake.management_calls()
-    assert [c["action"] for c in calls] == ["erase", "save", "erase", "save", "restore"], calls
+    # the other session (the same key) keeps the hostile one's KV instead of an erase
+    assert [c["action"] for c in calls] == ["erase", "save", "save", "restore"], calls
     h = session_hash(session)
     saved = calls[1]["filename"]
     assert saved == h + ".a.bin", (saved, h)
-    assert calls[4]["filename"] == saved and calls[4]["status"] == 200
+    assert calls[3]["filename"] == saved and calls[3]["status"] == 200
 
     # names: the hash, nothing else
     files = _files_under(str(tmp_path))

@@ -274,7 +274,7 @@ def test_session_requests_stay_in_order_while_the_first_is_being_prepared(world)
 # ============================================================================ pool policy end to end
 def test_lru_eviction_saves_the_evicted_owner_once(world):
     """Three sessions on two slots: the third evicts the least recently used owner (one save of
-    exactly that owner, then erase); the evicted one comes back with save + restore."""
+    exactly that owner, its KV kept); the evicted one comes back with save + restore."""
     world.start(slots=2)
     for s in ("lru-A", "lru-B"):
         assert send(world.port, s).status == 200
@@ -286,7 +286,8 @@ def test_lru_eviction_saves_the_evicted_owner_once(world):
     assert send(world.port, "lru-C").status == 200
     calls = world.calls.take()
     hb = abbrev(session_hash("lru-B", FAKE_MODEL, INSTANCE))
-    assert [(c.action, c.slot, c.session) for c in calls] == [("save", b_slot, hb), ("erase", b_slot, "")], calls
+    # C (the same key) keeps B's KV on that slot instead of an erase (docs/design.md §20).
+    assert [(c.action, c.slot, c.session) for c in calls] == [("save", b_slot, hb)], calls
     assert send(world.port, "lru-B", "B back").status == 200
     calls = world.calls.take()
     assert [c.action for c in calls] == ["save", "restore"], calls
