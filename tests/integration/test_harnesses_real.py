@@ -164,6 +164,7 @@ class Request:
     source: str = ""             # "response" or "llama log"; "" when neither says
     prepare: str | None = None   # kvpersist's kv.request.done prepare=
     done_status: str | None = None
+    restored_from: str = ""      # a restore's source= (own, content, seed), from kv.session.restore.success
 
     @property
     def pct(self) -> float | None:
@@ -172,8 +173,9 @@ class Request:
     def row(self) -> str:
         kind = "title" if self.title else ("main" if self.main else "side")
         pct = "%5.1f%%" % self.pct if self.pct is not None else "   n/a"
-        return "%-5s %-28s status=%-4s prepare=%-13s prompt=%-6s reused=%-6s %s %s" % (
-            kind, self.exchange.path.split("?")[0], self.exchange.status, self.prepare, self.prompt,
+        prepare = "%s(%s)" % (self.prepare, self.restored_from) if self.restored_from else self.prepare
+        return "%-5s %-22s status=%-4s prepare=%-18s prompt=%-6s reused=%-6s %s %s" % (
+            kind, self.exchange.path.split("?")[0], self.exchange.status, prepare, self.prompt,
             self.cached, pct, ("(" + self.source + ")") if self.source else "")
 
 
@@ -256,6 +258,7 @@ class Scenario:
         """Runs `action()` (-> (conversation id or None, Run)) and measures what it sent."""
         mark, log_at = self.relay.mark(), self.llama.log_size()
         dones_at = len(self.proxy.events("kv.request.done"))
+        restores_at = len(self.proxy.events("kv.session.restore.success"))
         metric_at = reused_metric(self.proxy)
         conv, run = action()
         st = Step(name, run)
@@ -268,6 +271,7 @@ class Scenario:
         wait_until(lambda: not self.llama.slots()[0]["is_processing"], 30, 0.2)
         tasks = [t for t in prompt_tasks(self.llama.log_since(log_at)) if t.n_tokens >= MIN_PROMPT]
         dones = self.proxy.events("kv.request.done")[dones_at:]
+        restores = [l.fields.get("source", "?") for l in self.proxy.events("kv.session.restore.success")[restores_at:]]
         st.metric_delta = reused_metric(self.proxy) - metric_at
         matched = match_tasks(exchanges, tasks)
         if len(dones) != len(exchanges):
@@ -283,6 +287,8 @@ class Scenario:
             if len(dones) == len(exchanges):
                 r.prepare = dones[i].fields.get("prepare")
                 r.done_status = dones[i].fields.get("status")
+                if r.prepare == "restored" and restores:
+                    r.restored_from = restores.pop(0)
                 if e.status is not None and r.done_status != str(e.status):
                     st.problems.append("request %d: the CLI got %s, kvpersist logged status=%s"
                                        % (i, e.status, r.done_status))
@@ -309,7 +315,7 @@ class Scenario:
 
     def figures(self) -> dict:
         return {st.name: [{"main": r.main, "title": r.title, "path": r.exchange.path, "status": r.exchange.status,
-                           "prepare": r.prepare, "prompt": r.prompt, "reused": r.cached,
+                           "prepare": r.prepare, "restored_from": r.restored_from, "prompt": r.prompt, "reused": r.cached,
                            "pct": None if r.pct is None else round(r.pct, 1), "source": r.source}
                           for r in st.requests] for st in self.steps}
 
