@@ -1,6 +1,9 @@
-"""llama-server as the tests, benchmarks and demo start it."""
+"""llama-server as the tests, benchmarks and demo start it, and what its log says about prompts."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 HOST = "127.0.0.1"
 
@@ -25,3 +28,41 @@ def llama_server_cmd(binary: str, model: str, port: int, ctx: int, threads: int,
     if cache_ram is not None:
         c += ["--cache-ram", str(cache_ram)]
     return c + ["-t", str(threads)] + list(extra)
+
+
+# With `-lv 4` (trace) llama-server logs, for each task that processes a prompt,
+#   slot update_slots: id  0 | task 12 | new prompt, n_ctx_slot = 65536, n_keep = 0, task.n_tokens = 7012
+# and then, before its first batch,
+#   slot update_slots: id  0 | task 12 | cached n_tokens = 6990, memory_seq_rm [6990, end)
+# i.e. the prompt's size and how many of its tokens it took from the slot's cache: the
+# `timings.cache_n` (Messages `cache_read_input_tokens`, OpenAI `cached_tokens`) of the response.
+_NEW_PROMPT_RE = re.compile(r"id +(\d+) \| task (\d+) \| new prompt, .*task\.n_tokens = (\d+)")
+_CACHED_RE = re.compile(r"id +(\d+) \| task (\d+) \| cached n_tokens = (\d+)")
+
+
+@dataclass
+class PromptTask:
+    slot: int
+    task: int
+    n_tokens: int
+    cached: int | None = None   # None: the log shows no batch for it (yet)
+
+
+def prompt_tasks(log_text: str) -> list[PromptTask]:
+    """The prompt-processing tasks in a stretch of llama-server's `-lv 4` log, in the order
+    they started (task ids start again from 0 when llama-server restarts)."""
+    out: list[PromptTask] = []
+    open_tasks: dict[tuple[int, int], PromptTask] = {}
+    for line in log_text.splitlines():
+        m = _NEW_PROMPT_RE.search(line)
+        if m:
+            t = PromptTask(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            out.append(t)
+            open_tasks[(t.slot, t.task)] = t
+            continue
+        m = _CACHED_RE.search(line)
+        if m:
+            t = open_tasks.pop((int(m.group(1)), int(m.group(2))), None)
+            if t is not None:
+                t.cached = int(m.group(3))
+    return out
