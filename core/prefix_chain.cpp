@@ -251,6 +251,9 @@ std::size_t common_links(const std::vector<chain_link>& a, const std::vector<cha
 }
 
 std::string credential_key(std::string_view credential) {
+  // The key as llama-server reads it (core/request_class.hpp, client_key_matches): one key
+  // sent as "Bearer k", "k" or X-Api-Key "k" is one credential.
+  if (credential.starts_with("Bearer ")) credential.remove_prefix(7);
   if (credential.empty()) return {};
   return sha256_hex(fmt::format("kvpersist-credential-v1;{}:{};", credential.size(), credential))
       .substr(0, 32);

@@ -70,8 +70,9 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
 // credentials stay two sessions. "content:" and 64 hex digits.
 std::string content_session_id(const prefix_chain& chain, std::string_view credential);
 
-// What identifies a credential (the Authorization value, else X-Api-Key's) in manifests and
-// in the `sharing: credential` check: 32 hex digits of a SHA-256, "" for none.
+// What identifies a credential (the Authorization value, else X-Api-Key's, without a leading
+// "Bearer ") in manifests and in the sharing scope's checks: 32 hex digits of a SHA-256, ""
+// for none.
 std::string credential_key(std::string_view credential);
 
 // Whether `session_id` was made by content_session_id.

@@ -228,3 +228,11 @@ TEST_CASE("sub-session ids stay bounded", "[core][request_class]") {
   CHECK(id == sub_session_id("S", long_tag));  // stable
   CHECK(id != sub_session_id("S", long_tag + "y"));
 }
+
+TEST_CASE("a credential is the key as llama-server reads it", "[core][slot_content]") {
+  CHECK(credential_key("Bearer k1") == credential_key("k1"));
+  CHECK(credential_key("Bearer k1") != credential_key("Bearer k2"));
+  CHECK(credential_key("bearer k1") != credential_key("k1"));  // llama-server's exact spelling
+  CHECK(credential_key("").empty());
+  CHECK(credential_key("Bearer ").empty());
+}

@@ -1030,6 +1030,7 @@ class Stack:
         self.state_dir = os.path.join(workdir, "state")
         self.upstream: Upstream | None = None
         self.proxies: list[KvPersist] = []
+        self.base_config: dict = {}  # merged under every start_proxy's config
 
     @property
     def proxy(self) -> KvPersist:
@@ -1054,6 +1055,7 @@ class Stack:
         if not os.access(binary, os.X_OK):
             import pytest
             pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % binary)
+        config = deep_merge(self.base_config, config) if self.base_config else config
         p = KvPersist(upstream_url or self.upstream.url, self.state_dir, config=config,
                       work_dir=self.workdir, **kw)
         self.proxies.append(p)

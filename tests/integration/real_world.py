@@ -85,6 +85,10 @@ def _world(request, server: RealUpstream, tmp_path):
     idle = wait_until(lambda: not server.slots()[0]["is_processing"], 20, 0.05)
     assert idle, "the shared llama-server is still busy from an earlier test"
     s = Stack(str(tmp_path), "real")
+    # The acceptance and SDK suites assert exact call sequences and cold answers in which
+    # every cold start erases: `sharing: session` (docs/design.md §20). The default scope's
+    # kept slots are asserted by test_isolation_real.py and test_harnesses_real.py.
+    s.base_config = {"sharing": "session"}
     s.upstream = RealUpstreamView(server)
     yield s
     try:

@@ -64,8 +64,9 @@ class World:
         self.model = llama.props()["model_path"]
 
     def start_proxy(self, config=None) -> harness.KvPersist:
+        # `sharing: session`: every cold start erases, as the call sequences below assert.
         cfg = harness.deep_merge({"mode": "managed-slots", "checkpoint": {"idleMs": 0},
-                                  "epochProbeIntervalMs": 0}, config)
+                                  "epochProbeIntervalMs": 0, "sharing": "session"}, config)
         p = start_proxy(self.llama.url, self.state_dir, self.tmp, cfg)
         self.proxies.append(p)
         assert p.wait_for_log(r"kv\.backend\.ready", 10), p.log_text()
