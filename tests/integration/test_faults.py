@@ -827,6 +827,8 @@ def world(request, llama, tmp_path):
         llama.start()
     assert wait_until(lambda: not llama.slots()[0]["is_processing"], 20, 0.05)
     s = Stack(str(tmp_path), "real")
+    # Exact erase sequences and cold answers: every cold start erases (docs/design.md §20).
+    s.base_config = {"sharing": "session"}
     s.upstream = harness.RealUpstreamView(llama)
     yield s
     rep = getattr(request.node, "rep_call", None)

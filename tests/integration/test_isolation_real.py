@@ -196,6 +196,7 @@ def test_other_key_reads_nothing_of_a(world, llama, kind, evicted, config):
     A, O = tenant_a(llama), other_session(llama)
     b_req = request_of(kind, llama, A, KEY_B)
     baseline = empty_slot_reuse(llama, b_req)
+    world.base_config = {}  # the product's defaults, not the acceptance suites' `session`
     proxy = world.start_proxy(CONFIGS[config])
 
     a1 = ask(A, proxy.port, KEY_A, A_USER1)
