@@ -160,11 +160,14 @@ struct admin_config {
 // Retention (docs/design.md §12); 0 means no limit. Invalid snapshots go first, then the least
 // recently saved; a session that owns a slot is never evicted. maxSessions and maxAgeDays
 // apply in every mode (server-owned: the manifest is forgotten, llama-server's files stay);
-// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files).
+// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files). Over a
+// budget, the credential holding the most sessions (or bytes) loses its own first;
+// maxSessionsPerCredential caps each credential on its own (0 = no separate cap).
 struct retention_config {
   std::uint64_t max_total_bytes = 0;
   std::size_t max_sessions = 1000;
   int max_age_days = 0;
+  std::size_t max_sessions_per_credential = 0;
   milliseconds interval{3'600'000};  // gc timer; 0 = only on demand (POST /kv/gc)
   bool operator==(const retention_config&) const = default;
 };

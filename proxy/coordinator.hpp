@@ -39,6 +39,7 @@ struct coordinator_options {
   std::uint64_t retention_max_bytes = 0;
   std::size_t retention_max_sessions = 0;
   int retention_max_age_days = 0;
+  std::size_t retention_max_sessions_per_credential = 0;  // 0: no separate cap
   std::chrono::milliseconds retention_interval{0};
   std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
 };

@@ -171,6 +171,7 @@ server::server(net::io_context& ioc, config::config cfg)
     co.retention_max_bytes = cfg_.retention.max_total_bytes;
     co.retention_max_sessions = cfg_.retention.max_sessions;
     co.retention_max_age_days = cfg_.retention.max_age_days;
+    co.retention_max_sessions_per_credential = cfg_.retention.max_sessions_per_credential;
     co.retention_interval = cfg_.retention.interval;
     co.file_timeout = cfg_.failure.file_timeout;
     const std::string state = config::server_state_dir(cfg_, sc, state_root);
