@@ -145,6 +145,9 @@ struct limits_config {
   // Request bodies buffered at once over all connections; a body that does not fit gets
   // 503 + Retry-After. At least max_body_bytes.
   std::uint64_t max_buffered_body_bytes = 256ull * 1024 * 1024;
+  // New sessions a credential may start per minute on each server (a burst of as many, then
+  // one every minute / rate); beyond, 429 + Retry-After. 0 = no limit.
+  std::size_t new_sessions_per_minute = 0;
 
   bool operator==(const limits_config&) const = default;
 };

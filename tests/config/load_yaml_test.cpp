@@ -115,6 +115,7 @@ limits:
   maxBodyBytes: 2048
   headerTimeoutMs: 9
   clientWriteTimeoutMs: 10
+  newSessionsPerMinute: 13
 retention:
   maxTotalBytes: 14
   maxSessions: 15
@@ -167,6 +168,7 @@ log:
   CHECK(cfg.limits.max_body_bytes == 2048);
   CHECK(cfg.limits.header_timeout == 9ms);
   CHECK(cfg.limits.client_write_timeout == 10ms);
+  CHECK(cfg.limits.new_sessions_per_minute == 13);
   CHECK(cfg.retention.max_total_bytes == 14);
   CHECK(cfg.retention.max_sessions == 15);
   CHECK(cfg.retention.max_age_days == 16);
@@ -319,6 +321,8 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
                      "retention.maxSessionsPerCredential: must be at most retention.maxSessions (5)");
     CHECK(load_ok("retention:\n  maxSessions: 0\n  maxSessionsPerCredential: 6\n")
               .retention.max_sessions_per_credential == 6);
+    require_error_at("limits:\n  newSessionsPerMinute: -1\n", 2,
+                     "limits.newSessionsPerMinute: must be >= 0");
   }
   SECTION("header names") {
     CHECK(contains(load_error("sessions:\n  headers: []\n").message,

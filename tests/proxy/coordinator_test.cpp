@@ -927,3 +927,27 @@ TEST_CASE("retention.maxSessionsPerCredential: a credential over its cap loses i
   CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a0 + ".json"));
   CHECK(manifests_of(h, "B", 4) == 2);
 }
+
+// README "Security": limits.newSessionsPerMinute refuses a credential's new session before
+// any slot work (no save of the dirty owner, no erase); known sessions and other credentials
+// go on.
+TEST_CASE("a new session over its credential's rate is refused with Retry-After, untouched",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.new_sessions_per_minute = 2;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok);
+  CHECK(h.request_as(as("key-B", "B1"), 100).ok);  // B0 saved; B1 resident and dirty
+  h.fake->clear_calls();
+  const auto refused = h.request_as(as("key-B", "B2"), 100);  // no lease left held: request()
+  CHECK_FALSE(refused.ok);
+  CHECK(refused.code == kvp::core::errc::session_rate);
+  CHECK(refused.retry_after == 30s);
+  CHECK(h.fake->slot_calls().empty());
+  CHECK_FALSE(h.coord->session("B2"));
+  CHECK(h.coord->pool().owner() == h.hash("B1"));
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
+  CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
+}
