@@ -412,6 +412,11 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
     if (!known) return problem(key + ".server", fmt::format("no server named '{}'", r.server));
   }
   if (cfg.retention.max_age_days < 0) return problem("retention.maxAgeDays", "must be >= 0");
+  const auto per_credential = cfg.retention.max_sessions_per_credential;
+  if (cfg.retention.max_sessions > 0 && per_credential > cfg.retention.max_sessions)
+    return problem("retention.maxSessionsPerCredential",
+                   fmt::format("must be at most retention.maxSessions ({}), or 0 (got {})",
+                               cfg.retention.max_sessions, per_credential));
   if (auto p = check_ms("retention.intervalMs", cfg.retention.interval, false)) return p;
   if (!is_log_level(cfg.log.level)) {
     return problem("log.level",

@@ -145,6 +145,9 @@ struct limits_config {
   // Request bodies buffered at once over all connections; a body that does not fit gets
   // 503 + Retry-After. At least max_body_bytes.
   std::uint64_t max_buffered_body_bytes = 256ull * 1024 * 1024;
+  // New sessions a credential may start per minute on each server (a burst of as many, then
+  // one every minute / rate); beyond, 429 + Retry-After. 0 = no limit.
+  std::size_t new_sessions_per_minute = 0;
 
   bool operator==(const limits_config&) const = default;
 };
@@ -160,11 +163,14 @@ struct admin_config {
 // Retention (docs/design.md §12); 0 means no limit. Invalid snapshots go first, then the least
 // recently saved; a session that owns a slot is never evicted. maxSessions and maxAgeDays
 // apply in every mode (server-owned: the manifest is forgotten, llama-server's files stay);
-// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files).
+// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files). Over a
+// budget, the credential holding the most sessions (or bytes) loses its own first;
+// maxSessionsPerCredential caps each credential on its own (0 = no separate cap).
 struct retention_config {
   std::uint64_t max_total_bytes = 0;
   std::size_t max_sessions = 1000;
   int max_age_days = 0;
+  std::size_t max_sessions_per_credential = 0;
   milliseconds interval{3'600'000};  // gc timer; 0 = only on demand (POST /kv/gc)
   bool operator==(const retention_config&) const = default;
 };

@@ -409,6 +409,8 @@ config reader::read_document(const YAML::Node& root) {
         {"maxConnections", [&](V v2, P p2) { c.limits.max_connections = read_size(v2, p2); }},
         {"maxBufferedBodyBytes",
          [&](V v2, P p2) { c.limits.max_buffered_body_bytes = read_size(v2, p2); }},
+        {"newSessionsPerMinute",
+         [&](V v2, P p2) { c.limits.new_sessions_per_minute = read_size(v2, p2); }},
       });
     }},
     {"shutdownGraceMs", [&](V v, P p) { c.shutdown_grace = read_ms(v, p); }},
@@ -475,6 +477,8 @@ config reader::read_document(const YAML::Node& root) {
         {"maxSessions", [&](V v2, P p2) { c.retention.max_sessions = read_size(v2, p2); }},
         {"maxAgeDays", [&](V v2, P p2) { c.retention.max_age_days = read_int(v2, p2); }},
         {"intervalMs", [&](V v2, P p2) { c.retention.interval = read_ms(v2, p2); }},
+        {"maxSessionsPerCredential",
+         [&](V v2, P p2) { c.retention.max_sessions_per_credential = read_size(v2, p2); }},
       });
     }},
     {"log", [&](V v, P p) {

@@ -27,6 +27,7 @@ enum class errc {
   slot_not_found,         // the slot does not exist on the server (an id it would wrap)
   slot_state_invalid,     // the server cannot tell what its slots hold (no slot list)
   file_io_timeout,        // a file operation exceeded failure.fileTimeoutMs (a stuck filesystem)
+  session_rate,           // a credential started new sessions faster than limits.newSessionsPerMinute
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -51,6 +52,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::slot_not_found: return "KV_SLOT_NOT_FOUND";
     case errc::slot_state_invalid: return "KV_SLOT_STATE_INVALID";
     case errc::file_io_timeout: return "KV_FILE_IO_TIMEOUT";
+    case errc::session_rate: return "KV_SESSION_RATE";
   }
   return "KV_INVARIANT";
 }

@@ -3,30 +3,143 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <map>
+#include <set>
+#include <utility>
 
 namespace kvp::core {
 
+namespace {
+
+bool evicts_before(const retention_entry& a, const retention_entry& b) {
+  if (a.invalid != b.invalid) return a.invalid;
+  return a.updated_s != b.updated_s ? a.updated_s < b.updated_s : a.hash < b.hash;
+}
+
+// One credential's sessions while a plan is made.
+struct tenant {
+  std::size_t sessions = 0;  // not yet evicted, in use or not
+  std::uint64_t bytes = 0;
+  std::deque<const retention_entry*> evictable;  // not in use, in eviction order
+};
+
+// A tenant with something to evict, as a budget ranks it: an invalid candidate first (the
+// oldest first), then the tenant holding the most, then the older candidate. Candidates'
+// hashes are unique, so the order is total and a rank names one tenant.
+struct tenant_rank {
+  bool invalid = false;
+  std::uint64_t held = 0;
+  const retention_entry* next = nullptr;
+  tenant* owner = nullptr;
+};
+
+struct rank_order {
+  bool operator()(const tenant_rank& a, const tenant_rank& b) const {
+    if (a.invalid != b.invalid) return a.invalid;
+    if (!a.invalid && a.held != b.held) return a.held > b.held;
+    return evicts_before(*a.next, *b.next);
+  }
+};
+
+class retention_planner {
+ public:
+  retention_planner(std::vector<retention_entry> entries, const retention_limits& limits)
+      : entries_(std::move(entries)), limits_(limits) {
+    std::sort(entries_.begin(), entries_.end(), evicts_before);
+    plan_.remaining_sessions = entries_.size();
+    for (const auto& e : entries_) plan_.remaining_bytes += e.bytes;
+  }
+
+  retention_plan run(std::int64_t now_s) {
+    forget_old(now_s);
+    cap_credentials();
+    for (auto& [credential, t] : tenants_) rank(t);
+    meet_budgets();
+    return std::move(plan_);
+  }
+
+ private:
+  bool over_sessions() const {
+    return limits_.max_sessions > 0 && plan_.remaining_sessions > limits_.max_sessions;
+  }
+  bool over_bytes() const {
+    return limits_.max_total_bytes > 0 && plan_.remaining_bytes > limits_.max_total_bytes;
+  }
+
+  // Evicts what is too old; everything else joins its credential's tenant.
+  void forget_old(std::int64_t now_s) {
+    const std::int64_t max_age_s = std::int64_t{limits_.max_age_days} * 86400;
+    for (const auto& e : entries_) {
+      if (!e.in_use && limits_.max_age_days > 0 && now_s - e.updated_s > max_age_s) {
+        evict(e, "age");
+        continue;
+      }
+      auto& t = tenants_[e.credential];
+      ++t.sessions;
+      t.bytes += e.bytes;
+      if (!e.in_use) t.evictable.push_back(&e);
+    }
+  }
+
+  void cap_credentials() {
+    const auto cap = limits_.max_sessions_per_credential;
+    if (cap == 0) return;
+    for (auto& [credential, t] : tenants_)
+      while (t.sessions > cap && !t.evictable.empty()) evict_next(t, "credential");
+  }
+
+  void meet_budgets() {
+    for (;;) {
+      const bool sessions = over_sessions();
+      if (!sessions && !over_bytes()) return;
+      const auto& ranking = sessions ? by_sessions_ : by_bytes_;
+      if (ranking.empty()) return;
+      tenant& t = *ranking.begin()->owner;
+      unrank(t);
+      evict_next(t, sessions ? "sessions" : "bytes");
+      rank(t);
+    }
+  }
+
+  void rank(tenant& t) {
+    if (t.evictable.empty()) return;
+    const auto* next = t.evictable.front();
+    by_sessions_.insert({next->invalid, t.sessions, next, &t});
+    by_bytes_.insert({next->invalid, t.bytes, next, &t});
+  }
+  void unrank(tenant& t) {
+    const auto* next = t.evictable.front();
+    by_sessions_.erase({next->invalid, t.sessions, next, &t});
+    by_bytes_.erase({next->invalid, t.bytes, next, &t});
+  }
+
+  void evict_next(tenant& t, std::string_view why) {
+    const retention_entry& e = *t.evictable.front();
+    t.evictable.pop_front();
+    --t.sessions;
+    t.bytes -= e.bytes;
+    evict(e, why);
+  }
+  void evict(const retention_entry& e, std::string_view why) {
+    plan_.evict.push_back({e.hash, e.bytes, why});
+    plan_.remaining_bytes -= e.bytes;
+    --plan_.remaining_sessions;
+  }
+
+  std::vector<retention_entry> entries_;
+  retention_limits limits_;
+  std::map<std::string, tenant> tenants_;
+  std::set<tenant_rank, rank_order> by_sessions_;
+  std::set<tenant_rank, rank_order> by_bytes_;
+  retention_plan plan_;
+};
+
+}  // namespace
+
 retention_plan plan_retention(std::vector<retention_entry> entries, const retention_limits& limits,
                               std::int64_t now_s) {
-  std::sort(entries.begin(), entries.end(), [](const retention_entry& a, const retention_entry& b) {
-    if (a.invalid != b.invalid) return a.invalid;
-    return a.updated_s != b.updated_s ? a.updated_s < b.updated_s : a.hash < b.hash;
-  });
-  retention_plan plan;
-  plan.remaining_sessions = entries.size();
-  for (const auto& e : entries) plan.remaining_bytes += e.bytes;
-  const std::int64_t max_age_s = std::int64_t{limits.max_age_days} * 86400;
-  for (const auto& e : entries) {
-    if (e.in_use) continue;
-    const bool too_old = limits.max_age_days > 0 && now_s - e.updated_s > max_age_s;
-    const bool too_many = limits.max_sessions > 0 && plan.remaining_sessions > limits.max_sessions;
-    const bool too_big = limits.max_total_bytes > 0 && plan.remaining_bytes > limits.max_total_bytes;
-    if (!too_old && !too_many && !too_big) continue;
-    plan.evict.push_back({e.hash, e.bytes, too_old ? "age" : too_many ? "sessions" : "bytes"});
-    plan.remaining_bytes -= e.bytes;
-    --plan.remaining_sessions;
-  }
-  return plan;
+  return retention_planner(std::move(entries), limits).run(now_s);
 }
 
 std::int64_t parse_utc(std::string_view s) {

@@ -14,6 +14,7 @@ struct retention_limits {
   std::uint64_t max_total_bytes = 0;  // 0: no limit (unknown sizes count as 0)
   std::size_t max_sessions = 0;       // 0: no limit
   int max_age_days = 0;               // 0: no limit
+  std::size_t max_sessions_per_credential = 0;  // 0: no separate cap
 };
 
 // One session with a snapshot.
@@ -23,12 +24,13 @@ struct retention_entry {
   std::int64_t updated_s = 0;  // last save or invalidation, seconds since the epoch
   std::uint64_t bytes = 0;     // its files on disk (0 when kvpersist cannot see them)
   bool in_use = false;         // owns a slot or is being prepared on one: never forgotten
+  std::string credential;      // credential_key() of its requests ("" without one)
 };
 
 struct retention_eviction {
   std::string hash;
   std::uint64_t bytes = 0;
-  std::string_view why;  // "age", "sessions" or "bytes"
+  std::string_view why;  // "age", "credential", "sessions" or "bytes"
 };
 
 struct retention_plan {
@@ -37,8 +39,15 @@ struct retention_plan {
   std::uint64_t remaining_bytes = 0;
 };
 
-// Invalid snapshots go first, then the least recently updated (ties: by hash). Each entry
-// not in use is forgotten while any limit is exceeded or it is older than max_age_days.
+// Which entries not in use to forget, in this order:
+// - every one older than max_age_days ("age");
+// - a credential holding more than max_sessions_per_credential loses its own, invalid first,
+//   then the least recently updated ("credential");
+// - while max_sessions or max_total_bytes is exceeded: an invalid snapshot first (the least
+//   recently updated), else the least recently updated session of the credential that holds
+//   the most sessions, or bytes for the byte budget (ties: the one whose candidate is older,
+//   then by hash), so that a tenant that churns sessions evicts its own ("sessions", "bytes").
+// With one credential this is the least recently updated first, invalid before valid.
 retention_plan plan_retention(std::vector<retention_entry> entries, const retention_limits& limits,
                               std::int64_t now_s);
 

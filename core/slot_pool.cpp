@@ -873,7 +873,7 @@ std::vector<retention_entry> slot_pool::retention_entries() const {
   for (const auto& [h, r] : sessions_) {
     if (!r.snapshot) continue;
     out.push_back({h, r.snapshot->state == snapshot_state::invalid,
-                   parse_utc(r.snapshot->updated_at), 0, in_use(h)});
+                   parse_utc(r.snapshot->updated_at), 0, in_use(h), r.credential});
   }
   return out;
 }

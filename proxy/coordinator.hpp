@@ -20,6 +20,7 @@
 #include "core/metrics.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
+#include "core/session_rate.hpp"
 #include "proxy/file_io.hpp"
 #include "proxy/manifest_store.hpp"
 #include "proxy/snapshot_files.hpp"
@@ -39,8 +40,10 @@ struct coordinator_options {
   std::uint64_t retention_max_bytes = 0;
   std::size_t retention_max_sessions = 0;
   int retention_max_age_days = 0;
+  std::size_t retention_max_sessions_per_credential = 0;  // 0: no separate cap
   std::chrono::milliseconds retention_interval{0};
   std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
+  std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
 };
 
 // Whose snapshot a restore loaded: a header session's own, a content session's own
@@ -135,10 +138,13 @@ struct lease_ticket {
 
 // How a request was prepared, for the client session and its logs.
 struct prepare_result {
-  bool ok = true;  // false: strict mode, or a scope erase that failed: answer 503 (lease released)
+  // false: strict mode, or a scope erase that failed: answer 503; a new session over its
+  // credential's rate: 429 (retry_after set). The lease is released either way.
+  bool ok = true;
   core::prepare_kind kind = core::prepare_kind::none;
   std::string message;          // why, when !ok
-  core::errc code = core::errc::invariant;  // what failed, when !ok (the 503's kv_code)
+  core::errc code = core::errc::invariant;  // what failed, when !ok (the answer's kv_code)
+  std::chrono::seconds retry_after{0};      // > 0: a limit, not a failure: try again then
 };
 
 // What admit did with a ticket.
@@ -339,6 +345,10 @@ class coordinator {
   // The one rule of every admin session route: the hash of a known session names it,
   // anything else is a harness's session id.
   session_ref resolve_session(const std::string& hash_or_id) const;
+  // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
+  // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
+  std::optional<prepare_result> refuse_new_session(const std::string& hash,
+                                                   const std::string& credential);
   net::awaitable<void> gc_loop();
   net::awaitable<gc_report> run_gc();
   net::awaitable<void> enforce_session_budget();
@@ -358,6 +368,7 @@ class coordinator {
   manifest_store store_;
   coordinator_options opts_;
   core::slot_pool pool_;
+  core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
   snapshot_files snapshots_{opts_.snapshot_dir};
   file_io files_{2, 64, opts_.file_timeout};
   // A save's commit in flight, by session hash: its snapshot is written, not yet durable and
@@ -418,6 +429,7 @@ class coordinator {
   std::uint64_t gc_freed_bytes_ = 0;
   std::uint64_t gc_evicted_ = 0;
   std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
+  std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
 };
 
 }  // namespace kvp::proxy

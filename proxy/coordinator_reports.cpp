@@ -381,6 +381,9 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             "Sessions retention forgot in server-owned mode (their snapshot files stay with "
             "llama-server).",
             sessions_forgotten_);
+  m.counter("kvpersist_session_rate_limited_total",
+            "Requests for a new session refused by limits.newSessionsPerMinute (429).",
+            sessions_rate_limited_);
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
   w.histo("kvpersist_save_duration_ms", m.labels, save_ms_);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");

@@ -85,7 +85,8 @@ net::awaitable<gc_report> coordinator::run_gc() {
     for (std::size_t i = 0; i < entries.size(); ++i) entries[i].bytes = sizes.value()[i];
   }
   const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
-                                      opts_.retention_max_age_days};
+                                      opts_.retention_max_age_days,
+                                      opts_.retention_max_sessions_per_credential};
   const auto plan = core::plan_retention(std::move(entries), limits, detail::unix_now());
   std::uint64_t freed = 0;
   for (const auto& e : plan.evict) {
@@ -96,13 +97,16 @@ net::awaitable<gc_report> coordinator::run_gc() {
                       !snapshots_.shared()};
 }
 
-// The session budget between gc runs, kept as each new session's first manifest is written:
-// a burst of new sessions never outgrows it. Only the count (sizes and ages wait for gc).
-// Off when gc runs only on demand (retention.intervalMs 0).
+// The session budgets between gc runs, kept as each new session's first manifest is written:
+// a burst of new sessions never outgrows them. Only the counts, the whole one and each
+// credential's (sizes and ages wait for gc). Off when gc runs only on demand
+// (retention.intervalMs 0).
 net::awaitable<void> coordinator::enforce_session_budget() {
-  if (opts_.retention_max_sessions == 0 || opts_.retention_interval.count() == 0) co_return;
-  const auto plan = core::plan_retention(pool_.retention_entries(),
-                                         {0, opts_.retention_max_sessions, 0}, detail::unix_now());
+  const auto per_credential = opts_.retention_max_sessions_per_credential;
+  if (opts_.retention_max_sessions == 0 && per_credential == 0) co_return;
+  if (opts_.retention_interval.count() == 0) co_return;
+  const core::retention_limits counts{0, opts_.retention_max_sessions, 0, per_credential};
+  const auto plan = core::plan_retention(pool_.retention_entries(), counts, detail::unix_now());
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
     (void)bytes;

@@ -14,6 +14,7 @@ std::string_view type_for(http::status s) {
     case http::status::not_found: return "not_found_error";
     case http::status::service_unavailable: return "unavailable_error";
     case http::status::gateway_timeout: return "timeout_error";
+    case http::status::too_many_requests: return "rate_limit_error";
     default: break;
   }
   return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
@@ -44,11 +45,18 @@ response error_response(http::status status, std::string_view message, unsigned 
   return res;
 }
 
-response busy_response(std::string_view message, unsigned retry_after_s, unsigned version,
-                       std::string_view kv_code) {
-  auto res = error_response(http::status::service_unavailable, message, version, true, kv_code);
+response retry_later_response(http::status status, std::string_view message,
+                              unsigned retry_after_s, unsigned version, bool keep_alive,
+                              std::string_view kv_code) {
+  auto res = error_response(status, message, version, keep_alive, kv_code);
   res.set(http::field::retry_after, std::to_string(retry_after_s));
   return res;
+}
+
+response busy_response(std::string_view message, unsigned retry_after_s, unsigned version,
+                       std::string_view kv_code) {
+  return retry_later_response(http::status::service_unavailable, message, retry_after_s, version,
+                              true, kv_code);
 }
 
 }  // namespace kvp::proxy

@@ -171,6 +171,8 @@ server::server(net::io_context& ioc, config::config cfg)
     co.retention_max_bytes = cfg_.retention.max_total_bytes;
     co.retention_max_sessions = cfg_.retention.max_sessions;
     co.retention_max_age_days = cfg_.retention.max_age_days;
+    co.retention_max_sessions_per_credential = cfg_.retention.max_sessions_per_credential;
+    co.new_sessions_per_minute = cfg_.limits.new_sessions_per_minute;
     co.retention_interval = cfg_.retention.interval;
     co.file_timeout = cfg_.failure.file_timeout;
     const std::string state = config::server_state_dir(cfg_, sc, state_root);
@@ -597,6 +599,10 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
 
 response server::prepare_failure(const prepare_result& pr,
                                 const http::request<http::string_body>& req) const {
+  if (pr.retry_after.count() > 0)
+    return retry_later_response(http::status::too_many_requests, pr.message,
+                                static_cast<unsigned>(pr.retry_after.count()), req.version(),
+                                req.keep_alive(), core::to_string(pr.code));
   return error_response(http::status::service_unavailable,
                         fmt::format("kvpersist could not prepare the slot: {}", pr.message),
                         req.version(), req.keep_alive(), core::to_string(pr.code));

@@ -115,6 +115,13 @@ limits:
   maxBodyBytes: 2048
   headerTimeoutMs: 9
   clientWriteTimeoutMs: 10
+  newSessionsPerMinute: 13
+retention:
+  maxTotalBytes: 14
+  maxSessions: 15
+  maxAgeDays: 16
+  intervalMs: 17
+  maxSessionsPerCredential: 5
 shutdownGraceMs: 11
 epochProbeIntervalMs: 0
 threads: 4
@@ -161,6 +168,12 @@ log:
   CHECK(cfg.limits.max_body_bytes == 2048);
   CHECK(cfg.limits.header_timeout == 9ms);
   CHECK(cfg.limits.client_write_timeout == 10ms);
+  CHECK(cfg.limits.new_sessions_per_minute == 13);
+  CHECK(cfg.retention.max_total_bytes == 14);
+  CHECK(cfg.retention.max_sessions == 15);
+  CHECK(cfg.retention.max_age_days == 16);
+  CHECK(cfg.retention.interval == 17ms);
+  CHECK(cfg.retention.max_sessions_per_credential == 5);
   CHECK(cfg.shutdown_grace == 11ms);
   CHECK(cfg.epoch_probe_interval == 0ms);
   CHECK(cfg.threads == 4);
@@ -304,6 +317,12 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
                    "limits.maxHeaderBytes: must be >= 1024"));
     CHECK(contains(load_error("limits:\n  maxBodyBytes: 10\n").message, "maxBodyBytes"));
     CHECK(contains(load_error("instanceKey: \"\"\n").message, "instanceKey: must not be empty"));
+    require_error_at("retention:\n  maxSessions: 5\n  maxSessionsPerCredential: 6\n", 3,
+                     "retention.maxSessionsPerCredential: must be at most retention.maxSessions (5)");
+    CHECK(load_ok("retention:\n  maxSessions: 0\n  maxSessionsPerCredential: 6\n")
+              .retention.max_sessions_per_credential == 6);
+    require_error_at("limits:\n  newSessionsPerMinute: -1\n", 2,
+                     "limits.newSessionsPerMinute: must be >= 0");
   }
   SECTION("header names") {
     CHECK(contains(load_error("sessions:\n  headers: []\n").message,
@@ -375,6 +394,7 @@ TEST_CASE("the example file loads to exactly the defaults", "[config][load_yaml]
   CHECK(cfg.epoch_probe_interval == defaults.epoch_probe_interval);
   CHECK(cfg.threads == defaults.threads);
   CHECK(cfg.log == defaults.log);
+  CHECK(cfg.retention == defaults.retention);
   CHECK(cfg == defaults);
 #endif
 }

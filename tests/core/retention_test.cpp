@@ -25,9 +25,9 @@ std::vector<std::string> hashes_of(const kvp::core::retention_plan& p) {
 
 TEST_CASE("the session budget forgets the least recently updated first", "[retention]") {
   std::vector<retention_entry> all = {
-      {"c", false, now - 10, 0, false}, {"a", false, now - 30, 0, false},
-      {"b", false, now - 20, 0, false}, {"d", false, now - 5, 0, false}};
-  auto p = plan_retention(all, retention_limits{0, 2, 0}, now);
+      {"c", false, now - 10, 0, false, ""}, {"a", false, now - 30, 0, false, ""},
+      {"b", false, now - 20, 0, false, ""}, {"d", false, now - 5, 0, false, ""}};
+  auto p = plan_retention(all, retention_limits{0, 2, 0, 0}, now);
   CHECK(hashes_of(p) == std::vector<std::string>{"a", "b"});
   CHECK(p.evict[0].why == "sessions");
   CHECK(p.remaining_sessions == 2);
@@ -35,33 +35,113 @@ TEST_CASE("the session budget forgets the least recently updated first", "[reten
 
 TEST_CASE("invalid snapshots go before older valid ones; equal times order by hash", "[retention]") {
   std::vector<retention_entry> all = {
-      {"y", false, now - 50, 0, false}, {"x", false, now - 50, 0, false},
-      {"new-but-invalid", true, now - 1, 0, false}};
-  auto p = plan_retention(all, retention_limits{0, 1, 0}, now);
+      {"y", false, now - 50, 0, false, ""}, {"x", false, now - 50, 0, false, ""},
+      {"new-but-invalid", true, now - 1, 0, false, ""}};
+  auto p = plan_retention(all, retention_limits{0, 1, 0, 0}, now);
   CHECK(hashes_of(p) == std::vector<std::string>{"new-but-invalid", "x"});
 }
 
 TEST_CASE("a session in use is never forgotten, even when the budget stays exceeded", "[retention]") {
   std::vector<retention_entry> all = {
-      {"resident", false, now - 100, 0, true}, {"pending", false, now - 90, 0, true},
-      {"clean", false, now - 10, 0, false}};
-  auto p = plan_retention(all, retention_limits{0, 1, 0}, now);
+      {"resident", false, now - 100, 0, true, ""}, {"pending", false, now - 90, 0, true, ""},
+      {"clean", false, now - 10, 0, false, ""}};
+  auto p = plan_retention(all, retention_limits{0, 1, 0, 0}, now);
   CHECK(hashes_of(p) == std::vector<std::string>{"clean"});
   CHECK(p.remaining_sessions == 2);
 }
 
 TEST_CASE("bytes and age limits; no limit set forgets nothing", "[retention]") {
   std::vector<retention_entry> all = {
-      {"old", false, now - 9 * 86400, 10, false}, {"mid", false, now - 100, 30, false},
-      {"young", false, now - 10, 40, false}};
+      {"old", false, now - 9 * 86400, 10, false, ""}, {"mid", false, now - 100, 30, false, ""},
+      {"young", false, now - 10, 40, false, ""}};
   CHECK(plan_retention(all, retention_limits{}, now).evict.empty());
-  auto by_age = plan_retention(all, retention_limits{0, 0, 7}, now);
+  auto by_age = plan_retention(all, retention_limits{0, 0, 7, 0}, now);
   REQUIRE(hashes_of(by_age) == std::vector<std::string>{"old"});
   CHECK(by_age.evict[0].why == "age");
-  auto by_bytes = plan_retention(all, retention_limits{50, 0, 0}, now);
+  auto by_bytes = plan_retention(all, retention_limits{50, 0, 0, 0}, now);
   CHECK(hashes_of(by_bytes) == std::vector<std::string>{"old", "mid"});
   CHECK(by_bytes.remaining_bytes == 40);
   CHECK(by_bytes.evict[1].bytes == 30);
+}
+
+// Per-credential fairness (docs/design.md §12): a tenant that churns sessions evicts its own.
+namespace {
+
+retention_entry of(const std::string& credential, const std::string& hash, std::int64_t age_s,
+                   std::uint64_t bytes = 0, bool invalid = false, bool in_use = false) {
+  return {hash, invalid, now - age_s, bytes, in_use, credential};
+}
+
+}  // namespace
+
+TEST_CASE("the session budget takes from the credential holding the most sessions", "[retention]") {
+  // A's two sessions are the oldest; B made five newer ones. A global LRU would forget A's.
+  std::vector<retention_entry> all = {of("A", "a1", 900), of("A", "a2", 800)};
+  for (int i = 0; i < 5; ++i) all.push_back(of("B", "b" + std::to_string(i), 100 - i));
+  auto p = plan_retention(all, retention_limits{0, 5, 0, 0}, now);
+  CHECK(hashes_of(p) == std::vector<std::string>{"b0", "b1"});
+  CHECK(p.evict[0].why == "sessions");
+  CHECK(p.remaining_sessions == 5);
+}
+
+TEST_CASE("equal counts: the credential whose candidate is older loses one", "[retention]") {
+  std::vector<retention_entry> all = {of("A", "a1", 50), of("A", "a2", 40), of("B", "b1", 60),
+                                      of("B", "b2", 10), of("C", "c1", 5)};
+  // A and B hold two each: B's b1 is older than A's a1; then A holds the most.
+  auto p = plan_retention(all, retention_limits{0, 3, 0, 0}, now);
+  CHECK(hashes_of(p) == std::vector<std::string>{"b1", "a1"});
+}
+
+TEST_CASE("fairness: invalid snapshots still go first, sessions in use stay", "[retention]") {
+  std::vector<retention_entry> all = {of("A", "a-invalid", 1, 0, true), of("A", "a1", 500),
+                                      of("B", "b-resident", 900, 0, false, true),
+                                      of("B", "b1", 100), of("B", "b2", 50)};
+  auto p = plan_retention(all, retention_limits{0, 2, 0, 0}, now);
+  // B holds three (one resident): after A's invalid one, B loses its two evictable ones.
+  CHECK(hashes_of(p) == std::vector<std::string>{"a-invalid", "b1", "b2"});
+  CHECK(p.remaining_sessions == 2);
+}
+
+TEST_CASE("a credential whose sessions are all in use leaves the budget to the next", "[retention]") {
+  std::vector<retention_entry> all = {of("B", "b1", 10, 0, false, true),
+                                      of("B", "b2", 20, 0, false, true),
+                                      of("B", "b3", 30, 0, false, true), of("A", "a1", 5),
+                                      of("A", "a2", 1)};
+  auto p = plan_retention(all, retention_limits{0, 4, 0, 0}, now);
+  CHECK(hashes_of(p) == std::vector<std::string>{"a1"});
+}
+
+TEST_CASE("the byte budget takes from the credential holding the most bytes", "[retention]") {
+  std::vector<retention_entry> all = {of("A", "a1", 900, 100), of("B", "b1", 100, 60),
+                                      of("B", "b2", 90, 60), of("B", "b3", 80, 60)};
+  auto p = plan_retention(all, retention_limits{250, 0, 0, 0}, now);
+  CHECK(hashes_of(p) == std::vector<std::string>{"b1"});
+  CHECK(p.evict[0].why == "bytes");
+  CHECK(p.remaining_bytes == 220);
+}
+
+TEST_CASE("maxSessionsPerCredential: a credential above its cap loses its own oldest",
+          "[retention]") {
+  std::vector<retention_entry> all = {of("A", "a1", 900), of("A", "a2", 800),
+                                      of("B", "b-invalid", 1, 0, true),
+                                      of("B", "b-resident", 700, 0, false, true),
+                                      of("B", "b1", 300), of("B", "b2", 200), of("B", "b3", 100)};
+  retention_limits caps;
+  caps.max_sessions_per_credential = 2;
+  auto p = plan_retention(all, caps, now);
+  // B's invalid one first, then its least recently saved; its resident session counts.
+  CHECK(hashes_of(p) == std::vector<std::string>{"b-invalid", "b1", "b2"});
+  CHECK(p.evict[0].why == "credential");
+  CHECK(p.remaining_sessions == 4);
+}
+
+TEST_CASE("one credential: fairness is the plain least recently updated order", "[retention]") {
+  std::vector<retention_entry> all = {of("", "c", 10), of("", "a", 30), of("", "b", 20),
+                                      of("", "d", 5)};
+  CHECK(hashes_of(plan_retention(all, retention_limits{0, 2, 0, 0}, now)) ==
+        hashes_of(plan_retention(all, retention_limits{0, 2, 0, 3}, now)));
+  CHECK(hashes_of(plan_retention(all, retention_limits{0, 2, 0, 0}, now)) ==
+        std::vector<std::string>{"a", "b"});
 }
 
 TEST_CASE("parse_utc reads the manifests' timestamps", "[retention]") {

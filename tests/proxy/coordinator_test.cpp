@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <optional>
@@ -145,8 +146,13 @@ struct harness {
   // One whole request: lease, prepare, inference leaving `tokens` in the slot, finish.
   prepare_result request(const std::string& session, std::uint64_t tokens,
                          const std::string& purpose = "", bool fresh_upstream = false) {
+    return request_as({session, purpose, {}, ""}, tokens, fresh_upstream);
+  }
+  // The same for any identity (a credential, a prefix chain).
+  prepare_result request_as(kvp::core::request_identity who, std::uint64_t tokens,
+                            bool fresh_upstream = false) {
     auto t = acquire();
-    auto pr = run(coord->prepare(t, {session, purpose, {}, ""}, fresh_upstream));
+    auto pr = run(coord->prepare(t, std::move(who), fresh_upstream));
     if (pr.ok) {
       fake->run_inference(tokens);
       run(coord->finish(t, true));
@@ -850,4 +856,98 @@ TEST_CASE("server-owned budget: a new session's manifest makes the oldest clean 
   CHECK(h.manifest_on_disk("S2"));
   CHECK(h.coord->sessions_page("", 10).sessions.size() == 3);  // two snapshots + resident S3
   CHECK(h.fake->snapshot_tokens(h.file(s0_kept ? "S1" : "S0", 'a')) == 100u);
+}
+
+namespace {
+
+// A session `id` of `credential` as an earlier run left it: saved long ago.
+std::string write_old_manifest(const std::string& state_dir, const std::string& id,
+                               const std::string& credential) {
+  kvp::core::manifest m;
+  m.session_id = id;
+  m.session_hash = kvp::core::session_hash("test", "elsewhere.gguf", id, credential);
+  m.instance_key = "test";
+  m.model_id = "elsewhere.gguf";
+  m.runtime_fingerprint = std::string(64, 'f');
+  m.tokens = 100;
+  m.bytes = 1000;
+  m.revision = 1;
+  m.created_at = m.updated_at = "2026-01-01T00:00:00Z";
+  m.credential = credential;
+  const kvp::proxy::manifest_store store(state_dir);
+  REQUIRE(store.open().ok());
+  REQUIRE(store.write(m).ok());
+  return m.session_hash;
+}
+
+// How many of sessions <prefix>0 .. <prefix><n-1> have a manifest on disk.
+int manifests_of(const harness& h, const std::string& prefix, int n) {
+  int out = 0;
+  for (int i = 0; i < n; ++i) out += h.manifest_on_disk(prefix + std::to_string(i)) ? 1 : 0;
+  return out;
+}
+
+kvp::core::request_identity as(const std::string& credential, const std::string& session) {
+  kvp::core::request_identity who{session, "", {}, credential};
+  return who;
+}
+
+}  // namespace
+
+// docs/design.md §12: over retention.maxSessions, the credential holding the most sessions
+// loses its own least recently saved ones; a tenant's older snapshots stay.
+TEST_CASE("a credential creating many sessions evicts its own, not another's",
+          "[proxy][coordinator][retention]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.retention_max_sessions = 5;
+  o.retention_interval = 1h;
+  const auto a0 = write_old_manifest(tmp.path(), "A0", "key-A");
+  const auto a1 = write_old_manifest(tmp.path(), "A1", "key-A");
+  harness h(tmp.path(), o);
+  h.start();
+  for (int i = 0; i < 8; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok);
+  CHECK(h.run(h.coord->checkpoint()));  // B7's save too; every commit on disk
+  CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a0 + ".json"));
+  CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a1 + ".json"));
+  CHECK(manifests_of(h, "B", 8) == 3);  // saved within a second: which ones, by hash
+}
+
+TEST_CASE("retention.maxSessionsPerCredential: a credential over its cap loses its oldest",
+          "[proxy][coordinator][retention]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.retention_max_sessions_per_credential = 2;
+  o.retention_interval = 1h;
+  const auto a0 = write_old_manifest(tmp.path(), "A0", "key-A");
+  harness h(tmp.path(), o);
+  h.start();
+  for (int i = 0; i < 4; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok);
+  CHECK(h.run(h.coord->checkpoint()));
+  CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a0 + ".json"));
+  CHECK(manifests_of(h, "B", 4) == 2);
+}
+
+// README "Security": limits.newSessionsPerMinute refuses a credential's new session before
+// any slot work (no save of the dirty owner, no erase); known sessions and other credentials
+// go on.
+TEST_CASE("a new session over its credential's rate is refused with Retry-After, untouched",
+          "[proxy][coordinator]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.new_sessions_per_minute = 2;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok);
+  CHECK(h.request_as(as("key-B", "B1"), 100).ok);  // B0 saved; B1 resident and dirty
+  h.fake->clear_calls();
+  const auto refused = h.request_as(as("key-B", "B2"), 100);  // no lease left held: request()
+  CHECK_FALSE(refused.ok);
+  CHECK(refused.code == kvp::core::errc::session_rate);
+  CHECK(refused.retry_after == 30s);
+  CHECK(h.fake->slot_calls().empty());
+  CHECK_FALSE(h.coord->session("B2"));
+  CHECK(h.coord->pool().owner() == h.hash("B1"));
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
+  CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
 }
