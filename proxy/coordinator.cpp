@@ -334,8 +334,9 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
-                                         bool turn_end) {
+                                         bool turn_end, std::optional<reply_report> reply) {
   if (!holds(t) || t->slot < 0) co_return;
+  if (reply) record_response(t->slot, reply->kind, reply->timings);
   if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
@@ -500,6 +501,10 @@ std::string_view to_string(restore_source s) {
 
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
+  pool_.note_reuse(pool_.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                   prompt_tokens_per_s_);
+  // The aggregate metrics count only restores and cold starts (README "Metrics").
+  if (kind == core::prepare_kind::resident) return;
   if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
     const auto source = note_restore_reuse(slot, t.cache_n);

@@ -58,6 +58,12 @@ struct restore_reuse {
   std::int64_t reused = -1;
 };
 
+// What a finished request's response said about its prompt, and how the request was prepared.
+struct reply_report {
+  core::prepare_kind kind = core::prepare_kind::none;
+  response_timings timings;
+};
+
 // One session as the admin API lists it: a copy, so that it can be formatted off the strand.
 struct session_row {
   std::string hash;
@@ -66,6 +72,7 @@ struct session_row {
   bool dirty = false;
   std::optional<core::manifest> snapshot;
   std::optional<restore_reuse> last_restore;
+  core::session_reuse reuse;
 };
 
 // A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
@@ -196,8 +203,9 @@ class coordinator {
   // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
   // configured (`turn_end`: the reply handed the conversation back to the user), releases
   // the lease and wakes the next waiter.
+  // `reply`: what the response said about reuse (record_response), recorded first.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
-                              bool turn_end = false);
+                              bool turn_end = false, std::optional<reply_report> reply = {});
   // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
   bool watches_turn_end() const {
     return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
@@ -222,9 +230,10 @@ class coordinator {
   void stop();
 
   // After a prepared request completed: what its response said about cache reuse. Feeds
-  // the reuse metrics (tokens reused after restores, prefill seconds saved). Strand-only.
-  // `slot`: where the request ran; after a restore, compares what the response reused with
-  // what was restored and logs kv.session.restore.unpaid below half.
+  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
+  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
+  // request ran, whose owner is the request's session; after a restore, compares what the
+  // response reused with what was restored and logs kv.session.restore.unpaid below half.
   void record_response(int slot, core::prepare_kind kind, response_timings t);
 
   // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's

@@ -33,7 +33,7 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
 
 session_row row_of(core::slot_pool::session_view v) {
   session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
-                std::nullopt};
+                std::nullopt, v.reuse};
   if (v.snapshot) r.snapshot = *v.snapshot;
   return r;
 }
@@ -64,6 +64,17 @@ void write_snapshot(json_writer& w, const core::manifest& m) {
   w.EndObject();
 }
 
+// The session's counters (core::session_reuse; README "Admin API").
+void write_reuse(json_writer& w, const core::session_reuse& r) {
+  w.StartObject();
+  core::write_json_count(w, "restores", r.restores);
+  core::write_json_count(w, "reusedTokens", r.reused_tokens);
+  core::write_json_count(w, "reusedTokensAfterRestore", r.reused_after_restore);
+  w.Key("prefillSecondsSaved");
+  w.Double(r.prefill_seconds_saved);
+  w.EndObject();
+}
+
 void write_session(json_writer& w, const session_row& v) {
   w.StartObject();
   w.Key("sessionId");
@@ -89,6 +100,8 @@ void write_session(json_writer& w, const session_row& v) {
     w.Int64(v.last_restore->reused);
     w.EndObject();
   }
+  w.Key("reuse");
+  write_reuse(w, v.reuse);
   w.EndObject();
 }
 

@@ -639,11 +639,13 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
     }
     req.body() = std::move(pinned.value());
   }
-  // Only requests that were not resident pay for reading llama-server's timings back, and
-  // session requests for their finish reason when checkpoint.onTurnEnd needs it.
+  // Session requests read llama-server's timings back (the session's reuse counters and the
+  // reuse metrics: README "Dashboard"), and their finish reason when checkpoint.onTurnEnd
+  // needs it. Auxiliary calls and requests without persistence read nothing.
   const bool watch = pr.kind == core::prepare_kind::restored ||
                      pr.kind == core::prepare_kind::cold ||
-                     pr.kind == core::prepare_kind::cold_fallback;
+                     pr.kind == core::prepare_kind::cold_fallback ||
+                     pr.kind == core::prepare_kind::resident;
   const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
                           pr.kind != core::prepare_kind::auxiliary;
   std::string tail;
@@ -654,10 +656,11 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   // the slot holds the whole reply either way.
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  if (watch && st.upstream_done) held.record(pr.kind, core::parse_response_timings(tail));
+  std::optional<reply_report> reply;
+  if (watch && st.upstream_done) reply = reply_report{pr.kind, core::parse_response_timings(tail)};
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
-  held.finish_later(st.request_sent, turn_end);
+  held.finish_later(st.request_sent, turn_end, reply);
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t0).count();
