@@ -164,6 +164,24 @@ function sessionState(s) {
   return s.snapshot.state === "ready" ? "saved" : "invalid";
 }
 
+// A session's counters (GET /kv/sessions `reuse`): restores, prompt tokens llama-server
+// reused on its requests, and the prefill time its restores saved ("paid off").
+function reuseCells(s) {
+  const r = s.reuse;
+  if (!r) return [0, 1, 2].map(() => el("td", { class: "num muted" }, DASH));
+  const last = s.lastRestore;
+  const lastText = last && last.reused >= 0
+    ? "last restore: " + num(last.reused) + " of " + num(last.tokens) + " tokens reused" : "";
+  const paid = el("td", { class: "num", title: lastText },
+    r.restores ? seconds(r.prefillSecondsSaved) : DASH);
+  return [
+    el("td", { class: "num" }, num(r.restores)),
+    el("td", { class: "num", title: num(r.reusedTokensAfterRestore) + " right after restores" },
+      num(r.reusedTokens)),
+    paid,
+  ];
+}
+
 function renderSessions(pages) {
   const rows = [];
   let total = 0;
@@ -177,7 +195,10 @@ function renderSessions(pages) {
       const stateCell = el("td", {}, el("span", { class: "state state-" + st }, st));
       if (s.dirty) stateCell.append(el("span", { class: "tag" }, "unsaved"));
       if (snap && snap.invalidReason) stateCell.append(el("span", { class: "tag" }, snap.invalidReason));
-      rows.push(el("tr", { "data-hash": short(s.sessionHash), "data-state": st },
+      const r = s.reuse || {};
+      rows.push(el("tr", { "data-hash": short(s.sessionHash), "data-state": st,
+        "data-restores": String(r.restores), "data-reused": String(r.reusedTokens),
+        "data-saved-seconds": String(r.prefillSecondsSaved) },
         el("td", { class: "mono", title: s.sessionHash }, short(s.sessionHash)),
         el("td", {}, page.server),
         stateCell,
@@ -186,9 +207,7 @@ function renderSessions(pages) {
         el("td", {}, snap ? ago(snap.updatedAt) : DASH),
         // Not tracked per session by the daemon yet.
         el("td", { class: "muted" }, DASH),
-        el("td", { class: "num muted" }, DASH),
-        el("td", { class: "num muted" }, DASH),
-        el("td", { class: "muted" }, DASH)));
+        ...reuseCells(s)));
     }
   }
   if (rows.length === 0)
