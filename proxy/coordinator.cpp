@@ -51,6 +51,7 @@ net::awaitable<void> coordinator::load_state() {
     loaded_state st;
     if (auto r = store.open(); !r) st.unavailable = r.err();
     else st.manifests = store.load_all(st.skipped);
+    store.remove_hints();  // a previous process's: this one records its own
     if (!snapshot_dir.empty() && ::access(snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0)
       st.snapshot_dir_problem = std::strerror(errno);
     return core::result<loaded_state>(std::move(st));

@@ -18,6 +18,7 @@
 #include "backends/net.hpp"
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
+#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "proxy/file_io.hpp"
@@ -254,6 +255,11 @@ class coordinator {
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
+  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
+  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
+  // directory for `kvpersist doctor`. Thread-safe.
+  void note_hint(core::hint_id h);
+
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
@@ -358,6 +364,8 @@ class coordinator {
   // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
   net::awaitable<std::uint64_t> drop_session(std::string hash);
   net::awaitable<void> load_state();
+  // The first sighting of `h` in this process: its time, its log line and hints.json.
+  net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
   // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
   // before a probe is applied.
   net::awaitable<void> reload_compatibility();
@@ -424,6 +432,9 @@ class coordinator {
   std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
+  std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
+  std::array<std::string, core::hint_count> hint_first_seen_;
   std::uint64_t gc_freed_bytes_ = 0;
   std::uint64_t gc_evicted_ = 0;
   std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept

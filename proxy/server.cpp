@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
+#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
@@ -530,6 +531,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   if (needs_slot) describe_content(req, who);
+  // README "Harnesses": what keeps this harness's new conversations cold, told, not rewritten.
+  if (needs_slot && core::has_attribution_header(req.target(), req.body()))
+    up.coord->note_hint(core::hint_id::attribution_header);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
