@@ -217,6 +217,20 @@ function renderSessions(pages) {
     total + (more ? "+ (first " + SESSIONS_PER_SERVER + " per server)" : "");
 }
 
+// What requests show that keeps new conversations from starting warm (GET /kv/status
+// `hints`), one line per server and hint, with the setting that fixes it.
+function renderHints(servers) {
+  const lines = [];
+  for (const s of servers)
+    for (const h of s.hints || [])
+      lines.push(el("p", { "data-hint": h.hint, "data-server": s.name },
+        el("strong", {}, s.name + ": "), h.effect + " (" + num(h.requests) + " requests). ",
+        el("span", { class: "fix" }, "Fix: " + h.fix)));
+  const box = document.getElementById("hints");
+  box.replaceChildren(...lines);
+  box.hidden = lines.length === 0;
+}
+
 function renderPlot() {
   const plot = document.getElementById("plot");
   const W = 640, H = 170, L = 58, R = 10, T = 10, B = 22;
@@ -258,6 +272,7 @@ const FEED_KINDS = [
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
   ["kv.persistence.circuit_open", "breaker", (e) => "circuit open after " + e.failures + " failures (" + e.code + "): persistence paused"],
   ["kv.persistence.circuit_recovered", "breaker", () => "circuit recovered: persistence resumed"],
+  ["kv.hint.attribution_header", "cold", (e) => e.effect + "; fix: " + e.fix],
 ];
 
 function describe(e) {
@@ -332,6 +347,7 @@ async function pollOnce() {
   });
   if (state.history.length > HISTORY_MAX) state.history.shift();
   renderTotals(status.servers);
+  renderHints(status.servers);
   renderServers(status.servers);
   renderSessions(pages);
   renderPlot();
