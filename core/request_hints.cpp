@@ -44,7 +44,10 @@ std::optional<hint_id> find_request_hint(std::string_view id) {
 }
 
 bool has_attribution_header(std::string_view target, const std::string& body) {
-  if (body.size() > max_chained_body_bytes || routed_path(target) != "/v1/messages" ||
+  // routed_path allocates: only for a target that can name the route, spelled out or escaped.
+  const bool may_route = target.find("messages") != std::string_view::npos ||
+                         target.find('%') != std::string_view::npos;
+  if (!may_route || body.size() > max_chained_body_bytes || routed_path(target) != "/v1/messages" ||
       body.find(attribution_header_prefix) == std::string::npos)
     return false;
   rapidjson::Document doc;
