@@ -125,7 +125,8 @@ function renderTotals(servers) {
   }
   document.getElementById("totals").replaceChildren(
     card("total-saved", "Prefill time saved", st((x) => x.prefillSecondsSaved), seconds),
-    card("total-reused", "Tokens reused", st((x) => x.reusedTokens), num,
+    // stats.reusedTokens: after restores only; a session's row also counts its resident turns.
+    card("total-reused", "Reused after restores", st((x) => x.reusedTokens), num,
       num(st((x) => x.prefilledTokens)) + " prefilled"),
     card("total-restores", "Restores", restores, num,
       num(hits) + " verified, " + num(st((x) => x.restoreFailures)) + " failed"),
@@ -272,7 +273,7 @@ const FEED_KINDS = [
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
   ["kv.persistence.circuit_open", "breaker", (e) => "circuit open after " + e.failures + " failures (" + e.code + "): persistence paused"],
   ["kv.persistence.circuit_recovered", "breaker", () => "circuit recovered: persistence resumed"],
-  ["kv.hint.attribution_header", "cold", (e) => e.effect + "; fix: " + e.fix],
+  ["kv.hint.attribution_header", "hint", (e) => e.effect + "; fix: " + e.fix],
 ];
 
 function describe(e) {

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from admin_client import idle, run_cli
-from dashboard_client import Browser, Dom, chromium_binary
+from dashboard_client import Browser, Dom, artifacts_dir, chromium_binary
 from kvptest.identity import sid
 from messages_client import MessagesConversation
 
@@ -102,5 +102,6 @@ def test_the_dashboard_shows_the_hint(stack):
         browser.open("http://127.0.0.1:%d/ui" % stack.proxy.admin_port)
         assert browser.wait_for("document.querySelector('#hints p[data-hint=\"attribution_header\"]') !== null")
         dom = Dom(browser.dom())
+        browser.screenshot(os.path.join(artifacts_dir(), "dashboard-hint.png"))
     box = dom.by_id("hints")
     assert "hidden" not in box["attrs"] and FIX in box["text"] and "default" in box["text"], box
