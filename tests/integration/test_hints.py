@@ -70,6 +70,8 @@ def test_the_attribution_block_is_told_once_everywhere(stack):
     assert h["hint"] == "attribution_header" and h["requests"] == 3 and FIX in h["fix"], h
     assert h["firstSeenAt"].endswith("Z") and "starts cold" in h["effect"], h
     assert hint_requests(stack) == 3
+    status = run_cli(["status", "--admin", "127.0.0.1:%d" % stack.proxy.admin_port]).stdout
+    assert "hint attribution_header:" in status and FIX in status and "(3 requests)" in status, status
 
     with open(os.path.join(stack.state_dir, "hints.json")) as f:
         recorded = json.load(f)["hints"]
