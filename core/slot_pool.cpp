@@ -739,6 +739,7 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
     else
       r.chain.clear();
     r.credential = who.credential;
+    if (k == prepare_kind::restored) ++r.reuse.restores;
     if (k == prepare_kind::cold || k == prepare_kind::cold_fallback) {
       ++stats_.cold_starts;
       if (find_manifest(sl.owner)) ++stats_.restore_misses;
@@ -746,6 +747,18 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
   }
   sl.state = slot_state::inference;
   return k;
+}
+
+void slot_pool::note_reuse(const std::string& hash, prepare_kind kind, std::uint64_t reused,
+                           double tokens_per_s) {
+  if (kind == prepare_kind::none || kind == prepare_kind::auxiliary) return;
+  const auto it = sessions_.find(hash);
+  if (it == sessions_.end()) return;
+  auto& r = it->second.reuse;
+  r.reused_tokens += reused;
+  if (kind != prepare_kind::restored) return;
+  r.reused_after_restore += reused;
+  if (tokens_per_s > 0) r.prefill_seconds_saved += static_cast<double>(reused) / tokens_per_s;
 }
 
 std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
@@ -906,6 +919,7 @@ std::optional<slot_pool::session_view> slot_pool::session(
   v.resident = v.slot >= 0 && state(v.slot) != slot_state::unknown;
   v.dirty = it->second.dirty() && v.resident;
   v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
+  v.reuse = it->second.reuse;
   return v;
 }
 

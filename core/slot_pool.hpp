@@ -138,6 +138,19 @@ struct restore_decision {
 enum class prepare_kind { none, resident, cold, restored, cold_fallback, auxiliary };
 std::string_view to_string(prepare_kind k);
 
+// What kvpersist did for one session (README "Dashboard", "Admin API"): restores that loaded a
+// snapshot into a slot for it (its own or a seed), and the prompt tokens llama-server said it
+// reused on its requests. `reused_after_restore` and `prefill_seconds_saved` count only the
+// first request after each restore, as kvpersist_reused_prompt_tokens_total and
+// kvpersist_prefill_seconds_saved_total do; `reused_tokens` counts every request (resident
+// turns and a kept slot's content too).
+struct session_reuse {
+  std::uint64_t restores = 0;
+  std::uint64_t reused_tokens = 0;
+  std::uint64_t reused_after_restore = 0;
+  double prefill_seconds_saved = 0;
+};
+
 struct core_stats {
   std::uint64_t restores = 0, restore_hits = 0, restore_failures = 0, cold_starts = 0,
                 saves = 0, save_failures = 0, empty_saves = 0, switches = 0,
@@ -238,6 +251,12 @@ class slot_pool {
   std::optional<save_step> end_inference(bool reached_slot, steady_time now, bool turn_end = false) {
     return end_inference(first_slot(), reached_slot, now, turn_end);
   }
+  // What a response of the session `hash` reported: `reused` prompt tokens (cache_n) on a
+  // request prepared as `kind`; after a restore they also count as `reused / tokens_per_s`
+  // seconds of prefill saved (0 while the server's prompt speed is unknown). Unknown sessions,
+  // auxiliary calls and requests forwarded without persistence (kind none) are ignored.
+  void note_reuse(const std::string& hash, prepare_kind kind, std::uint64_t reused,
+                  double tokens_per_s);
   // A strict-mode failure, or a lease released without end_inference.
   void abort_prepare(int slot);
   void abort_prepare() { abort_prepare(first_slot()); }
@@ -281,6 +300,7 @@ class slot_pool {
     bool dirty = false;
     int slot = -1;
     const manifest* snapshot = nullptr;
+    session_reuse reuse;
   };
   std::vector<session_view> sessions() const;
   // The first `n` sessions whose hash is greater than `after`, in hash order (a listing page).
@@ -318,6 +338,7 @@ class slot_pool {
     std::optional<manifest> snapshot;
     std::vector<chain_link> chain;  // of its last request that ran: what its slot holds
     std::string credential;         // credential_key() of its requests
+    session_reuse reuse;
     bool dirty() const;  // the slot holds turns the last saved snapshot lacks
   };
   struct slot_rec {

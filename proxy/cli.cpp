@@ -104,6 +104,16 @@ double n_of(const rapidjson::Value& v, const char* k) {
   return it != v.MemberEnd() && it->value.IsNumber() ? it->value.GetDouble() : 0;
 }
 
+// README "Harnesses": what keeps new conversations from starting warm, and its fix.
+void print_hints(const rapidjson::Value& server) {
+  const auto it = server.FindMember("hints");
+  if (it == server.MemberEnd() || !it->value.IsArray()) return;
+  for (const auto& h : it->value.GetArray())
+    if (h.IsObject())
+      fmt::print("  hint {}: {} ({} requests); fix: {}\n", s_of(h, "hint"), s_of(h, "effect"),
+                 s_of(h, "requests"), s_of(h, "fix"));
+}
+
 void print_status(const rapidjson::Document& d) {
   fmt::print("kvpersist {}\n", s_of(d, "version"));
   for (const auto& s : d["servers"].GetArray()) {
@@ -126,6 +136,7 @@ void print_status(const rapidjson::Document& d) {
                s_of(st, "coldStarts"));
     fmt::print("  reused {} prompt tokens after restores, about {:.1f} s of prefill saved\n",
                s_of(st, "reusedTokens"), n_of(st, "prefillSecondsSaved"));
+    print_hints(s);
   }
 }
 

@@ -51,6 +51,7 @@ net::awaitable<void> coordinator::load_state() {
     loaded_state st;
     if (auto r = store.open(); !r) st.unavailable = r.err();
     else st.manifests = store.load_all(st.skipped);
+    store.remove_hints();  // a previous process's: this one records its own
     if (!snapshot_dir.empty() && ::access(snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0)
       st.snapshot_dir_problem = std::strerror(errno);
     return core::result<loaded_state>(std::move(st));
@@ -362,8 +363,9 @@ std::optional<prepare_result> coordinator::refuse_new_session(const std::string&
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
-                                         bool turn_end) {
+                                         bool turn_end, std::optional<reply_report> reply) {
   if (!holds(t) || t->slot < 0) co_return;
+  if (reply) record_response(t->slot, reply->kind, reply->timings);
   if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
@@ -528,6 +530,10 @@ std::string_view to_string(restore_source s) {
 
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
+  pool_.note_reuse(pool_.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                   prompt_tokens_per_s_);
+  // The aggregate metrics count only restores and cold starts (README "Metrics").
+  if (kind == core::prepare_kind::resident) return;
   if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
   if (kind == core::prepare_kind::restored) {
     const auto source = note_restore_reuse(slot, t.cache_n);

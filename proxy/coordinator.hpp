@@ -18,6 +18,7 @@
 #include "backends/net.hpp"
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
+#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/session_rate.hpp"
@@ -61,6 +62,12 @@ struct restore_reuse {
   std::int64_t reused = -1;
 };
 
+// What a finished request's response said about its prompt, and how the request was prepared.
+struct reply_report {
+  core::prepare_kind kind = core::prepare_kind::none;
+  response_timings timings;
+};
+
 // One session as the admin API lists it: a copy, so that it can be formatted off the strand.
 struct session_row {
   std::string hash;
@@ -69,6 +76,7 @@ struct session_row {
   bool dirty = false;
   std::optional<core::manifest> snapshot;
   std::optional<restore_reuse> last_restore;
+  core::session_reuse reuse;
 };
 
 // A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
@@ -202,8 +210,9 @@ class coordinator {
   // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
   // configured (`turn_end`: the reply handed the conversation back to the user), releases
   // the lease and wakes the next waiter.
+  // `reply`: what the response said about reuse (record_response), recorded first.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
-                              bool turn_end = false);
+                              bool turn_end = false, std::optional<reply_report> reply = {});
   // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
   bool watches_turn_end() const {
     return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
@@ -228,9 +237,10 @@ class coordinator {
   void stop();
 
   // After a prepared request completed: what its response said about cache reuse. Feeds
-  // the reuse metrics (tokens reused after restores, prefill seconds saved). Strand-only.
-  // `slot`: where the request ran; after a restore, compares what the response reused with
-  // what was restored and logs kv.session.restore.unpaid below half.
+  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
+  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
+  // request ran, whose owner is the request's session; after a restore, compares what the
+  // response reused with what was restored and logs kv.session.restore.unpaid below half.
   void record_response(int slot, core::prepare_kind kind, response_timings t);
 
   // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
@@ -250,6 +260,11 @@ class coordinator {
   net::awaitable<admin_outcome> admin_flush();
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
+
+  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
+  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
+  // directory for `kvpersist doctor`. Thread-safe.
+  void note_hint(core::hint_id h);
 
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
@@ -359,6 +374,8 @@ class coordinator {
   // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
   net::awaitable<std::uint64_t> drop_session(std::string hash);
   net::awaitable<void> load_state();
+  // The first sighting of `h` in this process: its time, its log line and hints.json.
+  net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
   // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
   // before a probe is applied.
   net::awaitable<void> reload_compatibility();
@@ -426,6 +443,9 @@ class coordinator {
   std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
   double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
   double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
+  std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
+  std::array<std::string, core::hint_count> hint_first_seen_;
   std::uint64_t gc_freed_bytes_ = 0;
   std::uint64_t gc_evicted_ = 0;
   std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept

@@ -1,6 +1,8 @@
 // The coordinator's reports (docs/design.md §18): GET /kv/status, the session list and one
 // session as JSON, and the Prometheus metrics. They only read the coordinator's state.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,7 +35,7 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
 
 session_row row_of(core::slot_pool::session_view v) {
   session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
-                std::nullopt};
+                std::nullopt, v.reuse};
   if (v.snapshot) r.snapshot = *v.snapshot;
   return r;
 }
@@ -64,6 +66,17 @@ void write_snapshot(json_writer& w, const core::manifest& m) {
   w.EndObject();
 }
 
+// The session's counters (core::session_reuse; README "Admin API").
+void write_reuse(json_writer& w, const core::session_reuse& r) {
+  w.StartObject();
+  core::write_json_count(w, "restores", r.restores);
+  core::write_json_count(w, "reusedTokens", r.reused_tokens);
+  core::write_json_count(w, "reusedTokensAfterRestore", r.reused_after_restore);
+  w.Key("prefillSecondsSaved");
+  w.Double(r.prefill_seconds_saved);
+  w.EndObject();
+}
+
 void write_session(json_writer& w, const session_row& v) {
   w.StartObject();
   w.Key("sessionId");
@@ -89,6 +102,8 @@ void write_session(json_writer& w, const session_row& v) {
     w.Int64(v.last_restore->reused);
     w.EndObject();
   }
+  w.Key("reuse");
+  write_reuse(w, v.reuse);
   w.EndObject();
 }
 
@@ -262,6 +277,37 @@ void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
              c.owner(id).empty() ? 0 : 1);
 }
 
+// Each hint requests showed in this process (core/request_hints.hpp): README "Admin API".
+void write_hints(json_writer& w, const std::array<std::atomic<std::uint64_t>, core::hint_count>& seen,
+                 const std::array<std::string, core::hint_count>& first_seen) {
+  w.StartArray();
+  for (std::size_t i = 0; i < core::hint_count; ++i) {
+    const auto n = seen[i].load(std::memory_order_relaxed);
+    if (n == 0) continue;
+    const auto& text = core::hint_text(static_cast<core::hint_id>(i));
+    w.StartObject();
+    core::write_json_member(w, "hint", text.id);
+    core::write_json_count(w, "requests", n);
+    core::write_json_member(w, "firstSeenAt", first_seen[i]);
+    core::write_json_member(w, "effect", text.effect);
+    core::write_json_member(w, "fix", text.fix);
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+void write_hint_counters(const metric_sink& m,
+                         const std::array<std::atomic<std::uint64_t>, core::hint_count>& seen) {
+  m.w.family("kvpersist_hint_requests_total", "counter",
+             "Requests that showed something keeping new conversations from starting warm, by "
+             "hint (attribution_header: Claude Code's per-conversation system block).");
+  for (std::size_t i = 0; i < core::hint_count; ++i)
+    m.w.sample("kvpersist_hint_requests_total",
+               fmt::format("{},hint=\"{}\"", m.labels,
+                           core::hint_text(static_cast<core::hint_id>(i)).id),
+               static_cast<double>(seen[i].load(std::memory_order_relaxed)));
+}
+
 }  // namespace
 
 std::string coordinator::status_json() const {
@@ -304,6 +350,8 @@ std::string coordinator::status_json() const {
   w.Key("prefillSecondsSaved");
   w.Double(prefill_seconds_saved_);
   w.EndObject();
+  w.Key("hints");
+  write_hints(w, hints_seen_, hint_first_seen_);
   w.EndObject();
   return sb.GetString();
 }
@@ -375,6 +423,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             prefill_seconds_saved_);
+  write_hint_counters(m, hints_seen_);
   m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
   m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
   m.counter("kvpersist_session_forgotten_total",

@@ -363,6 +363,16 @@ void check_state_dir(report& rep, const std::string& dir) {
   ::unlink(probe_path.c_str());
 }
 
+// What the daemon's latest process saw in requests that keeps new conversations cold
+// (core/request_hints.hpp): it records each hint in the state directory when it first sees it.
+void check_hints(report& rep, const std::string& dir) {
+  for (const auto& h : manifest_store(dir).read_hints()) {
+    const auto& text = core::hint_text(h.hint);
+    rep.warn("Warm starts", fmt::format("{} (kvpersist has seen it since {}); fix: {}",
+                                        text.effect, h.first_seen_at, text.fix));
+  }
+}
+
 // What kvpersist cannot ask llama-server: the snapshot directory it shares, and settings only
 // the operator knows.
 void check_local_setup(report& rep, const config::config& cfg) {
@@ -432,6 +442,7 @@ server_report check_one_server(report& rep, const config::config& cfg, const std
   rep.ok("Endpoint", cfg.upstream.url);
   const auto server = check_server(rep, cfg, ep, be);
   check_state_dir(rep, dir);
+  check_hints(rep, dir);
   check_local_setup(rep, cfg);
   server_report out;
   out.unreachable = server.unreachable;

@@ -7,17 +7,6 @@ namespace kvp::proxy {
 
 using namespace net::experimental::awaitable_operators;
 
-namespace {
-
-// The coordinator's own steps for a lease, on its strand (plain functions: CP.51).
-net::awaitable<void> record_on_strand(coordinator* c, int slot, core::prepare_kind k,
-                                      response_timings t) {
-  c->record_response(slot, k, t);
-  co_return;
-}
-
-}  // namespace
-
 lease& lease::operator=(lease&& o) noexcept {
   if (this != &o) {
     lease dropped(std::move(*this));  // released by its destructor
@@ -49,13 +38,9 @@ net::awaitable<void> lease::finish(bool reached_slot, bool turn_end) {
     co_await c->on_strand(c->finish(t_, reached_slot, turn_end));
 }
 
-void lease::finish_later(bool reached_slot, bool turn_end) {
+void lease::finish_later(bool reached_slot, bool turn_end, std::optional<reply_report> reply) {
   auto* c = std::exchange(c_, nullptr);
-  c->spawn(c->finish(t_, reached_slot, turn_end));
-}
-
-void lease::record(core::prepare_kind kind, response_timings t) {
-  c_->spawn(record_on_strand(c_, t_->slot, kind, t));
+  c->spawn(c->finish(t_, reached_slot, turn_end, reply));
 }
 
 net::awaitable<void> lease::release() {

@@ -40,9 +40,8 @@ class lease {
   net::awaitable<void> finish(bool reached_slot, bool turn_end = false);
   // The same, not awaited: the strand runs it before anything this session asks later, so
   // the next request sees the lease released while a turn-end checkpoint still runs.
-  void finish_later(bool reached_slot, bool turn_end);
-  // What the response's timings told (reuse metrics), in strand order.
-  void record(core::prepare_kind kind, response_timings t);
+  // `reply`: what the response said about reuse, recorded on the same trip to the strand.
+  void finish_later(bool reached_slot, bool turn_end, std::optional<reply_report> reply = {});
   // Gives the lease back without running anything (the request never reached the slot).
   net::awaitable<void> release();
 

@@ -264,6 +264,61 @@ core::result<core::unit> manifest_store::write_behaviours(
                       std::string(sb.GetString(), sb.GetSize()) + "\n");
 }
 
+namespace {
+
+// {"hints": [{"hint", "firstSeenAt", "effect", "fix"}...]} and a newline.
+std::string hints_json(const std::vector<manifest_store::hint_record>& hints) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  w.Key("hints");
+  w.StartArray();
+  for (const auto& h : hints) {
+    const auto& text = core::hint_text(h.hint);
+    w.StartObject();
+    core::write_json_member(w, "hint", text.id);
+    core::write_json_member(w, "firstSeenAt", h.first_seen_at);
+    core::write_json_member(w, "effect", text.effect);
+    core::write_json_member(w, "fix", text.fix);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return std::string(sb.GetString(), sb.GetSize()) + "\n";
+}
+
+std::optional<manifest_store::hint_record> hint_of(const rapidjson::Value& v) {
+  if (!v.IsObject()) return std::nullopt;
+  const auto id = v.FindMember("hint"), at = v.FindMember("firstSeenAt");
+  if (id == v.MemberEnd() || !id->value.IsString() || at == v.MemberEnd() || !at->value.IsString())
+    return std::nullopt;
+  const auto h = core::find_request_hint({id->value.GetString(), id->value.GetStringLength()});
+  if (!h) return std::nullopt;
+  return manifest_store::hint_record{*h, at->value.GetString()};
+}
+
+}  // namespace
+
+core::result<core::unit> manifest_store::write_hints(const std::vector<hint_record>& hints) const {
+  std::error_code ec;
+  fs::create_directories(state_dir_, ec);
+  return write_atomic(state_dir_, state_dir_ + "/hints.json", hints_json(hints));
+}
+
+std::vector<manifest_store::hint_record> manifest_store::read_hints() const {
+  std::vector<hint_record> out;
+  auto text = read_state_file(state_dir_ + "/hints.json");
+  rapidjson::Document d;
+  if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject()) return out;
+  const auto list = d.FindMember("hints");
+  if (list == d.MemberEnd() || !list->value.IsArray()) return out;
+  for (const auto& v : list->value.GetArray())
+    if (auto h = hint_of(v); h && out.size() < core::hint_count) out.push_back(std::move(*h));
+  return out;
+}
+
+void manifest_store::remove_hints() const { ::unlink((state_dir_ + "/hints.json").c_str()); }
+
 core::result<core::unit> manifest_store::remove(const std::string& hash) const {
   const auto p = path_for(hash);
   if (::unlink(p.c_str()) != 0 && errno != ENOENT) return io_error("unlink", p, errno);

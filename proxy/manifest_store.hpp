@@ -9,6 +9,7 @@
 
 #include "core/behaviour.hpp"
 #include "core/manifest.hpp"
+#include "core/request_hints.hpp"
 #include "core/result.hpp"
 
 namespace kvp::proxy {
@@ -51,6 +52,18 @@ class manifest_store {
   std::vector<core::behaviour_signature> read_behaviours(const std::string& fingerprint) const;
   core::result<core::unit> write_behaviours(const std::string& fingerprint,
                                             const std::vector<core::behaviour_signature>& known) const;
+
+  // What the daemon saw that keeps conversations from starting warm (core/request_hints.hpp),
+  // for `kvpersist doctor`: <state_dir>/hints.json, rewritten by each process when it first
+  // sees a hint and removed when the process starts (so it speaks of the latest process).
+  struct hint_record {
+    core::hint_id hint = core::hint_id::attribution_header;
+    std::string first_seen_at;  // RFC 3339
+  };
+  core::result<core::unit> write_hints(const std::vector<hint_record>& hints) const;
+  // The known hints hints.json records; none for no file or one that does not parse.
+  std::vector<hint_record> read_hints() const;
+  void remove_hints() const;
 
   std::string path_for(const std::string& hash) const;
   const std::string& dir() const { return sessions_dir_; }

@@ -90,7 +90,7 @@ inline void upstream_error(relay_state& st, const beast::error_code& ec) {
 // body. `head_request`: the response has no body whatever its headers say.
 // Returns with `st` filled in; never throws for I/O errors. With `tail`, the last few KiB of
 // the body are kept there (llama-server puts `timings` in its final event), for the reuse
-// metrics of non-resident requests; resident requests pass nullptr and copy nothing.
+// counters of session requests; auxiliary and unmanaged requests pass nullptr and copy nothing.
 template <class Upstream, class Client>
 net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf, Client& client,
                                     unsigned client_version, bool client_keep_alive,

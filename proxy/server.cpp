@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
+#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "proxy/listen.hpp"
 #include "core/request_rewrite.hpp"
@@ -531,6 +532,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   if (needs_slot) describe_content(req, who);
+  // README "Harnesses": what keeps this harness's new conversations cold, told, not rewritten.
+  if (needs_slot && core::has_attribution_header(req.target(), req.body()))
+    up.coord->note_hint(core::hint_id::attribution_header);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
@@ -644,11 +648,13 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
     }
     req.body() = std::move(pinned.value());
   }
-  // Only requests that were not resident pay for reading llama-server's timings back, and
-  // session requests for their finish reason when checkpoint.onTurnEnd needs it.
+  // Session requests read llama-server's timings back (the session's reuse counters and the
+  // reuse metrics: README "Dashboard"), and their finish reason when checkpoint.onTurnEnd
+  // needs it. Auxiliary calls and requests without persistence read nothing.
   const bool watch = pr.kind == core::prepare_kind::restored ||
                      pr.kind == core::prepare_kind::cold ||
-                     pr.kind == core::prepare_kind::cold_fallback;
+                     pr.kind == core::prepare_kind::cold_fallback ||
+                     pr.kind == core::prepare_kind::resident;
   const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
                           pr.kind != core::prepare_kind::auxiliary;
   std::string tail;
@@ -659,10 +665,11 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   // the slot holds the whole reply either way.
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  if (watch && st.upstream_done) held.record(pr.kind, core::parse_response_timings(tail));
+  std::optional<reply_report> reply;
+  if (watch && st.upstream_done) reply = reply_report{pr.kind, core::parse_response_timings(tail)};
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
-  held.finish_later(st.request_sent, turn_end);
+  held.finish_later(st.request_sent, turn_end, reply);
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t0).count();

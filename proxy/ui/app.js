@@ -125,7 +125,8 @@ function renderTotals(servers) {
   }
   document.getElementById("totals").replaceChildren(
     card("total-saved", "Prefill time saved", st((x) => x.prefillSecondsSaved), seconds),
-    card("total-reused", "Tokens reused", st((x) => x.reusedTokens), num,
+    // stats.reusedTokens: after restores only; a session's row also counts its resident turns.
+    card("total-reused", "Reused after restores", st((x) => x.reusedTokens), num,
       num(st((x) => x.prefilledTokens)) + " prefilled"),
     card("total-restores", "Restores", restores, num,
       num(hits) + " verified, " + num(st((x) => x.restoreFailures)) + " failed"),
@@ -164,6 +165,24 @@ function sessionState(s) {
   return s.snapshot.state === "ready" ? "saved" : "invalid";
 }
 
+// A session's counters (GET /kv/sessions `reuse`): restores, prompt tokens llama-server
+// reused on its requests, and the prefill time its restores saved ("paid off").
+function reuseCells(s) {
+  const r = s.reuse;
+  if (!r) return [0, 1, 2].map(() => el("td", { class: "num muted" }, DASH));
+  const last = s.lastRestore;
+  const lastText = last && last.reused >= 0
+    ? "last restore: " + num(last.reused) + " of " + num(last.tokens) + " tokens reused" : "";
+  const paid = el("td", { class: "num", title: lastText },
+    r.restores ? seconds(r.prefillSecondsSaved) : DASH);
+  return [
+    el("td", { class: "num" }, num(r.restores)),
+    el("td", { class: "num", title: num(r.reusedTokensAfterRestore) + " right after restores" },
+      num(r.reusedTokens)),
+    paid,
+  ];
+}
+
 function renderSessions(pages) {
   const rows = [];
   let total = 0;
@@ -177,7 +196,10 @@ function renderSessions(pages) {
       const stateCell = el("td", {}, el("span", { class: "state state-" + st }, st));
       if (s.dirty) stateCell.append(el("span", { class: "tag" }, "unsaved"));
       if (snap && snap.invalidReason) stateCell.append(el("span", { class: "tag" }, snap.invalidReason));
-      rows.push(el("tr", { "data-hash": short(s.sessionHash), "data-state": st },
+      const r = s.reuse || {};
+      rows.push(el("tr", { "data-hash": short(s.sessionHash), "data-state": st,
+        "data-restores": String(r.restores), "data-reused": String(r.reusedTokens),
+        "data-saved-seconds": String(r.prefillSecondsSaved) },
         el("td", { class: "mono", title: s.sessionHash }, short(s.sessionHash)),
         el("td", {}, page.server),
         stateCell,
@@ -186,9 +208,7 @@ function renderSessions(pages) {
         el("td", {}, snap ? ago(snap.updatedAt) : DASH),
         // Not tracked per session by the daemon yet.
         el("td", { class: "muted" }, DASH),
-        el("td", { class: "num muted" }, DASH),
-        el("td", { class: "num muted" }, DASH),
-        el("td", { class: "muted" }, DASH)));
+        ...reuseCells(s)));
     }
   }
   if (rows.length === 0)
@@ -196,6 +216,20 @@ function renderSessions(pages) {
   document.querySelector("#sessions tbody").replaceChildren(...rows);
   document.getElementById("session-count").textContent =
     total + (more ? "+ (first " + SESSIONS_PER_SERVER + " per server)" : "");
+}
+
+// What requests show that keeps new conversations from starting warm (GET /kv/status
+// `hints`), one line per server and hint, with the setting that fixes it.
+function renderHints(servers) {
+  const lines = [];
+  for (const s of servers)
+    for (const h of s.hints || [])
+      lines.push(el("p", { "data-hint": h.hint, "data-server": s.name },
+        el("strong", {}, s.name + ": "), h.effect + " (" + num(h.requests) + " requests). ",
+        el("span", { class: "fix" }, "Fix: " + h.fix)));
+  const box = document.getElementById("hints");
+  box.replaceChildren(...lines);
+  box.hidden = lines.length === 0;
 }
 
 function renderPlot() {
@@ -239,6 +273,7 @@ const FEED_KINDS = [
   ["kv.snapshot.invalidated", "invalid", (e) => "snapshot invalidated: " + e.reason],
   ["kv.persistence.circuit_open", "breaker", (e) => "circuit open after " + e.failures + " failures (" + e.code + "): persistence paused"],
   ["kv.persistence.circuit_recovered", "breaker", () => "circuit recovered: persistence resumed"],
+  ["kv.hint.attribution_header", "hint", (e) => e.effect + "; fix: " + e.fix],
 ];
 
 function describe(e) {
@@ -313,6 +348,7 @@ async function pollOnce() {
   });
   if (state.history.length > HISTORY_MAX) state.history.shift();
   renderTotals(status.servers);
+  renderHints(status.servers);
   renderServers(status.servers);
   renderSessions(pages);
   renderPlot();

@@ -53,3 +53,16 @@ TEST_CASE("numbers that are no token counts are ignored", "[core][timings]") {
   CHECK(parse_response_timings(R"({"timings":{"cache_n":"7"}})").cache_n == -1);
   CHECK(parse_response_timings(R"({"timings":{"cache_n":)").cache_n == -1);
 }
+
+TEST_CASE("keys are found wherever the kept bytes end", "[core][timings]") {
+  CHECK(parse_response_timings(R"("cache_n":12)").cache_n == 12);  // at the very start
+  CHECK(parse_response_timings(R"({"x":"c","p":1,"cache_n")").cache_n == -1);  // at the very end
+  CHECK(parse_response_timings("\"").cache_n == -1);
+  CHECK(parse_response_timings("").cache_n == -1);
+  // each key's own last occurrence, whichever order they come in
+  const auto t = parse_response_timings(
+      R"({"prompt_ms":2.5,"cache_n":4,"prompt_n":6} {"cache_n":5} {"prompt_n":7,"cached_tokens":1})");
+  CHECK(t.cache_n == 5);
+  CHECK(t.prompt_n == 7);
+  CHECK(t.prompt_ms == 2.5);
+}

@@ -179,6 +179,7 @@ def test_dashboard_in_headless_chromium(stack):
     A, B, C, D = (Conversation(sid(t)) for t in "ABCD")
     switch(stack, A, B, A)
     a, b = prefix(stack, A), prefix(stack, B)
+    a_reuse = stack.proxy.admin("GET", "/kv/sessions/" + A.session, token=TOKEN).json["reuse"]
     with Browser() as browser:
         # the token comes in the fragment, which the browser never sends to the server
         browser.open("http://127.0.0.1:%d/ui#token=%s" % (port, TOKEN))
@@ -205,6 +206,13 @@ def test_dashboard_in_headless_chromium(stack):
 
     rows = {r["attrs"]["data-hash"]: r["attrs"]["data-state"] for r in dom.with_attr("tr", "data-hash")}
     assert rows == {a: "resident", b: "saved"}, rows
+    # each session's own figures (GET /kv/sessions `reuse`), not "—"
+    shown = {r["attrs"]["data-hash"]: r for r in dom.with_attr("tr", "data-hash")}
+    assert a_reuse["restores"] == 1 and a_reuse["reusedTokens"] > 0, a_reuse
+    assert shown[a]["attrs"]["data-restores"] == "1", shown[a]
+    assert shown[a]["attrs"]["data-reused"] == str(a_reuse["reusedTokens"]), (shown[a], a_reuse)
+    assert "{:,}".format(a_reuse["reusedTokens"]) in shown[a]["text"], shown[a]
+    assert shown[b]["attrs"]["data-restores"] == "0", shown[b]
     feed = [(li["attrs"]["data-event"], li["attrs"]["data-session"]) for li in dom.with_attr("li", "data-event")]
     assert ("kv.session.save.success", b) in feed, feed
     assert ("kv.session.restore.success", a) in feed, feed

@@ -83,6 +83,24 @@ def test_ready(binary, make_fake, tmp_path):
 
 
 @fake_only
+def test_hints_the_daemon_recorded_are_warnings(binary, make_fake, tmp_path):
+    # <stateDir>/hints.json as the daemon writes it (tests/integration/test_hints.py makes one)
+    f = make_fake()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "hints.json").write_text(json.dumps({"hints": [
+        {"hint": "attribution_header", "firstSeenAt": "2025-06-01T12:00:00Z"},
+        {"hint": "not-a-hint", "firstSeenAt": "2025-06-01T12:00:00Z"}]}))
+    r = doctor("--upstream", f.url, "--state-dir", str(state))
+    assert r.returncode == 0 and r.stdout.rstrip().splitlines()[-1].split() == ["Result:", "READY"], r.stdout
+    (line,) = [l for l in r.stdout.splitlines() if l.startswith("Warm starts:")]
+    assert "warning:" in line and "x-anthropic-billing-header" in line, line
+    assert "CLAUDE_CODE_ATTRIBUTION_HEADER=0" in line and "2025-06-01T12:00:00Z" in line, line
+    (state / "hints.json").write_text("{not json")
+    assert "Warm starts" not in doctor("--upstream", f.url, "--state-dir", str(state)).stdout
+
+
+@fake_only
 def test_config_file_and_runtime_key(binary, make_fake, tmp_path):
     f = make_fake()
     cfg = write_config(tmp_path / "kvp.yaml", f.url, stateDir=str(tmp_path / "st"))

@@ -312,3 +312,35 @@ TEST_CASE("a compatibility.json that is deep or garbage is no record, not a cras
         nul_inside, std::string()})
     CHECK(verdict_read_from(text, "fp") == "unknown");
 }
+
+TEST_CASE("hints.json round-trips the hints and names the fix", "[proxy][manifest_store][hints]") {
+  temp_dir tmp;
+  const manifest_store store(tmp.path());
+  CHECK(store.read_hints().empty());  // no file
+  REQUIRE(store.write_hints({{kvp::core::hint_id::attribution_header, "2025-06-01T12:00:00Z"}}));
+  const auto back = store.read_hints();
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].hint == kvp::core::hint_id::attribution_header);
+  CHECK(back[0].first_seen_at == "2025-06-01T12:00:00Z");
+  CHECK(read_file(tmp.path() + "/hints.json").find("CLAUDE_CODE_ATTRIBUTION_HEADER=0") !=
+        std::string::npos);
+  store.remove_hints();
+  CHECK_FALSE(fs::exists(tmp.path() + "/hints.json"));
+  store.remove_hints();  // absent: nothing to do
+}
+
+TEST_CASE("hints.json entries kvpersist does not know, or garbage, are no hints",
+          "[proxy][manifest_store][hints]") {
+  temp_dir tmp;
+  const manifest_store store(tmp.path());
+  write_file(tmp.path() + "/hints.json",
+             R"({"hints":[{"hint":"someday","firstSeenAt":"x"},{"hint":"attribution_header"},)"
+             R"({"hint":"attribution_header","firstSeenAt":"t"},7]})");
+  const auto read = store.read_hints();
+  REQUIRE(read.size() == 1);
+  CHECK(read[0].first_seen_at == "t");
+  for (const char* text : {"", "{", "[]", R"({"hints":{}})", R"({"hints":[[[[]]]]})"}) {
+    write_file(tmp.path() + "/hints.json", text);
+    CHECK(store.read_hints().empty());
+  }
+}
