@@ -288,7 +288,9 @@ def test_snapshot_that_crashes_llama_is_not_retried(world, llama):
 def test_unmanaged_request_is_unaffected(world, llama, mode):
     """§74.19: a request without a session header gets the same answer as from llama-server
     directly (and the owner's turn after it stays correct)."""
-    proxy = world.start_proxy({"sessions": {"unmanaged": mode}})
+    # The default scope: an auxiliary call of the owner's key runs on its KV (under `session`
+    # it would be erased first, docs/design.md §20).
+    proxy = world.start_proxy({"sessions": {"unmanaged": mode}, "sharing": "credential"})
     A = Session(llama, "A", SMALL_PROMPT)
     ok(A.ask(proxy.port), "A#1")
     settled_calls(world)

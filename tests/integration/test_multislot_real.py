@@ -203,7 +203,9 @@ def test_aux_call_on_the_reserved_slot_leaves_every_owned_slot_untouched(world):
     with A's session id) and a request without a session (`sessions.unmanaged: auxiliary`)
     run on slot 2 with no management call; A and B stay resident (no calls, >= 90% reuse),
     and the server's slots 0 and 1 ran no task in between."""
-    proxy = world.start_proxy({"reserveAuxSlot": True, "sessions": {"unmanaged": "auxiliary"}})
+    # The default scope: aux calls of the one key run on slot 2 as it is (docs/design.md §20).
+    proxy = world.start_proxy({"reserveAuxSlot": True, "sessions": {"unmanaged": "auxiliary"},
+                               "sharing": "credential"})
     st = admin_json(proxy, "/kv/status")["servers"][0]
     assert [s["auxiliary"] for s in st["slots"]] == [False, False, True], st
     A, B = world.chat("auxA"), world.chat("auxB")
