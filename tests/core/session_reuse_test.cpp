@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tests/support/chains.hpp"
+#include "tests/support/plan_calls.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/runtime.hpp"
 
@@ -37,21 +38,7 @@ slot_pool make_pool() {
 
 // One request of `w`, every planned call succeeding; returns how it was prepared.
 prepare_kind request(slot_pool& p, const request_identity& w) {
-  const auto plan = p.prepare(w, t0, wall);
-  REQUIRE_FALSE(plan.fail);
-  if (plan.save) {
-    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
-    REQUIRE(d.ok);
-    p.store_manifest(*d.write);
-  }
-  if (plan.restore)
-    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
-                         t0, wall)
-                .restored);
-  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, t0));
-  const auto kind = p.start_inference(w);
-  (void)p.end_inference(true, t0);
-  return kind;
+  return kvp::testing::run_plan(p, w, p.prepare(w, t0, wall), t0, wall);
 }
 
 session_reuse reuse_of(const slot_pool& p, const std::string& id) {

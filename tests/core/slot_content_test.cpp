@@ -9,6 +9,7 @@
 
 #include "core/request_class.hpp"
 #include "tests/support/chains.hpp"
+#include "tests/support/plan_calls.hpp"
 #include "tests/support/runtime.hpp"
 
 namespace {
@@ -45,19 +46,7 @@ request_identity auxiliary(std::string credential) {
 
 // Carries out `plan` as if every call succeeded, then the inference.
 void run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
-  REQUIRE_FALSE(plan.fail);
-  if (plan.save) {
-    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
-    REQUIRE(d.ok);
-    p.store_manifest(*d.write);
-  }
-  if (plan.restore)
-    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
-                         t0, wall)
-                .restored);
-  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, t0));
-  p.start_inference(w);
-  (void)p.end_inference(true, t0);
+  kvp::testing::run_plan(p, w, plan, t0, wall);
 }
 
 prepare_plan request(slot_pool& p, request_identity w) {

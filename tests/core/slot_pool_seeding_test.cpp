@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tests/support/chains.hpp"
+#include "tests/support/plan_calls.hpp"
 
 #include "tests/support/runtime.hpp"
 
@@ -39,20 +40,7 @@ slot_pool make_pool(bool across = true, bool within_credential = false) {
 // Runs `plan`'s calls as if each succeeded (a restore reports the expected tokens), then the
 // inference; returns what the request started as.
 prepare_kind run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
-  REQUIRE_FALSE(plan.fail);
-  if (plan.save) {
-    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
-    REQUIRE(d.ok);
-    p.store_manifest(*d.write);
-  }
-  if (plan.restore)
-    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
-                         t0, wall)
-                .restored);
-  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, t0));
-  const auto kind = p.start_inference(w);
-  (void)p.end_inference(true, t0);
-  return kind;
+  return kvp::testing::run_plan(p, w, plan, t0, wall);
 }
 
 prepare_kind request(slot_pool& p, const request_identity& w) {
