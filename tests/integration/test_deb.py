@@ -96,8 +96,8 @@ def test_installed_unit_starts_installed_binary(installed):
 
 def test_installed_binary_serves_with_installed_config(installed, tmp_path):
     """/usr/bin/kvpersist serve --config /etc/kvpersist/kvpersist.yaml, listen, upstream and
-    state dir from flags, against the fake llama-server: session A, then B (erase, save A,
-    erase), then SIGTERM: exit 0 after saving B (the config's checkpoint.onShutdown)."""
+    state dir from flags, against the fake llama-server: session A, then B (erase, save A;
+    B keeps A's KV), then SIGTERM: exit 0 after saving B (the config's checkpoint.onShutdown)."""
     upstream = FakeUpstream(str(tmp_path)).start()
     proxy = KvPersist(upstream.url, str(tmp_path / "state"), binary=BINARY, work_dir=str(tmp_path),
                       extra_args=["--config", CONFFILE])
@@ -111,10 +111,11 @@ def test_installed_binary_serves_with_installed_config(installed, tmp_path):
             assert r.status == 200 and r.json["choices"][0]["message"]["content"], (r.status, r.body[:300])
         upstream.settle()
         calls = upstream.take_calls()
-        assert [c.action for c in calls] == ["erase", "save", "erase"], calls
+        # B (the same key) keeps A's KV after A's save (docs/design.md §20)
+        assert [c.action for c in calls] == ["erase", "save"], calls
         assert proxy.stop(timeout=20) == 0, proxy.log_text()
         calls += upstream.take_calls()
-        assert [c.action for c in calls] == ["erase", "save", "erase", "save"], calls
+        assert [c.action for c in calls] == ["erase", "save", "save"], calls
         assert all(c.status == 200 for c in calls), calls
     finally:
         proxy.stop()
