@@ -1,4 +1,5 @@
 #include "core/prefix_chain.hpp"
+#include "core/request_hints.hpp"
 
 #include <openssl/evp.h>
 #include <algorithm>
@@ -208,6 +209,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   const std::size_t leading = feed_preamble(b, *l, doc, messages, members);
   b.link(chain);
   chain.empty_preamble = members == 0 && leading == 0;
+  chain.attribution_block = l->family == "messages" && opens_with_attribution_block(doc);
   if (single) {
     b.begin();
     b.feed(messages);

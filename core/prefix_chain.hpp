@@ -43,6 +43,9 @@ struct prefix_chain {
   // No tools, options or system part: link 0 is the same for every such conversation of a
   // route and says nothing about its content.
   bool empty_preamble = false;
+  // A /v1/messages body that opens with Claude Code's per-conversation attribution block
+  // (core/request_hints.hpp): told to the user, read here so the body is parsed once.
+  bool attribution_block = false;
   // Links another request's chain must share with this one to say anything about content.
   std::size_t min_shared_links() const { return empty_preamble ? 2 : 1; }
 };

@@ -52,8 +52,13 @@ bool has_attribution_header(std::string_view target, const std::string& body) {
     return false;
   rapidjson::Document doc;
   if (!parse_json_bounded(body, doc) || !doc.IsObject()) return false;
-  const auto system = doc.FindMember("system");
-  return system != doc.MemberEnd() && system_starts_with_prefix(system->value);
+  return opens_with_attribution_block(doc);
+}
+
+bool opens_with_attribution_block(const rapidjson::Value& body) {
+  if (!body.IsObject()) return false;
+  const auto system = body.FindMember("system");
+  return system != body.MemberEnd() && system_starts_with_prefix(system->value);
 }
 
 }  // namespace kvp::core

@@ -3,6 +3,8 @@
 // what keeps seeding and a kept slot (docs/design.md §3, §20) from helping. Pure functions.
 #pragma once
 
+#include <rapidjson/document.h>
+
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -36,5 +38,8 @@ std::optional<hint_id> find_request_hint(std::string_view id);
 // the body is searched for the prefix, and only a body holding it is parsed (bounded; one over
 // max_chained_body_bytes is not). A body that does not parse says nothing: false.
 bool has_attribution_header(std::string_view target, const std::string& body);
+// The same check on a /v1/messages body already parsed (core/prefix_chain.cpp does it while
+// chaining, so a chained request is not parsed a second time).
+bool opens_with_attribution_block(const rapidjson::Value& body);
 
 }  // namespace kvp::core

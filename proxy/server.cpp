@@ -366,23 +366,25 @@ void server::apply_harness_headers(const http::request<http::string_body>& req,
 // prefix chain for seeding, and, under `sessions.unmanaged: content`, the session a request
 // without a session header belongs to (none when it has no conversation: raw prompts and
 // embeddings stay auxiliary). The body is parsed only when something will use the chain.
-void server::describe_content(const http::request<http::string_body>& req,
-                              core::request_identity& who) const {
+std::optional<bool> server::describe_content(const http::request<http::string_body>& req,
+                                             core::request_identity& who) const {
   // Every request on a slot carries its credential: the sharing scope decides on it whether
   // the request may run on what the slot holds (docs/design.md §20).
   std::string_view credential = req[http::field::authorization];
   if (credential.empty()) credential = req["X-Api-Key"];
   who.credential = core::credential_key(credential);
-  if (!who.purpose.empty()) return;  // auxiliary: never seeds, never seeded
+  if (!who.purpose.empty()) return std::nullopt;  // auxiliary: never seeds, never seeded
   const bool names_session =
       who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
-  if (who.session_id.empty() && !names_session) return;  // auxiliary or passthrough
+  if (who.session_id.empty() && !names_session) return std::nullopt;  // auxiliary or passthrough
   auto chain = core::prefix_chain_of(req.target(), req.body());
-  if (!chain) return;
+  if (!chain) return std::nullopt;
+  const bool attribution = chain->attribution_block;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
-  if (who.session_id.empty()) return;
+  if (who.session_id.empty()) return attribution;
   who.chain = std::move(chain->links);
   who.min_shared_links = chain->min_shared_links();
+  return attribution;
 }
 
 void server::prepare_upstream_request(const upstream_entry& up,
@@ -531,10 +533,13 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
     co_return co_await send(c, std::move(res));
   }
-  if (needs_slot) describe_content(req, who);
-  // README "Harnesses": what keeps this harness's new conversations cold, told, not rewritten.
-  if (needs_slot && core::has_attribution_header(req.target(), req.body()))
-    up.coord->note_hint(core::hint_id::attribution_header);
+  if (needs_slot) {
+    // README "Harnesses": what keeps this harness's new conversations cold, told, not
+    // rewritten; read from the chain when the body was chained (parsed once).
+    const auto chained = describe_content(req, who);
+    if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
+      up.coord->note_hint(core::hint_id::attribution_header);
+  }
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);

@@ -60,8 +60,10 @@ class server {
                                http::request<http::string_body>& req,
                                std::optional<upstream_conn> pre, relay_state& st,
                                std::string* tail = nullptr);
-  void describe_content(const http::request<http::string_body>& req,
-                        core::request_identity& who) const;
+  // Fills the request's credential, chain and content session; returns whether the body
+  // opens with Claude Code's attribution block when it was chained (nullopt: not chained).
+  std::optional<bool> describe_content(const http::request<http::string_body>& req,
+                                       core::request_identity& who) const;
   bool client_may_use(const upstream_entry& up, const http::request<http::string_body>& req) const;
   net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
                                           http::request<http::string_body>& req,

@@ -90,3 +90,25 @@ TEST_CASE("hints are found by their id", "[core][hints]") {
   CHECK(kvp::core::hint_text(*h).fix.find("CLAUDE_CODE_ATTRIBUTION_HEADER=0") != std::string_view::npos);
   CHECK_FALSE(kvp::core::find_request_hint("nope"));
 }
+
+TEST_CASE("a chained /v1/messages body carries the attribution check, parsed once",
+          "[core][request_hints]") {
+  const std::string with =
+      R"({"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1.a;"}],)"
+      R"("messages":[{"role":"user","content":"hi"}]})";
+  const std::string without =
+      R"({"system":"You are helpful.","messages":[{"role":"user","content":"hi"}]})";
+  const auto a = kvp::core::prefix_chain_of("/v1/messages", with);
+  const auto b = kvp::core::prefix_chain_of("/v1/messages", without);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->attribution_block == has_attribution_header("/v1/messages", with));
+  CHECK(a->attribution_block);
+  CHECK_FALSE(b->attribution_block);
+  // Another route's body that happens to hold the text is no Messages request.
+  const auto c = kvp::core::prefix_chain_of(
+      "/v1/chat/completions",
+      R"({"messages":[{"role":"system","content":"x-anthropic-billing-header: x"}]})");
+  REQUIRE(c);
+  CHECK_FALSE(c->attribution_block);
+}
