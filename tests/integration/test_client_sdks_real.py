@@ -59,8 +59,12 @@ def sdk_clients():
 def test_sdk_session_switch(world, llama, sdk_clients, tmp_path, api, stream):
     proxy = world.start_proxy()
     ids = {k: "sdk-%s-%s-%s" % (api, k, uuid.uuid4().hex[:10]) for k in "AB"}
+    # the prompt text is fixed per case: /v1/messages cannot ban the byte tokens (see
+    # sessions.mjs), so a random text can make the random-weight model emit what llama-server's
+    # chat parser refuses; a fixed text makes each case pass or fail the same way every run
+    texts = {k: "sdk-%s-%s-%s" % (api, STREAM_IDS[stream], k) for k in "AB"}
     scenario = {"api": api, "stream": stream, "baseURL": proxy.url, "sessions": ids,
-                "system": {k: make_text(llama, "sdk-" + ids[k], PROMPT) for k in "AB"},
+                "system": {k: make_text(llama, texts[k], PROMPT) for k in "AB"},
                 "max_tokens": MAX_TOKENS, "seed": 1, "timeout_ms": 60000}
     res = run_node_driver(NODE_DIR, "sessions.mjs", scenario, tmp_path)
     turns = res["turns"]
@@ -113,7 +117,7 @@ def test_api_bytes_match_direct(world, llama, api, stream):
                         timeout=60, headers={"X-Session-Id": "sdk-warm-%s" % uuid.uuid4().hex[:8]})
     assert warm.status == 200, warm.body[:200]
     settled_calls(world)
-    body = api_body(api, make_text(llama, "bytes-%s" % uuid.uuid4().hex[:8], PROMPT), stream)
+    body = api_body(api, make_text(llama, "bytes-%s-%s" % (api, STREAM_IDS[stream]), PROMPT), stream)
     # both cold: llama-server's slot erased before the direct request, kvpersist erases it for
     # the new session (so the usage fields, cached tokens included, match too)
     erased = http_request(llama.port, "POST", "/slots/0?action=erase", body={}, timeout=10)
