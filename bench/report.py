@@ -3,6 +3,11 @@
 
 Usage: bench/report.py --out DIR --command "bench/run.sh ..." [--env FILE]
 Reads DIR/<name>.json written by the benchmarks, writes DIR/results/*.png and DIR/RESULTS.md.
+
+README's Performance figures are RESULTS.md's headlines, copied between two markers, so that
+every figure there comes from one run of bench/run.sh:
+       bench/report.py --readme README.md --out bench          rewrites README's block
+       bench/report.py --readme README.md --out bench --check  fails when they differ (a test)
 """
 
 from __future__ import annotations
@@ -239,6 +244,51 @@ def headlines(results: dict) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------- README
+README_BEGIN = "<!-- bench/report.py: figures from bench/RESULTS.md; do not edit by hand -->"
+README_END = "<!-- end of bench/report.py figures -->"
+
+
+def readme_block(results_md: str) -> str:
+    """The lines README carries for a RESULTS.md: its run's command, date and revision, then its
+    headlines, verbatim."""
+    lines = results_md.splitlines()
+    meta = [next((l for l in lines if l.startswith(p)), p + " ?") for p in ("- Command:", "- Date:", "- kvpersist:")]
+    try:
+        start = lines.index("## Headlines") + 1
+    except ValueError:
+        return ""
+    heads = []
+    for l in lines[start:]:
+        if l.startswith("#") or l.startswith("!["):
+            break
+        if l.strip():
+            heads.append(l)
+    run = "; ".join(m[2:] for m in meta)
+    return "\n".join(["From the run in `bench/RESULTS.md` (%s):" % run, ""] + heads)
+
+
+def sync_readme(readme: str, out: str, check: bool) -> int:
+    with open(os.path.join(out, "RESULTS.md")) as f:
+        block = readme_block(f.read())
+    with open(readme) as f:
+        text = f.read()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if not block or begin < 0 or end < begin:
+        print("report: %s has no figures block or RESULTS.md no headlines" % readme, file=sys.stderr)
+        return 1
+    new = text[:begin + len(README_BEGIN)] + "\n" + block + "\n" + text[end:]
+    if check:
+        if new != text:
+            print("report: README's figures differ from bench/RESULTS.md's headlines; run "
+                  "bench/report.py --readme %s --out %s" % (readme, out), file=sys.stderr)
+            return 1
+        return 0
+    with open(readme, "w") as f:
+        f.write(new)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -246,7 +296,11 @@ def main() -> int:
     ap.add_argument("--env", default=None, help="JSON with revision, llama-server, models, started")
     ap.add_argument("--failed", default="", help="comma-separated benchmarks that failed")
     ap.add_argument("--model-name", default="bench")
+    ap.add_argument("--readme", default=None, help="copy RESULTS.md's headlines into this README, nothing else")
+    ap.add_argument("--check", action="store_true", help="with --readme: only check that they are there")
     a = ap.parse_args()
+    if a.readme:
+        return sync_readme(a.readme, a.out, a.check)
     rd = os.path.join(a.out, "results")
     os.makedirs(rd, exist_ok=True)
     env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
