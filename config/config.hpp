@@ -78,7 +78,7 @@ struct session_config {
                                       "X-Amp-Thread-Id",     "x-litellm-session-id"};
   std::string purpose_header = "X-Session-Purpose";
   // Removed before forwarding, in addition to the session and purpose headers.
-  std::vector<std::string> strip_headers = {"X-Conversation-Id"};
+  std::vector<std::string> strip_headers;
   unmanaged_policy unmanaged = unmanaged_policy::content;
   // Checked in order, first match wins; only for requests that have a session.
   std::vector<harness_header> harness_headers = {

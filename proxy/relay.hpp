@@ -23,6 +23,10 @@ struct relay_options {
   std::chrono::milliseconds upstream_idle{3'600'000};  // per upstream read
   std::chrono::milliseconds client_write{60'000};      // per client write
   std::size_t chunk = 64 * 1024;
+  // The generation outlives the client (a resumable stream, core/resumable_stream.hpp): when
+  // writing to the client fails, the rest of upstream's response is still read (and dropped),
+  // so the slot's lease lasts until llama-server's generation ends.
+  bool outlives_client = false;
 };
 
 // What happened, for the caller to turn into a log line or a status. Filled in as the relay
@@ -82,6 +86,28 @@ inline constexpr int max_interim_responses = 8;
 inline void upstream_error(relay_state& st, const beast::error_code& ec) {
   st.upstream_failed = true;
   st.upstream_timeout = ec == beast::error::timeout;
+}
+
+// Reads what is left of the response `p` parses into `buf`, keeping the tail; returns whether
+// it was read to its end.
+template <class Upstream, class Parser>
+net::awaitable<bool> drain_body(Upstream& upstream, beast::flat_buffer& ubuf, Parser& p, std::span<char> buf,
+                                const relay_options& opts, relay_state& st, std::string* tail) {
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    expire(upstream, opts.upstream_idle);
+    auto [rec, rn] = co_await http::async_read_some(upstream, ubuf, p, token);
+    if (rec == http::error::need_buffer) rec = {};
+    if (rec) {
+      upstream_error(st, rec);
+      co_return false;
+    }
+    const std::size_t got = buf.size() - p.get().body().size;
+    st.body_bytes += got;
+    keep_tail(tail, buf.data(), got);
+  }
+  co_return true;
 }
 }  // namespace detail
 
@@ -190,6 +216,8 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     auto [whe, whn] = co_await http::async_write_header(client, sr, token);
     if (whe) {
       st.client_failed = true;
+      if (opts.outlives_client && co_await detail::drain_body(upstream, ubuf, p, buf, opts, st, tail))
+        upstream_finished();
       co_return;
     }
     st.header_sent = true;
@@ -223,6 +251,8 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     if (wec == http::error::need_buffer) wec = {};
     if (wec) {
       st.client_failed = true;
+      if (opts.outlives_client && co_await detail::drain_body(upstream, ubuf, p, buf, opts, st, tail))
+        upstream_finished();
       co_return;
     }
   }

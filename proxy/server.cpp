@@ -423,6 +423,10 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
   const bool head = req.method() == http::verb::head;
   auto ex = c.stream.get_executor();
   prepare_upstream_request(up, req);
+  // With X-Conversation-Id llama-server keeps generating after the client leaves: the
+  // response is read to its end, and the lease held as long (docs/design.md §21).
+  relay_options relay = up.relay;
+  relay.outlives_client = req.find(core::conversation_header) != req.end();
   std::optional<upstream_conn> conn = std::move(pre);
   for (int attempt = 0;; ++attempt) {
     if (!conn) {
@@ -452,8 +456,12 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
       beast::flat_buffer ubuf;
       ubuf.reserve(64 * 1024);
       if (tail) tail->clear();
+      if (relay.outlives_client) {
+        co_await relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head, relay, st, tail);
+        break;
+      }
       auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head,
-                                        up.relay, st, tail) ||
+                                        relay, st, tail) ||
                          client_gone(c.stream.socket()));
       if (r.index() == 1) {
         // Closing the upstream connection is the only portable cancel: llama-server notices
@@ -508,8 +516,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                               version, keep);
     co_return co_await send(c, std::move(res));
   }
+  if (const auto stream = core::classify_stream_route(req.method_string(), req.target());
+      stream != core::stream_route::none)
+    co_return co_await forward_stream_route(stream, c, req);
   auto who = identity_of(req);
   auto& up = route(req);
+  namespace_conversation(up, req);
   // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
   // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
   // save, restore, erase behind kvpersist's back) as well as inference. Treating it as

@@ -16,7 +16,9 @@
 #include "proxy/coordinator.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/lease.hpp"
+#include "core/resumable_stream.hpp"
 #include "proxy/relay.hpp"
+#include "proxy/stream_directory.hpp"
 #include "proxy/upstream_pool.hpp"
 
 namespace kvp::proxy {
@@ -51,6 +53,7 @@ class server {
     relay_options relay;
   };
   upstream_entry& route(const http::request<http::string_body>& req);
+  upstream_entry* server_named(const std::string& name);
   net::awaitable<void> accept_loop();
   // A client connection ended: below the cap again, the accept loop resumes.
   void connection_closed();
@@ -81,6 +84,15 @@ class server {
   net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
                                               http::request<http::string_body>& req,
                                               relay_state& st);
+  // Resumable streams (proxy/server_streams.cpp): a request's X-Conversation-Id namespaced for
+  // its credential and remembered with its server; replays, stops and lookups namespaced the
+  // same way and sent to that server.
+  void namespace_conversation(upstream_entry& up, http::request<http::string_body>& req);
+  net::awaitable<bool> forward_stream_route(core::stream_route kind, client_conn& c,
+                                            http::request<http::string_body>& req);
+  net::awaitable<bool> forward_stream_lookup(upstream_entry& up, client_conn& c,
+                                             http::request<http::string_body>& req,
+                                             const core::namespaced_lookup& lookup);
   core::request_identity identity_of(const http::request<http::string_body>& req) const;
   void apply_harness_headers(const http::request<http::string_body>& req,
                              core::request_identity& id) const;
@@ -98,6 +110,7 @@ class server {
   std::atomic<std::size_t> open_connections_{0};
   std::unique_ptr<acceptor> acceptor_;
   std::vector<std::unique_ptr<upstream_entry>> ups_;
+  stream_directory streams_;
   std::unique_ptr<admin_server> admin_;
   std::string admin_address_;
 

@@ -638,7 +638,7 @@ def test_session_headers_stripped_auth_forwarded(stack):
                                                        commit=False))
     for h in SESSION_HEADERS[1:]:
         ok(Conversation(sid("H"), header=h).turn(port))
-    stripped = {h.lower() for h in SESSION_HEADERS} | {"x-session-purpose", "x-conversation-id"}
+    stripped = {h.lower() for h in SESSION_HEADERS} | {"x-session-purpose"}
     recs = stack.fake.inference_requests()
     assert len(recs) == 2 + len(SESSION_HEADERS) - 1
     for rec in recs:
@@ -646,6 +646,9 @@ def test_session_headers_stripped_auth_forwarded(stack):
         assert not leaked, "forwarded %s" % leaked
     assert recs[0]["headers_lower"].get("authorization") == "Bearer sk-test-123"
     assert recs[0]["headers_lower"].get("x-custom-thing") == "kept"
+    # a resumable stream's id reaches llama-server namespaced by the credential (design.md §21)
+    assert re.fullmatch(r"kvp-[0-9a-f]{32}", recs[0]["headers_lower"].get("x-conversation-id", "")), recs[0]
+    assert all("x-conversation-id" not in rec["headers_lower"] for rec in recs[1:])
 
 
 def test_session_header_aliases(stack):

@@ -48,6 +48,7 @@ struct relay_setup {
   bool upstream_closes = false;        // the upstream peer closes after sending its bytes
   bool client_gone = false;            // the client hung up before the response
   std::size_t client_fails_at = 0;     // 0: never; n: the client's n-th write fails
+  bool outlives_client = false;        // relay_options::outlives_client
 };
 
 // Feeds `upstream_bytes` to the relay's upstream stream and collects what the client gets.
@@ -69,7 +70,7 @@ relayed relay(const std::string& upstream_bytes, relay_setup s = {}) {
   relayed out;
   run_on(ioc, ioc.get_executor(),
          relay_response(upstream, ubuf, client, s.client_version, s.client_keep_alive,
-                        s.head_request, relay_options{}, out.st));
+                        s.head_request, relay_options{.outlives_client = s.outlives_client}, out.st));
   out.wire = std::string(client_peer.str());
   return out;
 }
@@ -504,6 +505,34 @@ TEST_CASE("a client that hung up is reported, not retried", "[proxy][relay]") {
   CHECK(r.st.client_failed);
   CHECK_FALSE(r.st.header_sent);
   CHECK_FALSE(r.st.done);
+}
+
+// A resumable stream (X-Conversation-Id): llama-server keeps generating after the client
+// left, so the relay reads the response to its end and the slot's lease lasts as long.
+TEST_CASE("a generation that outlives its client is read to its end, wherever the client left",
+          "[proxy][relay]") {
+  const std::string upstream = sse_upstream();
+  for (std::size_t n = 1; n <= 6; ++n) {
+    relay_setup s;
+    s.client_fails_at = n;
+    s.upstream_read_size = 7;  // many reads: the client fails mid-body
+    s.outlives_client = true;
+    auto r = relay(upstream, s);
+    if (!r.st.client_failed) break;
+    CHECK_FALSE(r.st.done);
+    CHECK(r.st.upstream_done);
+    CHECK(r.st.upstream_reusable);
+    CHECK_FALSE(r.st.upstream_failed);
+  }
+  relay_setup gone;
+  gone.client_gone = true;
+  gone.outlives_client = true;
+  auto r = relay(upstream, gone);
+  CHECK(r.st.client_failed);
+  CHECK(r.st.upstream_done);
+  // without it the relay stops reading at the first failed write
+  gone.outlives_client = false;
+  CHECK_FALSE(relay(upstream, gone).st.upstream_done);
 }
 
 // A client that leaves while the last bytes go out (it read `data: [DONE]` and closed) must
