@@ -185,6 +185,8 @@ struct server_config {
   int slot_id = 0;
   bool reserve_aux_slot = false;
   snapshot_config snapshots;
+  // Servers of one swap group run one at a time (docs/design.md §15): "" for none.
+  std::string swap_group;
   bool operator==(const server_config&) const = default;
 };
 

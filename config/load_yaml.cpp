@@ -433,6 +433,7 @@ config reader::read_document(const YAML::Node& root) {
           }},
           {"slotId", [&](V v2, P p2) { sv.slot_id = read_int(v2, p2); }},
           {"reserveAuxSlot", [&](V v2, P p2) { sv.reserve_aux_slot = read_bool(v2, p2); }},
+          {"swapGroup", [&](V v2, P p2) { sv.swap_group = read_string(v2, p2); }},
           {"snapshots", [&](V v2, P p2) {
             read_section(v2, p2, {
               {"management", [&](V v3, P p3) {

@@ -162,7 +162,10 @@ server::server(net::io_context& ioc, config::config cfg)
     co.pool.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
     co.pool.cooldown = cfg_.failure.cooldown;
     co.max_waiting = cfg_.queue.max_waiting;
-    co.epoch_probe_interval = cfg_.epoch_probe_interval;
+    // A swap group's member is probed on its requests only: behind a swapper, a background
+    // /props would start the model it asks about (docs/design.md §15).
+    co.epoch_probe_interval =
+        sc.swap_group.empty() ? cfg_.epoch_probe_interval : std::chrono::milliseconds{0};
     co.sleep_idle = sc.upstream.sleep_idle;
     co.single_slot = sc.mode == config::slot_mode::single_slot;
     co.server_name = sc.name;
@@ -184,6 +187,9 @@ server::server(net::io_context& ioc, config::config cfg)
     up->relay.client_write = cfg_.limits.client_write_timeout;
     ups_.push_back(std::move(up));
   }
+  std::vector<swap_groups::member> members;
+  for (const auto& up : ups_) members.push_back({up->cfg.name, up->cfg.swap_group, up->coord.get()});
+  swaps_ = std::make_unique<swap_groups>(std::move(members));
 }
 
 server::upstream_entry& server::route(const http::request<http::string_body>& req) {
@@ -552,6 +558,8 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
       up.coord->note_hint(core::hint_id::attribution_header);
   }
+  // A swap group's other servers save their sessions before this one's process replaces theirs.
+  if (needs_slot) co_await swaps_->before_serving(up.cfg.name);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);

@@ -19,6 +19,7 @@
 #include "core/resumable_stream.hpp"
 #include "proxy/relay.hpp"
 #include "proxy/stream_directory.hpp"
+#include "proxy/swap_groups.hpp"
 #include "proxy/upstream_pool.hpp"
 
 namespace kvp::proxy {
@@ -111,6 +112,7 @@ class server {
   std::unique_ptr<acceptor> acceptor_;
   std::vector<std::unique_ptr<upstream_entry>> ups_;
   stream_directory streams_;
+  std::unique_ptr<swap_groups> swaps_;  // built once ups_ is
   std::unique_ptr<admin_server> admin_;
   std::string admin_address_;
 

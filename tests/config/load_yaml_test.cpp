@@ -552,3 +552,13 @@ TEST_CASE("sessions.harnessHeaders reads a list of header roles", "[config][load
   require_error_at("sessions:\n  harnessHeaders:\n    - header: \"bad header\"\n", 3,
                    "harnessHeaders[0]");
 }
+
+TEST_CASE("servers.<name>.swapGroup names the server's swap group", "[config][load_yaml]") {
+  const auto cfg = load_ok("servers:\n  a:\n    url: http://h:1\n    swapGroup: gpu0\n"
+                           "  b:\n    url: http://h:2\n    swapGroup: gpu0\n  c:\n    url: http://h:3\n");
+  REQUIRE(cfg.servers.size() == 3);
+  CHECK(cfg.servers[0].swap_group == "gpu0");
+  CHECK(cfg.servers[1].swap_group == "gpu0");
+  CHECK(cfg.servers[2].swap_group.empty());
+  require_error_at("servers:\n  a:\n    url: http://h:1\n    swapGroup: [x]\n", 4, "servers.a.swapGroup");
+}
