@@ -57,6 +57,11 @@ std::string session_hash(std::string_view instance_key, std::string_view model_i
   return sha256_hex(in);
 }
 
+std::string bounded_session_id(std::string_view session_id) {
+  if (session_id.size() <= max_session_id_bytes) return std::string(session_id);
+  return "sha256:" + sha256_hex(session_id);
+}
+
 std::string snapshot_filename(std::string_view hash, char generation) {
   return fmt::format("{}.{}.bin", hash, generation);
 }

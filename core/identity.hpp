@@ -39,6 +39,12 @@ struct runtime_info {
   std::string fingerprint() const;
 };
 
+// The most bytes of a session id kvpersist keeps (docs/design.md §3): a longer id (a header
+// value may be 64 KiB) is replaced by "sha256:" and the hex SHA-256 of the whole id, so one
+// id still names one session and what is kept of it (records, manifests) stays small.
+inline constexpr std::size_t max_session_id_bytes = 256;
+std::string bounded_session_id(std::string_view session_id);
+
 // The session's snapshot key: hash of the server instance, the model and the session id.
 // One session talking to two models gets two independent snapshots (docs/design.md §3).
 // `credential`: a credential_key() that scopes a header session under `sharing: credential`

@@ -127,14 +127,17 @@ class chain_builder {
     feed_tag('s', s.size());
     EVP_DigestUpdate(ctx_.get(), s.data(), s.size());
   }
-  void link(prefix_chain& chain) {
+  // Ends the element begun with begin(): its link, kept in `chain` while the chain has room
+  // (manifest_chain_cap); later ones only chain on to the next.
+  chain_link link(prefix_chain& chain) {
     std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx_.get(), md.data(), &len);
     chain_link l;
     std::copy_n(md.begin(), l.size(), l.begin());
-    chain.links.push_back(l);
+    if (chain.links.size() < manifest_chain_cap) chain.links.push_back(l);
     previous_.assign(reinterpret_cast<const char*>(l.data()), l.size());
+    return l;
   }
 
  private:
@@ -174,6 +177,8 @@ std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::V
   if (!prompt.IsString()) return std::nullopt;  // token arrays, several prompts: not chained
   const std::string_view text(prompt.GetString(), prompt.GetStringLength());
   prefix_chain chain;
+  chain.links.reserve(std::min(1 + (text.size() + raw_chunk_bytes - 1) / raw_chunk_bytes,
+                               manifest_chain_cap));
   chain_builder b(l);
   b.begin();
   b.link(chain);
@@ -207,24 +212,35 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   b.begin();
   std::size_t members = 0;
   const std::size_t leading = feed_preamble(b, *l, doc, messages, members);
-  b.link(chain);
+  const std::size_t elements = single ? 1 : messages.Size() - leading;
+  chain.links.reserve(std::min(1 + elements, manifest_chain_cap));
+  chain_link last = b.link(chain);
   chain.empty_preamble = members == 0 && leading == 0;
   chain.attribution_block = l->family == "messages" && opens_with_attribution_block(doc);
   if (single) {
     b.begin();
     b.feed(messages);
-    b.link(chain);
-    chain.identity_links = chain.links.size();
+    chain.named = b.link(chain);
+    chain.identity_links = 2;
     return chain;
   }
+  std::size_t made = 1;
   for (std::size_t i = leading; i < messages.Size(); ++i) {
+    // Past the cap a link is needed only to find the conversation's name.
+    if (made >= manifest_chain_cap && chain.identity_links > 0) break;
     b.begin();
     b.feed(messages[i]);
-    b.link(chain);
-    if (chain.identity_links == 0 && has_role(messages[i], "user"))
-      chain.identity_links = chain.links.size();
+    last = b.link(chain);
+    ++made;
+    if (chain.identity_links == 0 && has_role(messages[i], "user")) {
+      chain.identity_links = made;
+      chain.named = last;
+    }
   }
-  if (chain.identity_links == 0) chain.identity_links = chain.links.size();
+  if (chain.identity_links == 0) {
+    chain.identity_links = made;
+    chain.named = last;
+  }
   return chain;
 }
 
@@ -262,8 +278,8 @@ std::string credential_key(std::string_view credential) {
 }
 
 std::string content_session_id(const prefix_chain& chain, std::string_view credential) {
-  if (chain.identity_links == 0 || chain.identity_links > chain.links.size()) return {};
-  const std::string named = to_hex(chain.links[chain.identity_links - 1]);
+  if (chain.identity_links == 0) return {};
+  const std::string named = to_hex(chain.named);
   return "content:" + sha256_hex(fmt::format("kvpersist-content-v1;{}:{};{}:{};",
                                              credential.size(), credential, named.size(), named));
 }

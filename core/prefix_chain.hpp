@@ -36,10 +36,13 @@ std::optional<chain_link> parse_link(std::string_view hex);
 std::size_t common_links(const std::vector<chain_link>& a, const std::vector<chain_link>& b);
 
 struct prefix_chain {
+  // The first manifest_chain_cap links: nothing compares a later one (manifests and the
+  // chain index keep as many), so a longer conversation is not kept in memory.
   std::vector<chain_link> links;
   // Links that name the conversation: the preamble and every message up to and including
-  // the first user message (all links when there is none).
+  // the first user message (all links when there is none). May exceed links.size().
   std::size_t identity_links = 0;
+  chain_link named{};  // the last of them, which names the conversation (content_session_id)
   // No tools, options or system part: link 0 is the same for every such conversation of a
   // route and says nothing about its content.
   bool empty_preamble = false;
@@ -56,8 +59,9 @@ struct prefix_chain {
 inline constexpr std::size_t max_chained_body_bytes = std::size_t{8} << 20;
 
 // A raw prompt (/completion, /completions, /v1/completions with a string `prompt`) is
-// chained in pieces of this many bytes, at most manifest_chain_cap links.
+// chained in pieces of this many bytes.
 inline constexpr std::size_t raw_chunk_bytes = 4096;
+// The links a chain keeps, in a request, a session's record, a manifest and the chain index.
 inline constexpr std::size_t manifest_chain_cap = 256;
 
 // The chain of a POST to an inference route (`target` as the client sent it) with `body`:

@@ -10,6 +10,13 @@
 
 namespace kvp::core {
 
+// How many sessions without a snapshot a server remembers (slot_pool_options): as many as
+// retention.maxSessions, or this many when that is 0 (no limit on snapshots).
+inline constexpr std::size_t default_record_limit = 1000;
+inline std::size_t record_limit(std::size_t max_sessions) {
+  return max_sessions > 0 ? max_sessions : default_record_limit;
+}
+
 struct retention_limits {
   std::uint64_t max_total_bytes = 0;  // 0: no limit (unknown sizes count as 0)
   std::size_t max_sessions = 0;       // 0: no limit

@@ -251,9 +251,40 @@ bool slot_pool::keeps_content() const {
 
 slot_pool::session_rec& slot_pool::rec(const std::string& hash,
                                                      std::string_view session_id) {
-  auto& r = sessions_[hash];
+  auto [it, fresh] = sessions_.try_emplace(hash);
+  auto& r = it->second;
   if (r.session_id.empty()) r.session_id = std::string(session_id);
+  r.last_used = ++record_clock_;
+  if (fresh) forget_least_recent_records(hash);
   return r;
+}
+
+// docs/design.md §12: records without a snapshot beyond max_records_without_snapshot go, the
+// least recently used first. One that a slot holds or is being prepared for stays (so does
+// `keep`, the record just made): nothing a resident or leased session needs is dropped.
+void slot_pool::forget_least_recent_records(const std::string& keep) {
+  const std::size_t limit = opts_.max_records_without_snapshot;
+  if (sessions_.size() <= limit) return;
+  std::vector<std::pair<std::uint64_t, const std::string*>> idle;
+  std::size_t without = 0;
+  for (const auto& [h, r] : sessions_) {
+    if (r.snapshot) continue;
+    ++without;
+    if (h != keep && !in_use(h)) idle.emplace_back(r.last_used, &h);
+  }
+  if (without <= limit) return;
+  const auto n = static_cast<std::ptrdiff_t>(std::min(without - limit, idle.size()));
+  std::partial_sort(idle.begin(), idle.begin() + n, idle.end());
+  std::vector<std::string> victims;
+  for (auto it = idle.begin(); it != idle.begin() + n; ++it) victims.push_back(*it->second);
+  for (auto& h : victims) {
+    forget(h);
+    forgotten_records_.push_back(std::move(h));
+  }
+}
+
+std::vector<std::string> slot_pool::take_forgotten_records() {
+  return std::exchange(forgotten_records_, {});
 }
 
 int slot_pool::slot_of(const std::string& hash) const {
@@ -557,9 +588,7 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
   m.updated_at = std::string(wall_now);
   m.save_ms = r->save_ms;
   m.compatibility = compatibility_;
-  m.chain.assign(rc.chain.begin(),
-                 rc.chain.begin() + static_cast<std::ptrdiff_t>(
-                                        std::min(rc.chain.size(), manifest::max_chain_links)));
+  m.chain = rc.chain;  // at most max_chain_links (start_inference)
   m.credential = rc.credential;
   if (owned && sl->state == slot_state::saving) sl->state = slot_state::dirty;  // clean once stored
   d.ok = true;
@@ -576,6 +605,8 @@ void slot_pool::on_commit_failed(const error& e, steady_time now) {
 void slot_pool::store_manifest(const manifest& m) {
   auto& r = sessions_[m.session_hash];
   if (r.session_id.empty()) r.session_id = m.session_id;
+  // A commit may land after its session's record was forgotten (it owned no slot any more).
+  if (r.credential.empty()) r.credential = m.credential;
   if (m.state == snapshot_state::ready) r.saved_rev = rev_latest(r.saved_rev, m.revision);
   set_snapshot(m.session_hash, r, m);
   for (auto& s : slots_)
@@ -733,7 +764,9 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
     // API's restore) after a restore of the session's own snapshot: the snapshot's.
     auto& r = sessions_[sl.owner];
     if (!who.chain.empty())
-      r.chain = who.chain;
+      r.chain.assign(who.chain.begin(),
+                     who.chain.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                             who.chain.size(), manifest::max_chain_links)));
     else if (k == prepare_kind::restored && r.snapshot)
       r.chain = r.snapshot->chain;
     else
@@ -775,6 +808,7 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
     return std::nullopt;
   }
   auto& r = sessions_[sl.owner];
+  r.last_used = ++record_clock_;
   // Design note 3: whatever reached the slot changed it, even a cancelled request.
   if (reached_slot) ++r.dirty_rev;
   const bool dirty = r.dirty();

@@ -58,6 +58,10 @@ struct slot_pool_options {
   // instance (true, false), credential (true, true), session (false, either).
   bool seed_across_sessions = true;
   bool seed_within_credential = false;
+  // Sessions remembered without a snapshot (a first visit not saved yet, a save that came
+  // back empty): beyond this many the least recently used one that no slot holds or is being
+  // prepared for is forgotten (docs/design.md §12). Those with a snapshot are retention's.
+  std::size_t max_records_without_snapshot = default_record_limit;
 };
 
 // What a slot's KV holds, as far as kvpersist knows (docs/design.md §20).
@@ -328,6 +332,8 @@ class slot_pool {
     errc cause = errc::invariant;  // the failure that opened it
   };
   std::vector<circuit_change> take_circuit_changes();
+  // The sessions forgotten for max_records_without_snapshot since the last call (hashes).
+  std::vector<std::string> take_forgotten_records();
   const slot_pool_options& options() const { return opts_; }
 
  private:
@@ -339,6 +345,7 @@ class slot_pool {
     std::vector<chain_link> chain;  // of its last request that ran: what its slot holds
     std::string credential;         // credential_key() of its requests
     session_reuse reuse;
+    std::uint64_t last_used = 0;    // record_clock_ when a request of it was last planned or ended
     bool dirty() const;  // the slot holds turns the last saved snapshot lacks
   };
   struct slot_rec {
@@ -369,6 +376,7 @@ class slot_pool {
   slot_rec* find_slot(int id);
   const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);
+  void forget_least_recent_records(const std::string& keep);
   std::optional<save_step> make_save(slot_rec& s);
   std::chrono::milliseconds idle_before_checkpoint(const session_rec& r, bool turn_end) const;
   void set_snapshot(const std::string& hash, session_rec& r, manifest m);
@@ -396,6 +404,8 @@ class slot_pool {
   chain_index index_;  // the prefix chains of ready snapshots
   std::vector<slot_rec> slots_;
   std::uint64_t use_clock_ = 0;
+  std::uint64_t record_clock_ = 0;  // orders session_rec::last_used
+  std::vector<std::string> forgotten_records_;  // for take_forgotten_records
   core_stats stats_;
   std::string compatibility_ = "unknown";
   std::vector<circuit_change> circuit_changes_;

@@ -25,13 +25,24 @@ using std::chrono::steady_clock;
 
 using detail::wall_now;
 
+namespace {
+
+// retention.maxSessions also bounds the sessions remembered without a snapshot (§12).
+core::slot_pool_options pool_options(const coordinator_options& o) {
+  auto pool = o.pool;
+  pool.max_records_without_snapshot = core::record_limit(o.retention_max_sessions);
+  return pool;
+}
+
+}  // namespace
+
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
                          manifest_store store, coordinator_options opts)
     : strand_(net::make_strand(ioc)),
       backend_(std::move(backend)),
       store_(std::move(store)),
       opts_(std::move(opts)),
-      pool_(opts_.pool),
+      pool_(pool_options(opts_)),
       idle_timer_(strand_),
       probe_timer_(strand_),
       gc_timer_(strand_) {}
@@ -299,6 +310,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
   const std::string before = pool_.owner(slot);
   auto plan = pool_.prepare(who, slot, now, wall_now());
+  forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
     const bool written = co_await write_manifest(m);
@@ -336,6 +348,15 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
   co_return out;
+}
+
+// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
+void coordinator::forget_records_dropped_by_pool() {
+  for (const auto& hash : pool_.take_forgotten_records()) {
+    last_restore_.erase(hash);
+    log(log_level::debug, "kv.session.record_forgotten",
+        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
+  }
 }
 
 // README "Security": a credential that churns sessions is slowed down before it costs any

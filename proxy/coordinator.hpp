@@ -364,6 +364,8 @@ class coordinator {
   // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
   std::optional<prepare_result> refuse_new_session(const std::string& hash,
                                                    const std::string& credential);
+  // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
+  void forget_records_dropped_by_pool();
   net::awaitable<void> gc_loop();
   net::awaitable<gc_report> run_gc();
   net::awaitable<void> enforce_session_budget();

@@ -19,7 +19,8 @@ using std::chrono::steady_clock;
 
 coordinator::session_ref coordinator::resolve_session(const std::string& hash_or_id) const {
   if (auto known = pool_.session(hash_or_id)) return {hash_or_id, known->session_id};
-  return {pool_.hash_for(hash_or_id), hash_or_id};
+  const auto id = core::bounded_session_id(hash_or_id);  // as a request's header is read
+  return {pool_.hash_for(id), id};
 }
 
 net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "backends/llama_http_backend.hpp"
+#include "core/identity.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
@@ -341,7 +342,7 @@ core::request_identity server::identity_of(const http::request<http::string_body
   for (const auto& name : cfg_.sessions.headers) {
     auto it = req.find(name);
     if (it != req.end() && !it->value().empty()) {
-      id.session_id = std::string(it->value());
+      id.session_id = core::bounded_session_id(it->value());
       break;
     }
   }

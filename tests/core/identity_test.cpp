@@ -67,6 +67,18 @@ TEST_CASE("session_hash is stable and separates instance, model and session", "[
   }
 }
 
+TEST_CASE("a session id over 256 bytes is kept as its digest", "[core][identity]") {
+  const std::string at_cap(max_session_id_bytes, 'k');
+  CHECK(bounded_session_id(at_cap) == at_cap);
+  CHECK(bounded_session_id("A") == "A");
+  const std::string over = at_cap + "x";
+  CHECK(bounded_session_id(over) == "sha256:" + sha256_hex(over));
+  const std::string header_sized(64 * 1024, 'k');
+  CHECK(bounded_session_id(header_sized).size() == 7 + 64);
+  CHECK(bounded_session_id(header_sized) != bounded_session_id(header_sized + "k"));
+  CHECK(bounded_session_id(header_sized) == bounded_session_id(std::string(64 * 1024, 'k')));
+}
+
 TEST_CASE("snapshot filenames are 64 hex digits and a generation, never the raw id",
           "[core][identity]") {
   const std::string hostile[] = {

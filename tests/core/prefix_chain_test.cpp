@@ -120,6 +120,36 @@ TEST_CASE("a conversation without a user message is named by all its links",
   CHECK(c.links.size() == 2);
 }
 
+TEST_CASE("a chain keeps its first 256 links however long the conversation, and its name",
+          "[core][prefix_chain]") {
+  auto repeated = [](const std::string& message, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += "," + message;
+    return out;
+  };
+  // Link 0, the first user message, then 1000 more messages: a chain of 1002 links before.
+  const auto long_talk = chain(body(sys + "," + u1 + repeated(a1, 1000)));
+  CHECK(long_talk.links.size() == manifest_chain_cap);
+  CHECK(long_talk.links.capacity() == manifest_chain_cap);  // never built longer, then cut
+  CHECK(long_talk.identity_links == 2);
+  // Its kept links are those of every conversation that starts the same way.
+  const auto shorter = chain(body(sys + "," + u1 + repeated(a1, 254)));
+  CHECK(shorter.links.size() == manifest_chain_cap);
+  CHECK(shorter.links == long_talk.links);
+  CHECK(content_session_id(shorter, "") == content_session_id(long_talk, ""));
+
+  // The first user message after 600 others: past the kept links, it still names the session.
+  const std::string before_user = repeated(a1, 600);
+  const auto late = chain(body(sys + before_user + "," + u1 + "," + a1));
+  CHECK(late.links.size() == manifest_chain_cap);
+  CHECK(late.identity_links == 602);
+  const auto other_user = chain(body(sys + before_user + "," + u2 + "," + a1));
+  CHECK(other_user.links == late.links);
+  CHECK(content_session_id(other_user, "") != content_session_id(late, ""));
+  const auto next_turn = chain(body(sys + before_user + "," + u1 + "," + a1 + "," + u2));
+  CHECK(content_session_id(next_turn, "") == content_session_id(late, ""));
+}
+
 TEST_CASE("the three chat routes, each its own family", "[core][prefix_chain]") {
   const auto oa = chain(body(sys + "," + u1));
   CHECK(chain(body(sys + "," + u1), "/chat/completions").links == oa.links);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -574,4 +575,89 @@ TEST_CASE("pin_request_body and request_model refuse a body nested deeper than j
   const std::string at_limit = R"({"model":"x","a":)" + std::string(127, '[') + std::string(127, ']') + "}";
   CHECK(pinned(at_limit, 3) == at_limit.substr(0, at_limit.size() - 1) + R"(,"id_slot":3,"cache_prompt":true})");
   CHECK(request_model(at_limit) == "x");
+}
+
+namespace {
+
+// A request on `slot` whose plan's save comes back empty (n_saved 0: llama-server refused the
+// request before it, or cleared the slot): nothing of the previous owner is kept.
+void request_saving_nothing(slot_pool& c, const request_identity& who, int slot) {
+  auto plan = c.prepare(who, slot, t0, wall);
+  REQUIRE_FALSE(plan.fail);
+  if (plan.save) CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok);
+  if (plan.erase) REQUIRE(c.on_erase(slot, erased(), t0));
+  c.start_inference(who, slot);
+  CHECK_FALSE(c.end_inference(slot, true, t0));
+}
+
+std::set<std::string> known_sessions(const slot_pool& c) {
+  std::set<std::string> out;
+  for (const auto& v : c.sessions()) out.insert(v.hash);
+  return out;
+}
+
+}  // namespace
+
+// docs/design.md §12: records without a snapshot are bounded, least recently used first.
+TEST_CASE("records without a snapshot beyond the bound: the least recently used one goes",
+          "[core][slot_pool][records]") {
+  auto o = pool_options();
+  o.max_records_without_snapshot = 3;
+  slot_pool c(o);
+  c.set_runtime(pool_runtime(1));
+  // A's turns are saved when S0 takes the slot: a snapshot, retention's to forget, not this.
+  run_on(c, session("A"), 0, t0);
+  run_on(c, session("S0"), 0, t0);
+  REQUIRE(c.find_manifest(c.hash_for("A")));
+  for (const char* s : {"S1", "S2", "S3", "S4", "S5"}) request_saving_nothing(c, session(s), 0);
+  CHECK(known_sessions(c) ==
+        std::set<std::string>{c.hash_for("A"), c.hash_for("S3"), c.hash_for("S4"),
+                              c.hash_for("S5")});
+  std::set<std::string> forgotten;
+  for (const auto& h : c.take_forgotten_records()) forgotten.insert(h);
+  CHECK(forgotten == std::set<std::string>{c.hash_for("S0"), c.hash_for("S1"), c.hash_for("S2")});
+  CHECK(c.take_forgotten_records().empty());
+
+  // S4 and then S3 are used again: S5 is now the least recently used, and goes for S6.
+  request_saving_nothing(c, session("S4"), 0);
+  request_saving_nothing(c, session("S3"), 0);
+  request_saving_nothing(c, session("S6"), 0);
+  CHECK(known_sessions(c) ==
+        std::set<std::string>{c.hash_for("A"), c.hash_for("S3"), c.hash_for("S4"),
+                              c.hash_for("S6")});
+  CHECK(c.take_forgotten_records() == std::vector<std::string>{c.hash_for("S5")});
+}
+
+TEST_CASE("a record a slot holds or a request is prepared for is never forgotten",
+          "[core][slot_pool][records]") {
+  auto o = pool_options();
+  o.max_records_without_snapshot = 1;
+  slot_pool c(o);
+  c.set_slots(ids(3));
+  c.set_runtime(pool_runtime(3));
+  request(c, session("A"), t0);
+  request(c, session("B"), t0);
+  request(c, session("C"), t0);
+  // Three owners over a bound of one: each holds its slot.
+  CHECK(known_sessions(c) ==
+        std::set<std::string>{c.hash_for("A"), c.hash_for("B"), c.hash_for("C")});
+  // D is prepared on A's slot: A (still the owner, saved first) and D both stay.
+  const auto slot = c.choose_slot(session("D"), c.slot_ids());
+  REQUIRE(slot);
+  auto plan = c.prepare(session("D"), *slot, t0, wall);
+  CHECK(c.take_forgotten_records().empty());
+  CHECK(known_sessions(c).size() == 4);
+  REQUIRE(plan.save);
+  CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok);  // an empty save: no snapshot
+  c.start_inference(session("D"), *slot);
+  CHECK_FALSE(c.end_inference(*slot, true, t0));
+  // The next new session finds the departed owner idle, without a snapshot: it goes.
+  const auto e_slot = c.choose_slot(session("E"), c.slot_ids());
+  REQUIRE(e_slot);
+  auto e_plan = c.prepare(session("E"), *e_slot, t0, wall);
+  (void)e_plan;
+  CHECK(c.take_forgotten_records() == std::vector<std::string>{c.hash_for("A")});
+  CHECK(known_sessions(c) == std::set<std::string>{c.hash_for("B"), c.hash_for("C"),
+                                                   c.hash_for("D"), c.hash_for("E")});
+  c.abort_prepare(*e_slot);
 }

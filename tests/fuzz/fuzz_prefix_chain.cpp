@@ -21,7 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto chain = kvp::core::prefix_chain_of(target, body);
   if (!chain) return 0;
   KVP_FUZZ_CHECK(!chain->links.empty());
-  KVP_FUZZ_CHECK(chain->identity_links <= chain->links.size());
+  KVP_FUZZ_CHECK(chain->links.size() <= kvp::core::manifest_chain_cap);
+  KVP_FUZZ_CHECK(chain->identity_links <= chain->links.size() ||
+                 chain->links.size() == kvp::core::manifest_chain_cap);
   if (target == "/completion") KVP_FUZZ_CHECK(chain->identity_links == 0);
   const auto again = kvp::core::prefix_chain_of(target, body);
   KVP_FUZZ_CHECK(again && again->links == chain->links &&

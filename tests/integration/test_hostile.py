@@ -32,7 +32,7 @@ import uuid
 import pytest
 
 from harness import Conversation, Stack, http_request, manifests, now
-from kvptest.identity import session_hash, sid_factory
+from kvptest.identity import kept_session_id, session_hash, sid_factory
 from kvptest.net import raw_exchange
 
 pytestmark = pytest.mark.fake_only
@@ -382,7 +382,7 @@ def test_hostile_session_id(stack, tmp_path, name):
     calls = stack.fake.management_calls()
     # the other session (the same key) keeps the hostile one's KV instead of an erase
     assert [c["action"] for c in calls] == ["erase", "save", "save", "restore"], calls
-    h = session_hash(session)
+    h = session_hash(kept_session_id(session))  # the 10 KB id is kept as its digest
     saved = calls[1]["filename"]
     assert saved == h + ".a.bin", (saved, h)
     assert calls[3]["filename"] == saved and calls[3]["status"] == 200

@@ -23,6 +23,18 @@ def session_hash(session: str | bytes, model: str = FAKE_MODEL, instance: str = 
     return hashlib.sha256(data).hexdigest()
 
 
+MAX_SESSION_ID_BYTES = 256  # core::max_session_id_bytes
+
+
+def kept_session_id(session: str | bytes) -> bytes:
+    """core::bounded_session_id: the session id kvpersist keeps for a header value; one over
+    256 bytes becomes "sha256:" and the hex digest of the whole value."""
+    raw = _bytes(session)
+    if len(raw) <= MAX_SESSION_ID_BYTES:
+        return raw
+    return b"sha256:" + hashlib.sha256(raw).hexdigest().encode()
+
+
 def abbrev(h: str) -> str:
     """What kvpersist logs and reports of a session hash: its first 8 hex digits."""
     return h[:8]

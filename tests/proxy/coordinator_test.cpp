@@ -951,3 +951,28 @@ TEST_CASE("a new session over its credential's rate is refused with Retry-After,
   CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
   CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
 }
+
+// docs/design.md §12: a session whose saves come back empty (llama-server refused its
+// request, or cleared the slot) has no snapshot; retention.maxSessions bounds such records
+// too, the least recently used going first. A session with a snapshot is retention's.
+TEST_CASE("records without a snapshot are bounded by retention.maxSessions",
+          "[proxy][coordinator][retention]") {
+  temp_dir tmp;
+  auto o = test_options();
+  o.retention_max_sessions = 3;  // retention.intervalMs 0: snapshots wait for POST /kv/gc
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  h.request("A", 1000);  // saved when S0 takes the slot
+  for (int i = 0; i < 10; ++i) h.request("S" + std::to_string(i), 0);  // an empty slot each
+  CHECK(h.fake->snapshot_tokens(h.file("S0", 'a')) == 0u);  // what an empty save leaves
+  std::vector<std::string> known;
+  for (const auto& row : h.coord->sessions_page("", 100).sessions) known.push_back(row.hash);
+  std::vector<std::string> expected{h.hash("A"), h.hash("S7"), h.hash("S8"), h.hash("S9")};
+  std::sort(expected.begin(), expected.end());
+  CHECK(known == expected);
+  CHECK(h.manifest_on_disk("A"));
+  h.fake->clear_calls();
+  auto back = h.request("A", 1100);
+  CHECK(back.kind == prepare_kind::restored);
+  CHECK(h.fake->calls() == calls{save_call(h.file("S9", 'a')), restore_call(h.file("A", 'a'))});
+}
