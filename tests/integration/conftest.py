@@ -37,6 +37,8 @@ def pytest_configure(config):
         os.environ["KVP_LONG"] = "1"
     config.addinivalue_line("markers", "fake_only: needs the fake upstream's fault injection")
     config.addinivalue_line("markers", "real_only: needs a real llama-server (--upstream=real)")
+    config.addinivalue_line("markers", "slot_violations_expected: the test provokes a slot action during an "
+                                       "inference on purpose (the teardown's slot-discipline check is off)")
 
 
 def _time_limit_s() -> int:
@@ -109,6 +111,23 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
+@pytest.fixture(autouse=True)
+def _slot_discipline(request):
+    """kvpersist never runs a slot action on a slot while an inference it forwarded runs there
+    (docs/design.md I8): checked at teardown on every fake llama-server the test made (a Stack's,
+    a FakeWorld's, its own), unless it is marked slot_violations_expected. Set up before the
+    test's other fixtures, so this runs after their teardown (the fakes' records stay)."""
+    first = len(fake_llama.CREATED)
+    yield
+    fakes = fake_llama.CREATED[first:]
+    del fake_llama.CREATED[first:]
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed or request.node.get_closest_marker("slot_violations_expected"):
+        return
+    bad = {"fake on port %d" % f.port: f.slot_discipline_violations() for f in fakes}
+    assert not any(bad.values()), "slot actions during an inference: %s" % {k: v for k, v in bad.items() if v}
+
+
 @pytest.fixture
 def stack(request, tmp_path, upstream_kind):
     """A fresh world per test: call stack.start(config=..., **fake_kwargs)."""
@@ -118,9 +137,6 @@ def stack(request, tmp_path, upstream_kind):
         failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
         if failed and (s.proxies or s.upstream):
             print("\n==== diagnostics for %s ====\n%s" % (request.node.name, s.dump()))
-        if isinstance(s.upstream, harness.FakeUpstream) and not failed:
-            # kvpersist must never run a slot action while an inference it forwarded is running
-            assert s.fake.violations == [], s.fake.violations
     finally:
         s.close()
 

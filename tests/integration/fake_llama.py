@@ -179,12 +179,18 @@ class _Aborted(Exception):
     pass
 
 
+# Every FakeLlamaServer made in this process, in order: conftest.py's teardown checks the slot
+# discipline of those a test made (slot_discipline_violations).
+CREATED: list["FakeLlamaServer"] = []
+
+
 class FakeLlamaServer:
     def __init__(self, slot_save_path: str | None = None, *, port: int = 0, host: str = "127.0.0.1",
                  total_slots: int = 1, n_ctx: int = 8192,
                  model_path: str = "/models/fake-model-Q8_0.gguf", build_info: str = "b1-fake0001",
                  n_predict: int = 4, event_delay: float = 0.0, prefill_delay: float = 0.0,
                  kv_bytes_per_token: int = 64):
+        CREATED.append(self)
         self.host = host
         self.port = port
         self.slot_save_path = slot_save_path
@@ -394,6 +400,25 @@ class FakeLlamaServer:
         with self._lock:
             return [dict(m) for m in self.management
                     if include_all or m["action"] in ("save", "restore", "erase")]
+
+    def slot_discipline_violations(self) -> list[str]:
+        """Slot actions that arrived while an inference ran on their slot (docs/design.md I8).
+        With one slot, any running inference counts (`violations`, recorded as they arrive);
+        with several, only a request pinned (id_slot) to the action's slot: a save of slot 1
+        while slot 0 streams is what a pool is for."""
+        if self.total_slots <= 1:
+            return list(self.violations)
+        def pinned_slot(r):
+            return r["json"].get("id_slot") if isinstance(r["json"], dict) else None
+        pinned = [r for r in self.inference_requests() if pinned_slot(r) is not None]
+        bad = []
+        for m in self.management_calls():
+            for r in pinned:
+                end = r.get("completed") or r.get("abort_time") or now()
+                if pinned_slot(r) == m.get("slot") and r["time"] < m["time"] < end:
+                    bad.append("%s of slot %d at %.3f while request %d ran (%.3f..%.3f)"
+                               % (m["action"], m["slot"], m["time"], r["id"], r["time"], end))
+        return bad
 
     def inference_requests(self) -> list[dict]:
         with self._lock:

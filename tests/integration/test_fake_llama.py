@@ -7,6 +7,8 @@ import os
 import socket
 import time
 
+import pytest
+
 import fake_llama
 from harness import Conversation, cached_tokens, http_request, now, wait_until
 
@@ -167,6 +169,7 @@ def test_disconnect_detection(fake):
     assert r.status == 200
 
 
+@pytest.mark.slot_violations_expected
 def test_management_waits_for_busy_slot_and_records_violation(fake):
     import harness
     fake.event_delay = 0.1

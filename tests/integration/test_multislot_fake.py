@@ -8,10 +8,10 @@ test's clock), so concurrency across slots and order within a session are visibl
 
     KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_multislot_fake.py
 
-These tests do not use conftest's `stack` fixture: its teardown treats any slot action during
-an inference as a violation, which is right for one slot and wrong for a pool (a save of slot 1
-while slot 0 streams is the point). They check the per-slot form instead: no slot action on
-slot N while a request pinned to slot N runs (`assert_slot_discipline`).
+These tests do not use conftest's `stack` fixture (a World holds a pool of slots). Every fake's
+slot discipline is checked at teardown (conftest.py), in the per-slot form for a pool: no slot
+action on slot N while a request pinned to slot N runs (a save of slot 1 while slot 0 streams
+is the point); `assert_slot_discipline` checks it mid-test too.
 """
 
 from __future__ import annotations
@@ -104,16 +104,7 @@ def requests_with(fake, marker: str) -> list[dict]:
 
 def assert_slot_discipline(fake):
     """No save/restore/erase of slot N arrived while a request pinned to slot N was running."""
-    inf = [r for r in fake.inference_requests() if pinned_slot(r) is not None]
-    bad = []
-    for m in fake.management_calls():
-        if m.get("slot") is None:
-            continue
-        for r in inf:
-            end = r.get("completed") or r.get("abort_time") or now()
-            if pinned_slot(r) == m["slot"] and r["time"] < m["time"] < end:
-                bad.append("%s of slot %d at %.3f while request %d ran (%.3f..%.3f)"
-                           % (m["action"], m["slot"], m["time"], r["id"], r["time"], end))
+    bad = fake.slot_discipline_violations()
     assert not bad, bad
 
 
