@@ -223,9 +223,9 @@ def test_transfer_encoding_not_chunked_is_not_a_slot_bypass(stack):
     stack.start()
     port = stack.port
     data = request_bytes("POST", "/tokenize", [(b"Transfer-Encoding", b"gzip")], SMUGGLED, port)
-    got, _ = raw_exchange(port, data, timeout=2)
-    assert 403 in statuses(got) or statuses(got)[:1] == [400], (statuses(got), got[:300])
-    assert stack.fake.management_calls() == []
+    got, closed = raw_exchange(port, data, timeout=2)
+    assert statuses(got) == [400] and closed, (statuses(got), closed, got[:300])
+    assert forwarded(stack.fake) == [] and stack.fake.management_calls() == []
 
 
 def test_pipelined_slots_request_judged_separately(stack):
@@ -506,6 +506,11 @@ SLOTS_VARIANTS = [
 ]
 
 
+# Decoded once (as llama-server does) these are '//slots/0' and '/%73lots/0', no slot route:
+# forwarded, llama-server answers 404. Every other variant is /slots for llama-server: 403.
+NOT_SLOTS_ONCE_DECODED = {"/%2Fslots/0?action=erase", "/%2573lots/0?action=erase"}
+
+
 @pytest.mark.parametrize("method,path", SLOTS_VARIANTS)
 def test_slots_variants_never_reach_slot_actions(stack, method, path):
     stack.start()
@@ -514,9 +519,11 @@ def test_slots_variants_never_reach_slot_actions(stack, method, path):
     stack.upstream.take_calls()
     r = http_request(stack.port, method, path, body=b"{}" if method == "POST" else None, timeout=5)
     assert stack.upstream.take_calls() == [], "%s %s reached a slot action" % (method, path)
-    decoded = path.split("#")[0].split("?")[0]
-    if decoded.startswith("/slots") or r.status == 200:
+    if path in NOT_SLOTS_ONCE_DECODED:
+        assert r.status == 404 and forwarded(stack.fake)[-1]["raw_path"] == path, (path, r.status, r.body[:200])
+    else:
         assert r.status == 403, (method, path, r.status, r.body[:200])
+        assert method == "HEAD" or r.json["error"]["code"] == 403, (method, path, r.body[:200])
     ra = A.turn(stack.port)
     assert ra.status == 200 and stack.upstream.take_calls() == [], "A is no longer resident"
 
@@ -729,6 +736,45 @@ ENDLESS_BYTES = 50 << 20
 RSS_BOUND_KB = 16 * 1024
 
 
+def flood_exchange(port: int, data: bytes, timeout: float) -> tuple[bytes, bool]:
+    """raw_exchange for a request larger than the socket buffers: sends `data` from a thread
+    while reading, so an answer sent before the server closes (and resets the rest of the
+    upload) is read, not lost with a send that failed first."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+    def send():
+        try:
+            s.sendall(data)
+        except OSError:
+            pass                               # refused mid-upload: the answer is what counts
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    out, closed = bytearray(), False
+    deadline = now() + timeout
+    try:
+        while now() < deadline:
+            s.settimeout(max(0.01, deadline - now()))
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            out += chunk
+    finally:
+        try:
+            s.shutdown(socket.SHUT_RDWR)       # ends a send still blocked in the thread
+        except OSError:
+            pass
+        s.close()
+        sender.join(5)
+    return bytes(out), closed
+
+
 @pytest.mark.parametrize("listener", ["proxy", "admin"])
 @pytest.mark.parametrize("shape", sorted(ENDLESS_LINES))
 def test_endless_chunk_line_bounded_memory(stack, listener, shape):
@@ -742,10 +788,10 @@ def test_endless_chunk_line_bounded_memory(stack, listener, shape):
     start, filler = ENDLESS_LINES[shape]
     head = request_bytes("POST", target, [(b"Transfer-Encoding", b"chunked")], b"", port)
     before = _rss_kb(pid)
-    got, _ = raw_exchange(port, head + start + filler * ENDLESS_BYTES, timeout=10)
+    got, closed = flood_exchange(port, head + start + filler * ENDLESS_BYTES, timeout=10)
     grown = _rss_kb(pid) - before
     assert grown < RSS_BOUND_KB, "peak RSS grew by %d KiB for %d bytes of one line" % (grown, ENDLESS_BYTES)
-    assert statuses(got) in ([], [400]), got[:300]
+    assert statuses(got) == [400] and closed, (statuses(got), closed, got[:300])
     assert stack.proxy.alive()
     assert http_request(stack.port, "GET", "/health", timeout=5).status == 200
     assert stack.proxy.admin("GET", "/kv/status", token="t0k3n").status == 200
