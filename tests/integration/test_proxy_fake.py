@@ -872,8 +872,11 @@ def test_llama_restart_detected(stack, probe_ms):
     old_marker = stack.fake.media_marker
     stack.upstream.restart()
     assert stack.fake.media_marker != old_marker
-    if probe_ms:
-        time.sleep(0.6)
+    # The restart drops kvpersist's pooled connections, so A's request alone would notice it
+    # too: with a probe interval the background probe must notice it first, without a request.
+    noticed = wait_until(lambda: stack.proxy.events("kv.backend.restarted"), 3 if probe_ms else 0.5)
+    assert bool(noticed) == bool(probe_ms), ("no background probe noticed the restart" if probe_ms else
+                                       "kvpersist noticed the restart with the probe off")
     r = ok(A.turn(port, timeout=10), "A after llama-server restart")
     calls = stack.upstream.take_calls()
     assert acts(calls) == ["restore"] and calls[0].filename == a_file, calls
