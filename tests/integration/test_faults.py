@@ -927,19 +927,34 @@ def test_real_zero_length_snapshot_answers_cold(world, llama):
     assert llama.alive()
 
 
+# Each one is /slots/0?action=erase for llama-server (cpp-httplib drops a %uD800-%uDFFF escape
+# while decoding the path); test_hostile.py::SURROGATE_VARIANTS are the fake's counterparts.
+REAL_SURROGATE_ERASES = ["/%uD800slots/0?action=erase", "/slots%uDFFF/0?action=erase",
+                         "/sl%uDBFFots/0?action=erase", "/%uD83D%uDE00slots/0?action=erase",
+                         "/slots/%uDC000?action=erase", "/slots/0%uDFFF?action=erase"]
+
+
 @real_only
 def test_real_surrogate_escape_reaches_slot_actions(world, llama):
     """Evidence for test_hostile.py::test_slots_surrogate_escape_refused on a real llama-server:
-    sent straight to llama-server, '/%uD800slots/0?action=erase' is routed as /slots/0 (cpp-httplib
-    drops the surrogate while decoding). Through kvpersist it must be refused."""
+    every variant, sent through kvpersist, is refused with 403 and A's KV stays in the slot (A's
+    next turn is resident); sent straight to llama-server, each one erases slot 0."""
     p = world.start_proxy()
-    direct = http_request(llama.port, "POST", "/%uD800slots/0?action=erase", body=b"{}")
-    assert direct.status == 200 and "n_erased" in direct.json, (direct.status, direct.body[:200])
-    via = http_request(p.port, "POST", "/%uD800slots/0?action=erase", body=b"{}")
-    if via.status == 200 and b"n_erased" in via.body:
-        pytest.xfail("BUG: /%uD800slots/0?action=erase through kvpersist erased llama-server's slot: " +
-                     via.text[:120])
-    assert via.status == 403
+    A = RealConv("A")
+    a1 = A.ask(p.port)
+    assert a1.status == 200, a1.body[:300]
+    settled_calls(world)
+    for path in REAL_SURROGATE_ERASES:
+        via = http_request(p.port, "POST", path, body=b"{}")
+        assert via.status == 403 and b"n_erased" not in via.body, (path, via.status, via.body[:200])
+        assert via.json["error"]["code"] == 403, (path, via.body[:200])
+    a2 = A.ask(p.port)
+    assert a2.status == 200 and settled_calls(world) == [], "A was not resident after the refusals"
+    assert cache_n(a2) >= 0.9 * a1.json["usage"]["prompt_tokens"], \
+        "llama-server's slot lost A's KV: a refused variant reached it (cache_n %s)" % cache_n(a2)
+    for path in REAL_SURROGATE_ERASES:   # each variant is a real bypass when sent straight
+        direct = http_request(llama.port, "POST", path, body=b"{}")
+        assert direct.status == 200 and "n_erased" in direct.json, (path, direct.status, direct.body[:200])
 
 
 class _RealNoSlots(RealUpstream):
