@@ -47,7 +47,8 @@ pytestmark = pytest.mark.real_only
 
 SMALL_PROMPT = 1000      # for the fault and shutdown tests, where the size is not the point
 LONG_PROMPT = 7300       # first guess for the disconnect tests, grown until the prefill takes > 3 s
-MAX_LONG_PROMPT = 15000
+LONG_PROMPT_TRIES = 4
+LONG_PROMPT_ROOM = 1024  # context beyond the long prompt: the chat template, the " direct" variant
 # A prefill that would end by itself within 2 s of a drop at 300 ms proves nothing about
 # cancellation: the disconnect tests want well over 2.3 s (the brief's minimum is 1.5 s).
 LONG_PREFILL_MS = 3000
@@ -217,10 +218,14 @@ def test_damaged_snapshot_answers_cold(world, llama, damage, management):
     a2 = A.ask(proxy.port)
     if not a2.ok and management == "server-owned" and llama_crashed(llama, log0):
         # llama-server itself aborts on this file, and in server-owned mode kvpersist cannot look
-        # at it first: nobody can answer this request. What kvpersist does after the crash is
-        # test_snapshot_that_crashes_llama_is_not_retried.
-        pytest.xfail("llama-server aborted restoring the %s snapshot (%s); kvpersist answered %s"
-                     % (damage, llama_crash_note(llama, log0), a2.status))
+        # at it first: nobody can answer this request. kvpersist says so with an error and stays
+        # up; what it does once llama-server is back is test_snapshot_that_crashes_llama_is_not_retried.
+        print("llama-server aborted restoring the %s snapshot (%s); kvpersist answered %s"
+              % (damage, llama_crash_note(llama, log0), a2.status))
+        assert a2.status in (502, 503) and a2.resp.json["error"]["code"] == a2.status, a2.describe()
+        assert proxy.alive(), proxy.log_text()[-2000:]
+        ensure_llama(llama)
+        return
     assert a2.ok, "A#2 with a %s snapshot: %s\n%s\nmanagement calls: %s" % (
         damage, a2.describe(), llama_crash_note(llama, log0), world.upstream.management_calls())
     assert_cold(a2, "A#2 with a %s snapshot" % damage)
@@ -368,26 +373,31 @@ def test_sigterm_saves_dirty_slot(world, llama):
 # ============================================================================ cancellation
 @pytest.fixture(scope="module")
 def long_prompt(llama1):
-    """A text whose cold prefill on llama1 takes > 3 s (7.3K tokens, more on a fast machine; the
-    disconnect tests need one well over 2.3 s), that prefill time, and the baseline: how long
-    llama-server itself stays busy after its own client drops a streamed request 300 ms in (no
-    kvpersist involved)."""
+    """A text whose cold prefill on llama1 takes > 3 s (7.3K tokens here; the disconnect tests
+    need one well over 2.3 s), that prefill time, and the baseline: how long llama-server itself
+    stays busy after its own client drops a streamed request 300 ms in (no kvpersist involved).
+    On a faster machine the prompt grows with the measured prefill rate, and llama1's context
+    with it (restarted in place), so the tests always run."""
     llama = llama1
     ensure_llama(llama)
     target = LONG_PROMPT
-    for attempt in range(2):
+    for attempt in range(LONG_PROMPT_TRIES):
         text = make_text(llama, "long-prefill-calibration", target)
         body = chat_body([{"role": "user", "content": text}], stream=False, max_tokens=1, cache_prompt=False)
-        r = parse_reply(http_request(llama.port, "POST", "/v1/chat/completions", body=body, timeout=80), False)
+        r = parse_reply(http_request(llama.port, "POST", "/v1/chat/completions", body=body, timeout=120), False)
         assert r.status == 200 and r.timings, r.describe()
         ms = r.timings["prompt_ms"]
-        if ms >= LONG_PREFILL_MS or target >= MAX_LONG_PROMPT:
+        if ms >= LONG_PREFILL_MS:
             break
-        # prefill cost grows faster than linearly with the prompt: aim at ~3.5 s
-        target = min(MAX_LONG_PROMPT, int(target * (3500.0 / max(ms, 1.0)) ** 0.75))
-    if ms < MIN_LONG_PREFILL_MS:
-        pytest.skip("a %d-token prefill takes only %.0f ms here (< %d ms): use a bigger model"
-                    % (r.timings["prompt_n"], ms, MIN_LONG_PREFILL_MS))
+        # prefill cost grows faster than linearly with the prompt: aiming linearly at ~3.5 s
+        # overshoots, never falls short
+        target = int(target * 3500.0 / max(ms, 1.0)) + 256
+        if target + LONG_PROMPT_ROOM > llama.n_ctx:
+            llama.stop()
+            llama.n_ctx = (target + LONG_PROMPT_ROOM + 1023) // 1024 * 1024
+            llama.start()
+    assert ms >= MIN_LONG_PREFILL_MS, "a %d-token prefill still takes only %.0f ms after %d tries" % (
+        r.timings["prompt_n"], ms, LONG_PROMPT_TRIES)
     body = chat_body([{"role": "user", "content": text + " direct"}], stream=True, cache_prompt=False)
     log0 = llama.log_size()
     d = http_request(llama.port, "POST", "/v1/chat/completions", body=body, close_after_s=0.3, timeout=30)
@@ -433,8 +443,8 @@ def test_disconnect_during_prefill_frees_llama(world1, llama1, long_prompt):
     logs the cancel), llama-server is idle within 2 s (sparse GET /slots straight on llama-server)
     and no later than when its own client drops, and session B's request then runs at once.
     llama-server checks for a gone client after 1 s without results and stops after the current
-    batch; if that alone takes over 2 s here (a loaded machine), the 2 s bound is an expected
-    failure with both figures in the reason."""
+    batch; if that alone takes over 2 s here (a loaded machine), the bound is how long it takes
+    after a direct drop."""
     world, llama = world1, llama1
     proxy = world.start_proxy()
     A = Session(llama, "A", text=long_prompt["text"] + " (%s)" % uuid.uuid4().hex[:6])
@@ -462,12 +472,8 @@ def test_disconnect_during_prefill_frees_llama(world1, llama1, long_prompt):
                                                                    (t_first - t_b) * 1000))
     assert busy <= direct + 1.0, "llama-server stayed busy %.2f s after the drop through kvpersist, %.2f s direct" % (
         busy, direct)
-    if busy > 2.1:
-        if direct > 2.1:
-            pytest.xfail("llama-server itself takes over 2 s to stop after its client disconnects here "
-                         "(idle at the %.1f s poll after a direct drop, %.1f s through kvpersist; prefill "
-                         "%.0f ms)" % (direct, busy, long_prompt["prefill_ms"]))
-        pytest.fail("llama-server busy %.2f s after the drop through kvpersist (direct: %.2f s)" % (busy, direct))
+    assert busy <= 2.1 or direct > 2.1, \
+        "llama-server busy %.2f s after the drop through kvpersist (direct: %.2f s)" % (busy, direct)
 
 
 def test_disconnect_during_prefill_unblocks_queued_session(world1, llama1, long_prompt):
