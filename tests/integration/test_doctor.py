@@ -139,8 +139,7 @@ def test_wrap_around_slot_id_in_managed_mode(binary, make_fake, tmp_path):
     cfg = write_config(tmp_path / "kvp.yaml", f.url, mode="managed-slots", slotId=3,
                        stateDir=str(tmp_path / "s"))
     r = doctor("--config", cfg, "--json")
-    if r.returncode == 2:
-        pytest.skip("config validation already refuses slotId 3 here: %s" % r.stderr.strip())
+    assert r.returncode != 2, "config validation refused slotId 3 before doctor saw the server: %s" % r.stderr
     j = json.loads(r.stdout)
     assert j["result"] == "NOT READY" and "wrap" in checks(j).get("Slot id", ""), j
 
