@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include <initializer_list>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -51,6 +54,99 @@ void require_error_at(std::string_view text, int line, int column,
   for (auto part : message_parts) CHECK(contains(error.message, part));
 }
 
+// One step from the top of a document to a section: `key` holds a map ('m'), a list of maps
+// ('l', as `routes`) or a map of named maps ('n', as `servers.<name>`).
+struct section_step {
+  std::string key;
+  char form;
+};
+
+// A flow-style document with `inner` placed at the section `steps` lead to.
+std::string document_at(const std::vector<section_step>& steps, const std::string& inner) {
+  std::string doc = inner;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->form == 'l') doc = "[" + doc + "]";
+    if (it->form == 'n') doc = "{n: " + doc + "}";
+    doc = "{" + it->key + ": " + doc + "}";
+  }
+  return doc;
+}
+
+// The keys the loader accepts in the section `steps` lead to, read from the error an unknown
+// key there gets ("unknown key 'routes[0].zzzz'; known keys in routes[0]: model, ..."), or
+// nullopt where that is not a section of this form.
+std::optional<std::vector<std::string>> known_keys(const std::vector<section_step>& steps) {
+  std::string path;
+  for (const auto& step : steps) {
+    path += (path.empty() ? "" : ".") + step.key;
+    if (step.form == 'l') path += "[0]";
+    if (step.form == 'n') path += ".n";
+  }
+  auto result = load_yaml_string(document_at(steps, "{zzzz: 1}"), "probe.yaml");
+  auto* error = std::get_if<config_error>(&result);
+  const std::string unknown = "unknown key '" + (path.empty() ? "" : path + ".") + "zzzz'";
+  if (error == nullptr || !contains(error->message, unknown)) return std::nullopt;
+  const auto list = error->message.find(": ", error->message.find("known keys"));
+  std::vector<std::string> keys;
+  for (std::size_t pos = list + 2; pos < error->message.size();) {
+    const auto comma = error->message.find(", ", pos);
+    keys.push_back(error->message.substr(pos, comma - pos));
+    pos = comma == std::string::npos ? comma : comma + 2;
+  }
+  return keys;
+}
+
+// Every key path the loader accepts under `steps` ("upstream.url", "routes[].model",
+// "servers.*.snapshots.path"); `named` gets the paths of maps of named maps ("servers").
+void collect_loader_keys(const std::vector<section_step>& steps, const std::string& prefix,
+                         std::set<std::string>& out, std::set<std::string>& named) {
+  for (const auto& key : known_keys(steps).value_or(std::vector<std::string>{})) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    out.insert(path);
+    for (char form : {'m', 'l', 'n'}) {
+      auto deeper = steps;
+      deeper.push_back({key, form});
+      if (!known_keys(deeper)) continue;
+      if (form == 'n') named.insert(path);
+      collect_loader_keys(deeper, path + (form == 'l' ? "[]" : form == 'n' ? ".*" : ""), out, named);
+      break;
+    }
+  }
+}
+
+// The key paths of a block-style YAML document written as this file's round-trip document is
+// (one key per line, list items as "- key: value", names of `named` maps as "*").
+std::set<std::string> keys_of_document(std::string_view text, const std::set<std::string>& named) {
+  std::set<std::string> out;
+  std::vector<std::pair<std::size_t, std::string>> open;  // (column of a key, its path)
+  for (std::size_t pos = 0; pos < text.size();) {
+    const auto end = std::min(text.find('\n', pos), text.size());
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    std::size_t column = line.find_first_not_of(' ');
+    if (column == std::string_view::npos || line[column] == '#') continue;
+    line.remove_prefix(column);
+    const bool item = line.starts_with("- ");
+    while (!open.empty() && open.back().first >= column) open.pop_back();
+    if (item) {  // a list item: its keys (two columns in) belong to "<list>[]"
+      open.emplace_back(column + 1, open.empty() ? "[]" : open.back().second + "[]");
+      line.remove_prefix(2);
+      column += 2;
+    }
+    const auto colon = line.find(':');
+    if (colon == std::string_view::npos) continue;  // a scalar list item
+    const std::string parent = open.empty() ? "" : open.back().second;
+    if (named.contains(parent)) {
+      open.emplace_back(column, parent + ".*");
+      continue;
+    }
+    const std::string path = (parent.empty() ? "" : parent + ".") + std::string(line.substr(0, colon));
+    out.insert(path);
+    open.emplace_back(column, path);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("an empty or null document gives the defaults", "[config][load_yaml]") {
@@ -68,7 +164,7 @@ TEST_CASE("a null section keeps its defaults", "[config][load_yaml]") {
 }
 
 TEST_CASE("every key round-trips", "[config][load_yaml]") {
-  const config cfg = load_ok(R"(
+  constexpr std::string_view document = R"(
 listen: "[::1]:9000"
 upstream:
   url: http://10.0.0.2:8090/
@@ -77,16 +173,23 @@ upstream:
   idleTimeoutMs: 99
   maxIdleConnections: 2
   sleepIdleSeconds: 300
+  predictRoute: /completion
 instanceKey: box-a
 runtimeKey: qwen-q4kv
 mode: managed-slots
 slotId: 3
+reserveAuxSlot: true
 stateDir: /var/lib/kvpersist
 sessions:
   headers: [X-A, x-b]
   purposeHeader: X-Why
   stripHeaders: []
   unmanaged: passthrough
+  harnessHeaders:
+    - header: X-Agent-Kind
+      role: auxiliary
+      field: kind
+      values: [title, summary]
 sharing: credential
 checkpoint:
   onSwitch: false
@@ -116,6 +219,8 @@ limits:
   headerTimeoutMs: 9
   clientWriteTimeoutMs: 10
   newSessionsPerMinute: 13
+  maxConnections: 18
+  maxBufferedBodyBytes: 4096
 retention:
   maxTotalBytes: 14
   maxSessions: 15
@@ -128,7 +233,32 @@ threads: 4
 log:
   level: debug
   format: json
-)");
+admin:
+  listen: "127.0.0.1:9100"
+  token: admin-secret
+servers:
+  alpha:
+    url: http://10.0.0.3:8080
+    apiKey: alpha-key
+    connectTimeoutMs: 21
+    idleTimeoutMs: 22
+    maxIdleConnections: 3
+    predictRoute: /v1/completions
+    sleepIdleSeconds: 60
+    runtimeKey: alpha-rt
+    mode: managed-slots
+    slotId: 2
+    reserveAuxSlot: true
+    snapshots:
+      management: shared-filesystem
+      path: /srv/alpha
+routes:
+  - model: model-a
+    header: X-Backend
+    value: alpha
+    server: alpha
+)";
+  const config cfg = load_ok(document);
   using namespace kvp::config;
   CHECK(cfg.listen == "[::1]:9000");
   CHECK(cfg.upstream.url == "http://10.0.0.2:8090/");
@@ -137,6 +267,8 @@ log:
   CHECK(cfg.upstream.idle_timeout == 99ms);
   CHECK(cfg.upstream.max_idle_connections == 2);
   CHECK(cfg.upstream.sleep_idle == std::chrono::seconds(300));
+  CHECK(cfg.upstream.predict_route == "/completion");
+  CHECK(cfg.reserve_aux_slot);
   CHECK(cfg.instance_key == "box-a");
   CHECK(cfg.runtime_key == "qwen-q4kv");
   CHECK(cfg.mode == slot_mode::managed_slots);
@@ -146,6 +278,11 @@ log:
   CHECK(cfg.sessions.purpose_header == "X-Why");
   CHECK(cfg.sessions.strip_headers.empty());
   CHECK(cfg.sessions.unmanaged == unmanaged_policy::passthrough);
+  REQUIRE(cfg.sessions.harness_headers.size() == 1);
+  CHECK(cfg.sessions.harness_headers[0].name == "X-Agent-Kind");
+  CHECK(cfg.sessions.harness_headers[0].role == harness_role::auxiliary);
+  CHECK(cfg.sessions.harness_headers[0].field == "kind");
+  CHECK(cfg.sessions.harness_headers[0].values == std::vector<std::string>{"title", "summary"});
   CHECK(cfg.sharing == sharing_scope::credential);
   CHECK_FALSE(cfg.checkpoint.on_switch);
   CHECK_FALSE(cfg.checkpoint.on_shutdown);
@@ -169,6 +306,8 @@ log:
   CHECK(cfg.limits.header_timeout == 9ms);
   CHECK(cfg.limits.client_write_timeout == 10ms);
   CHECK(cfg.limits.new_sessions_per_minute == 13);
+  CHECK(cfg.limits.max_connections == 18);
+  CHECK(cfg.limits.max_buffered_body_bytes == 4096);
   CHECK(cfg.retention.max_total_bytes == 14);
   CHECK(cfg.retention.max_sessions == 15);
   CHECK(cfg.retention.max_age_days == 16);
@@ -179,6 +318,44 @@ log:
   CHECK(cfg.threads == 4);
   CHECK(cfg.log.level == "debug");
   CHECK(cfg.log.format == log_format::json);
+  CHECK(cfg.admin.listen == "127.0.0.1:9100");
+  CHECK(cfg.admin.token == "admin-secret");
+  server_config alpha;
+  alpha.name = "alpha";
+  alpha.upstream.url = "http://10.0.0.3:8080";
+  alpha.upstream.api_key = "alpha-key";
+  alpha.upstream.connect_timeout = 21ms;
+  alpha.upstream.idle_timeout = 22ms;
+  alpha.upstream.max_idle_connections = 3;
+  alpha.upstream.predict_route = "/v1/completions";
+  alpha.upstream.sleep_idle = std::chrono::seconds(60);
+  alpha.runtime_key = "alpha-rt";
+  alpha.mode = slot_mode::managed_slots;
+  alpha.slot_id = 2;
+  alpha.reserve_aux_slot = true;
+  alpha.snapshots.management = snapshot_management::shared_filesystem;
+  alpha.snapshots.path = "/srv/alpha";
+  CHECK(cfg.servers == std::vector<server_config>{alpha});
+  route_config route;
+  route.model = "model-a";
+  route.header = "X-Backend";
+  route.header_value = "alpha";
+  route.server = "alpha";
+  CHECK(cfg.routes == std::vector<route_config>{route});
+
+  // The document names every key the loader accepts: a new key fails here until it is added
+  // (with a value other than its default, and a CHECK above).
+  std::set<std::string> loader_keys, named_maps;
+  collect_loader_keys({}, "", loader_keys, named_maps);
+  REQUIRE(loader_keys.contains("listen"));  // the probe still reads the loader's error
+  REQUIRE(loader_keys.contains("servers.*.snapshots.path"));
+  REQUIRE(loader_keys.contains("routes[].server"));
+  const auto in_document = keys_of_document(document, named_maps);
+  std::string missing;
+  for (const auto& key : loader_keys)
+    if (!in_document.contains(key)) missing += " " + key;
+  INFO("keys the loader accepts that this document leaves out:" << missing);
+  CHECK(missing.empty());
 }
 
 TEST_CASE("keys left out keep their defaults", "[config][load_yaml]") {
