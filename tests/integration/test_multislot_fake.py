@@ -24,7 +24,7 @@ import pytest
 
 import fake_llama
 import harness
-from harness import Async, http_request, now, wait_until
+from harness import Async, http_request, wait_until
 from kvptest.identity import FAKE_MODEL, abbrev, session_hash
 from multislot_helpers import CallTaker, FakeWorld, admin_json, slot_owners, start_proxy
 
