@@ -183,7 +183,7 @@ stateDir: /var/lib/kvpersist
 sessions:
   headers: [X-A, x-b]
   purposeHeader: X-Why
-  stripHeaders: []
+  stripHeaders: [X-Drop]
   unmanaged: passthrough
   harnessHeaders:
     - header: X-Agent-Kind
@@ -249,6 +249,7 @@ servers:
     mode: managed-slots
     slotId: 2
     reserveAuxSlot: true
+    swapGroup: gpu0
     snapshots:
       management: shared-filesystem
       path: /srv/alpha
@@ -276,7 +277,7 @@ routes:
   CHECK(cfg.state_dir == "/var/lib/kvpersist");
   CHECK(cfg.sessions.headers == std::vector<std::string>{"X-A", "x-b"});
   CHECK(cfg.sessions.purpose_header == "X-Why");
-  CHECK(cfg.sessions.strip_headers.empty());
+  CHECK(cfg.sessions.strip_headers == std::vector<std::string>{"X-Drop"});
   CHECK(cfg.sessions.unmanaged == unmanaged_policy::passthrough);
   REQUIRE(cfg.sessions.harness_headers.size() == 1);
   CHECK(cfg.sessions.harness_headers[0].name == "X-Agent-Kind");
@@ -333,6 +334,7 @@ routes:
   alpha.mode = slot_mode::managed_slots;
   alpha.slot_id = 2;
   alpha.reserve_aux_slot = true;
+  alpha.swap_group = "gpu0";
   alpha.snapshots.management = snapshot_management::shared_filesystem;
   alpha.snapshots.path = "/srv/alpha";
   CHECK(cfg.servers == std::vector<server_config>{alpha});
