@@ -329,6 +329,8 @@ class slot_pool {
   };
   std::vector<circuit_change> take_circuit_changes();
   const slot_pool_options& options() const { return opts_; }
+  // The idle checkpoint's delay from now on (a learned sleep period, docs/design.md §4).
+  void set_idle_checkpoint(std::chrono::milliseconds idle) { opts_.idle_checkpoint = idle; }
 
  private:
   struct session_rec {
