@@ -458,7 +458,7 @@ void coordinator::note_slots_readable(bool readable) {
 // POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
 // adapters change, and every dirty session saved under the runtime it was computed with.
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
-  (void)t;  // held: the caller's exclusive lease
+  if (!holds(t)) co_return;
   co_await wait_all_commits();
   for (int id : pool_.slot_ids())
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
