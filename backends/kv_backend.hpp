@@ -36,6 +36,13 @@ class kv_backend {
     if (!p) co_return p.err();
     co_return p->runtime;
   }
+  // The LoRA adapters with their scales in core::runtime_info's canonical form (GET
+  // /lora-adapters): whether a runtime change had an effect. The default runs the full probe.
+  virtual net::awaitable<core::result<std::string>> read_lora_adapters() {
+    auto p = co_await probe();
+    if (!p) co_return p.err();
+    co_return p->runtime.lora_adapters;
+  }
   virtual net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() = 0;
   // `filename` is an opaque name produced by core::snapshot_filename.
   virtual net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) = 0;

@@ -311,6 +311,10 @@ net::awaitable<core::result<std::string>> llama_http_backend::read_optional(
   co_return parse(r->body);
 }
 
+net::awaitable<core::result<std::string>> llama_http_backend::read_lora_adapters() {
+  co_return co_await read_optional("/lora-adapters", parse_lora_adapters);
+}
+
 net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
   auto rt = co_await read_runtime();
   if (!rt) co_return rt.err();

@@ -16,6 +16,7 @@ class llama_http_backend final : public kv_backend {
 
   net::awaitable<core::result<core::server_probe>> probe() override;
   net::awaitable<core::result<core::runtime_info>> read_runtime() override;
+  net::awaitable<core::result<std::string>> read_lora_adapters() override;
   net::awaitable<core::result<std::vector<slot_info>>> inspect_slots() override;
   net::awaitable<core::result<core::slot_saved>> save(int slot, std::string filename) override;
   net::awaitable<core::result<core::slot_restored>> restore(int slot,

@@ -28,6 +28,7 @@ enum class errc {
   slot_state_invalid,     // the server cannot tell what its slots hold (no slot list)
   file_io_timeout,        // a file operation exceeded failure.fileTimeoutMs (a stuck filesystem)
   session_rate,           // a credential started new sessions faster than limits.newSessionsPerMinute
+  runtime_change_pending, // a POST /lora-adapters while another waits or runs
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -53,6 +54,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::slot_state_invalid: return "KV_SLOT_STATE_INVALID";
     case errc::file_io_timeout: return "KV_FILE_IO_TIMEOUT";
     case errc::session_rate: return "KV_SESSION_RATE";
+    case errc::runtime_change_pending: return "KV_RUNTIME_CHANGE_PENDING";
   }
   return "KV_INVARIANT";
 }

@@ -335,6 +335,8 @@ class slot_pool {
   // The sessions forgotten for max_records_without_snapshot since the last call (hashes).
   std::vector<std::string> take_forgotten_records();
   const slot_pool_options& options() const { return opts_; }
+  // The idle checkpoint's delay from now on (a learned sleep period, docs/design.md §4).
+  void set_idle_checkpoint(std::chrono::milliseconds idle) { opts_.idle_checkpoint = idle; }
 
  private:
   struct session_rec {

@@ -93,8 +93,8 @@ net::awaitable<void> coordinator::load_state() {
 
 net::awaitable<void> coordinator::start() {
   co_await load_state();
-  auto p = co_await backend_->probe();
-  co_await reload_compatibility();
+  co_await load_learned_sleep();
+  auto p = co_await run_full_probe();
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
@@ -189,6 +189,7 @@ net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
   if (!t->granted && queue_.size() > opts_.max_waiting) {
     std::erase(queue_, t);
     t->rejected = true;
+    if (t->runtime_change) runtime_change_pending_ = false;
     co_return false;
   }
   co_return true;
@@ -197,6 +198,12 @@ net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
                                              core::request_identity who, bool upstream_ready) {
   admission out;
+  // docs/design.md §5: one runtime change at a time; another while it waits or runs is refused.
+  if (t->runtime_change && runtime_change_pending_) {
+    out.what = admission::outcome::runtime_change_pending;
+    co_return out;
+  }
+  if (t->runtime_change) runtime_change_pending_ = true;
   // Which session the request belongs to may depend on its content (docs/design.md §20):
   // resolved once for the queue and the slot choice, and again when it is planned.
   pool_.resolve_session(t->who);
@@ -219,6 +226,7 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
   if (t->granted) co_return true;
   std::erase(queue_, t);
+  if (t->runtime_change) runtime_change_pending_ = false;
   pump();  // an exclusive waiter leaving may unblock others
   co_return false;
 }
@@ -255,6 +263,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
       {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
        {"ticket", std::to_string(t->id)}});
   std::erase_if(leased_, [&](const auto& kv) { return kv.second == t; });
+  if (t->runtime_change) runtime_change_pending_ = false;
   if (leased_.empty() && pending_probe_) {
     auto p = std::move(*pending_probe_);
     pending_probe_.reset();
@@ -387,7 +396,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
                                          bool turn_end, std::optional<reply_report> reply) {
   if (!holds(t) || t->slot < 0) co_return;
   if (reply) record_response(t->slot, reply->kind, reply->timings);
-  if (opts_.sleep_idle.count() > 0) finished_at_[t->slot] = steady_clock::now();
+  finished_at_[t->slot] = steady_clock::now();  // the sleep period is measured from it
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).

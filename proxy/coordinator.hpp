@@ -47,6 +47,11 @@ struct coordinator_options {
   std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
 };
 
+// checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never): the
+// idle checkpoint runs at the latest a second before (at half of a short period).
+std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
+                                                  std::chrono::seconds sleep_idle);
+
 // Whose snapshot a restore loaded: a header session's own, a content session's own
 // (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
 // §3). Labels kvpersist_reused_prompt_tokens_total.
@@ -141,6 +146,7 @@ struct lease_ticket {
   bool granted = false;        // strand-only
   bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
   bool rejected = false;       // strand-only: the queue was full
+  bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
   int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
 };
 
@@ -159,6 +165,7 @@ struct prepare_result {
 struct admission {
   enum class outcome {
     rejected,  // the queue is full: answer 503
+    runtime_change_pending,  // another runtime change waits or runs: answer 429
     queued,    // wait on ticket.wakeup, then settle
     granted,   // the lease is held; prepare (or prepare_exclusive) is still to run
     prepared,  // the lease is held and prepare ran: see `prepared`
@@ -269,10 +276,12 @@ class coordinator {
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
   void note_upstream_trouble() { upstream_trouble_.store(true); }
-  // A request that changes the runtime (POST /lora-adapters) runs between these two: the
-  // first holds every slot and saves dirty sessions, the second drops residency and has the
-  // next prepare read the whole fingerprint again.
-  net::awaitable<std::shared_ptr<lease_ticket>> begin_runtime_change();
+  // A request that changes the runtime (POST /lora-adapters) runs between these two, under
+  // an exclusive lease acquired like any request's (proxy/lease.hpp: bounded, client watched,
+  // at most one pending). REQUIRES: t holds it. The first saves dirty sessions and reads the
+  // adapters; the second reads them again and, when they changed (or cannot be compared),
+  // drops residency and has the next prepare read the whole fingerprint again.
+  net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
 
   const std::string& name() const { return opts_.server_name; }
@@ -301,8 +310,21 @@ class coordinator {
   void suspect_behaviour(const std::string& why);
   net::awaitable<bool> slots_lost_kv(int own_slot);
   void note_restart_behind_marker();
-  void apply_probe(const core::result<core::server_probe>& p);
+  // The full probe and, when it failed, whether /props still answers (docs/design.md §4: a
+  // probe that fails after /props is retried on a back-off, not before every request).
+  struct full_probe {
+    core::result<core::server_probe> probe;
+    std::optional<std::string> answering_marker;  // /props answered (awake): its media_marker
+  };
+  net::awaitable<full_probe> run_full_probe();
+  void apply_probe(const full_probe& fp);
   bool apply_slot_layout(const core::result<core::server_probe>& p);
+  // A probe failed while the server answers: persistence pauses until the back-off ends.
+  void back_off_probe(const std::string& marker);
+  bool probe_backing_off() const { return probe_failures_ > 0 && !pool_.persistence_enabled(); }
+  // While backing off: whether the probe may run now (the back-off ended, or a hint showed a
+  // new process behind /props).
+  net::awaitable<bool> probe_retry_due();
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why,
                            core::errc code = core::errc::backend_unsupported);
@@ -311,6 +333,18 @@ class coordinator {
   void note_slots_readable(bool readable);
   // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
   void note_sleeping(bool sleeping);
+  // Without upstream.sleepIdleSeconds: the period a sleep just seen implies, at the least (0
+  // when it cannot tell), becomes the period the idle checkpoint comes before.
+  std::chrono::seconds measure_sleep_period(std::chrono::steady_clock::time_point now) const;
+  std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
+  void adopt_sleep_period(std::chrono::seconds period);
+  net::awaitable<void> record_learned_sleep(std::chrono::seconds period);
+  // A period an earlier process learned (sleep.json), unless upstream.sleepIdleSeconds is set.
+  net::awaitable<void> load_learned_sleep();
+  // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
+  std::chrono::seconds sleep_period() const {
+    return opts_.sleep_idle.count() > 0 ? opts_.sleep_idle : learned_sleep_;
+  }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   restore_source note_restore_reuse(int slot, std::int64_t cache_n);
@@ -411,19 +445,29 @@ class coordinator {
   bool idle_loop_running_ = false;
   std::atomic<bool> upstream_trouble_{false};
   std::atomic<bool> full_probe_due_{false};  // the next prepare runs the whole probe
-  std::optional<core::result<core::server_probe>> pending_probe_;
+  std::optional<full_probe> pending_probe_;
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
   bool server_sleeping_ = false;   // /props said is_sleeping
+  // The longest idle time (since last_server_use) at which /props said llama-server was awake.
+  std::chrono::steady_clock::duration longest_awake_idle_{};
+  std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
+  std::chrono::seconds learned_sleep_{0};  // the sleep period seen (no sleepIdleSeconds set)
   manifest_store::compatibility_record compatibility_;  // as last read
   std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
   std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
   std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for
   std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
-  bool behaviour_suspect_ = false;  // probes failed or disagreed: persistence off until retry
-  std::chrono::steady_clock::time_point behaviour_retry_at_{};
-  static constexpr std::chrono::seconds behaviour_retry{30};
+  // Probes that failed in a row while /props answered (the full probe after /props, or the
+  // behaviour probe): persistence is off until probe_retry_at_, 1 s doubling up to 30 s.
+  int probe_failures_ = 0;
+  std::chrono::steady_clock::time_point probe_retry_at_{};
+  std::string probe_retry_marker_;  // the process they failed on: a new one is probed at once
+  static constexpr std::chrono::seconds probe_retry_first{1};
+  static constexpr std::chrono::seconds probe_retry_cap{30};
+  bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
+  std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
   net::steady_timer gc_timer_;
 

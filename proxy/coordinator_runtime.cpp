@@ -18,11 +18,33 @@ using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
 
-void coordinator::apply_probe(const core::result<core::server_probe>& p) {
+net::awaitable<coordinator::full_probe> coordinator::run_full_probe() {
+  auto p = co_await backend_->probe();
+  co_await reload_compatibility();
+  full_probe out;
+  out.probe = std::move(p);
+  if (!out.probe && out.probe.err().code != core::errc::backend_unsupported) {
+    // Cheap, and only after a failure: whether the failure came after /props.
+    auto rt = co_await backend_->read_runtime();
+    if (rt && !rt->sleeping) out.answering_marker = rt->media_marker;
+  }
+  co_return out;
+}
+
+void coordinator::apply_probe(const full_probe& fp) {
+  const auto& p = fp.probe;
   if (!p && p.err().code == core::errc::backend_unsupported) {
     // It answered, with something unusable (a /props too deep, without or with too many
     // slots): persistence stays off until a later probe reads a usable answer.
     disable_persistence(p.err().message);
+    return;
+  }
+  if (!p && fp.answering_marker) {
+    // The server answers /props but the probe failed after it (a proxy that refuses
+    // /v1/models, a slot probe that errs): requests run cold, the probe waits for its back-off.
+    disable_persistence("the runtime probe failed: " + p.err().message,
+                        core::errc::backend_unavailable);
+    back_off_probe(*fp.answering_marker);
     return;
   }
   if (!p) {
@@ -71,7 +93,10 @@ void coordinator::apply_probe(const core::result<core::server_probe>& p) {
   // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
   meta_fingerprint_ = meta_fp;
   runtime_epoch_ = identity.media_marker + "|" + meta_fp;
-  if (runtime_epoch_ == behaviour_epoch_) identity.behaviour = behaviour_class_;
+  if (runtime_epoch_ == behaviour_epoch_) {
+    identity.behaviour = behaviour_class_;
+    probe_failures_ = 0;  // nothing left to probe for this epoch
+  }
   pool_.set_runtime(identity);
   pool_.set_compatibility(verdict);
   disabled_why_.clear();
@@ -96,7 +121,7 @@ bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
   if (ids == pool_.slot_ids()) return true;
   if (!leased_.empty()) {
     pool_.disable_persistence();
-    pending_probe_ = p;  // apply when the leases are gone
+    pending_probe_ = full_probe{p, std::nullopt};  // apply when the leases are gone
     return false;
   }
   pool_.set_slots(ids);
@@ -136,8 +161,9 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
     pending_probe_.reset();
     apply_probe(p);
   }
-  if (behaviour_suspect_ && steady_clock::now() >= behaviour_retry_at_) {
-    behaviour_suspect_ = false;
+  if (probe_backing_off()) {
+    const bool due = co_await probe_retry_due();
+    if (!due) co_return;  // requests run cold meanwhile
     full_probe_due_.store(true);
   }
   const bool changed = full_probe_due_.exchange(false);
@@ -155,9 +181,26 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
       co_return;
     }
   }
-  auto p = co_await backend_->probe();
-  co_await reload_compatibility();
+  auto p = co_await run_full_probe();
   apply_probe(p);
+}
+
+// docs/design.md §4: a failed probe is tried again after 1 s, 2 s, 4 s ... at most 30 s, not
+// before every request; a new process (another media_marker) is probed at once.
+void coordinator::back_off_probe(const std::string& marker) {
+  ++probe_failures_;
+  const int doublings = std::min(probe_failures_ - 1, 5);
+  probe_retry_at_ = steady_clock::now() + std::min<std::chrono::seconds>(
+                                              probe_retry_first * (1 << doublings), probe_retry_cap);
+  probe_retry_marker_ = marker;
+}
+
+net::awaitable<bool> coordinator::probe_retry_due() {
+  const bool hinted = upstream_trouble_.exchange(false);
+  if (steady_clock::now() >= probe_retry_at_) co_return true;
+  if (!hinted) co_return false;
+  auto rt = co_await backend_->read_runtime();
+  co_return rt && rt->media_marker != probe_retry_marker_;
 }
 
 net::awaitable<void> coordinator::reload_compatibility() {
@@ -180,7 +223,6 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   const auto key = runtime_epoch_;
   auto first = co_await backend_->probe_behaviour(slot);
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
-  if (first->top.empty()) co_return adopt_behaviour(key, "");
   const auto meta_fp = meta_fingerprint_;
   const auto store = store_;
   std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
@@ -190,6 +232,13 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
       "reading the behaviour classes", std::move(read));
   if (!read_back) co_return suspect_behaviour(read_back.err().message);
   auto known = std::move(read_back.value());
+  if (first->top.empty()) {
+    // A server that cannot tell keeps the metadata fingerprint; one that told before, for
+    // this metadata, failed this probe: invalidating every snapshot on it would be wrong.
+    if (known.empty()) co_return adopt_behaviour(key, "");
+    co_return suspect_behaviour("the probe answered without token probabilities, which this "
+                                "model's server gave before");
+  }
   if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
   for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
     auto again = co_await backend_->probe_behaviour(slot);
@@ -219,16 +268,16 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
 void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
   behaviour_epoch_ = key;
   behaviour_class_ = id;
+  probe_failures_ = 0;
   auto rt = pool_.runtime();
   rt.behaviour = id;
   pool_.set_runtime(rt);
 }
 
 void coordinator::suspect_behaviour(const std::string& why) {
-  behaviour_suspect_ = true;
-  behaviour_retry_at_ = steady_clock::now() + behaviour_retry;
   disable_persistence("the behavioural fingerprint is unknown: " + why,
                       core::errc::backend_unavailable);
+  back_off_probe(pool_.runtime().media_marker);
 }
 
 // LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
@@ -247,6 +296,7 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
   if (before.empty()) co_return false;
   auto slots = co_await backend_->inspect_slots();
   if (!slots) co_return false;  // --no-slots: this signal is not available
+  last_slots_read_ = steady_clock::now();  // a slot list read restarts llama-server's sleep timer
   const auto after = owned();
   for (const auto& s : slots.value()) {
     auto b = before.find(s.id), a = after.find(s.id);
@@ -278,15 +328,15 @@ net::awaitable<void> coordinator::probe_loop() {
         if (leased_.empty()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // One co_await per statement (docs/conventions.md §3).
-        if (leased_.empty() && !rt->sleeping && opts_.sleep_idle.count() <= 0) {
+        if (leased_.empty() && !rt->sleeping && sleep_period().count() <= 0) {
           const bool lost = co_await slots_lost_kv(-1);
           if (lost && leased_.empty()) note_restart_behind_marker();
         }
         continue;
       }
     }
-    auto p = co_await backend_->probe();
-    co_await reload_compatibility();
+    if (probe_backing_off() && steady_clock::now() < probe_retry_at_) continue;
+    auto p = co_await run_full_probe();
     if (leased_.empty()) {
       apply_probe(p);
     } else {
@@ -296,6 +346,9 @@ net::awaitable<void> coordinator::probe_loop() {
 }
 
 void coordinator::note_sleeping(bool sleeping) {
+  const auto now = steady_clock::now();
+  if (const auto last_use = last_server_use(); !sleeping && last_use && now > *last_use)
+    longest_awake_idle_ = std::max(longest_awake_idle_, now - *last_use);
   if (sleeping == server_sleeping_) return;
   server_sleeping_ = sleeping;
   if (!sleeping) {
@@ -308,12 +361,82 @@ void coordinator::note_sleeping(bool sleeping) {
   log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
       {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
+  if (opts_.sleep_idle.count() > 0) return;
+  const auto period = measure_sleep_period(now);
+  if (period.count() > 0 && (learned_sleep_.count() == 0 || period < learned_sleep_)) {
+    adopt_sleep_period(period);
+    spawn(record_learned_sleep(period));
+  }
+}
+
+// What kvpersist last sent llama-server that restarts its sleep timer: the end of a request,
+// or a slot list read. nullopt until a request ended in this process.
+std::optional<steady_clock::time_point> coordinator::last_server_use() const {
+  std::optional<steady_clock::time_point> out;
+  for (const auto& [slot, at] : finished_at_)
+    if (!out || at > *out) out = at;
+  if (out) out = std::max(*out, last_slots_read_);
+  return out;
+}
+
+// docs/design.md §4 "Learning the sleep period": every look that found llama-server awake
+// proves its period longer than the idle time then, and a look that finds it asleep bounds
+// the period by the idle time now. The largest lower bound is adopted when it is at least a
+// second (a checkpoint too early costs a save, one too late loses the session); else only
+// the upper bound is known. 0: nothing to measure from.
+std::chrono::seconds coordinator::measure_sleep_period(steady_clock::time_point now) const {
+  using std::chrono::duration_cast;
+  using std::chrono::seconds;
+  const auto lower = duration_cast<seconds>(longest_awake_idle_);
+  if (lower.count() >= 1) return lower;
+  const auto last_use = last_server_use();
+  return last_use ? duration_cast<seconds>(now - *last_use) : seconds(0);
+}
+
+void coordinator::adopt_sleep_period(std::chrono::seconds period) {
+  learned_sleep_ = period;
+  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.pool.idle_checkpoint, period));
+  log(log_level::warn, "kv.backend.sleep_learned",
+      {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
+       {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
+                              "upstream.sleepIdleSeconds to llama-server's --sleep-idle-seconds",
+                              pool_.options().idle_checkpoint.count())}});
+}
+
+net::awaitable<void> coordinator::record_learned_sleep(std::chrono::seconds period) {
+  const auto store = store_;
+  std::function<core::result<core::unit>()> work = [store, period] {
+    return store.write_learned_sleep(period);
+  };
+  const auto w = co_await on_file_pool<core::unit>("writing sleep.json", std::move(work));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+}
+
+net::awaitable<void> coordinator::load_learned_sleep() {
+  if (opts_.sleep_idle.count() > 0) co_return;
+  const auto store = store_;
+  std::function<core::result<std::chrono::seconds>()> work = [store] {
+    return core::result<std::chrono::seconds>(store.read_learned_sleep());
+  };
+  auto r = co_await on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
+  if (r && r.value().count() > 0) adopt_sleep_period(r.value());
 }
 
 bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
-  if (opts_.sleep_idle.count() <= 0 || pool_.owner(slot).empty()) return false;
+  const auto period = sleep_period();
+  if (period.count() <= 0 || pool_.owner(slot).empty()) return false;
   auto it = finished_at_.find(slot);
-  return it != finished_at_.end() && now - it->second >= opts_.sleep_idle;
+  return it != finished_at_.end() && now - it->second >= period;
+}
+
+// The idle checkpoint runs at the latest a second before llama-server would sleep (at half
+// the sleep period for short ones), so a dirty slot is saved while its KV still exists.
+std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
+                                                  std::chrono::seconds sleep_idle) {
+  if (sleep_idle.count() <= 0) return idle;
+  const std::chrono::milliseconds period = sleep_idle;
+  const auto before = std::max(period - std::chrono::seconds(1), period / 2);
+  return idle.count() > 0 ? std::min(idle, before) : before;
 }
 
 // Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
@@ -332,27 +455,40 @@ void coordinator::note_slots_readable(bool readable) {
        {"effect", "every slot restores from its snapshot after an unpinnable request"}});
 }
 
-// POST /lora-adapters (docs/design.md §4): the whole server, so no request runs while the
+// POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
 // adapters change, and every dirty session saved under the runtime it was computed with.
-net::awaitable<std::shared_ptr<lease_ticket>> coordinator::begin_runtime_change() {
-  auto t = co_await acquire_internal();
+net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
+  if (!holds(t)) co_return;
+  co_await wait_all_commits();
   for (int id : pool_.slot_ids())
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
-  co_return t;
+  auto before = co_await backend_->read_lora_adapters();
+  lora_before_.reset();
+  if (before) lora_before_ = std::move(before.value());
 }
 
-// Whatever the server answered, the KV in its slots may have been computed under other
-// adapters than the next request's: nobody is resident, and the fingerprint is read again.
+// When the adapters read back as they were (a scale set to its value, a refused body), the
+// slots' KV is still what the runtime computes: residency stays. Otherwise the KV may have
+// been computed under other adapters than the next request's: nobody is resident, and the
+// fingerprint is read again.
 net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
                                                      bool reached_server) {
+  bool changed = false;
   if (reached_server) {
+    auto after = co_await backend_->read_lora_adapters();
+    changed = !lora_before_ || !after || after.value() != *lora_before_;
+  }
+  lora_before_.reset();
+  if (changed) {
     pool_.on_epoch_change();
     full_probe_due_.store(true);
     log(log_level::info, "kv.backend.runtime_changed",
         {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});
+  } else if (reached_server) {
+    log(log_level::info, "kv.backend.runtime_unchanged",
+        {{"server", opts_.server_name}, {"effect", "the adapters read back as before; slots kept"}});
   }
   release_and_wake(t);
-  co_return;
 }
 
 }  // namespace kvp::proxy

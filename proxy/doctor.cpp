@@ -373,6 +373,17 @@ void check_hints(report& rep, const std::string& dir) {
   }
 }
 
+// The sleep period the daemon learned from llama-server's is_sleeping (docs/design.md §4
+// "Sleep"), when upstream.sleepIdleSeconds does not tell it.
+void check_learned_sleep(report& rep, const config::config& cfg, const std::string& dir) {
+  const auto learned = manifest_store(dir).read_learned_sleep();
+  if (cfg.upstream.sleep_idle.count() > 0 || learned.count() <= 0) return;
+  rep.warn("Sleep", fmt::format("kvpersist saw llama-server sleep after at least {} s idle "
+                                "({}/sleep.json) and saves dirty sessions before that; set "
+                                "upstream.sleepIdleSeconds to its --sleep-idle-seconds",
+                                learned.count(), dir));
+}
+
 // What kvpersist cannot ask llama-server: the snapshot directory it shares, and settings only
 // the operator knows.
 void check_local_setup(report& rep, const config::config& cfg) {
@@ -443,6 +454,7 @@ server_report check_one_server(report& rep, const config::config& cfg, const std
   const auto server = check_server(rep, cfg, ep, be);
   check_state_dir(rep, dir);
   check_hints(rep, dir);
+  check_learned_sleep(rep, cfg, dir);
   check_local_setup(rep, cfg);
   server_report out;
   out.unreachable = server.unreachable;

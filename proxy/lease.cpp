@@ -48,20 +48,23 @@ net::awaitable<void> lease::release() {
   co_await c->on_strand(c->release(t_));
 }
 
-net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
-                                    bool pooled, std::chrono::milliseconds queue_timeout,
-                                    std::function<net::awaitable<bool>()> gone,
-                                    std::function<void()> on_wait) {
-  auto t = std::make_shared<lease_ticket>(co_await net::this_coro::executor);
-  t->who = who;
-  t->unpinnable = unpinnable;
-  t->wakeup.expires_after(queue_timeout);
+namespace {
+
+// The ticket `t` through admission and, when it has to queue, its wait: woken by a grant, its
+// timeout or its client hanging up, whichever comes first.
+net::awaitable<acquisition> await_admission(coordinator& c, std::shared_ptr<lease_ticket> t,
+                                            core::request_identity who, bool pooled,
+                                            std::function<net::awaitable<bool>()> gone,
+                                            std::function<void()> on_wait) {
   const auto adm = co_await c.on_strand(c.admit(t, std::move(who), pooled));
   acquisition out;
   switch (adm.what) {
     case admission::outcome::rejected:
       on_wait();  // the pooled connection goes back as if it had waited
       out.what = acquisition::outcome::rejected;
+      co_return out;
+    case admission::outcome::runtime_change_pending:
+      out.what = acquisition::outcome::runtime_change_pending;
       co_return out;
     case admission::outcome::prepared:
       out.what = acquisition::outcome::prepared;
@@ -88,9 +91,31 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
   co_return out;
 }
 
-net::awaitable<lease> begin_runtime_change(coordinator& c) {
-  auto t = co_await c.on_strand(c.begin_runtime_change());
-  co_return lease(c, std::move(t));
+}  // namespace
+
+net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
+                                    bool pooled, std::chrono::milliseconds queue_timeout,
+                                    std::function<net::awaitable<bool>()> gone,
+                                    std::function<void()> on_wait) {
+  auto t = std::make_shared<lease_ticket>(co_await net::this_coro::executor);
+  t->who = who;
+  t->unpinnable = unpinnable;
+  t->wakeup.expires_after(queue_timeout);
+  co_return co_await await_admission(c, std::move(t), std::move(who), pooled, std::move(gone),
+                                     std::move(on_wait));
+}
+
+net::awaitable<acquisition> begin_runtime_change(coordinator& c,
+                                                 std::chrono::milliseconds queue_timeout,
+                                                 std::function<net::awaitable<bool>()> gone) {
+  auto t = std::make_shared<lease_ticket>(co_await net::this_coro::executor);
+  t->exclusive = true;
+  t->runtime_change = true;
+  t->wakeup.expires_after(queue_timeout);
+  const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
+  auto out = co_await await_admission(c, t, nobody, false, std::move(gone), [] {});
+  if (out.what == acquisition::outcome::granted) co_await c.on_strand(c.begin_runtime_change(t));
+  co_return out;
 }
 
 net::awaitable<void> end_runtime_change(lease l, bool reached_server) {

@@ -57,6 +57,7 @@ struct acquisition {
     granted,    // `held` is the lease; prepare it
     prepared,   // `held` is the lease and already prepared: see `prepared`
     rejected,   // the queue is full: answer 503
+    runtime_change_pending,  // another POST /lora-adapters waits or runs: answer 429
     timed_out,  // queue.timeoutMs passed while waiting: answer 503
     client_gone,
   };
@@ -75,9 +76,14 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
                                     std::function<net::awaitable<bool>()> gone,
                                     std::function<void()> on_wait);
 
-// POST /lora-adapters (docs/design.md §4): the whole server, dirty sessions saved first;
-// then, once forwarded, end_runtime_change drops residency and has the fingerprint re-read.
-net::awaitable<lease> begin_runtime_change(coordinator& c);
+// POST /lora-adapters (docs/design.md §4, §5): waits for the whole server like acquire (in
+// the same bounded queue, dropped when its client hangs up; at most one runtime change
+// pending, another is `runtime_change_pending`), then saves every dirty session. Once
+// forwarded, end_runtime_change drops residency and has the fingerprint re-read if the
+// adapters changed.
+net::awaitable<acquisition> begin_runtime_change(coordinator& c,
+                                                 std::chrono::milliseconds queue_timeout,
+                                                 std::function<net::awaitable<bool>()> gone);
 net::awaitable<void> end_runtime_change(lease l, bool reached_server);
 
 }  // namespace kvp::proxy

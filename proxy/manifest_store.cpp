@@ -319,6 +319,26 @@ std::vector<manifest_store::hint_record> manifest_store::read_hints() const {
 
 void manifest_store::remove_hints() const { ::unlink((state_dir_ + "/hints.json").c_str()); }
 
+core::result<core::unit> manifest_store::write_learned_sleep(std::chrono::seconds period) const {
+  std::error_code ec;
+  fs::create_directories(state_dir_, ec);
+  return write_atomic(state_dir_, state_dir_ + "/sleep.json",
+                      fmt::format("{{\"learnedSleepIdleSeconds\":{}}}\n", period.count()));
+}
+
+std::chrono::seconds manifest_store::read_learned_sleep() const {
+  auto text = read_state_file(state_dir_ + "/sleep.json");
+  rapidjson::Document d;
+  if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject())
+    return std::chrono::seconds(0);
+  const auto v = d.FindMember("learnedSleepIdleSeconds");
+  // Bounded: a day at most (llama-server's --sleep-idle-seconds is an int of seconds).
+  if (v == d.MemberEnd() || !v->value.IsInt64() || v->value.GetInt64() <= 0 ||
+      v->value.GetInt64() > 86'400)
+    return std::chrono::seconds(0);
+  return std::chrono::seconds(v->value.GetInt64());
+}
+
 core::result<core::unit> manifest_store::remove(const std::string& hash) const {
   const auto p = path_for(hash);
   if (::unlink(p.c_str()) != 0 && errno != ENOENT) return io_error("unlink", p, errno);

@@ -3,6 +3,7 @@
 // only on the save/restore path, never for a resident request.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,10 @@ class manifest_store {
   // The known hints hints.json records; none for no file or one that does not parse.
   std::vector<hint_record> read_hints() const;
   void remove_hints() const;
+  // llama-server's sleep period as the daemon learned it (docs/design.md §4 "Sleep"), for
+  // `kvpersist doctor` and the next start: <state_dir>/sleep.json. 0: none learned.
+  core::result<core::unit> write_learned_sleep(std::chrono::seconds period) const;
+  std::chrono::seconds read_learned_sleep() const;
 
   std::string path_for(const std::string& hash) const;
   const std::string& dir() const { return sessions_dir_; }

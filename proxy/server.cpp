@@ -41,17 +41,21 @@ struct server::client_conn {
 
 namespace {
 
+using client_socket = tcp_stream::socket_type;
+
+// Whether the client has hung up already (EOF or reset), without waiting or consuming bytes.
+bool client_hung_up(client_socket& sock) {
+  char c;
+  const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
 // Completes when the client hangs up (EOF or reset) while we wait on something else.
 // Consumes no bytes: a pipelined next request is left in the socket, and then the watcher
 // simply waits until it is cancelled.
-using client_socket = tcp_stream::socket_type;
-
 net::awaitable<bool> client_gone(client_socket& sock) {
   auto [ec] = co_await sock.async_wait(tcp::socket::wait_read, token);
-  if (ec) co_return true;
-  char c;
-  ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return true;
+  if (ec || client_hung_up(sock)) co_return true;
   steady_timer forever(co_await net::this_coro::executor);
   forever.expires_at(steady_timer::time_point::max());
   co_await forever.async_wait(token);
@@ -118,16 +122,6 @@ std::size_t connection_cap(const config::config& cfg, std::uint64_t nofile) {
 }
 
 }  // namespace
-
-// The idle checkpoint runs at the latest a second before llama-server would sleep (at half
-// the sleep period for short ones), so a dirty slot is saved while its KV still exists.
-std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
-                                                  std::chrono::seconds sleep_idle) {
-  if (sleep_idle.count() <= 0) return idle;
-  const std::chrono::milliseconds period = sleep_idle;
-  const auto before = std::max(period - std::chrono::seconds(1), period / 2);
-  return idle.count() > 0 ? std::min(idle, before) : before;
-}
 
 server::server(net::io_context& ioc, config::config cfg)
     : ioc_(ioc),
@@ -415,9 +409,29 @@ net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_c
   // Without llama-server's key the request changes nothing (it answers 401): no need to
   // save every session first.
   if (!client_may_use(up, req)) co_return co_await forward(up, c, req, std::nullopt, st);
-  auto held = co_await begin_runtime_change(*up.coord);
+  auto acq = co_await begin_runtime_change(*up.coord, cfg_.queue.timeout,
+                                            [&c] { return client_gone(c.stream.socket()); });
+  using outcome = acquisition::outcome;
+  if (acq.what == outcome::client_gone) co_return false;
+  if (acq.what == outcome::runtime_change_pending) {
+    auto res = retry_later_response(
+        http::status::too_many_requests,
+        "another runtime change (POST /lora-adapters) is waiting or running; retry after it",
+        1, req.version(), req.keep_alive(), core::to_string(core::errc::runtime_change_pending));
+    co_return co_await send(c, std::move(res));
+  }
+  if (acq.what != outcome::granted) {
+    auto res = busy_response(acq.what == outcome::rejected
+                                 ? "too many requests are waiting for the slot"
+                                 : "timed out waiting for the slot",
+                             2, req.version(), core::to_string(core::errc::slot_busy));
+    co_return co_await send(c, std::move(res));
+  }
+  // The saves before it took time: a client that left meanwhile has its change dropped, never
+  // forwarded (its lease goes back with `acq.held`).
+  if (client_hung_up(c.stream.socket())) co_return false;
   const bool keep = co_await forward(up, c, req, std::nullopt, st);
-  co_await end_runtime_change(std::move(held), st.request_sent);
+  co_await end_runtime_change(std::move(acq.held), st.request_sent);
   co_return keep;
 }
 

@@ -24,10 +24,6 @@
 
 namespace kvp::proxy {
 
-// checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never).
-std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
-                                                  std::chrono::seconds sleep_idle);
-
 class server {
  public:
   // REQUIRES: cfg passed config::validate.

@@ -205,6 +205,7 @@ class FakeLlamaServer:
         self.finish_reason = "length"       # OpenAI chat/completions replies: stop, length, tool_calls
         self.props_status = 200             # e.g. 503: /props answers as while the model loads
         self.slots_status = 200             # e.g. 501: GET /slots as with llama-server --no-slots
+        self.models_status = 200            # e.g. 403: GET /v1/models refused (a proxy in between)
         self.sleeping = False               # sleep(): as --sleep-idle-seconds, until a request wakes it
         self.reuse_after_restore = True     # False: a hybrid/SWA model that reprocesses after a restore
         self._restored = False
@@ -609,6 +610,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(f.props_status, err_body(f.props_status, "Loading model", "unavailable_error"))
             return self._send_json(200, f.raw_replies.get("props") or self._props())
         if m == "GET" and path in ("/v1/models", "/models"):
+            if f.models_status != 200:
+                return self._send_json(f.models_status, err_body(f.models_status, "Forbidden", "forbidden_error"))
             return self._send_json(200, self._models())
         if m == "GET" and path == "/lora-adapters":
             with f._lock:

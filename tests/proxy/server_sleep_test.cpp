@@ -1,5 +1,5 @@
-// Tests for the pure helper of proxy/server.hpp: the idle checkpoint for a server that sleeps.
-#include "proxy/server.hpp"
+// Tests for the pure helper of proxy/coordinator.hpp: the idle checkpoint for a server that sleeps.
+#include "proxy/coordinator.hpp"
 
 #include <catch2/catch.hpp>
 
