@@ -73,6 +73,9 @@ result_text text_for(admin_result r) {
     case admin_result::no_snapshot: return {404, "no snapshot for that session"};
     case admin_result::save_failed: return {502, "save failed"};
     case admin_result::save_failed_kept_slot: return {502, "save failed: the session keeps its slot"};
+    case admin_result::purged_files_kept:
+      return {502, "purged, but llama-server could not overwrite the session's snapshot files: "
+                   "they still hold its prompt (see the kv.session.purge.files_kept log line)"};
   }
   return {500, "unknown outcome"};
 }

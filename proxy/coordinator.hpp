@@ -115,6 +115,7 @@ enum class admin_result {
   no_snapshot,            // invalidate: the session has no snapshot
   save_failed,
   save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
+  purged_files_kept,      // purge: forgotten, but llama-server could not overwrite its files
 };
 
 struct admin_outcome {
@@ -409,6 +410,9 @@ class coordinator {
   // Forgets the session and deletes its manifest and, in shared-filesystem mode, its snapshot
   // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
   net::awaitable<std::uint64_t> drop_session(std::string hash);
+  // Purge in server-owned mode: both generation files overwritten with an empty slot.
+  int purge_slot(const std::string& hash) const;
+  net::awaitable<std::optional<std::string>> overwrite_snapshots(std::string hash);
   net::awaitable<void> load_state();
   // The first sighting of `h` in this process: its time, its log line and hints.json.
   net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);

@@ -351,16 +351,19 @@ def test_purge_server_owned(stack):
     j = jadm(stack, "DELETE", "/kv/sessions/%s" % A.session)
     assert j == {"result": "purged", "freedBytes": 0, "filesDeleted": False}
     assert not os.path.exists(mpath)
-    assert snap_files(stack, m["sessionHash"]) == before          # server-owned: files are llama-server's
+    # server-owned: llama-server's files, overwritten with an empty slot (test_snapshot_files.py)
+    after = snap_files(stack, m["sessionHash"])
+    assert set(after) == {m["sessionHash"] + ".a.bin", m["sessionHash"] + ".b.bin"}, after
+    assert all(stack.fake.read_snapshot(os.path.join(stack.upstream.save_dir, n))[0] == [] for n in after)
     jadm(stack, "GET", "/kv/sessions/%s" % A.session, status=404)
     jadm(stack, "DELETE", "/kv/sessions/%s" % A.session, status=404)
-    # B untouched
-    assert jadm(stack, "GET", "/kv/sessions/%s" % B.session)["resident"] is True
+    # B's snapshot untouched; its slot was erased for the overwrite (B saved first)
+    assert jadm(stack, "GET", "/kv/sessions/%s" % B.session)["resident"] is False
 
-    # A comes back: no snapshot known, so it runs cold (B saved, its KV kept)
+    # A comes back: no snapshot known, so it runs cold on the slot the purge left empty
     stack.upstream.take_calls()
     ok(A.turn(port))
-    assert acts(settled_calls(stack)) == ["save"]
+    assert acts(settled_calls(stack)) == []
 
 
 def test_purge_shared_filesystem_deletes_files(stack):

@@ -814,6 +814,39 @@ TEST_CASE("admin outcomes answer with their status and body", "[proxy][admin]") 
   CHECK(purged.body == R"({"result":"purged","freedBytes":1234,"filesDeleted":true})");
 }
 
+TEST_CASE("purge in server-owned mode overwrites both generations with an empty slot",
+          "[proxy][coordinator][admin][purge]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start_with_a_saved_b_dirty();
+  REQUIRE(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);
+  auto r = h.run(h.coord->admin_purge(h.hash("A")));
+  CHECK(r.result == admin_result::purged);
+  // B's unsaved turns are saved before the slot is used; then the slot is erased and its
+  // empty content saved over both of A's names: the files hold no token of A's prompt.
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call(),
+                                 save_call(h.file("A", 'a')), save_call(h.file("A", 'b'))});
+  CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 0u);
+  CHECK(h.fake->snapshot_tokens(h.file("A", 'b')) == 0u);
+  CHECK(h.fake->snapshot_tokens(h.file("B", 'a')) == 500u);
+  CHECK_FALSE(h.coord->pool().session(h.hash("A")).has_value());
+  CHECK(h.coord->pool().owner().empty());  // B let go: its next request restores
+}
+
+TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets the session",
+          "[proxy][coordinator][admin][purge]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start_with_a_saved_b_dirty();
+  h.fake->fail_next_erase(failure::http(500));
+  auto r = h.run(h.coord->admin_purge(h.hash("A")));
+  CHECK(r.result == admin_result::purged_files_kept);
+  CHECK(answer_admin_outcome(r).status == 502);
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call()});
+  CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);  // kept, and said so
+  CHECK_FALSE(h.coord->pool().session(h.hash("A")).has_value());
+}
+
 TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coordinator][admin]") {
   temp_dir tmp;
   harness h(tmp.path());
