@@ -20,6 +20,7 @@
 #include "core/version.hpp"
 #include "proxy/cli.hpp"
 #include "proxy/listen.hpp"
+#include "proxy/private_dir.hpp"
 #include "proxy/server.hpp"
 #include "proxy/args.hpp"
 
@@ -214,6 +215,13 @@ int serve(const std::vector<std::string>& args) {
   core::parse_log_level(cfg.log.level, lvl);
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
 
+  if (auto unsafe = proxy::check_state_dirs(cfg); !unsafe) {
+    // Another account could swap what kvpersist reads and writes there (docs/design.md §11).
+    core::log(core::log_level::error, "kv.state.unsafe",
+              {{"code", std::string(core::to_string(unsafe.err().code))},
+               {"reason", unsafe.err().message}, {"effect", "not started"}});
+    return 2;
+  }
   ::signal(SIGPIPE, SIG_IGN);
   raise_nofile_limit();
   // The hint lets a single-threaded daemon (the default) skip cross-thread wakeups.

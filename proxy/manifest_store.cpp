@@ -1,12 +1,12 @@
 #include "proxy/manifest_store.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
@@ -16,8 +16,6 @@
 #include "core/json_writer.hpp"
 
 namespace kvp::proxy {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -42,10 +40,13 @@ bool write_all(int fd, std::string_view data) {
 // The largest manifest or compatibility.json read: to_json writes well under 4 KiB.
 constexpr off_t max_state_file_bytes = 1 << 20;
 
-// The contents of a regular file of at most max_state_file_bytes, never through a symlink
-// nor blocking on a FIFO planted at `path`. Error: metadata_io with the reason.
-core::result<std::string> read_state_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+// The contents of the regular file `name` in `dir`, of at most max_state_file_bytes, never
+// through a symlink nor blocking on a FIFO planted there. Error: metadata_io with the reason.
+core::result<std::string> read_state_file(const dir_handle& dir, const std::string& name) {
+  const std::string path = dir.path() + "/" + name;
+  const int dfd = dir.fd();
+  if (dfd < 0) return io_error("open", dir.path(), errno);
+  int fd = ::openat(dfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return io_error("open", path, errno);
   struct stat st {};
   const bool usable =
@@ -66,40 +67,62 @@ core::result<std::string> read_state_file(const std::string& path) {
 }  // namespace
 
 manifest_store::manifest_store(std::string state_dir)
-    : state_dir_(std::move(state_dir)), sessions_dir_(state_dir_ + "/sessions") {}
+    : state_dir_(std::move(state_dir)),
+      sessions_dir_(state_dir_ + "/sessions"),
+      state_(state_dir_),
+      sessions_(sessions_dir_) {}
 
 std::string manifest_store::path_for(const std::string& hash) const {
   return sessions_dir_ + "/" + hash + ".json";
 }
 
 core::result<core::unit> manifest_store::open() const {
-  std::error_code ec;
-  fs::create_directories(sessions_dir_, ec);
-  if (ec)
-    return core::error{core::errc::metadata_io, 0,
-                       fmt::format("cannot create {}: {}", sessions_dir_, ec.message())};
-  ::chmod(state_dir_.c_str(), 0700);
-  ::chmod(sessions_dir_.c_str(), 0700);
-  if (::access(sessions_dir_.c_str(), W_OK) != 0)
+  if (auto r = check_private_dir(state_dir_, true, true); !r) return r;
+  if (auto r = check_private_dir(sessions_dir_, true, false); !r) return r;
+  ::chmod(sessions_dir_.c_str(), 0700);  // ours and writable by nobody else: tighten reads too
+  if (sessions_.fd() < 0) return io_error("open", sessions_dir_, errno);
+  if (::faccessat(sessions_.fd(), ".", W_OK, 0) != 0)
     return io_error("not writable", sessions_dir_, errno);
   return core::unit{};
 }
 
+namespace {
+
+// The names of the entries of `dir` that end in `suffix` (regular files or unknown types).
+std::vector<std::string> names_ending(const dir_handle& dir, std::string_view suffix) {
+  std::vector<std::string> out;
+  const int dfd = dir.fd();
+  const int own = dfd < 0 ? -1 : ::dup(dfd);  // closedir closes it; the handle keeps its own
+  DIR* d = own < 0 ? nullptr : ::fdopendir(own);
+  if (!d) {
+    if (own >= 0) ::close(own);
+    return out;
+  }
+  ::rewinddir(d);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (e->d_type == DT_DIR || name.size() <= suffix.size() ||
+        name.substr(name.size() - suffix.size()) != suffix)
+      continue;
+    out.emplace_back(name);
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
 std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& skipped) const {
   std::vector<core::manifest> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(sessions_dir_, ec)) {
-    const auto& p = entry.path();
-    if (p.extension() != ".json" || entry.is_directory()) continue;
-    auto text = read_state_file(p.string());
+  for (const auto& name : names_ending(sessions_, ".json")) {
+    auto text = read_state_file(sessions_, name);
     auto m = text ? core::parse_manifest(text.value()) : core::result<core::manifest>(text.err());
     if (!m) {
-      skipped.push_back(fmt::format("{}: {}", p.filename().string(), m.err().message));
+      skipped.push_back(fmt::format("{}: {}", name, m.err().message));
       continue;
     }
-    if (p.stem().string() != m->session_hash) {
-      skipped.push_back(fmt::format("{}: sessionHash does not match the file name",
-                                    p.filename().string()));
+    if (name != m->session_hash + ".json") {
+      skipped.push_back(fmt::format("{}: sessionHash does not match the file name", name));
       continue;
     }
     out.push_back(std::move(m.value()));
@@ -108,7 +131,7 @@ std::vector<core::manifest> manifest_store::load_all(std::vector<std::string>& s
 }
 
 std::optional<core::manifest> manifest_store::read(const std::string& hash) const {
-  auto text = read_state_file(path_for(hash));
+  auto text = read_state_file(sessions_, hash + ".json");
   if (!text) return std::nullopt;
   auto m = core::parse_manifest(text.value());
   if (!m || m->session_hash != hash) return std::nullopt;
@@ -117,45 +140,44 @@ std::optional<core::manifest> manifest_store::read(const std::string& hash) cons
 
 namespace {
 
-// temp file, fsync, rename, fsync of the directory (docs/design.md §11). The temp file is always a
-// new one (O_EXCL) and never a symlink's target (O_NOFOLLOW, and O_EXCL refuses any existing
-// name): a stale one left by a crash is unlinked first, and whatever sits at the name when
-// the open runs (a symlink planted to redirect the write, a directory) fails the write.
-core::result<core::unit> write_atomic(const std::string& dir, const std::string& final_path,
+// temp file, fsync, rename, fsync of the directory (docs/design.md §11), all relative to the
+// directory's descriptor. The temp file is always a new one (O_EXCL) and never a symlink's
+// target (O_NOFOLLOW, and O_EXCL refuses any existing name): a stale one left by a crash is
+// unlinked first, and whatever sits at the name when the open runs (a symlink planted to
+// redirect the write, a directory) fails the write.
+core::result<core::unit> write_atomic(const dir_handle& dir, const std::string& name,
                                       const std::string& data) {
-  const std::string tmp = final_path + ".tmp";
-  ::unlink(tmp.c_str());  // a symlink itself goes, never its target
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return io_error("open", tmp, errno);
+  const int dfd = dir.fd();
+  if (dfd < 0) return io_error("open", dir.path(), errno);
+  const std::string tmp = name + ".tmp";
+  const std::string tmp_path = dir.path() + "/" + tmp;
+  ::unlinkat(dfd, tmp.c_str(), 0);  // a symlink itself goes, never its target
+  int fd = ::openat(dfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return io_error("open", tmp_path, errno);
   if (!write_all(fd, data) || ::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
-    ::unlink(tmp.c_str());
-    return io_error("write", tmp, err);
+    ::unlinkat(dfd, tmp.c_str(), 0);
+    return io_error("write", tmp_path, err);
   }
   if (::close(fd) != 0) {
     int err = errno;
-    ::unlink(tmp.c_str());
-    return io_error("close", tmp, err);
+    ::unlinkat(dfd, tmp.c_str(), 0);
+    return io_error("close", tmp_path, err);
   }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+  if (::renameat(dfd, tmp.c_str(), dfd, name.c_str()) != 0) {
     int err = errno;
-    ::unlink(tmp.c_str());
-    return io_error("rename", final_path, err);
+    ::unlinkat(dfd, tmp.c_str(), 0);
+    return io_error("rename", dir.path() + "/" + name, err);
   }
-  // The rename is durable only once the directory entry is.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  ::fsync(dfd);  // the rename is durable only once the directory entry is
   return core::unit{};
 }
 
 }  // namespace
 
 core::result<core::unit> manifest_store::write(const core::manifest& m) const {
-  return write_atomic(sessions_dir_, path_for(m.session_hash), core::to_json(m));
+  return write_atomic(sessions_, m.session_hash + ".json", core::to_json(m));
 }
 
 namespace {
@@ -186,9 +208,8 @@ std::optional<std::string_view> string_member(const rapidjson::Document& d, cons
 core::result<core::unit> manifest_store::write_compatibility(const std::string& fingerprint,
                                                              const std::string& verdict,
                                                              const std::string& checked_at) const {
-  std::error_code ec;
-  fs::create_directories(state_dir_, ec);
-  return write_atomic(state_dir_, state_dir_ + "/compatibility.json",
+  if (auto r = check_private_dir(state_dir_, true, true); !r) return r;
+  return write_atomic(state_, "compatibility.json",
                       compatibility_json(fingerprint, verdict, checked_at));
 }
 
@@ -196,7 +217,7 @@ core::result<core::unit> manifest_store::write_compatibility(const std::string& 
 // too deep) is "unknown".
 manifest_store::compatibility_record manifest_store::read_compatibility_record() const {
   compatibility_record out;
-  auto text = read_state_file(state_dir_ + "/compatibility.json");
+  auto text = read_state_file(state_, "compatibility.json");
   rapidjson::Document d;
   if (!text || !core::parse_json_bounded(text.value(), d)) return out;
   const auto fingerprint = string_member(d, "runtimeFingerprint");
@@ -213,8 +234,8 @@ manifest_store::compatibility_record manifest_store::read_compatibility_record()
 
 namespace {
 
-std::string behaviours_path(const std::string& state_dir, const std::string& fingerprint) {
-  return state_dir + "/behaviour-" + fingerprint + ".json";
+std::string behaviours_name(const std::string& fingerprint) {
+  return "behaviour-" + fingerprint + ".json";
 }
 
 }  // namespace
@@ -222,7 +243,7 @@ std::string behaviours_path(const std::string& state_dir, const std::string& fin
 std::vector<core::behaviour_signature> manifest_store::read_behaviours(
     const std::string& fingerprint) const {
   std::vector<core::behaviour_signature> out;
-  auto text = read_state_file(behaviours_path(state_dir_, fingerprint));
+  auto text = read_state_file(state_, behaviours_name(fingerprint));
   rapidjson::Document d;
   if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject()) return out;
   if (string_member(d, "runtimeFingerprint") != fingerprint) return out;
@@ -258,9 +279,8 @@ core::result<core::unit> manifest_store::write_behaviours(
   }
   w.EndArray();
   w.EndObject();
-  std::error_code ec;
-  fs::create_directories(state_dir_, ec);
-  return write_atomic(state_dir_, behaviours_path(state_dir_, fingerprint),
+  if (auto r = check_private_dir(state_dir_, true, true); !r) return r;
+  return write_atomic(state_, behaviours_name(fingerprint),
                       std::string(sb.GetString(), sb.GetSize()) + "\n");
 }
 
@@ -300,14 +320,13 @@ std::optional<manifest_store::hint_record> hint_of(const rapidjson::Value& v) {
 }  // namespace
 
 core::result<core::unit> manifest_store::write_hints(const std::vector<hint_record>& hints) const {
-  std::error_code ec;
-  fs::create_directories(state_dir_, ec);
-  return write_atomic(state_dir_, state_dir_ + "/hints.json", hints_json(hints));
+  if (auto r = check_private_dir(state_dir_, true, true); !r) return r;
+  return write_atomic(state_, "hints.json", hints_json(hints));
 }
 
 std::vector<manifest_store::hint_record> manifest_store::read_hints() const {
   std::vector<hint_record> out;
-  auto text = read_state_file(state_dir_ + "/hints.json");
+  auto text = read_state_file(state_, "hints.json");
   rapidjson::Document d;
   if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject()) return out;
   const auto list = d.FindMember("hints");
@@ -317,7 +336,9 @@ std::vector<manifest_store::hint_record> manifest_store::read_hints() const {
   return out;
 }
 
-void manifest_store::remove_hints() const { ::unlink((state_dir_ + "/hints.json").c_str()); }
+void manifest_store::remove_hints() const {
+  if (state_.fd() >= 0) ::unlinkat(state_.fd(), "hints.json", 0);
+}
 
 core::result<core::unit> manifest_store::write_learned_sleep(std::chrono::seconds period) const {
   std::error_code ec;
@@ -340,8 +361,10 @@ std::chrono::seconds manifest_store::read_learned_sleep() const {
 }
 
 core::result<core::unit> manifest_store::remove(const std::string& hash) const {
-  const auto p = path_for(hash);
-  if (::unlink(p.c_str()) != 0 && errno != ENOENT) return io_error("unlink", p, errno);
+  const int dfd = sessions_.fd();
+  if (dfd < 0) return io_error("open", sessions_dir_, errno);
+  if (::unlinkat(dfd, (hash + ".json").c_str(), 0) != 0 && errno != ENOENT)
+    return io_error("unlink", path_for(hash), errno);
   return core::unit{};
 }
 

@@ -12,6 +12,7 @@
 #include "core/manifest.hpp"
 #include "core/request_hints.hpp"
 #include "core/result.hpp"
+#include "proxy/private_dir.hpp"
 
 namespace kvp::proxy {
 
@@ -19,7 +20,10 @@ class manifest_store {
  public:
   explicit manifest_store(std::string state_dir);
 
-  // Creates <state_dir>/sessions (mode 0700). Error: metadata_io with the reason.
+  // Creates <state_dir>/sessions (mode 0700) and checks both are kvpersist's alone
+  // (proxy/private_dir.hpp): owned by its user, writable by nobody else, sessions/ no
+  // symlink. Files are then reached only through descriptors of the two directories, opened
+  // once, never through a symlink. Error: metadata_io with the reason.
   core::result<core::unit> open() const;
   // Every manifest that parses; the others are reported in `skipped` ("file: reason")
   // and left in place (a cache problem costs a cold prefill, never a crash).
@@ -76,6 +80,8 @@ class manifest_store {
  private:
   std::string state_dir_;
   std::string sessions_dir_;
+  dir_handle state_;
+  dir_handle sessions_;
 };
 
 }  // namespace kvp::proxy
