@@ -2,6 +2,8 @@
 // which costs a cold prefill, never a wrong restore.
 #include "core/manifest.hpp"
 
+#include <algorithm>
+
 #include <rapidjson/document.h>
 #include <rapidjson/prettywriter.h>
 #include <rapidjson/stringbuffer.h>
@@ -85,6 +87,7 @@ std::string to_json(const manifest& m) {
     w.EndArray();
   }
   if (!m.credential.empty()) str("credential", m.credential);
+  if (!m.checksum.empty()) str("checksum", m.checksum);
   w.EndObject();
   return std::string(sb.GetString(), sb.GetSize()) + "\n";
 }
@@ -93,11 +96,19 @@ namespace {
 
 error invalid(std::string why) { return error{errc::manifest_invalid, 0, std::move(why)}; }
 
-bool is_hex64(std::string_view s) {
-  if (s.size() != 64) return false;
+bool is_hex(std::string_view s, std::size_t digits) {
+  if (s.size() != digits) return false;
   for (char c : s)
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   return true;
+}
+
+bool is_hex64(std::string_view s) { return is_hex(s, 64); }
+
+// "xxh3-128:" and 32 lowercase hex digits.
+bool is_checksum(std::string_view s) {
+  return s.substr(0, manifest::checksum_prefix.size()) == manifest::checksum_prefix &&
+         is_hex(s.substr(std::min(s.size(), manifest::checksum_prefix.size())), 32);
 }
 
 // The optional prefixChain: a malformed one is dropped (it only ranks seeds), never the
@@ -168,6 +179,9 @@ result<manifest> parse_manifest(std::string_view json) {
   read_chain(d, m.chain);
   get_str("credential", m.credential);
   if (m.credential.size() > 64) m.credential.clear();
+  // A checksum that is not one refuses the manifest: dropping it would restore unchecked.
+  if (d.HasMember("checksum") && (!get_str("checksum", m.checksum) || !is_checksum(m.checksum)))
+    return invalid("checksum is not \"xxh3-128:\" and 32 hex digits");
   return m;
 }
 

@@ -39,6 +39,11 @@ struct manifest {
   std::vector<chain_link> chain;
   static constexpr std::size_t max_chain_links = manifest_chain_cap;
   std::string credential;  // credential_key() of the requests that made it ("" without one)
+  // The snapshot file's checksum when it was saved, checked before each restore: "xxh3-128:"
+  // and 32 hex digits (proxy/snapshot_files.hpp); "" where kvpersist cannot read the file
+  // (server-owned mode) and in manifests written before checksums.
+  std::string checksum;
+  static constexpr std::string_view checksum_prefix = "xxh3-128:";
 
   std::string snapshot_file() const;  // "<hash>.<generation>.bin"
   // The generation the next save writes: never the one this manifest points at.

@@ -350,6 +350,8 @@ class coordinator {
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   restore_source note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::slot_pool::session_view v) const;
+  // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
+  net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
   // The core's decision on the restore, its manifest write already done.
   net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
   restore_source source_of(const core::restore_step& rs) const;

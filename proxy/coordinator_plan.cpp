@@ -95,16 +95,16 @@ net::awaitable<void> coordinator::commit_save(core::save_step step, core::manife
                                               std::shared_ptr<pending_commit> pc) {
   const auto sess = std::string(core::abbrev(step.hash));
   core::result<core::unit> out = core::unit{};
+  m.checksum.clear();  // server-owned: kvpersist cannot read the file (docs/design.md §9)
   if (snapshots_.shared()) {
     const auto files = snapshots_;
     const auto filename = step.filename;
-    std::function<core::result<core::unit>()> work = [files, filename, bytes]()
-        -> core::result<core::unit> {
-      if (files.make_durable(filename, bytes)) return core::unit{};
-      return core::error{core::errc::save_failed, 0,
-                         "snapshot file size differs from n_written (or fsync failed)"};
+    std::function<core::result<std::string>()> work = [files, filename, bytes] {
+      return files.seal(filename, bytes);
     };
-    out = co_await on_file_pool<core::unit>("snapshot fsync", std::move(work));
+    auto sealed = co_await on_file_pool<std::string>("snapshot fsync and checksum", std::move(work));
+    if (sealed) m.checksum = std::move(sealed.value());
+    else out = sealed.err();
   }
   if (out) {
     const bool written = co_await write_manifest(m);
@@ -171,6 +171,22 @@ restore_source coordinator::source_of(const core::restore_step& rs) const {
                                                       : restore_source::own;
 }
 
+// Shared-filesystem mode: the file llama-server is about to read is the one that was saved
+// (size and checksum, docs/design.md §9), checked on the file pool. Server-owned mode: nothing
+// to check.
+net::awaitable<core::result<core::unit>> coordinator::check_snapshot(const core::restore_step& rs) {
+  if (!snapshots_.shared()) co_return core::unit{};
+  const auto* m = pool_.find_manifest(rs.hash);
+  const auto files = snapshots_;
+  const auto filename = rs.filename;
+  const auto bytes = rs.expected_bytes;
+  const auto checksum = m ? m->checksum : std::string();
+  std::function<core::result<core::unit>()> work = [files, filename, bytes, checksum] {
+    return files.verify(filename, bytes, checksum);
+  };
+  co_return co_await on_file_pool<core::unit>("snapshot check", std::move(work));
+}
+
 net::awaitable<core::restore_decision> coordinator::run_restore(const core::restore_step& rs) {
   // A seed restores another session's snapshot (rs.hash) for rs.seed_for (docs/design.md §3).
   const bool seed = !rs.seed_for.empty();
@@ -179,31 +195,12 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   log(log_level::debug, "kv.session.restore.start",
       {{"session", sess}, {"file", rs.filename}, {"from", from}});
   core::result<core::slot_restored> r = core::error{};
-  std::optional<std::uint64_t> size;
-  core::result<core::unit> stat_ok = core::unit{};
-  if (snapshots_.shared()) {
-    const auto files = snapshots_;
-    const auto filename = rs.filename;
-    std::function<core::result<std::optional<std::uint64_t>>()> work = [files, filename] {
-      return core::result<std::optional<std::uint64_t>>(files.size(filename));
-    };
-    auto st = co_await on_file_pool<std::optional<std::uint64_t>>("snapshot stat", std::move(work));
-    if (st) size = st.value();
-    else stat_ok = st.err();
-  }
-  if (!stat_ok) {
-    // The file could not even be looked at in time: the snapshot may be fine, the filesystem
-    // is not. Keep it; the slot was not touched, so llama-server's own prefix check keeps
-    // the cold run correct.
-    r = stat_ok.err();
-  } else if (snapshots_.shared() && !size) {
-    // A failed restore clears the slot on the server; don't ask for a file we know is gone.
-    r = core::error{core::errc::snapshot_not_found, 0, "snapshot file is missing"};
-  } else if (size && rs.expected_bytes > 0 && *size != rs.expected_bytes) {
-    // Truncated or replaced: some llama-server builds abort on a truncated file.
-    r = core::error{core::errc::snapshot_corrupt, 0,
-                    fmt::format("snapshot file has {} bytes, {} were saved", *size,
-                                rs.expected_bytes)};
+  const auto checked = co_await check_snapshot(rs);
+  if (!checked) {
+    // Missing, another size, another checksum (invalidated), or not readable in time (kept:
+    // the filesystem may be at fault, not the snapshot). llama-server never reads it: the
+    // slot is untouched and llama-server's own prefix check keeps the cold run correct.
+    r = checked.err();
   } else {
     r = co_await backend_->restore(rs.slot, rs.filename);
   }

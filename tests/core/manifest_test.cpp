@@ -249,3 +249,30 @@ TEST_CASE("parse_manifest tolerates what it does not need", "[core][manifest]") 
     CHECK(r->tokens == 2124);
   }
 }
+
+TEST_CASE("a snapshot checksum survives a round trip; a manifest without one has none",
+          "[core][manifest][checksum]") {
+  auto m = sample();
+  CHECK(parse_manifest(to_json(m))->checksum.empty());
+  CHECK_FALSE(dom(to_json(m)).HasMember("checksum"));
+  m.checksum = "xxh3-128:0123456789abcdef0123456789abcdef";
+  const auto json = to_json(m);
+  CHECK(std::string(dom(json)["checksum"].GetString()) == m.checksum);
+  auto r = parse_manifest(json);
+  REQUIRE(r.ok());
+  CHECK(r->checksum == m.checksum);
+  CHECK(to_json(r.value()) == json);
+}
+
+TEST_CASE("a manifest whose checksum is not one is refused, never restored unchecked",
+          "[core][manifest][checksum]") {
+  require_rejected_members({
+      {"checksum", "42"},
+      {"checksum", "\"\""},
+      {"checksum", "\"xxh3-128:\""},
+      {"checksum", "\"xxh3-128:0123456789abcdef0123456789abcde\""},    // 31 digits
+      {"checksum", "\"xxh3-128:0123456789abcdef0123456789abcdef0\""},  // 33 digits
+      {"checksum", "\"xxh3-128:0123456789ABCDEF0123456789abcdef\""},   // not lowercase
+      {"checksum", "\"sha256:0123456789abcdef0123456789abcdef\""},
+  });
+}
