@@ -357,26 +357,31 @@ def _umount(path):
 
 @fake_only
 def test_state_dir_read_only(stack):
-    """The sessions directory becomes read-only (a bind mount remounted ro, as a filesystem does
-    on errors: EROFS even for root)."""
-    stack.start()
-    sessions_dir = os.path.join(stack.state_dir, "sessions")
-    mounted = []
+    """The state directory's filesystem becomes read-only (a tmpfs remounted ro, as a filesystem
+    is on errors: EROFS even for root). Not a read-only bind mount on top of sessions/:
+    kvpersist writes through the directory descriptor it opened at startup, beneath any mount
+    made later (docs/design.md §11)."""
+    state = stack.state_dir
+    os.makedirs(state, exist_ok=True)
+    if not _mount("-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", state):
+        pytest.skip("cannot mount a tmpfs (needs root and mount privileges)")
+    try:
+        stack.start()
 
-    def block(_h):
-        if not _mount("--bind", sessions_dir, sessions_dir):
-            pytest.skip("cannot bind-mount (needs root and mount privileges)")
-        mounted.append(True)
-        if not _mount("-o", "remount,bind,ro", sessions_dir):
-            pytest.skip("cannot remount read-only")
-        with pytest.raises(OSError):
-            open(os.path.join(sessions_dir, "probe"), "w")
+        def block(_h):
+            if not _mount("-o", "remount,ro", state):
+                pytest.skip("cannot remount read-only")
+            with pytest.raises(OSError):
+                open(os.path.join(state, "sessions", "probe"), "w")
 
-    def unblock(_h):
-        if mounted:
-            _umount(sessions_dir)
+        def unblock(_h):
+            _mount("-o", "remount,rw", state)
 
-    _manifest_write_fault_scenario(stack, block, unblock)
+        _manifest_write_fault_scenario(stack, block, unblock)
+    finally:
+        for p in stack.proxies:
+            p.stop(signal.SIGKILL, timeout=5)
+        _umount(state)
 
 
 @fake_only
