@@ -148,7 +148,7 @@ net::awaitable<std::optional<std::string>> coordinator::overwrite_snapshots(std:
   }
   pool_.forget_slot(slot);
   if (const auto code = co_await run_erase(slot))
-    co_return std::string("the slot could not be erased (") + std::string(core::to_string(*code)) + ")";
+    co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
   for (char g : {'a', 'b'}) {
     const auto file = core::snapshot_filename(hash, g);
     const auto r = co_await backend_->save(slot, file);

@@ -102,7 +102,8 @@ net::awaitable<void> coordinator::commit_save(core::save_step step, core::manife
     std::function<core::result<std::string>()> work = [files, filename, bytes] {
       return files.seal(filename, bytes);
     };
-    auto sealed = co_await on_file_pool<std::string>("snapshot fsync and checksum", std::move(work));
+    auto sealed =
+        co_await on_file_pool<std::string>("snapshot fsync and checksum", std::move(work));
     if (sealed) m.checksum = std::move(sealed.value());
     else out = sealed.err();
   }

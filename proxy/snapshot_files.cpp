@@ -88,8 +88,8 @@ core::result<std::string> snapshot_files::seal(std::string_view filename,
   const auto bytes = file_size(fd);
   if (bytes != expected_bytes)
     out = file_error(core::errc::save_failed,
-                     fmt::format("the snapshot file has {} bytes, llama-server wrote {}", bytes,
-                                 expected_bytes));
+                     fmt::format("the snapshot file has {} bytes, llama-server's n_written says {}",
+                                 bytes, expected_bytes));
   else if (::fsync(fd) != 0)
     out = file_error(core::errc::save_failed, fmt::format("fsync: {}", std::strerror(errno)));
   else
