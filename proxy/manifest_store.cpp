@@ -91,14 +91,15 @@ namespace {
 // The names of the entries of `dir` that end in `suffix` (regular files or unknown types).
 std::vector<std::string> names_ending(const dir_handle& dir, std::string_view suffix) {
   std::vector<std::string> out;
+  // A descriptor of its own (not a dup: that would share the handle's read position with
+  // other threads); closedir closes it.
   const int dfd = dir.fd();
-  const int own = dfd < 0 ? -1 : ::dup(dfd);  // closedir closes it; the handle keeps its own
+  const int own = dfd < 0 ? -1 : ::openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* d = own < 0 ? nullptr : ::fdopendir(own);
   if (!d) {
     if (own >= 0) ::close(own);
     return out;
   }
-  ::rewinddir(d);
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     if (e->d_type == DT_DIR || name.size() <= suffix.size() ||
