@@ -342,14 +342,13 @@ void manifest_store::remove_hints() const {
 }
 
 core::result<core::unit> manifest_store::write_learned_sleep(std::chrono::seconds period) const {
-  std::error_code ec;
-  fs::create_directories(state_dir_, ec);
-  return write_atomic(state_dir_, state_dir_ + "/sleep.json",
+  if (auto r = check_private_dir(state_dir_, true, true); !r) return r;
+  return write_atomic(state_, "sleep.json",
                       fmt::format("{{\"learnedSleepIdleSeconds\":{}}}\n", period.count()));
 }
 
 std::chrono::seconds manifest_store::read_learned_sleep() const {
-  auto text = read_state_file(state_dir_ + "/sleep.json");
+  auto text = read_state_file(state_, "sleep.json");
   rapidjson::Document d;
   if (!text || !core::parse_json_bounded(text.value(), d) || !d.IsObject())
     return std::chrono::seconds(0);
