@@ -387,6 +387,10 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
                                  cfg.admin.listen));
     }
   }
+  if (cfg.admin.max_connections < 1 || cfg.admin.max_connections > 1024) {
+    return problem("admin.maxConnections",
+                   fmt::format("must be between 1 and 1024 (got {})", cfg.admin.max_connections));
+  }
   for (std::size_t i = 0; i < cfg.servers.size(); ++i) {
     const auto& sv = cfg.servers[i];
     const auto key = fmt::format("servers.{}", sv.name);

@@ -157,6 +157,9 @@ struct limits_config {
 struct admin_config {
   std::string listen = "127.0.0.1:8082";  // "" disables the admin listener
   std::string token;  // bearer token; required when `listen` is not a loopback address
+  // Open admin connections; a client beyond them gets 503 and is closed. Counted in the
+  // descriptors reserved beside limits.maxConnections.
+  std::size_t max_connections = 16;
   bool operator==(const admin_config&) const = default;
 };
 

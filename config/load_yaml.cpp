@@ -470,6 +470,7 @@ config reader::read_document(const YAML::Node& root) {
       read_section(v, p, {
         {"listen", [&](V v2, P p2) { c.admin.listen = read_string(v2, p2); }},
         {"token", [&](V v2, P p2) { c.admin.token = read_string(v2, p2); }},
+        {"maxConnections", [&](V v2, P p2) { c.admin.max_connections = read_size(v2, p2); }},
       });
     }},
     {"retention", [&](V v, P p) {

@@ -227,6 +227,8 @@ retention:
   maxAgeDays: 16
   intervalMs: 17
   maxSessionsPerCredential: 5
+admin:
+  maxConnections: 3
 shutdownGraceMs: 11
 epochProbeIntervalMs: 0
 threads: 4
@@ -314,6 +316,7 @@ routes:
   CHECK(cfg.retention.max_age_days == 16);
   CHECK(cfg.retention.interval == 17ms);
   CHECK(cfg.retention.max_sessions_per_credential == 5);
+  CHECK(cfg.admin.max_connections == 3);
   CHECK(cfg.shutdown_grace == 11ms);
   CHECK(cfg.epoch_probe_interval == 0ms);
   CHECK(cfg.threads == 4);
@@ -740,4 +743,9 @@ TEST_CASE("servers.<name>.swapGroup names the server's swap group", "[config][lo
   CHECK(cfg.servers[1].swap_group == "gpu0");
   CHECK(cfg.servers[2].swap_group.empty());
   require_error_at("servers:\n  a:\n    url: http://h:1\n    swapGroup: [x]\n", 4, "servers.a.swapGroup");
+}
+
+TEST_CASE("admin.maxConnections is between 1 and 1024", "[config][load_yaml]") {
+  require_error_at("admin:\n  maxConnections: 0\n", 2, "admin.maxConnections: must be between 1 and 1024");
+  require_error_at("admin:\n  maxConnections: 5000\n", 2, "admin.maxConnections");
 }
