@@ -1,5 +1,5 @@
 // One listening port with a connection cap: the proxy's and the admin API's accept loop
-// (docs/design.md §16, "Connections and descriptors"). It keeps at most `max_connections`
+// (docs/design.md §17, "Connections and descriptors"). It keeps at most `max_connections`
 // client connections open, runs `serve` for each, and never spins: when accept fails (EMFILE,
 // ENFILE) it backs off 50 ms doubling to 1 s, as Go's net/http Server.Serve does.
 #pragma once
