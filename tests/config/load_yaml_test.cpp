@@ -176,7 +176,8 @@ TEST_CASE("every key round-trips", "[config][load_yaml]") {
 listen: "[::1]:9000"
 upstream:
   url: http://10.0.0.2:8090/
-  apiKey: secret
+  apiKey: ""
+  apiKeyFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/upstream-api-key
   connectTimeoutMs: 1234
   idleTimeoutMs: 99
   maxIdleConnections: 2
@@ -235,8 +236,6 @@ retention:
   maxAgeDays: 16
   intervalMs: 17
   maxSessionsPerCredential: 5
-admin:
-  maxConnections: 3
 shutdownGraceMs: 11
 epochProbeIntervalMs: 0
 threads: 4
@@ -245,11 +244,14 @@ log:
   format: json
 admin:
   listen: "127.0.0.1:9100"
-  token: admin-secret
+  token: ""
+  tokenFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/admin-token
+  maxConnections: 3
 servers:
   alpha:
     url: http://10.0.0.3:8080
-    apiKey: alpha-key
+    apiKey: ""
+    apiKeyFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/alpha-api-key
     connectTimeoutMs: 21
     idleTimeoutMs: 22
     maxIdleConnections: 3
@@ -273,7 +275,9 @@ routes:
   using namespace kvp::config;
   CHECK(cfg.listen == "[::1]:9000");
   CHECK(cfg.upstream.url == "http://10.0.0.2:8090/");
+  // A key and its file are exclusive: the key is "" (none) and the file holds it.
   CHECK(cfg.upstream.api_key == "secret");
+  CHECK(cfg.upstream.api_key_file == KVP_SOURCE_DIR "/tests/config/keys/upstream-api-key");
   CHECK(cfg.upstream.connect_timeout == 1234ms);
   CHECK(cfg.upstream.idle_timeout == 99ms);
   CHECK(cfg.upstream.max_idle_connections == 2);
@@ -332,10 +336,12 @@ routes:
   CHECK(cfg.log.format == log_format::json);
   CHECK(cfg.admin.listen == "127.0.0.1:9100");
   CHECK(cfg.admin.token == "admin-secret");
+  CHECK(cfg.admin.token_file == KVP_SOURCE_DIR "/tests/config/keys/admin-token");
   server_config alpha;
   alpha.name = "alpha";
   alpha.upstream.url = "http://10.0.0.3:8080";
   alpha.upstream.api_key = "alpha-key";
+  alpha.upstream.api_key_file = KVP_SOURCE_DIR "/tests/config/keys/alpha-api-key";
   alpha.upstream.connect_timeout = 21ms;
   alpha.upstream.idle_timeout = 22ms;
   alpha.upstream.max_idle_connections = 3;
