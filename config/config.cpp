@@ -145,9 +145,17 @@ std::optional<invalid_field> check_predict_route(std::string key, const std::str
   return problem(std::move(key), fmt::format("'{}' must start with '/' (\"\" = none)", route));
 }
 
+// A key file: "" (none) or an absolute path, so that it does not depend on the directory
+// kvpersist happens to start in.
+std::optional<invalid_field> check_secret_path(std::string key, const std::string& path) {
+  if (path.empty() || path.front() == '/') return std::nullopt;
+  return problem(std::move(key), fmt::format("'{}' must be an absolute path", path));
+}
+
 // One llama-server's keys, under `upstream.` or `servers.<name>.` (`prefix`).
 std::optional<invalid_field> check_upstream(const std::string& prefix, const upstream_config& u) {
   if (auto p = check_upstream_url(prefix + "url", u.url)) return p;
+  if (auto p = check_secret_path(prefix + "apiKeyFile", u.api_key_file)) return p;
   if (auto p = check_ms(prefix + "connectTimeoutMs", u.connect_timeout, true)) return p;
   if (auto p = check_ms(prefix + "idleTimeoutMs", u.idle_timeout, true)) return p;
   return check_predict_route(prefix + "predictRoute", u.predict_route);
@@ -387,6 +395,11 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
                                  cfg.admin.listen));
     }
   }
+  if (auto p = check_secret_path("admin.tokenFile", cfg.admin.token_file)) return p;
+  if (cfg.admin.max_connections < 1 || cfg.admin.max_connections > 1024) {
+    return problem("admin.maxConnections",
+                   fmt::format("must be between 1 and 1024 (got {})", cfg.admin.max_connections));
+  }
   for (std::size_t i = 0; i < cfg.servers.size(); ++i) {
     const auto& sv = cfg.servers[i];
     const auto key = fmt::format("servers.{}", sv.name);
@@ -444,8 +457,9 @@ std::optional<std::string> check_admin_exposure(const config& cfg) {
   std::uint16_t port = 0;
   if (!parse_host_port(cfg.admin.listen, host, port)) return std::nullopt;  // validate() says
   if (!is_loopback_host(host) && cfg.admin.token.empty())
-    return fmt::format("admin.token: the admin listener {} is not on loopback; set admin.token "
-                       "or $KVP_ADMIN_TOKEN (a bearer token), or listen on 127.0.0.1",
+    return fmt::format("admin.token: the admin listener {} is not on loopback; set admin.token, "
+                       "admin.tokenFile, $KVP_ADMIN_TOKEN or the systemd credential admin-token "
+                       "(a bearer token), or listen on 127.0.0.1",
                        cfg.admin.listen);
   return std::nullopt;
 }

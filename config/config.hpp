@@ -42,6 +42,9 @@ enum class log_format { plain, json };
 struct upstream_config {
   std::string url = "http://127.0.0.1:8080";  // llama-server base URL (http only)
   std::string api_key;                        // used for management calls (/slots, /props)
+  // An absolute path to a file holding api_key (config/secrets.hpp); the loader reads it into
+  // api_key. The path is kept to check the file's mode at startup.
+  std::string api_key_file;
   milliseconds connect_timeout{5'000};
   milliseconds idle_timeout{3'600'000};  // per read: tolerate long silent prefills
   std::size_t max_idle_connections = 16;
@@ -157,6 +160,10 @@ struct limits_config {
 struct admin_config {
   std::string listen = "127.0.0.1:8082";  // "" disables the admin listener
   std::string token;  // bearer token; required when `listen` is not a loopback address
+  std::string token_file;  // an absolute path to a file holding token, read by the loader
+  // Open admin connections; a client beyond them gets 503 and is closed. Counted in the
+  // descriptors reserved beside limits.maxConnections.
+  std::size_t max_connections = 16;
   bool operator==(const admin_config&) const = default;
 };
 

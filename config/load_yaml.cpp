@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "config/secrets.hpp"
+
 namespace kvp::config {
 namespace {
 
@@ -106,6 +108,10 @@ class reader {
   Enum read_enum(const YAML::Node& node, const std::string& path, Parse parse,
                  std::initializer_list<Enum> allowed);
   std::string read_log_level(const YAML::Node& node, const std::string& path);
+  // `section`.`file_key` (an absolute path, validated) into `value`, the secret it holds;
+  // an error at that key when `section`.`value_key` is set too or the file cannot be used.
+  void read_secret(std::string& value, const std::string& file, const std::string& section,
+                   std::string_view value_key, std::string_view file_key);
 
   const std::string& scalar_of(const YAML::Node& node, const std::string& path,
                                std::string_view expected);
@@ -312,6 +318,7 @@ std::vector<reader::field> reader::upstream_fields(upstream_config& u) {
   return {
     {"url", [&](V v, P p) { u.url = read_string(v, p); }},
     {"apiKey", [&](V v, P p) { u.api_key = read_string(v, p); }},
+    {"apiKeyFile", [&](V v, P p) { u.api_key_file = read_string(v, p); }},
     {"connectTimeoutMs", [&](V v, P p) { u.connect_timeout = read_ms(v, p); }},
     {"idleTimeoutMs", [&](V v, P p) { u.idle_timeout = read_ms(v, p); }},
     {"maxIdleConnections", [&](V v, P p) { u.max_idle_connections = read_size(v, p); }},
@@ -470,6 +477,8 @@ config reader::read_document(const YAML::Node& root) {
       read_section(v, p, {
         {"listen", [&](V v2, P p2) { c.admin.listen = read_string(v2, p2); }},
         {"token", [&](V v2, P p2) { c.admin.token = read_string(v2, p2); }},
+        {"tokenFile", [&](V v2, P p2) { c.admin.token_file = read_string(v2, p2); }},
+        {"maxConnections", [&](V v2, P p2) { c.admin.max_connections = read_size(v2, p2); }},
       });
     }},
     {"retention", [&](V v, P p) {
@@ -494,7 +503,23 @@ config reader::read_document(const YAML::Node& root) {
   if (auto problem = find_invalid_field(cfg_)) {
     fail(mark_of(problem->key), fmt::format("{}: {}", problem->key, problem->message));
   }
+  read_secret(c.upstream.api_key, c.upstream.api_key_file, "upstream", "apiKey", "apiKeyFile");
+  for (auto& sv : c.servers)
+    read_secret(sv.upstream.api_key, sv.upstream.api_key_file, "servers." + sv.name, "apiKey",
+                "apiKeyFile");
+  read_secret(c.admin.token, c.admin.token_file, "admin", "token", "tokenFile");
   return cfg_;
+}
+
+void reader::read_secret(std::string& value, const std::string& file, const std::string& section,
+                         std::string_view value_key, std::string_view file_key) {
+  if (file.empty()) return;
+  const std::string key = fmt::format("{}.{}", section, file_key);
+  if (!value.empty())
+    fail(mark_of(key), fmt::format("{}: set {}.{} or {}, not both", key, section, value_key, key));
+  auto read = read_secret_file(file);
+  if (!read.error.empty()) fail(mark_of(key), fmt::format("{}: {}", key, read.error));
+  value = std::move(read.value);
 }
 
 config_error make_error(std::string_view file, const YAML::Mark& mark, std::string message) {

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <charconv>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -398,37 +399,42 @@ admin_answer answer_admin_outcome(const admin_outcome& o) {
 }
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
-                           std::string listen, std::string token)
-    : ioc_(ioc), coords_(std::move(coords)), listen_(std::move(listen)), token_(std::move(token)) {}
+                           const config::admin_config& cfg)
+    : ioc_(ioc),
+      coords_(std::move(coords)),
+      listen_(cfg.listen),
+      token_(cfg.token),
+      max_connections_(cfg.max_connections) {}
 
 core::result<std::string> admin_server::start() {
   auto a = listen_on(ioc_, listen_, "admin");
   if (!a) return a.err();
-  acceptor_ = std::move(a.value());
   std::uint16_t configured_port = 0;
   config::parse_host_port(listen_, listen_host_, configured_port);
-  bound_port_ = acceptor_->local_endpoint().port();
-  net::co_spawn(ioc_, accept_loop(), log_exception);
-  return local_address(*acceptor_);
+  bound_port_ = a.value()->local_endpoint().port();
+  const std::string address = local_address(*a.value());
+  // Over the cap a client is answered at once instead of waiting in the backlog: an operator
+  // or a health check learns that the port is busy, and the connection costs one descriptor
+  // for a moment (reserved for it: reserved_descriptors in proxy/server.hpp).
+  auto busy = busy_response(fmt::format("the admin API has {} connections open "
+                                        "(admin.maxConnections); retry later",
+                                        max_connections_),
+                            1, 11);
+  busy.keep_alive(false);
+  busy.set(http::field::cache_control, "no-store");
+  std::ostringstream wire;
+  wire << busy;
+  listener_options opts{"admin", "admin.maxConnections", max_connections_, when_full::refuse,
+                        wire.str()};
+  listener_ = std::make_unique<listener>(ioc_, std::move(a.value()), std::move(opts),
+                                         [this](tcp_stream s) { return run_session(std::move(s)); });
+  listener_->start();
+  return address;
 }
 
 void admin_server::stop() {
   stopping_ = true;  // open event streams end at their next poll
-  beast::error_code ignored;
-  if (acceptor_) acceptor_->close(ignored);
-}
-
-net::awaitable<void> admin_server::accept_loop() {
-  for (;;) {
-    tcp::socket sock(net::make_strand(ioc_));
-    auto [ec] = co_await acceptor_->async_accept(sock);
-    if (ec) {
-      if (ec == net::error::operation_aborted || !acceptor_->is_open()) co_return;
-      continue;
-    }
-    auto ex = sock.get_executor();
-    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), log_exception);
-  }
+  if (listener_) listener_->stop();
 }
 
 net::awaitable<void> admin_server::run_session(tcp_stream s) {

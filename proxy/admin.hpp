@@ -20,9 +20,11 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "backends/net.hpp"
+#include "config/config.hpp"
 #include "core/result.hpp"
 #include "proxy/coordinator.hpp"
 #include "proxy/http_status.hpp"
+#include "proxy/listener.hpp"
 
 namespace kvp::proxy {
 
@@ -38,11 +40,12 @@ admin_answer answer_admin_outcome(const admin_outcome& o);
 class admin_server {
  public:
   // `coords`: one per llama-server, the first is the default for session operations
-  // (others are chosen with ?server=NAME).
-  admin_server(net::io_context& ioc, std::vector<coordinator*> coords, std::string listen,
-               std::string token);
+  // (others are chosen with ?server=NAME). `cfg`: listen, token and connection cap.
+  admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
+               const config::admin_config& cfg);
 
-  // Binds and starts accepting. Returns the bound "host:port".
+  // Binds and starts accepting: at most admin.maxConnections at once, a client beyond them
+  // gets 503 with Retry-After and is closed. Returns the bound "host:port".
   core::result<std::string> start();
   void stop();
 
@@ -50,7 +53,6 @@ class admin_server {
   net::awaitable<http::response<http::string_body>> route(http::request<http::string_body> req);
 
  private:
-  net::awaitable<void> accept_loop();
   net::awaitable<void> run_session(tcp_stream s);
   net::awaitable<void> serve_events(tcp_stream& s, const http::request<http::string_body>& req);
   net::awaitable<void> stream_events(tcp_stream& s, std::uint64_t after);
@@ -64,7 +66,8 @@ class admin_server {
   std::string listen_host_;      // admin.listen's host (a name is served only with our port)
   std::uint16_t bound_port_ = 0;
   std::string token_;
-  std::unique_ptr<acceptor> acceptor_;
+  std::size_t max_connections_;
+  std::unique_ptr<listener> listener_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> event_streams_{0};  // open GET /kv/events responses
   // Builds large responses (session listings) off the io_context's threads. Last member:

@@ -14,6 +14,7 @@
 
 #include "backends/llama_http_backend.hpp"
 #include "config/load_yaml.hpp"
+#include "config/secrets.hpp"
 #include "core/identity.hpp"
 #include "core/json.hpp"
 #include "core/json_writer.hpp"
@@ -278,6 +279,11 @@ std::optional<doctor_args> read_doctor_args(const std::vector<std::string>& args
   }
   if (!upstream.empty()) out.cfg.upstream.url = upstream;
   if (!state_dir.empty()) out.cfg.state_dir = state_dir;
+  // The key serve would use: also from $KVP_UPSTREAM_API_KEY or a systemd credential.
+  if (auto err = config::apply_secret_sources(out.cfg, config::read_secret_environment())) {
+    fmt::print(stderr, "kvpersist: {}\n", *err);
+    return std::nullopt;
+  }
   if (auto err = config::validate(out.cfg)) {
     fmt::print(stderr, "kvpersist: {}\n", *err);
     return std::nullopt;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "config/load_yaml.hpp"
+#include "config/secrets.hpp"
 #include "core/log.hpp"
 #include "core/version.hpp"
 #include "proxy/cli.hpp"
@@ -126,8 +127,15 @@ bool apply_override(config::config& cfg, const option_override& o) {
   return true;
 }
 
+// The configuration serve runs with, and its secrets that others can read (logged once the
+// log is set up).
+struct serve_setup {
+  config::config cfg;
+  std::vector<config::exposed_secret> exposed;
+};
+
 // The configuration serve runs with, or the exit code when it does not run (--help, errors).
-std::variant<config::config, int> serve_config(const std::vector<std::string>& args) {
+std::variant<serve_setup, int> serve_config(const std::vector<std::string>& args) {
   std::string config_path;
   std::vector<option_override> overrides;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -153,15 +161,28 @@ std::variant<config::config, int> serve_config(const std::vector<std::string>& a
     if (auto* err = std::get_if<config::config_error>(&loaded)) return config_error(err->to_string());
     cfg = std::get<config::config>(std::move(loaded));
   }
+  auto exposed = config::exposed_secrets(cfg, config_path);
   for (const auto& o : overrides)
     if (!apply_override(cfg, o)) return config_error("--log-format must be plain or json");
-  if (const char* t = std::getenv("KVP_ADMIN_TOKEN"); t && *t && cfg.admin.token.empty())
-    cfg.admin.token = t;
+  if (auto err = config::apply_secret_sources(cfg, config::read_secret_environment()))
+    return config_error(*err);
   if (auto err = config::validate(cfg)) return config_error(*err);
   if (auto err = config::check_admin_exposure(cfg)) return config_error(*err);
   if (config::resolve_state_dir(cfg).empty())
     return config_error("no state directory: set stateDir, --state-dir or $HOME");
-  return cfg;
+  return serve_setup{std::move(cfg), std::move(exposed)};
+}
+
+// A secret others can read is a warning, not an error: a container's secret mounts are often
+// mode 0444 inside a single-purpose sandbox.
+void warn_exposed_secrets(const std::vector<config::exposed_secret>& exposed) {
+  for (const auto& e : exposed)
+    core::log(core::log_level::warn, "kv.config.secret_readable",
+              {{"key", e.key},
+               {"path", e.path},
+               {"fix", "keep the secret in a file only kvpersist's user can read (chmod 600), "
+                       "or pass it as $KVP_UPSTREAM_API_KEY / $KVP_ADMIN_TOKEN or a systemd "
+                       "credential (README \"Security\")"}});
 }
 
 // SIGHUP does not reload (README, Operations: systemd) and must not kill the daemon.
@@ -210,10 +231,11 @@ net::awaitable<void> run_until_signalled(proxy::server& s, net::io_context& io,
 int serve(const std::vector<std::string>& args) {
   auto loaded = serve_config(args);
   if (const int* exit_code = std::get_if<int>(&loaded)) return *exit_code;
-  const auto& cfg = std::get<config::config>(loaded);
+  const auto& cfg = std::get<serve_setup>(loaded).cfg;
   core::log_level lvl = core::log_level::info;
   core::parse_log_level(cfg.log.level, lvl);
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
+  warn_exposed_secrets(std::get<serve_setup>(loaded).exposed);
 
   if (auto unsafe = proxy::check_state_dirs(cfg); !unsafe) {
     // Another account could swap what kvpersist reads and writes there (docs/design.md §11).

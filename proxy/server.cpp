@@ -88,47 +88,37 @@ net::awaitable<void> stop_coordinator(coordinator* co) {
   co_return;
 }
 
-// A warning that can repeat in a tight loop (accept failures while descriptors are
-// exhausted): logged at most once per second, with the count of the ones left out.
-class rate_limited_warning {
- public:
-  explicit rate_limited_warning(std::string_view event) : event_(event) {}
-  void note(std::string reason) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_ < std::chrono::seconds(1)) {
-      ++suppressed_;
-      return;
-    }
-    log(log_level::warn, event_,
-        {{"reason", std::move(reason)}, {"suppressed", std::to_string(suppressed_)}});
-    last_ = now;
-    suppressed_ = 0;
-  }
+}  // namespace
 
- private:
-  std::string_view event_;
-  std::chrono::steady_clock::time_point last_{};
-  std::uint64_t suppressed_ = 0;
-};
+// Descriptors the process holds besides client connections: standard streams, the event
+// loop's own (epoll, eventfd, timerfd, the signal pipe), both listening sockets, sd_notify's
+// socket, with room to spare.
+constexpr std::uint64_t process_descriptors = 32;
+// Per llama-server: its management calls and background probes (one connection each, a few
+// at once), and its file pool's two workers with up to three files each (a manifest, its
+// temp file, the directory).
+constexpr std::uint64_t server_descriptors = 4 + 2 * 3;
 
-// limits.maxConnections, clamped so that every client can also hold an upstream connection
-// without exhausting RLIMIT_NOFILE: two descriptors per client, plus the idle upstream pools
-// and a fixed reserve (listeners, admin clients, manifest files, the event loop).
-std::size_t connection_cap(const config::config& cfg, std::uint64_t nofile) {
-  std::uint64_t reserve = 64;
-  for (const auto& sv : config::effective_servers(cfg)) reserve += sv.upstream.max_idle_connections;
+std::uint64_t reserved_descriptors(const config::config& cfg) {
+  std::uint64_t reserve = process_descriptors;
+  for (const auto& sv : config::effective_servers(cfg))
+    reserve += sv.upstream.max_idle_connections + server_descriptors;
+  // The admin listener's own cap, and the one connection it may hold while refusing a client
+  // over that cap.
+  if (!cfg.admin.listen.empty()) reserve += cfg.admin.max_connections + 1;
+  return reserve;
+}
+
+std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile) {
+  const std::uint64_t reserve = reserved_descriptors(cfg);
   const std::uint64_t fit = nofile > reserve + 2 ? (nofile - reserve) / 2 : 1;
   return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
 }
 
-}  // namespace
-
 server::server(net::io_context& ioc, config::config cfg)
     : ioc_(ioc),
       cfg_(std::move(cfg)),
-      bodies_(cfg_.limits.max_buffered_body_bytes),
-      accept_strand_(net::make_strand(ioc)),
-      accept_gate_(accept_strand_) {
+      bodies_(cfg_.limits.max_buffered_body_bytes) {
   const auto servers = config::effective_servers(cfg_);
   const std::string state_root = config::resolve_state_dir(cfg_);
   for (const auto& sc : servers) {
@@ -209,15 +199,16 @@ server::~server() = default;
 net::awaitable<core::result<std::string>> server::start() {
   auto bound = listen_on(ioc_, cfg_.listen, "proxy");
   if (!bound) co_return bound.err();
-  acceptor_ = std::move(bound.value());
-  max_connections_ = cfg_.limits.max_connections;
+  const std::string address = local_address(*bound.value());
+  std::size_t max_connections = cfg_.limits.max_connections;
   if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    max_connections_ = connection_cap(cfg_, rl.rlim_cur);
-    if (max_connections_ < cfg_.limits.max_connections)
+    max_connections = proxy_connection_cap(cfg_, rl.rlim_cur);
+    if (max_connections < cfg_.limits.max_connections)
       log(log_level::warn, "kv.proxy.connection_cap",
-          {{"max_connections", std::to_string(max_connections_)},
+          {{"max_connections", std::to_string(max_connections)},
            {"configured", std::to_string(cfg_.limits.max_connections)},
            {"nofile", std::to_string(rl.rlim_cur)},
+           {"reserved", std::to_string(reserved_descriptors(cfg_))},
            {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
   }
   std::vector<coordinator*> coords;
@@ -226,61 +217,16 @@ net::awaitable<core::result<std::string>> server::start() {
     coords.push_back(up->coord.get());
   }
   if (!cfg_.admin.listen.empty()) {
-    admin_ = std::make_unique<admin_server>(ioc_, coords, cfg_.admin.listen, cfg_.admin.token);
+    admin_ = std::make_unique<admin_server>(ioc_, coords, cfg_.admin);
     auto a = admin_->start();
     if (!a) co_return a.err();
     admin_address_ = a.value();
   }
-  net::co_spawn(accept_strand_, accept_loop(), log_exception);
-  co_return local_address(*acceptor_);
-}
-
-net::awaitable<void> server::accept_loop() {
-  using std::chrono::milliseconds;
-  rate_limited_warning full("kv.proxy.connections_full"), failed("kv.proxy.accept_failed");
-  steady_timer backoff(accept_strand_);
-  milliseconds pause{0};
-  for (;;) {
-    // At the cap kvpersist stops accepting, as HAProxy (maxconn) and nginx
-    // (worker_connections) do, instead of accepting to answer 503: that accept would spend
-    // the very descriptor that is short, and a client left in the kernel's listen backlog is
-    // served as soon as a connection closes, where a 503 would make it retry blind.
-    while (open_connections_.load() >= max_connections_ && !draining_) {
-      full.note(fmt::format("{} client connections open (limits.maxConnections)", max_connections_));
-      accept_gate_.expires_at(steady_timer::time_point::max());
-      co_await accept_gate_.async_wait(token);
-    }
-    tcp::socket sock(net::make_strand(ioc_));
-    auto [ec] = co_await acceptor_->async_accept(sock);
-    if (ec) {
-      if (draining_ || ec == net::error::operation_aborted) co_return;
-      // After EMFILE/ENFILE the pending connection stays in the backlog and the listener
-      // stays readable: accepting again at once fails again at once, a busy loop. Back off
-      // 50 ms doubling to 1 s, as Go's net/http Server.Serve does; a success resets it.
-      failed.note(ec.message());
-      pause = std::clamp(pause * 2, milliseconds(50), milliseconds(1000));
-      backoff.expires_after(pause);
-      co_await backoff.async_wait(token);
-      continue;
-    }
-    pause = milliseconds(0);
-    beast::error_code ignored;
-    sock.set_option(tcp::no_delay(true), ignored);
-    auto ex = sock.get_executor();
-    ++open_connections_;
-    net::co_spawn(ex, run_session(tcp_stream(std::move(sock))), [this](std::exception_ptr e) {
-      connection_closed();
-      log_exception(e);
-    });
-  }
-}
-
-void server::connection_closed() {
-  // Only accept_loop raises the count, and only below the cap; a decrement from the cap
-  // wakes it. The check and the wait happen in one handler on accept_strand_, so this
-  // cancel, posted there, can never slip in between and be lost.
-  if (open_connections_.fetch_sub(1) >= max_connections_)
-    net::post(accept_strand_, [this] { accept_gate_.cancel(); });
+  listener_options opts{"proxy", "limits.maxConnections", max_connections, when_full::wait, ""};
+  listener_ = std::make_unique<listener>(ioc_, std::move(bound.value()), std::move(opts),
+                                         [this](tcp_stream s) { return run_session(std::move(s)); });
+  listener_->start();
+  co_return address;
 }
 
 net::awaitable<bool> server::send(client_conn& c, response res) {
@@ -727,9 +673,7 @@ net::awaitable<void> server::shutdown() {
   log(log_level::info, "kv.proxy.draining",
       {{"in_flight", std::to_string(active_.load())},
        {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
-  beast::error_code ignored;
-  if (acceptor_) acceptor_->close(ignored);
-  net::post(accept_strand_, [this] { accept_gate_.cancel(); });
+  if (listener_) listener_->stop();
   if (admin_) admin_->stop();
   auto close_conns = [this](bool only_idle) {
     std::lock_guard lk(conns_mu_);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -17,12 +18,22 @@
 #include "proxy/http_status.hpp"
 #include "proxy/lease.hpp"
 #include "core/resumable_stream.hpp"
+#include "proxy/listener.hpp"
 #include "proxy/relay.hpp"
 #include "proxy/stream_directory.hpp"
 #include "proxy/swap_groups.hpp"
 #include "proxy/upstream_pool.hpp"
 
 namespace kvp::proxy {
+
+// Descriptors kvpersist keeps for everything but proxy clients: the process's own, each
+// llama-server's idle pool, management calls and file pool, and the admin listener's cap.
+std::uint64_t reserved_descriptors(const config::config& cfg);
+
+// limits.maxConnections, clamped so that every proxy client can also hold an upstream
+// connection without exhausting RLIMIT_NOFILE `nofile`: two descriptors per client beside
+// reserved_descriptors(cfg). At least 1.
+std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile);
 
 class server {
  public:
@@ -51,9 +62,6 @@ class server {
   };
   upstream_entry& route(const http::request<http::string_body>& req);
   upstream_entry* server_named(const std::string& name);
-  net::awaitable<void> accept_loop();
-  // A client connection ended: below the cap again, the accept loop resumes.
-  void connection_closed();
   net::awaitable<void> run_session(tcp_stream stream);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
   net::awaitable<bool> forward(upstream_entry& up, client_conn& c,
@@ -100,12 +108,8 @@ class server {
   net::io_context& ioc_;
   config::config cfg_;
   body_budget bodies_;
-  // The accept loop runs on accept_strand_; accept_gate_ wakes it when a connection closes.
-  net::strand<net::io_context::executor_type> accept_strand_;
-  steady_timer accept_gate_;
-  std::size_t max_connections_ = 0;  // limits.maxConnections clamped by RLIMIT_NOFILE
-  std::atomic<std::size_t> open_connections_{0};
-  std::unique_ptr<acceptor> acceptor_;
+  // The proxy port: at most proxy_connection_cap() clients, the rest wait in the backlog.
+  std::unique_ptr<listener> listener_;
   std::vector<std::unique_ptr<upstream_entry>> ups_;
   stream_directory streams_;
   std::unique_ptr<swap_groups> swaps_;  // built once ups_ is

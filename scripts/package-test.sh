@@ -7,7 +7,7 @@
 #   4. tests/integration/test_deb.py on the installed package: files, conffile, unit, and
 #      /usr/bin/kvpersist serving with /etc/kvpersist/kvpersist.yaml against the fake llama-server
 #   5. dpkg -r keeps the conffile and nothing else; dpkg -P leaves no file of the package, no
-#      /etc/kvpersist and no enable symlinks
+#      /etc/kvpersist (key files an administrator put there included) and no enable symlinks
 # Idempotent: a kvpersist package installed before is purged first, and it is purged on exit.
 # Env: KVP_BUILD_DIR (default: build, the directory scripts/test.sh builds).
 set -euo pipefail
@@ -89,7 +89,9 @@ for f in "${files[@]}"; do
   [[ $f == "$conffile" || -d $f || ! -e $f ]] || fail "dpkg -r left $f"
 done
 
-say "dpkg -P: nothing of the package is left"
+say "dpkg -P: nothing of the package is left, the key files included"
+# an administrator's secrets for the unit's LoadCredential= (README "systemd")
+(umask 077; echo package-test-key > /etc/kvpersist/upstream-api-key; echo token > /etc/kvpersist/admin-token)
 dpkg_wait -P kvpersist
 ! dpkg-query -W kvpersist >/dev/null 2>&1 || fail "dpkg still knows kvpersist after dpkg -P"
 for f in "${files[@]}"; do

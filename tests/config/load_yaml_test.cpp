@@ -4,11 +4,19 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <initializer_list>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
@@ -168,7 +176,8 @@ TEST_CASE("every key round-trips", "[config][load_yaml]") {
 listen: "[::1]:9000"
 upstream:
   url: http://10.0.0.2:8090/
-  apiKey: secret
+  apiKey: ""
+  apiKeyFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/upstream-api-key
   connectTimeoutMs: 1234
   idleTimeoutMs: 99
   maxIdleConnections: 2
@@ -235,11 +244,14 @@ log:
   format: json
 admin:
   listen: "127.0.0.1:9100"
-  token: admin-secret
+  token: ""
+  tokenFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/admin-token
+  maxConnections: 3
 servers:
   alpha:
     url: http://10.0.0.3:8080
-    apiKey: alpha-key
+    apiKey: ""
+    apiKeyFile: )" KVP_SOURCE_DIR R"(/tests/config/keys/alpha-api-key
     connectTimeoutMs: 21
     idleTimeoutMs: 22
     maxIdleConnections: 3
@@ -263,7 +275,9 @@ routes:
   using namespace kvp::config;
   CHECK(cfg.listen == "[::1]:9000");
   CHECK(cfg.upstream.url == "http://10.0.0.2:8090/");
+  // A key and its file are exclusive: the key is "" (none) and the file holds it.
   CHECK(cfg.upstream.api_key == "secret");
+  CHECK(cfg.upstream.api_key_file == KVP_SOURCE_DIR "/tests/config/keys/upstream-api-key");
   CHECK(cfg.upstream.connect_timeout == 1234ms);
   CHECK(cfg.upstream.idle_timeout == 99ms);
   CHECK(cfg.upstream.max_idle_connections == 2);
@@ -314,6 +328,7 @@ routes:
   CHECK(cfg.retention.max_age_days == 16);
   CHECK(cfg.retention.interval == 17ms);
   CHECK(cfg.retention.max_sessions_per_credential == 5);
+  CHECK(cfg.admin.max_connections == 3);
   CHECK(cfg.shutdown_grace == 11ms);
   CHECK(cfg.epoch_probe_interval == 0ms);
   CHECK(cfg.threads == 4);
@@ -321,10 +336,12 @@ routes:
   CHECK(cfg.log.format == log_format::json);
   CHECK(cfg.admin.listen == "127.0.0.1:9100");
   CHECK(cfg.admin.token == "admin-secret");
+  CHECK(cfg.admin.token_file == KVP_SOURCE_DIR "/tests/config/keys/admin-token");
   server_config alpha;
   alpha.name = "alpha";
   alpha.upstream.url = "http://10.0.0.3:8080";
   alpha.upstream.api_key = "alpha-key";
+  alpha.upstream.api_key_file = KVP_SOURCE_DIR "/tests/config/keys/alpha-api-key";
   alpha.upstream.connect_timeout = 21ms;
   alpha.upstream.idle_timeout = 22ms;
   alpha.upstream.max_idle_connections = 3;
@@ -740,4 +757,73 @@ TEST_CASE("servers.<name>.swapGroup names the server's swap group", "[config][lo
   CHECK(cfg.servers[1].swap_group == "gpu0");
   CHECK(cfg.servers[2].swap_group.empty());
   require_error_at("servers:\n  a:\n    url: http://h:1\n    swapGroup: [x]\n", 4, "servers.a.swapGroup");
+}
+
+TEST_CASE("admin.maxConnections is between 1 and 1024", "[config][load_yaml]") {
+  require_error_at("admin:\n  maxConnections: 0\n", 2, "admin.maxConnections: must be between 1 and 1024");
+  require_error_at("admin:\n  maxConnections: 5000\n", 2, "admin.maxConnections");
+}
+
+namespace {
+
+// Writes `bytes` to a file `name` in `dir` only its owner reads; returns its path.
+std::string write_key_file(const kvp::testing::temp_dir& dir, const std::string& name,
+                                  const std::string& bytes) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("key files round-trip: the loader reads each into its key", "[config][load_yaml]") {
+  kvp::testing::temp_dir dir;
+  const auto key = write_key_file(dir, "upstream-api-key", "s3cret\n");
+  const auto gpu_key = write_key_file(dir, "gpu-key", "gpu-s3cret\r\n");
+  const auto token = write_key_file(dir, "admin-token", "tok\n");
+  const config cfg = load_ok(fmt::format(
+      "upstream:\n  apiKeyFile: {}\n"
+      "servers:\n  gpu:\n    url: http://127.0.0.1:9000\n    apiKeyFile: {}\n"
+      "admin:\n  tokenFile: {}\n  maxConnections: 4\n",
+      key, gpu_key, token));
+  CHECK(cfg.upstream.api_key == "s3cret");
+  CHECK(cfg.upstream.api_key_file == key);
+  REQUIRE(cfg.servers.size() == 1);
+  CHECK(cfg.servers[0].upstream.api_key == "gpu-s3cret");
+  CHECK(cfg.servers[0].upstream.api_key_file == gpu_key);
+  CHECK(cfg.admin.token == "tok");
+  CHECK(cfg.admin.token_file == token);
+  CHECK(cfg.admin.max_connections == 4);
+}
+
+TEST_CASE("a key file that cannot be used is an error at its line", "[config][load_yaml]") {
+  kvp::testing::temp_dir dir;
+  const auto key = write_key_file(dir, "k", "s3cret\n");
+  SECTION("a key and its file") {
+    const auto e = load_error(fmt::format("upstream:\n  apiKey: x\n  apiKeyFile: {}\n", key));
+    CHECK(e.to_string().rfind("tests.yaml:3:", 0) == 0);
+    CHECK(contains(e.message, "upstream.apiKeyFile: set upstream.apiKey or upstream.apiKeyFile, not both"));
+    require_error_at(fmt::format("admin:\n  tokenFile: {}\n  token: t\n", key), 2,
+                     "set admin.token or admin.tokenFile, not both");
+    require_error_at(fmt::format("servers:\n  gpu:\n    apiKey: x\n    apiKeyFile: {}\n", key),
+                     4, "servers.gpu.apiKeyFile: set servers.gpu.apiKey");
+  }
+  SECTION("missing, unreadable, empty, two lines") {
+    require_error_at(fmt::format("threads: 1\nupstream:\n  apiKeyFile: {}/nope\n", dir.path()), 3,
+                     fmt::format("upstream.apiKeyFile: cannot read {}/nope: No such file", dir.path()));
+    require_error_at(fmt::format("admin:\n  tokenFile: {}\n", write_key_file(dir, "e", "\n")), 2,
+                     "is empty");
+    require_error_at(fmt::format("upstream:\n  apiKeyFile: {}\n", write_key_file(dir, "t", "a\nb")),
+                     2, "control character");
+    if (::geteuid() != 0) {  // root reads any file
+      const auto closed = write_key_file(dir, "closed", "k");
+      ::chmod(closed.c_str(), 0);
+      require_error_at(fmt::format("upstream:\n  apiKeyFile: {}\n", closed), 2, "Permission denied");
+    }
+  }
+  SECTION("a relative path") {
+    require_error_at("upstream:\n  apiKeyFile: keys/llama\n", 2, "must be an absolute path");
+    require_error_at("admin:\n  tokenFile: token\n", 2, "admin.tokenFile");
+  }
 }

@@ -4,10 +4,12 @@
   `kvpersist --help` lists is described in it (runs everywhere, nothing installed).
 * The installed package, once scripts/package-test.sh has run `dpkg -i` (skipped when
   kvpersist is not installed by dpkg, unless KVP_DEB_TEST=1, which that script sets, makes it
-  a failure): the files are where Debian expects them, the configuration is a conffile, the
-  installed unit starts the installed binary and differs from systemd/kvpersist.service only
+  a failure): the files are where Debian expects them, the configuration is a conffile
+  (0644, no secret in it), the installed unit starts the installed binary, loads the key
+  files as credentials with their fallbacks, and differs from systemd/kvpersist.service only
   there, and /usr/bin/kvpersist serves with /etc/kvpersist/kvpersist.yaml against the fake
-  llama-server: a session switch makes the management calls of README's table.
+  llama-server: a session switch makes the management calls of README's table, and the key
+  in a credential reaches llama-server.
 
 Run: KVPERSIST_BIN=$PWD/build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_deb.py
 (scripts/package-test.sh runs it between dpkg -i and dpkg -r)
@@ -19,6 +21,7 @@ import gzip
 import os
 import re
 import shlex
+import stat
 import subprocess
 
 import pytest
@@ -79,6 +82,57 @@ def test_installed_files(installed):
         assert f.read() == g.read()
     with gzip.open("/usr/share/man/man1/kvpersist.1.gz", "rt") as f, open(MAN_PAGE) as g:
         assert f.read() == g.read()
+
+
+def test_installed_conffile_holds_no_secret(installed):
+    """The conffile is world-readable (the service's dynamic user reads it), so it ships no
+    key or token and points at the credential files instead (README "Security")."""
+    import yaml
+    st = os.stat(CONFFILE)
+    assert stat.S_IMODE(st.st_mode) == 0o644 and st.st_uid == 0, oct(st.st_mode)
+    with open(CONFFILE) as f:
+        text = f.read()
+    cfg = yaml.safe_load(text)
+    assert cfg["upstream"]["apiKey"] == "" and cfg["upstream"]["apiKeyFile"] == "", cfg["upstream"]
+    assert cfg["admin"]["token"] == "" and cfg["admin"]["tokenFile"] == "", cfg["admin"]
+    assert "/etc/kvpersist/upstream-api-key" in text and "/etc/kvpersist/admin-token" in text
+
+
+def test_installed_unit_loads_the_credentials(installed):
+    """Each secret file in /etc/kvpersist is a credential with a fallback (a missing
+    LoadCredential= source fails the unit on systemd 252, unless a SetCredential= of the same
+    name exists)."""
+    unit = parse_unit(UNIT)
+    loads = directive(unit, "Service", "LoadCredential", all_values=True)
+    assert sorted(loads) == ["admin-token:/etc/kvpersist/admin-token",
+                             "upstream-api-key:/etc/kvpersist/upstream-api-key"], loads
+    sets = directive(unit, "Service", "SetCredential", all_values=True)
+    assert sorted(sets) == ["admin-token:\\n", "upstream-api-key:\\n"], sets
+
+
+def test_installed_binary_reads_the_key_credential(installed, tmp_path):
+    """/usr/bin/kvpersist with the installed config under the $CREDENTIALS_DIRECTORY systemd
+    makes of /etc/kvpersist/upstream-api-key: llama-server sees the key on its management
+    calls."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "upstream-api-key").write_text("deb-k3y\n")
+    os.chmod(creds / "upstream-api-key", 0o400)
+    upstream = FakeUpstream(str(tmp_path)).start()
+    proxy = KvPersist(upstream.url, str(tmp_path / "state"), binary=BINARY, work_dir=str(tmp_path),
+                      extra_args=["--config", CONFFILE], env={"CREDENTIALS_DIRECTORY": str(creds)})
+    try:
+        proxy.start()
+        upstream.attach(proxy)
+        r = http_request(proxy.port, "POST", "/v1/chat/completions",
+                         headers={"X-Session-Id": "deb-key", "Authorization": "Bearer deb-k3y"},
+                         body=harness.chat_body([{"role": "user", "content": "hello"}], False))
+        assert r.status == 200, (r.status, r.body[:300])
+        own = [q for q in upstream.fake.requests if q["path"].startswith("/slots") or q["path"] == "/props"]
+        assert own and {q["headers_lower"].get("authorization") for q in own} == {"Bearer deb-k3y"}, own
+    finally:
+        proxy.stop()
+        upstream.stop()
 
 
 def test_installed_unit_starts_installed_binary(installed):
