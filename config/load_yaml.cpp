@@ -316,7 +316,10 @@ std::vector<reader::field> reader::upstream_fields(upstream_config& u) {
   using V = const YAML::Node&;
   using P = const std::string&;
   return {
-    {"url", [&](V v, P p) { u.url = read_string(v, p); }},
+    {"url", [&](V v, P p) {
+      u.url = read_string(v, p);
+      u.url_given = true;
+    }},
     {"apiKey", [&](V v, P p) { u.api_key = read_string(v, p); }},
     {"apiKeyFile", [&](V v, P p) { u.api_key_file = read_string(v, p); }},
     {"connectTimeoutMs", [&](V v, P p) { u.connect_timeout = read_ms(v, p); }},

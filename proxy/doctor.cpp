@@ -23,6 +23,7 @@
 #include "proxy/cli.hpp"
 #include "proxy/manifest_store.hpp"
 #include "proxy/run_sync.hpp"
+#include "proxy/upstream_default.hpp"
 #include "proxy/args.hpp"
 
 namespace kvp::proxy {
@@ -277,7 +278,10 @@ std::optional<doctor_args> read_doctor_args(const std::vector<std::string>& args
     }
     out.cfg = std::get<config::config>(std::move(loaded));
   }
-  if (!upstream.empty()) out.cfg.upstream.url = upstream;
+  if (!upstream.empty()) {
+    out.cfg.upstream.url = upstream;
+    out.cfg.upstream.url_given = true;
+  }
   if (!state_dir.empty()) out.cfg.state_dir = state_dir;
   // The key serve would use: also from $KVP_UPSTREAM_API_KEY or a systemd credential.
   if (auto err = config::apply_secret_sources(out.cfg, config::read_secret_environment())) {
@@ -450,13 +454,13 @@ struct server_report {
 
 // Every check for one server, as the daemon would run it (its own state directory).
 server_report check_one_server(report& rep, const config::config& cfg, const std::string& dir,
-                               bool verify) {
+                               bool verify, std::string_view endpoint_note) {
   backends::http_endpoint ep;
   config::parse_http_url(cfg.upstream.url, ep.host, ep.port, ep.base_path);
   ep.api_key = cfg.upstream.api_key;
   backends::llama_http_backend be(ep, cfg.failure.management_timeout);
   rep.ok("Backend", "llama.cpp");
-  rep.ok("Endpoint", cfg.upstream.url);
+  rep.ok("Endpoint", cfg.upstream.url + std::string(endpoint_note));
   const auto server = check_server(rep, cfg, ep, be);
   check_state_dir(rep, dir);
   check_hints(rep, dir);
@@ -471,6 +475,18 @@ server_report check_one_server(report& rep, const config::config& cfg, const std
   return out;
 }
 
+// Without upstream.url, the default address serve would find (proxy/upstream_default.hpp),
+// and the words that say so on the Endpoint line.
+std::string choose_default_endpoint(config::config& cfg) {
+  if (!cfg.servers.empty() || cfg.upstream.url_given) return "";
+  if (auto found = run_sync(find_default_upstream(std::chrono::milliseconds{500}))) {
+    cfg.upstream.url = *found;
+    return " (upstream.url not set: llama-server answered on this default address)";
+  }
+  return fmt::format(" (upstream.url not set: llama-server answered on neither default address, {} nor {})",
+                     default_upstream_urls[0], default_upstream_urls[1]);
+}
+
 }  // namespace
 
 // With several servers (servers: in the config), each is checked in turn under a
@@ -478,16 +494,17 @@ server_report check_one_server(report& rep, const config::config& cfg, const std
 int run_doctor(const std::vector<std::string>& args) {
   const auto parsed = read_doctor_args(args);
   if (!parsed) return 2;
-  const auto& cfg = parsed->cfg;
+  auto cfg = parsed->cfg;
   report rep;
+  const std::string endpoint_note = choose_default_endpoint(cfg);
   const auto servers = config::effective_servers(cfg);
   const std::string root = config::resolve_state_dir(cfg);
   std::string verdict;
   bool unreachable = false;
   for (const auto& sc : servers) {
     if (!cfg.servers.empty()) rep.ok("Server", sc.name);
-    const auto one = check_one_server(rep, for_server(cfg, sc),
-                                      config::server_state_dir(cfg, sc, root), parsed->verify);
+    const auto one = check_one_server(rep, for_server(cfg, sc), config::server_state_dir(cfg, sc, root),
+                                      parsed->verify, endpoint_note);
     if (verdict.empty()) verdict = one.verdict;
     unreachable = unreachable || one.unreachable;
   }

@@ -20,6 +20,8 @@
 #include "core/log.hpp"
 #include "core/version.hpp"
 #include "proxy/cli.hpp"
+#include "proxy/run_sync.hpp"
+#include "proxy/upstream_default.hpp"
 #include "proxy/listen.hpp"
 #include "proxy/private_dir.hpp"
 #include "proxy/server.hpp"
@@ -53,7 +55,8 @@ save, erase, restore, same prompt on the loaded model and records the verdict
 serve options (override the config file):
   --config FILE        YAML configuration (see config/kvpersist.example.yaml)
   --listen HOST:PORT   where harnesses connect (default 127.0.0.1:8081)
-  --upstream URL       llama-server base URL (default http://127.0.0.1:8080)
+  --upstream URL       llama-server base URL (default: http://127.0.0.1:8080 or :9931,
+                       whichever answers)
   --state-dir DIR      manifests directory (default $XDG_STATE_HOME/kvpersist)
   --runtime-key KEY    bump when model file, -ctk/-ctv, -fa or LoRA change
   --log-level LEVEL    error | warn | info | debug
@@ -114,7 +117,10 @@ struct option_override {
 // A serve option over the config file's value; false if the value is not valid.
 bool apply_override(config::config& cfg, const option_override& o) {
   if (o.key == "--listen") cfg.listen = o.value;
-  else if (o.key == "--upstream") cfg.upstream.url = o.value;
+  else if (o.key == "--upstream") {
+    cfg.upstream.url = o.value;
+    cfg.upstream.url_given = true;
+  }
   else if (o.key == "--state-dir") cfg.state_dir = o.value;
   else if (o.key == "--runtime-key") cfg.runtime_key = o.value;
   else if (o.key == "--admin-listen") cfg.admin.listen = o.value;
@@ -185,6 +191,23 @@ void warn_exposed_secrets(const std::vector<config::exposed_secret>& exposed) {
                        "credential (README \"Security\")"}});
 }
 
+// Without upstream.url: llama-server's default address that answers (8080, or 9931 where
+// llama.cpp moved it), else 8080 with a warning naming both.
+void choose_default_upstream(config::config& cfg) {
+  if (!cfg.servers.empty() || cfg.upstream.url_given) return;
+  if (auto found = proxy::run_sync(proxy::find_default_upstream(std::chrono::milliseconds{500}))) {
+    cfg.upstream.url = *found;
+    core::log(core::log_level::info, "kv.upstream.default", {{"url", *found}, {"found", "yes"}});
+    return;
+  }
+  cfg.upstream.url = std::string(proxy::default_upstream_urls[0]);
+  core::log(core::log_level::warn, "kv.upstream.default",
+            {{"url", cfg.upstream.url}, {"found", "no"},
+             {"effect", fmt::format("llama-server answered on neither {} nor {}; using the first: set "
+                                    "upstream.url (or --upstream) if it listens elsewhere or starts later",
+                                    proxy::default_upstream_urls[0], proxy::default_upstream_urls[1])}});
+}
+
 // SIGHUP does not reload (README, Operations: systemd) and must not kill the daemon.
 net::awaitable<void> ignore_sighup(net::signal_set& h) {
   for (;;) {
@@ -231,11 +254,12 @@ net::awaitable<void> run_until_signalled(proxy::server& s, net::io_context& io,
 int serve(const std::vector<std::string>& args) {
   auto loaded = serve_config(args);
   if (const int* exit_code = std::get_if<int>(&loaded)) return *exit_code;
-  const auto& cfg = std::get<serve_setup>(loaded).cfg;
+  auto& cfg = std::get<serve_setup>(loaded).cfg;
   core::log_level lvl = core::log_level::info;
   core::parse_log_level(cfg.log.level, lvl);
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
   warn_exposed_secrets(std::get<serve_setup>(loaded).exposed);
+  choose_default_upstream(cfg);
 
   if (auto unsafe = proxy::check_state_dirs(cfg); !unsafe) {
     // Another account could swap what kvpersist reads and writes there (docs/design.md §11).

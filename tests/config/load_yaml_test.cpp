@@ -275,6 +275,7 @@ routes:
   using namespace kvp::config;
   CHECK(cfg.listen == "[::1]:9000");
   CHECK(cfg.upstream.url == "http://10.0.0.2:8090/");
+  CHECK(cfg.upstream.url_given);
   // A key and its file are exclusive: the key is "" (none) and the file holds it.
   CHECK(cfg.upstream.api_key == "secret");
   CHECK(cfg.upstream.api_key_file == KVP_SOURCE_DIR "/tests/config/keys/upstream-api-key");
@@ -340,6 +341,7 @@ routes:
   server_config alpha;
   alpha.name = "alpha";
   alpha.upstream.url = "http://10.0.0.3:8080";
+  alpha.upstream.url_given = true;
   alpha.upstream.api_key = "alpha-key";
   alpha.upstream.api_key_file = KVP_SOURCE_DIR "/tests/config/keys/alpha-api-key";
   alpha.upstream.connect_timeout = 21ms;
@@ -826,4 +828,12 @@ TEST_CASE("a key file that cannot be used is an error at its line", "[config][lo
     require_error_at("upstream:\n  apiKeyFile: keys/llama\n", 2, "must be an absolute path");
     require_error_at("admin:\n  tokenFile: token\n", 2, "admin.tokenFile");
   }
+}
+
+TEST_CASE("upstream.url given or left to the default address", "[config][load_yaml]") {
+  CHECK_FALSE(load_ok("").upstream.url_given);
+  CHECK_FALSE(load_ok("upstream:\n  apiKey: k\n").upstream.url_given);
+  const auto cfg = load_ok("upstream:\n  url: http://127.0.0.1:9931\n");
+  CHECK(cfg.upstream.url_given);
+  CHECK(cfg.upstream.url == "http://127.0.0.1:9931");
 }

@@ -138,8 +138,9 @@ class KvPersist:
         return "http://%s:%d" % (HOST, self.port)
 
     def command(self) -> list[str]:
-        cmd = [self.binary, "serve", "--listen", "%s:0" % HOST, "--upstream", self.upstream_url,
-               "--state-dir", self.state_dir]
+        cmd = [self.binary, "serve", "--listen", "%s:0" % HOST, "--state-dir", self.state_dir]
+        if self.upstream_url is not None:   # None: kvpersist's own default (test_default_upstream.py)
+            cmd += ["--upstream", self.upstream_url]
         extra = env_config()
         config = deep_merge(extra, self.config) if extra else self.config
         if config:

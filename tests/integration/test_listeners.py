@@ -46,6 +46,11 @@ def prlimit() -> str:
     return exe
 
 
+# An idle daemon: a few timers. A sanitized build's runtime costs more per wakeup (TSan 5-15x),
+# still far below a spinning accept loop (a full core: ~1 s per second).
+CPU_BOUND = 0.3 * (3 if os.environ.get("KVP_SANITIZER") else 1)
+
+
 def cpu_seconds(pid: int) -> float:
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -120,7 +125,7 @@ def test_idle_admin_connections_neither_spin_nor_starve_the_proxy(stack):
     try:
         time.sleep(0.5)
         used = cpu_used_over(p.pid, 3.0)
-        assert used < 0.3, "kvpersist used %.2f s of CPU in 3 s with 300 idle admin connections" % used
+        assert used < CPU_BOUND, "kvpersist used %.2f s of CPU in 3 s with 300 idle admin connections" % used
         t0 = time.monotonic()
         r = Conversation(sid("A")).turn(stack.port, timeout=ADMIN_HEADER_TIMEOUT_S / 3)
         waited = time.monotonic() - t0
@@ -184,7 +189,7 @@ def test_admin_accept_backs_off_on_emfile(stack):
     try:
         time.sleep(0.3)
         used = cpu_used_over(pid, 2.0)
-        assert used < 0.3, "kvpersist used %.2f s of CPU in 2 s at the descriptor limit" % used
+        assert used < CPU_BOUND, "kvpersist used %.2f s of CPU in 2 s at the descriptor limit" % used
         lines = stack.proxy.events("kv.admin.accept_failed")
         assert len(lines) <= 4 and "open files" in lines[0].fields["reason"], [l.raw for l in lines]
     finally:

@@ -68,7 +68,10 @@ def test_refused_sessions_of_huge_chains_keep_rss_bounded(stack):
     assert stack.proxy.alive()
     rss = rss_kib(stack.proxy.pid)
     # today's build before the fix: about 205 MiB, every refused session kept with its chain
-    assert rss < 80 * 1024, "kvpersist RSS %d KiB after 40 sessions of 8 MiB bodies" % rss
+    # under a sanitizer RSS is shadow memory and quarantine (scripts/sanitize.sh): the bound is
+    # the plain build's; the record count below still holds
+    if not os.environ.get("KVP_SANITIZER"):
+        assert rss < 80 * 1024, "kvpersist RSS %d KiB after 40 sessions of 8 MiB bodies" % rss
     # records without a snapshot: maxSessions of them, and the one that owns the slot
     assert len(listed_sessions(stack)) <= 6, listed_sessions(stack)
 
