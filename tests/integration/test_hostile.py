@@ -845,6 +845,13 @@ class InterimUpstream:
                              % (len(answer), answer))
 
     def close(self):
+        # shutdown first: a close alone leaves the accept thread blocked on the listening
+        # socket, which then stays bound and takes the next connection to its port, even one
+        # meant for a later test's server that the kernel gave the same port
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 
