@@ -33,7 +33,7 @@ import pytest
 
 from harness import Conversation, Stack, http_request, manifests, now
 from kvptest.identity import kept_session_id, session_hash, sid_factory
-from kvptest.net import raw_exchange
+from kvptest.net import raw_exchange, read_until_closed
 
 pytestmark = pytest.mark.fake_only
 
@@ -749,22 +749,8 @@ def flood_exchange(port: int, data: bytes, timeout: float) -> tuple[bytes, bool]
             pass                               # refused mid-upload: the answer is what counts
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    out, closed = bytearray(), False
-    deadline = now() + timeout
     try:
-        while now() < deadline:
-            s.settimeout(max(0.01, deadline - now()))
-            try:
-                chunk = s.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not chunk:
-                closed = True
-                break
-            out += chunk
+        out, closed = read_until_closed(s, time.monotonic() + timeout)
     finally:
         try:
             s.shutdown(socket.SHUT_RDWR)       # ends a send still blocked in the thread
@@ -772,7 +758,7 @@ def flood_exchange(port: int, data: bytes, timeout: float) -> tuple[bytes, bool]
             pass
         s.close()
         sender.join(5)
-    return bytes(out), closed
+    return out, closed
 
 
 @pytest.mark.parametrize("listener", ["proxy", "admin"])

@@ -12,30 +12,35 @@ def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> tuple[bytes, b
     """Sends `data` on a fresh connection and reads until the server closes it or `timeout`
     passes. Returns (bytes read, whether the server closed the connection)."""
     s = socket.create_connection((HOST, port), timeout=timeout)
-    out = bytearray()
-    closed = False
+    out, closed = b"", False
     deadline = time.monotonic() + timeout
     try:
         try:
             s.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        while time.monotonic() < deadline:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = s.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not chunk:
-                closed = True
-                break
-            out += chunk
+        out, closed = read_until_closed(s, deadline)
     finally:
         s.close()
-    return bytes(out), closed
+    return out, closed
+
+
+def read_until_closed(s: socket.socket, deadline: float) -> tuple[bytes, bool]:
+    """Reads `s` until the peer closes it (or resets it) or time.monotonic() passes `deadline`.
+    Returns (bytes read, whether the peer closed the connection)."""
+    out = bytearray()
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            break
+        except ConnectionResetError:
+            return bytes(out), True
+        if not chunk:
+            return bytes(out), True
+        out += chunk
+    return bytes(out), False
 
 
 def free_port() -> int:
