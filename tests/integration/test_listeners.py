@@ -46,8 +46,8 @@ def prlimit() -> str:
     return exe
 
 
-# An idle daemon: a few timers. A sanitized build's runtime costs more per wakeup (TSan 5-15x),
-# still far below a spinning accept loop (a full core: ~1 s per second).
+# An idle daemon: a few timers, well under this; a spinning accept loop takes a full core
+# (~1 s per second). A sanitized build's runtime costs more per wakeup (TSan 5-15x).
 CPU_BOUND = 0.3 * (3 if os.environ.get("KVP_SANITIZER") else 1)
 
 
@@ -179,6 +179,11 @@ def test_admin_accept_backs_off_on_emfile(stack):
     admin port fails with EMFILE; kvpersist backs off instead of spinning, logs
     kv.admin.accept_failed at most once a second, and serves the port again once descriptors
     are free."""
+    if os.environ.get("KVP_SANITIZER"):
+        # two spare descriptors starve the sanitizer runtime (it opens files of its own, e.g.
+        # /proc/self/maps) before kvpersist's accept: under ASan no accept failed and the
+        # process burned CPU elsewhere. The plain build runs this test in CI.
+        pytest.skip("descriptor exhaustion is measured on the plain build")
     exe = prlimit()
     stack.start()
     pid, port = stack.proxy.pid, stack.proxy.admin_port
