@@ -188,10 +188,20 @@ server::upstream_entry& server::route(const http::request<http::string_body>& re
       if (!model) model = core::request_model(req.body());
       if (*model != r.model) continue;
     }
-    for (auto& up : ups_)
-      if (up->cfg.name == r.server) return *up;
+    if (auto* up = server_named(r.server)) return *up;
   }
   return *ups_.front();
+}
+
+server::upstream_entry* server::server_named(const std::string& name) {
+  for (auto& up : ups_)
+    if (up->cfg.name == name) return up.get();
+  return nullptr;
+}
+
+std::string_view server::credential_header(const http::request<http::string_body>& req) {
+  const std::string_view credential = req[http::field::authorization];
+  return credential.empty() ? std::string_view(req["X-Api-Key"]) : credential;
 }
 
 server::~server() = default;
@@ -317,8 +327,7 @@ std::optional<bool> server::describe_content(const http::request<http::string_bo
                                              core::request_identity& who) const {
   // Every request on a slot carries its credential: the sharing scope decides on it whether
   // the request may run on what the slot holds (docs/design.md §20).
-  std::string_view credential = req[http::field::authorization];
-  if (credential.empty()) credential = req["X-Api-Key"];
+  const std::string_view credential = credential_header(req);
   who.credential = core::credential_key(credential);
   if (!who.purpose.empty()) return std::nullopt;  // auxiliary: never seeds, never seeded
   const bool names_session =
@@ -477,13 +486,17 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                               version, keep);
     co_return co_await send(c, std::move(res));
   }
-  if (core::classify_target(req.target()) == core::endpoint_kind::slots) {
+  const auto kind = core::classify_target(req.target());
+  if (kind == core::endpoint_kind::slots) {
     auto res = error_response(http::status::forbidden,
                               "kvpersist manages llama-server's slots; /slots is not forwarded",
                               version, keep);
     co_return co_await send(c, std::move(res));
   }
-  if (const auto stream = core::classify_stream_route(req.method_string(), req.target());
+  // Resumable-stream routes are passthrough paths: an inference request is not decoded again.
+  if (const auto stream = kind == core::endpoint_kind::passthrough
+                              ? core::classify_stream_route(req.method_string(), req.target())
+                              : core::stream_route::none;
       stream != core::stream_route::none)
     co_return co_await forward_stream_route(stream, c, req);
   auto who = identity_of(req);

@@ -62,6 +62,8 @@ class server {
   };
   upstream_entry& route(const http::request<http::string_body>& req);
   upstream_entry* server_named(const std::string& name);
+  // The credential a request carries: its Authorization value, else its X-Api-Key's.
+  static std::string_view credential_header(const http::request<http::string_body>& req);
   net::awaitable<void> run_session(tcp_stream stream);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
   net::awaitable<bool> forward(upstream_entry& up, client_conn& c,

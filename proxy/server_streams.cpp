@@ -15,28 +15,15 @@ using core::log_level;
 
 namespace {
 
-// The credential a request carries, as the sharing scope names it (credential_key()).
-std::string credential_of(const http::request<http::string_body>& req) {
-  std::string_view credential = req[http::field::authorization];
-  if (credential.empty()) credential = req["X-Api-Key"];
-  return core::credential_key(credential);
-}
-
 // A lookup reply lists a few streams; more than this is not one.
 constexpr std::uint64_t max_lookup_reply_bytes = 1 << 20;
 
 }  // namespace
 
-server::upstream_entry* server::server_named(const std::string& name) {
-  for (auto& up : ups_)
-    if (up->cfg.name == name) return up.get();
-  return nullptr;
-}
-
 void server::namespace_conversation(upstream_entry& up, http::request<http::string_body>& req) {
   auto it = req.find(core::conversation_header);
   if (it == req.end()) return;
-  const std::string id = core::upstream_conversation_id(credential_of(req), it->value());
+  const std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
   req.erase(core::conversation_header);  // every instance: llama-server reads one
   req.set(core::conversation_header, id);
   streams_.remember(id, up.cfg.name);
@@ -44,7 +31,7 @@ void server::namespace_conversation(upstream_entry& up, http::request<http::stri
 
 net::awaitable<bool> server::forward_stream_route(core::stream_route kind, client_conn& c,
                                                   http::request<http::string_body>& req) {
-  const std::string credential = credential_of(req);
+  const std::string credential = core::credential_key(credential_header(req));
   std::string conversation;
   std::optional<core::namespaced_lookup> lookup;
   if (kind == core::stream_route::lookup) {
