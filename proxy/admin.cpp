@@ -23,6 +23,7 @@
 #include "core/version.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/request_reader.hpp"
+#include "proxy/socket_peek.hpp"
 #include "proxy/ui_assets.hpp"
 
 namespace kvp::proxy {
@@ -538,8 +539,9 @@ net::awaitable<void> admin_server::serve_events(tcp_stream& s,
   --event_streams_;
 }
 
-// Polls the history every event_poll_interval and writes what is new; a comment line after
-// event_keepalive_interval of silence finds a client that has gone (the write fails).
+// Polls the history every event_poll_interval and writes what is new, with a comment line
+// after event_keepalive_interval of silence. A client that hangs up frees its stream at the
+// next poll (a peek sees the EOF); a write to it would fail only at the second try.
 net::awaitable<void> admin_server::stream_events(tcp_stream& s, std::uint64_t after) {
   http::response<http::empty_body> head{http::status::ok, 11};
   head.set(http::field::server, std::string("kvpersist/") + kvp::version);
@@ -552,7 +554,7 @@ net::awaitable<void> admin_server::stream_events(tcp_stream& s, std::uint64_t af
   if (auto [ec, n] = co_await http::async_write_header(s, head_writer); ec) co_return;
   steady_timer tick(s.get_executor());
   auto last_write = std::chrono::steady_clock::now();
-  while (!stopping_) {
+  while (!stopping_ && peek_peer(s.socket().native_handle()) != peer_state::hung_up) {
     const auto fresh = core::recent_events().since(after);
     std::string out = sse_frames(fresh);
     if (!fresh.empty()) after = fresh.back().seq;

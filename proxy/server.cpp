@@ -1,14 +1,12 @@
 #include "proxy/server.hpp"
 
 #include <sys/resource.h>
-#include <sys/socket.h>
 
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -25,6 +23,7 @@
 #include "core/request_rewrite.hpp"
 #include "proxy/http_status.hpp"
 #include "proxy/request_reader.hpp"
+#include "proxy/socket_peek.hpp"
 
 namespace kvp::proxy {
 
@@ -43,11 +42,8 @@ namespace {
 
 using client_socket = tcp_stream::socket_type;
 
-// Whether the client has hung up already (EOF or reset), without waiting or consuming bytes.
 bool client_hung_up(client_socket& sock) {
-  char c;
-  const ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  return peek_peer(sock.native_handle()) == peer_state::hung_up;
 }
 
 // Completes when the client hangs up (EOF or reset) while we wait on something else.

@@ -1,24 +1,10 @@
 #include "proxy/upstream_pool.hpp"
 
-#include <sys/socket.h>
-
-#include <cerrno>
-
 #include <fmt/format.h>
 
+#include "proxy/socket_peek.hpp"
+
 namespace kvp::proxy {
-
-namespace {
-
-// True if the peer has not closed the connection and sent nothing unexpected: a
-// non-blocking peek finds no data and no EOF.
-bool still_open(tcp_stream& s) {
-  char c;
-  ssize_t n = ::recv(s.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-}
-
-}  // namespace
 
 
 std::unique_ptr<tcp_stream> upstream_pool::take_idle(const net::any_io_executor& ex) {
@@ -30,7 +16,8 @@ std::unique_ptr<tcp_stream> upstream_pool::take_idle(const net::any_io_executor&
       s = std::move(idle_.back());
       idle_.pop_back();
     }
-    if (!still_open(*s)) continue;
+    // an idle connection the server closed, or that holds bytes nobody asked for, is dropped
+    if (peek_peer(s->socket().native_handle()) != peer_state::silent) continue;
     if (s->get_executor() == ex) return s;
     // Rebind to the caller's executor: the stream object moves, its socket stays open and
     // keeps its protocol (an IPv6 upstream's socket is not an IPv4 one).
