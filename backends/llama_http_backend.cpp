@@ -1,5 +1,6 @@
 #include "backends/llama_http_backend.hpp"
 
+#include <cctype>
 #include <chrono>
 #include <map>
 
@@ -83,13 +84,21 @@ std::string scalar_text(const rapidjson::Value& v) {
   return {};
 }
 
-std::string filename_body(const std::string& filename) {
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  core::write_json_member(w, "filename", filename);
-  w.EndObject();
-  return sb.GetString();
+char hex_digit(unsigned v) { return "0123456789ABCDEF"[v & 0xF]; }
+
+// RFC 3986 percent-encoding of a query value: unreserved characters stay.
+std::string query_encode(std::string_view in) {
+  std::string out;
+  for (const unsigned char c : in) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex_digit(c >> 4);
+      out += hex_digit(c);
+    }
+  }
+  return out;
 }
 
 // A save or restore reply: an object with a token count (required), a byte count and a timing,
@@ -228,10 +237,28 @@ core::result<std::vector<slot_info>> parse_slots(std::string_view json) {
 
 // Greedy, one token, no prompt cache (the slot may hold anything): the ranks then depend on
 // the weights, the tokenizer and the template-free prompt only (docs/llama-server.md §3).
-std::string behaviour_probe_body(int slot) {
+std::string router_target(std::string path, std::string_view model) {
+  if (model.empty()) return path;
+  path += path.find('?') == std::string::npos ? '?' : '&';
+  return path + "model=" + query_encode(model) + "&autoload=false";
+}
+
+std::string slot_action_body(std::string_view filename, std::string_view model) {
+  if (filename.empty() && model.empty()) return {};
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
   w.StartObject();
+  if (!filename.empty()) core::write_json_member(w, "filename", filename);
+  if (!model.empty()) core::write_json_member(w, "model", model);
+  w.EndObject();
+  return sb.GetString();
+}
+
+std::string behaviour_probe_body(int slot, std::string_view model) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  if (!model.empty()) core::write_json_member(w, "model", model);
   core::write_json_member(w, "prompt", core::behaviour_prompt);
   w.Key("n_predict");
   w.Int(1);
@@ -269,12 +296,17 @@ core::result<core::behaviour_signature> parse_behaviour_reply(std::string_view j
   return out;
 }
 
+std::string llama_http_backend::target_for(std::string path) const {
+  return router_target(std::move(path), router_model_);
+}
+
 net::awaitable<core::result<http_reply>> llama_http_backend::slot_action(int slot,
                                                                          const char* action,
-                                                                         std::string body) {
+                                                                         std::string filename) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto target = fmt::format("/slots/{}?action={}", slot, action);
-  auto r = co_await http_call(ep_, http::verb::post, target, std::move(body), timeout_);
+  auto target = target_for(fmt::format("/slots/{}?action={}", slot, action));
+  auto r = co_await http_call(ep_, http::verb::post, target,
+                              slot_action_body(filename, router_model_), timeout_);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   core::log(core::log_level::debug, "kv.backend.call",
@@ -286,7 +318,7 @@ net::awaitable<core::result<http_reply>> llama_http_backend::slot_action(int slo
 }
 
 net::awaitable<core::result<core::runtime_info>> llama_http_backend::read_runtime() {
-  auto props = co_await http_call(ep_, http::verb::get, "/props", "", timeout_);
+  auto props = co_await http_call(ep_, http::verb::get, target_for("/props"), "", timeout_);
   if (!props) co_return props.err();
   if (props->status != 200)
     co_return core::error{props->status == 401 ? core::errc::backend_unsupported
@@ -302,7 +334,7 @@ net::awaitable<core::result<core::runtime_info>> llama_http_backend::read_runtim
 // mark every snapshot incompatible.
 net::awaitable<core::result<std::string>> llama_http_backend::read_optional(
     const char* target, core::result<std::string> (*parse)(std::string_view)) {
-  auto r = co_await http_call(ep_, http::verb::get, target, "", timeout_);
+  auto r = co_await http_call(ep_, http::verb::get, target_for(target), "", timeout_);
   if (!r) co_return r.err();
   if (r->status == 404) co_return std::string();
   if (r->status != 200)
@@ -322,7 +354,9 @@ net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
     // Reading the rest (or a slot action) would wake it: wait for the next look.
     co_return core::error{core::errc::backend_unavailable, 0, "llama-server is sleeping"};
   }
-  auto meta = co_await read_optional("/v1/models", parse_model_meta);
+  // A router answers /v1/models itself, with every model's status: no child's metadata.
+  core::result<std::string> meta = std::string();
+  if (router_model_.empty()) meta = co_await read_optional("/v1/models", parse_model_meta);
   if (!meta) co_return meta.err();
   auto lora = co_await read_optional("/lora-adapters", parse_lora_adapters);
   if (!lora) co_return lora.err();
@@ -332,14 +366,14 @@ net::awaitable<core::result<core::server_probe>> llama_http_backend::probe() {
   out.runtime = std::move(rt.value());
   // An unknown action is refused after the save-path check and before any slot is touched:
   // 400 means slot actions are enabled, 501 means --slot-save-path is missing.
-  auto pr = co_await slot_action(0, "probe", "");
+  auto pr = co_await slot_action(0, "probe");
   if (!pr) co_return pr.err();
   out.slot_actions = pr->status == 400;
   co_return out;
 }
 
 net::awaitable<core::result<std::vector<slot_info>>> llama_http_backend::inspect_slots() {
-  auto r = co_await http_call(ep_, http::verb::get, "/slots", "", timeout_);
+  auto r = co_await http_call(ep_, http::verb::get, target_for("/slots"), "", timeout_);
   if (!r) co_return r.err();
   if (r->status != 200)
     co_return core::error{core::errc::backend_unsupported, r->status, error_message(r->body)};
@@ -348,7 +382,7 @@ net::awaitable<core::result<std::vector<slot_info>>> llama_http_backend::inspect
 
 net::awaitable<core::result<core::slot_saved>> llama_http_backend::save(int slot,
                                                                          std::string filename) {
-  auto r = co_await slot_action(slot, "save", filename_body(filename));
+  auto r = co_await slot_action(slot, "save", std::move(filename));
   if (!r) co_return r.err();
   if (r->status != 200)
     co_return slot_action_error(core::errc::save_failed, r->status, r->body);
@@ -357,7 +391,7 @@ net::awaitable<core::result<core::slot_saved>> llama_http_backend::save(int slot
 
 net::awaitable<core::result<core::slot_restored>> llama_http_backend::restore(
     int slot, std::string filename) {
-  auto r = co_await slot_action(slot, "restore", filename_body(filename));
+  auto r = co_await slot_action(slot, "restore", std::move(filename));
   if (!r) co_return r.err();
   if (r->status != 200)
     co_return slot_action_error(core::errc::restore_failed, r->status, r->body);
@@ -365,7 +399,7 @@ net::awaitable<core::result<core::slot_restored>> llama_http_backend::restore(
 }
 
 net::awaitable<core::result<core::slot_erased>> llama_http_backend::erase(int slot) {
-  auto r = co_await slot_action(slot, "erase", "");
+  auto r = co_await slot_action(slot, "erase");
   if (!r) co_return r.err();
   if (r->status != 200)
     co_return slot_action_error(core::errc::erase_failed, r->status, r->body);
@@ -374,8 +408,8 @@ net::awaitable<core::result<core::slot_erased>> llama_http_backend::erase(int sl
 
 net::awaitable<core::result<core::behaviour_signature>> llama_http_backend::probe_behaviour(
     int slot) {
-  auto r = co_await http_call(ep_, http::verb::post, "/completion", behaviour_probe_body(slot),
-                              timeout_);
+  auto r = co_await http_call(ep_, http::verb::post, target_for("/completion"),
+                              behaviour_probe_body(slot, router_model_), timeout_);
   if (!r) co_return r.err();
   if (r->status != 200)
     co_return core::error{core::errc::backend_unavailable, r->status,

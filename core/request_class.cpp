@@ -73,6 +73,21 @@ std::string decode_path(std::string_view path) {
   return out;
 }
 
+std::optional<std::string> query_param(std::string_view target, std::string_view name) {
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  const std::string_view query = target.substr(q + 1);
+  for (std::size_t pos = 0; pos <= query.size();) {
+    const auto amp = query.find('&', pos);
+    const auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
+    if (part.size() > name.size() && part.starts_with(name) && part[name.size()] == '=')
+      return decode_path(part.substr(name.size() + 1));
+    if (amp == std::string_view::npos) break;
+    pos = amp + 1;
+  }
+  return std::nullopt;
+}
+
 std::string routed_path(std::string_view target) {
   std::string path = decode_path(target.substr(0, target.find_first_of("?#")));
   while (path.size() > 1 && path.back() == '/') path.pop_back();

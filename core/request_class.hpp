@@ -20,6 +20,9 @@ enum class endpoint_kind {
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);
 
+// The percent-decoded value of the query parameter `name` in `target`, nullopt when absent.
+std::optional<std::string> query_param(std::string_view target, std::string_view name);
+
 // The path llama-server routes `target` to. Its HTTP library percent-decodes the path
 // before routing, so classify what it will route, or "/%73lots/0" would reach the slot API
 // and "/v1/chat/%63ompletions" would run on the slot without a lease. The query is dropped

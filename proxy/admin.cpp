@@ -126,21 +126,6 @@ bool is_json_media_type(std::string_view content_type) {
 }
 
 // The percent-decoded value of `name` in the target's query, if present.
-std::optional<std::string> query_param(std::string_view target, std::string_view name) {
-  const auto q = target.find('?');
-  if (q == std::string_view::npos) return std::nullopt;
-  const std::string_view query = target.substr(q + 1);
-  for (std::size_t pos = 0; pos <= query.size();) {
-    const auto amp = query.find('&', pos);
-    const auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
-    if (part.size() > name.size() && part.starts_with(name) && part[name.size()] == '=')
-      return core::decode_path(part.substr(name.size() + 1));
-    if (amp == std::string_view::npos) break;
-    pos = amp + 1;
-  }
-  return std::nullopt;
-}
-
 bool is_session_hash(std::string_view s) {
   return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
@@ -154,14 +139,14 @@ struct page_query {
 };
 std::optional<page_query> parse_page_query(std::string_view target) {
   page_query p;
-  if (auto limit = query_param(target, "limit")) {
+  if (auto limit = core::query_param(target, "limit")) {
     std::size_t n = 0;
     auto [end, ec] = std::from_chars(limit->data(), limit->data() + limit->size(), n);
     if (ec != std::errc{} || end != limit->data() + limit->size() || n < 1 || n > 1000)
       return std::nullopt;
     p.limit = n;
   }
-  if (auto after = query_param(target, "after")) {
+  if (auto after = core::query_param(target, "after")) {
     if (!is_session_hash(*after)) return std::nullopt;
     p.after = std::move(*after);
   }
@@ -593,7 +578,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (auto refused = credential_refusal(req)) co_return std::move(*refused);
   // ?server=NAME picks the llama-server for session operations (default: the first).
   coordinator* coord = coords_.front();
-  if (auto name = query_param(target, "server"); name && !name->empty()) {
+  if (auto name = core::query_param(target, "server"); name && !name->empty()) {
     auto it = std::find_if(coords_.begin(), coords_.end(),
                            [&](coordinator* c) { return c->name() == *name; });
     if (it == coords_.end()) co_return err(404, "unknown server", v);

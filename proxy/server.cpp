@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "backends/llama_http_backend.hpp"
+#include "backends/llama_router.hpp"
 #include "core/identity.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
@@ -115,62 +116,142 @@ server::server(net::io_context& ioc, config::config cfg)
     : ioc_(ioc),
       cfg_(std::move(cfg)),
       bodies_(cfg_.limits.max_buffered_body_bytes) {
-  const auto servers = config::effective_servers(cfg_);
   const std::string state_root = config::resolve_state_dir(cfg_);
-  for (const auto& sc : servers) {
-    auto up = std::make_unique<upstream_entry>();
-    up->cfg = sc;
-    backends::http_endpoint ep;
-    config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
-    ep.api_key = sc.upstream.api_key;
-    up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
-                                               sc.upstream.connect_timeout);
-    coordinator_options co;
+  for (const auto& sc : config::effective_servers(cfg_))
+    ups_.push_back(make_entry(sc, config::server_state_dir(cfg_, sc, state_root), ""));
+  build_swap_groups();
+}
+
+std::unique_ptr<server::upstream_entry> server::make_entry(const config::server_config& sc,
+                                                           const std::string& state_dir,
+                                                           const std::string& router_model) {
+  auto up = std::make_unique<upstream_entry>();
+  up->cfg = sc;
+  up->router_model = router_model;
+  const auto ep = endpoint_of(sc);
+  up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
+                                             sc.upstream.connect_timeout);
+  auto co = coordinator_options_for(sc);
+  if (!router_model.empty()) {
+    // A router's model: its own snapshot namespace, and no background probe (one that found
+    // the model unloaded would say nothing, and none may load it: docs/design.md §15).
     co.pool.instance_key = sc.name;
-    co.pool.runtime_key = sc.runtime_key;
-    co.pool.slot_id = sc.slot_id;
-    co.pool.reserve_aux_slot = sc.reserve_aux_slot;
-    co.pool.save_on_switch = cfg_.checkpoint.on_switch;
-    co.pool.save_on_turn_end = cfg_.checkpoint.on_turn_end;
-    co.pool.save_on_step_end = cfg_.checkpoint.on_step_end;
-    co.pool.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
-    co.pool.early_checkpoint = cfg_.checkpoint.early;
-    co.pool.restore_enabled = cfg_.restore.enabled;
-    co.pool.verify_restore = cfg_.restore.verify;
-    co.pool.seed_across_sessions = cfg_.sharing != config::sharing_scope::session;
-    co.pool.seed_within_credential = cfg_.sharing == config::sharing_scope::credential;
-    co.pool.strict = cfg_.failure.strict;
-    co.pool.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
-    co.pool.cooldown = cfg_.failure.cooldown;
-    co.max_waiting = cfg_.queue.max_waiting;
-    // A swap group's member is probed on its requests only: behind a swapper, a background
-    // /props would start the model it asks about (docs/design.md §15).
-    co.epoch_probe_interval =
-        sc.swap_group.empty() ? cfg_.epoch_probe_interval : std::chrono::milliseconds{0};
-    co.sleep_idle = sc.upstream.sleep_idle;
-    co.single_slot = sc.mode == config::slot_mode::single_slot;
-    co.server_name = sc.name;
-    co.endpoint = sc.upstream.url;
-    if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
-      co.snapshot_dir = sc.snapshots.path;
-    co.retention_max_bytes = cfg_.retention.max_total_bytes;
-    co.retention_max_sessions = cfg_.retention.max_sessions;
-    co.retention_max_age_days = cfg_.retention.max_age_days;
-    co.retention_max_sessions_per_credential = cfg_.retention.max_sessions_per_credential;
-    co.new_sessions_per_minute = cfg_.limits.new_sessions_per_minute;
-    co.retention_interval = cfg_.retention.interval;
-    co.file_timeout = cfg_.failure.file_timeout;
-    const std::string state = config::server_state_dir(cfg_, sc, state_root);
-    up->coord = std::make_unique<coordinator>(
-        ioc_, std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout),
-        manifest_store(state), co);
-    up->relay.upstream_idle = sc.upstream.idle_timeout;
-    up->relay.client_write = cfg_.limits.client_write_timeout;
-    ups_.push_back(std::move(up));
+    co.epoch_probe_interval = std::chrono::milliseconds{0};
   }
+  up->coord = std::make_unique<coordinator>(
+      ioc_,
+      std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout,
+                                                     router_model),
+      manifest_store(state_dir), co);
+  up->relay.upstream_idle = sc.upstream.idle_timeout;
+  up->relay.client_write = cfg_.limits.client_write_timeout;
+  return up;
+}
+
+backends::http_endpoint server::endpoint_of(const config::server_config& sc) {
+  backends::http_endpoint ep;
+  config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = sc.upstream.api_key;
+  return ep;
+}
+
+coordinator_options server::coordinator_options_for(const config::server_config& sc) const {
+  coordinator_options co;
+  co.pool.instance_key = sc.name;
+  co.pool.runtime_key = sc.runtime_key;
+  co.pool.slot_id = sc.slot_id;
+  co.pool.reserve_aux_slot = sc.reserve_aux_slot;
+  co.pool.save_on_switch = cfg_.checkpoint.on_switch;
+  co.pool.save_on_turn_end = cfg_.checkpoint.on_turn_end;
+  co.pool.save_on_step_end = cfg_.checkpoint.on_step_end;
+  co.pool.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
+  co.pool.early_checkpoint = cfg_.checkpoint.early;
+  co.pool.restore_enabled = cfg_.restore.enabled;
+  co.pool.verify_restore = cfg_.restore.verify;
+  co.pool.seed_across_sessions = cfg_.sharing != config::sharing_scope::session;
+  co.pool.seed_within_credential = cfg_.sharing == config::sharing_scope::credential;
+  co.pool.strict = cfg_.failure.strict;
+  co.pool.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
+  co.pool.cooldown = cfg_.failure.cooldown;
+  co.max_waiting = cfg_.queue.max_waiting;
+  // A swap group's member is probed on its requests only: behind a swapper, a background
+  // /props would start the model it asks about (docs/design.md §15).
+  co.epoch_probe_interval =
+      sc.swap_group.empty() ? cfg_.epoch_probe_interval : std::chrono::milliseconds{0};
+  co.sleep_idle = sc.upstream.sleep_idle;
+  co.single_slot = sc.mode == config::slot_mode::single_slot;
+  co.server_name = sc.name;
+  co.endpoint = sc.upstream.url;
+  if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
+    co.snapshot_dir = sc.snapshots.path;
+  co.retention_max_bytes = cfg_.retention.max_total_bytes;
+  co.retention_max_sessions = cfg_.retention.max_sessions;
+  co.retention_max_age_days = cfg_.retention.max_age_days;
+  co.retention_max_sessions_per_credential = cfg_.retention.max_sessions_per_credential;
+  co.new_sessions_per_minute = cfg_.limits.new_sessions_per_minute;
+  co.retention_interval = cfg_.retention.interval;
+  co.file_timeout = cfg_.failure.file_timeout;
+  return co;
+}
+
+void server::build_swap_groups() {
   std::vector<swap_groups::member> members;
-  for (const auto& up : ups_) members.push_back({up->cfg.name, up->cfg.swap_group, up->coord.get()});
+  for (const auto& up : ups_)
+    if (!up->router) members.push_back({up->cfg.name, up->cfg.swap_group, up->coord.get()});
   swaps_ = std::make_unique<swap_groups>(std::move(members));
+}
+
+net::awaitable<void> server::discover_routers() {
+  const std::size_t configured = ups_.size();
+  for (std::size_t i = 0; i < configured; ++i) {
+    auto& front = *ups_[i];
+    auto info = co_await backends::read_router(endpoint_of(front.cfg),
+                                               cfg_.failure.management_timeout);
+    if (!info) {
+      log(log_level::debug, "kv.router.unknown",
+          {{"server", front.cfg.name}, {"reason", info.err().message}});
+      continue;  // not answering yet: the coordinator's own probe says why
+    }
+    if (info.value()) add_router_models(front, std::move(*info.value()));
+  }
+}
+
+// One entry per model, named "<server>/<model>": its own coordinator, snapshot namespace and
+// state directory (models/<hash of the id>, so an id is never a path).
+void server::add_router_models(upstream_entry& front, backends::router_info info) {
+  const std::string state_root = config::resolve_state_dir(cfg_);
+  const std::string front_dir = config::server_state_dir(cfg_, front.cfg, state_root);
+  std::vector<router_models::member> members;
+  for (const auto& m : info.models) {
+    auto sc = front.cfg;
+    sc.name = front.cfg.name + "/" + m.id;
+    sc.swap_group.clear();  // the router decides what runs: router_models, not swap_groups
+    const std::string dir = front_dir + "/models/" + core::sha256_hex(m.id).substr(0, 16);
+    ups_.push_back(make_entry(sc, dir, m.id));
+    ups_.back()->pool = front.pool;  // one router, one set of connections to it
+    members.push_back({m.id, m.aliases, ups_.back()->coord.get()});
+  }
+  log(log_level::info, "kv.router.found",
+      {{"server", front.cfg.name}, {"models", std::to_string(members.size())},
+       {"max_instances", std::to_string(info.max_instances)}});
+  front.router = std::make_unique<router_models>(front.cfg.name, endpoint_of(front.cfg),
+                                                 cfg_.failure.management_timeout,
+                                                 std::move(info), std::move(members));
+  for (std::size_t i = ups_.size() - front.router->size(); i < ups_.size(); ++i)
+    ups_[i]->of_router = front.router.get();
+}
+
+server::upstream_entry& server::model_entry(upstream_entry& up,
+                                            const http::request<http::string_body>& req) {
+  if (!up.router) return up;
+  const auto model = req.method() == http::verb::get || req.method() == http::verb::head
+                         ? core::query_param(req.target(), "model").value_or("")
+                         : core::request_model(req.body());
+  const auto* m = model.empty() ? nullptr : up.router->find(model);
+  if (!m) return up;
+  for (auto& e : ups_)
+    if (e->of_router == up.router.get() && e->router_model == m->model) return *e;
+  return up;
 }
 
 server::upstream_entry& server::route(const http::request<http::string_body>& req) {
@@ -217,8 +298,10 @@ net::awaitable<core::result<std::string>> server::start() {
            {"reserved", std::to_string(reserved_descriptors(cfg_))},
            {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
   }
+  co_await discover_routers();
   std::vector<coordinator*> coords;
   for (auto& up : ups_) {
+    if (up->router) continue;  // its models' coordinators manage its slots
     co_await up->coord->on_strand(up->coord->start());
     coords.push_back(up->coord.get());
   }
@@ -496,7 +579,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
       stream != core::stream_route::none)
     co_return co_await forward_stream_route(stream, c, req);
   auto who = identity_of(req);
-  auto& up = route(req);
+  auto& up = model_entry(route(req), req);
   namespace_conversation(up, req);
   // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
   // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
@@ -511,6 +594,10 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await send(c, std::move(res));
   }
   relay_state st;
+  // A router's request for no model kvpersist manages: the router picks (or refuses) it.
+  if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
+  // A router starts the model a request names, and may unload another to do so.
+  if (up.of_router) co_await up.of_router->before_serving(*up.of_router->find(up.router_model));
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());
@@ -714,6 +801,7 @@ net::awaitable<void> server::shutdown() {
     }
   }
   for (auto& up : ups_) {
+    if (up->router) continue;  // never started
     co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
     if (cfg_.checkpoint.on_shutdown) {
       const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());

@@ -20,6 +20,7 @@
 #include "core/resumable_stream.hpp"
 #include "proxy/listener.hpp"
 #include "proxy/relay.hpp"
+#include "proxy/router_models.hpp"
 #include "proxy/stream_directory.hpp"
 #include "proxy/swap_groups.hpp"
 #include "proxy/upstream_pool.hpp"
@@ -56,11 +57,28 @@ class server {
   // One llama-server: its pool, its coordinator (own strand, own leases), its timeouts.
   struct upstream_entry {
     config::server_config cfg;
-    std::unique_ptr<upstream_pool> pool;
+    std::shared_ptr<upstream_pool> pool;  // a router's models share the router's
     std::unique_ptr<coordinator> coord;
     relay_options relay;
+    // A llama-server router (docs/design.md §15): this entry forwards, unmanaged, what names
+    // no model of `router`; each model has its own entry, with `router_model` set and
+    // `of_router` pointing at the router's models.
+    std::unique_ptr<router_models> router;
+    std::string router_model;
+    router_models* of_router = nullptr;
   };
+  std::unique_ptr<upstream_entry> make_entry(const config::server_config& sc,
+                                             const std::string& state_dir,
+                                             const std::string& router_model);
+  static backends::http_endpoint endpoint_of(const config::server_config& sc);
+  coordinator_options coordinator_options_for(const config::server_config& sc) const;
+  void build_swap_groups();
+  // At start: each configured server that is a router gets an entry per model.
+  net::awaitable<void> discover_routers();
+  void add_router_models(upstream_entry& front, backends::router_info info);
   upstream_entry& route(const http::request<http::string_body>& req);
+  // A router's entry for the model `req` names (body "model", or ?model= on a GET), else `up`.
+  upstream_entry& model_entry(upstream_entry& up, const http::request<http::string_body>& req);
   upstream_entry* server_named(const std::string& name);
   // The credential a request carries: its Authorization value, else its X-Api-Key's.
   static std::string_view credential_header(const http::request<http::string_body>& req);

@@ -1,0 +1,157 @@
+#include "proxy/router_models.hpp"
+
+#include <algorithm>
+
+#include "core/log.hpp"
+#include "proxy/coordinator.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+
+namespace {
+// How often a caller looks whether another caller's switch has ended, and how often a load's
+// progress is read: loading a model takes seconds, a short poll costs one small GET.
+constexpr std::chrono::milliseconds switch_poll{10};
+constexpr std::chrono::milliseconds load_poll{100};
+
+const backends::router_model* status_of(const std::vector<backends::router_model>& models,
+                                        std::string_view id) {
+  auto it = std::find_if(models.begin(), models.end(),
+                         [&](const backends::router_model& m) { return m.id == id; });
+  return it == models.end() ? nullptr : &*it;
+}
+
+net::awaitable<void> pause(std::chrono::milliseconds d) {
+  steady_timer t(co_await net::this_coro::executor, d);
+  auto [ec] = co_await t.async_wait(token);
+  (void)ec;
+}
+}  // namespace
+
+router_models::router_models(std::string server, backends::http_endpoint ep,
+                             std::chrono::milliseconds call_timeout, backends::router_info info,
+                             std::vector<member> members)
+    : server_(std::move(server)),
+      ep_(std::move(ep)),
+      call_timeout_(call_timeout),
+      info_(std::move(info)),
+      members_(std::move(members)) {
+  std::lock_guard lock(mu_);
+  note_status(info_.models);
+}
+
+const router_models::member* router_models::find(std::string_view model) const {
+  for (const auto& m : members_)
+    if (m.model == model ||
+        std::find(m.aliases.begin(), m.aliases.end(), model) != m.aliases.end())
+      return &m;
+  return nullptr;
+}
+
+bool router_models::known_running(const member& m) const {
+  if (std::chrono::steady_clock::now() - read_at_ > status_max_age) return false;
+  const auto it = running_.find(m.model);
+  return it != running_.end() && it->second;
+}
+
+void router_models::note_status(const std::vector<backends::router_model>& models) {
+  running_.clear();
+  for (const auto& rm : models) running_[rm.id] = rm.running();
+  read_at_ = std::chrono::steady_clock::now();
+}
+
+net::awaitable<void> router_models::before_serving(const member& m) {
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      served_[m.model] = ++clock_;
+      if (!switching_) {
+        if (known_running(m)) co_return;
+        switching_ = true;
+        break;
+      }
+    }
+    co_await pause(switch_poll);
+  }
+  co_await switch_to(m);
+  std::lock_guard lock(mu_);
+  switching_ = false;
+}
+
+net::awaitable<void> router_models::switch_to(const member& m) {
+  auto models = co_await backends::read_router_models(ep_, call_timeout_);
+  if (!models) {
+    log(log_level::warn, "kv.router.unavailable",
+        {{"server", server_}, {"reason", models.err().message},
+         {"effect", "forwarded without saving the other models' sessions"}});
+    co_return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    note_status(models.value());
+  }
+  if (const auto* st = status_of(models.value(), m.model); st && st->running()) co_return;
+  // The router starts no model by itself: the request gets the router's own answer.
+  if (!info_.autoload) co_return;
+  const auto running = std::count_if(models->begin(), models->end(),
+                                     [](const backends::router_model& rm) { return rm.running(); });
+  if (info_.max_instances > 0 && running >= info_.max_instances)
+    co_await save_running_others(m, models.value());
+  const bool loaded = co_await load_and_wait(m);
+  // A new child: its /props has a new media marker, so its sessions restore (§4).
+  m.coord->note_upstream_trouble();
+  log(loaded ? log_level::info : log_level::warn, "kv.router.loaded",
+      {{"server", server_}, {"model", m.model}, {"ok", loaded ? "1" : "0"}});
+}
+
+// Saved least recently served first: each save is a POST, which the router counts as a use,
+// so the order the router will unload in is kept, and whichever model it unloads is saved.
+net::awaitable<void> router_models::save_running_others(
+    const member& to, const std::vector<backends::router_model>& models) {
+  std::vector<const member*> others;
+  for (const auto& m : members_)
+    if (&m != &to)
+      if (const auto* st = status_of(models, m.model); st && st->running()) others.push_back(&m);
+  {
+    std::lock_guard lock(mu_);
+    std::sort(others.begin(), others.end(), [&](const member* a, const member* b) {
+      return served_[a->model] < served_[b->model];
+    });
+  }
+  for (const member* m : others) {
+    const auto out = co_await m->coord->on_strand(m->coord->admin_flush());
+    m->coord->note_upstream_trouble();  // its child may be the one the router unloads
+    log(out.result == admin_result::flushed ? log_level::info : log_level::warn, "kv.router.saved",
+        {{"server", server_}, {"from", m->model}, {"to", to.model},
+         {"ok", out.result == admin_result::flushed ? "1" : "0"}});
+  }
+}
+
+net::awaitable<bool> router_models::load_and_wait(const member& m) {
+  auto asked = co_await backends::load_router_model(ep_, m.model, call_timeout_);
+  if (!asked) {
+    log(log_level::warn, "kv.router.load_failed", {{"server", server_}, {"model", m.model},
+                                                   {"reason", asked.err().message}});
+    co_return false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + load_timeout;
+  bool seen_loading = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto models = co_await backends::read_router_models(ep_, call_timeout_);
+    if (models) {
+      std::lock_guard lock(mu_);
+      note_status(models.value());
+      const auto* st = status_of(models.value(), m.model);
+      if (!st) co_return false;
+      if (st->status == "loaded" || st->status == "sleeping") co_return true;
+      if (st->status == "loading") seen_loading = true;
+      else if (seen_loading) co_return false;  // it stopped: the child failed to start
+    }
+    co_await pause(load_poll);
+  }
+  co_return false;
+}
+
+}  // namespace kvp::proxy

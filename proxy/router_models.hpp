@@ -1,0 +1,72 @@
+// A llama-server router's models (docs/design.md §15 "Router mode"): each model has its own
+// coordinator; before a request that makes the router start a model while --models-max
+// children run (the router then unloads its least recently used one, KV and all), every other
+// running model's dirty sessions are saved, least recently used first, and the model is
+// loaded; its coordinator then re-reads /props and restores as after a restart.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/http_client.hpp"
+#include "backends/llama_router.hpp"
+#include "backends/net.hpp"
+
+namespace kvp::proxy {
+
+class coordinator;
+
+class router_models {
+ public:
+  struct member {
+    std::string model;                 // the router's id
+    std::vector<std::string> aliases;  // other names a request may use
+    coordinator* coord;
+  };
+  router_models(std::string server, backends::http_endpoint ep,
+                std::chrono::milliseconds call_timeout, backends::router_info info,
+                std::vector<member> members);
+
+  // The member a request naming `model` (an id or an alias) runs on; nullptr for a model
+  // kvpersist does not manage (unknown when kvpersist started).
+  const member* find(std::string_view model) const;
+  std::size_t size() const { return members_.size(); }
+
+  // Before a request to `m` is forwarded. Returns at once when the router runs `m` (as last
+  // read, at most status_max_age ago); else, when the router must unload a model to start it,
+  // saves the others' dirty sessions first, then loads `m` and waits until it runs (at most
+  // load_timeout). Failures are logged: the request is forwarded and may run cold.
+  net::awaitable<void> before_serving(const member& m);
+
+  static constexpr std::chrono::milliseconds status_max_age{1000};
+  static constexpr std::chrono::seconds load_timeout{600};
+
+ private:
+  net::awaitable<void> switch_to(const member& m);
+  net::awaitable<void> save_running_others(const member& to,
+                                           const std::vector<backends::router_model>& models);
+  net::awaitable<bool> load_and_wait(const member& m);
+  // Whether the last status read says `m` runs and is fresh enough to trust.
+  bool known_running(const member& m) const;  // REQUIRES: mu_ held
+  void note_status(const std::vector<backends::router_model>& models);  // REQUIRES: mu_ held
+
+  const std::string server_;
+  const backends::http_endpoint ep_;
+  const std::chrono::milliseconds call_timeout_;
+  const backends::router_info info_;
+  const std::vector<member> members_;
+
+  std::mutex mu_;
+  bool switching_ = false;                       // a caller is saving and loading
+  std::map<std::string, bool> running_;          // by model id, as last read
+  std::chrono::steady_clock::time_point read_at_{};
+  std::map<std::string, std::uint64_t> served_;  // by model id: order of kvpersist's last request
+  std::uint64_t clock_ = 0;
+};
+
+}  // namespace kvp::proxy

@@ -1,0 +1,127 @@
+"""Router mode against a real llama-server router (docs/design.md §15 "Router mode"):
+`llama-server --models-dir D --models-max 1` with two random-weight models, alpha and beta
+(other weights, same geometry). Conversation A talks to alpha, B to beta, taking turns: with one
+child at a time, each request for the other model makes the router unload the running one,
+KV and all. kvpersist, in front with its defaults, saves the running model's sessions before
+the request that unloads it, and each return restores: llama-server reuses >= 90% of the
+first prompt (timings.cache_n). The control sends the same turns to the router directly: a
+return is a full prefill.
+
+    KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \\
+      KVP_MODEL=$(scripts/test-model.sh ci) \\
+      /usr/bin/python3 -m pytest -q --upstream=real tests/integration/test_router_real.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from harness import HOST, REAL_MODEL_BODY, Stack, free_port, http_request, stop_process, wait_until
+from real_world import need_real_model, other_seed_model
+
+pytestmark = pytest.mark.real_only
+
+N_CTX = 8192
+REUSE = 0.9
+WORDS = 500   # ~1,900 tokens of the ci model's tokenizer per conversation
+
+
+class Router:
+    """`llama-server` without -m: a router over `models_dir`, one child at a time."""
+
+    def __init__(self, workdir: str, models_dir: str):
+        self.port = free_port()
+        self.save_dir = os.path.join(workdir, "slots")
+        os.makedirs(self.save_dir, exist_ok=True)
+        self.log = open(os.path.join(workdir, "router.log"), "ab")
+        cmd = [os.environ.get("KVP_LLAMA_SERVER", "llama-server"), "--models-dir", models_dir,
+               "--models-max", "1", "--host", HOST, "--port", str(self.port), "-c", str(N_CTX),
+               "-np", "1", "--slot-save-path", self.save_dir, "--no-cache-idle-slots", "-t", "1"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        if not wait_until(self._healthy, 60, 0.2):
+            self.stop()
+            raise RuntimeError("the llama-server router did not start: %s" % " ".join(cmd))
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d" % (HOST, self.port)
+
+    def _healthy(self) -> bool:
+        try:
+            return http_request(self.port, "GET", "/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def running(self) -> list[str]:
+        r = http_request(self.port, "GET", "/v1/models", timeout=10)
+        return [m["id"] for m in r.json["data"] if m["status"]["value"] in ("loaded", "loading", "sleeping")]
+
+    def stop(self):
+        stop_process(self.proc, 20)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    need_real_model()
+    models = tmp_path_factory.mktemp("models")
+    for name, path in (("alpha", os.environ["KVP_MODEL"]), ("beta", other_seed_model())):
+        shutil.copyfile(path, str(models / ("%s.gguf" % name)))
+    r = Router(str(tmp_path_factory.mktemp("router")), str(models))
+    yield r
+    r.stop()
+
+
+def conversation(name: str) -> list:
+    notes = " ".join("%s-%d" % (name, i) for i in range(WORDS))
+    return [{"role": "system", "content": "Notes of %s. Read them and answer briefly.\n\n%s" % (name, notes)},
+            {"role": "user", "content": "Summarise the notes."}]
+
+
+def turn(port: int, model: str, session: str, history: list) -> dict:
+    body = {"model": model, "messages": history, "stream": False, "max_tokens": 8, **REAL_MODEL_BODY}
+    r = http_request(port, "POST", "/v1/chat/completions", body=body, timeout=180,
+                     headers={"X-Session-Id": session})
+    assert r.status == 200, r.body[:300]
+    history.append({"role": "assistant", "content": r.json["choices"][0]["message"]["content"]})
+    history.append({"role": "user", "content": "And then?"})
+    return r.json
+
+
+def alternate(port: int, router: Router, tag: str) -> list[tuple[str, int, int]]:
+    """A, B, A, B on alpha, beta, alpha, beta; returns (who, prompt tokens, cache_n) per return."""
+    a, b = conversation("A" + tag), conversation("B" + tag)
+    first_a = turn(port, "alpha", "A" + tag, a)["usage"]["prompt_tokens"]
+    first_b = turn(port, "beta", "B" + tag, b)["usage"]["prompt_tokens"]
+    assert router.running() == ["beta"], router.running()   # the router unloaded alpha
+    back_a = turn(port, "alpha", "A" + tag, a)["timings"]["cache_n"]
+    back_b = turn(port, "beta", "B" + tag, b)["timings"]["cache_n"]
+    return [("A", first_a, back_a), ("B", first_b, back_b)]
+
+
+def test_each_return_after_an_unload_restores(router, tmp_path):
+    stack = Stack(str(tmp_path), "real")
+    try:
+        proxy = stack.start_proxy({}, upstream_url=router.url)
+        returns = alternate(proxy.port, router, "-kv")
+        print("through kvpersist:", returns)
+        for who, prompt, reused in returns:
+            assert reused >= REUSE * prompt, (who, reused, prompt, proxy.log_text()[-3000:])
+        # each model was saved before the request that made the router unload it
+        saves = [l.fields["from"] for l in proxy.events("kv.router.saved")]
+        loads = [l.fields["model"] for l in proxy.events("kv.router.loaded")]
+        assert saves == ["alpha", "beta", "alpha"], saves
+        assert loads == ["alpha", "beta", "alpha", "beta"], loads
+        assert proxy.alive()
+    finally:
+        stack.close()
+
+
+def test_control_direct_to_the_router_prefills_again(router):
+    returns = alternate(router.port, router, "-direct")
+    print("direct:", returns)
+    for who, prompt, reused in returns:
+        assert reused <= 16, (who, reused, prompt)   # the test can tell a restore from none
