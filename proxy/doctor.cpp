@@ -13,6 +13,7 @@
 #include <rapidjson/document.h>
 
 #include "backends/llama_http_backend.hpp"
+#include "backends/llama_router.hpp"
 #include "config/load_yaml.hpp"
 #include "config/secrets.hpp"
 #include "core/identity.hpp"
@@ -318,6 +319,30 @@ struct server_check {
   bool unreachable = false;
 };
 
+// A llama-server router (docs/design.md §15): its models, and each running model's runtime and
+// slot API through the router. Nothing here loads a model.
+void check_router(report& rep, const config::config& cfg, const backends::http_endpoint& ep,
+                  const backends::router_info& info) {
+  rep.ok("Router", fmt::format("{} model(s), --models-max {}{}; each model gets its own coordinator",
+                               info.models.size(), info.max_instances,
+                               info.autoload ? "" : ", autoload off"));
+  for (const auto& m : info.models) {
+    if (!m.running()) {
+      rep.ok("Model " + m.id, m.status + " (checked when a request loads it)");
+      continue;
+    }
+    backends::llama_http_backend model_backend(ep, cfg.failure.management_timeout, m.id);
+    auto r = run_sync(model_backend.read_runtime());
+    if (!r) {
+      rep.bad("Model " + m.id, r.err().message);
+      continue;
+    }
+    rep.ok("Model " + m.id, m.status);
+    check_runtime(rep, cfg, r.value());
+    if (!r->sleeping) report_slot_api(rep, run_sync(model_backend.probe()));
+  }
+}
+
 // llama-server: reachable, its runtime, its slot API and its prediction route.
 server_check check_server(report& rep, const config::config& cfg,
                           const backends::http_endpoint& ep, backends::llama_http_backend& be) {
@@ -335,6 +360,10 @@ server_check check_server(report& rep, const config::config& cfg,
     return out;
   }
   rep.ok("Reachable", "yes");
+  if (auto router = run_sync(backends::read_router(ep, timeout)); router && router.value()) {
+    check_router(rep, cfg, ep, *router.value());
+    return out;  // no runtime of its own: --verify needs a plain llama-server
+  }
   auto r = run_sync(be.read_runtime());
   if (!r) {
     if (r.err().http_status == 401)

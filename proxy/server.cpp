@@ -112,6 +112,45 @@ std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile
   return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
 }
 
+coordinator_options options_for(const config::config& cfg, const config::server_config& sc) {
+  coordinator_options co;
+  co.pool.instance_key = sc.name;
+  co.pool.runtime_key = sc.runtime_key;
+  co.pool.slot_id = sc.slot_id;
+  co.pool.reserve_aux_slot = sc.reserve_aux_slot;
+  co.pool.save_on_switch = cfg.checkpoint.on_switch;
+  co.pool.save_on_turn_end = cfg.checkpoint.on_turn_end;
+  co.pool.save_on_step_end = cfg.checkpoint.on_step_end;
+  co.pool.idle_checkpoint = checkpoint_before_sleep(cfg.checkpoint.idle, sc.upstream.sleep_idle);
+  co.pool.early_checkpoint = cfg.checkpoint.early;
+  co.pool.restore_enabled = cfg.restore.enabled;
+  co.pool.verify_restore = cfg.restore.verify;
+  co.pool.seed_across_sessions = cfg.sharing != config::sharing_scope::session;
+  co.pool.seed_within_credential = cfg.sharing == config::sharing_scope::credential;
+  co.pool.strict = cfg.failure.strict;
+  co.pool.max_consecutive_failures = cfg.failure.max_consecutive_failures;
+  co.pool.cooldown = cfg.failure.cooldown;
+  co.max_waiting = cfg.queue.max_waiting;
+  // A swap group's member is probed on its requests only: behind a swapper, a background
+  // /props would start the model it asks about (docs/design.md §15).
+  co.epoch_probe_interval =
+      sc.swap_group.empty() ? cfg.epoch_probe_interval : std::chrono::milliseconds{0};
+  co.sleep_idle = sc.upstream.sleep_idle;
+  co.single_slot = sc.mode == config::slot_mode::single_slot;
+  co.server_name = sc.name;
+  co.endpoint = sc.upstream.url;
+  if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
+    co.snapshot_dir = sc.snapshots.path;
+  co.retention_max_bytes = cfg.retention.max_total_bytes;
+  co.retention_max_sessions = cfg.retention.max_sessions;
+  co.retention_max_age_days = cfg.retention.max_age_days;
+  co.retention_max_sessions_per_credential = cfg.retention.max_sessions_per_credential;
+  co.new_sessions_per_minute = cfg.limits.new_sessions_per_minute;
+  co.retention_interval = cfg.retention.interval;
+  co.file_timeout = cfg.failure.file_timeout;
+  return co;
+}
+
 server::server(net::io_context& ioc, config::config cfg)
     : ioc_(ioc),
       cfg_(std::move(cfg)),
@@ -131,7 +170,7 @@ std::unique_ptr<server::upstream_entry> server::make_entry(const config::server_
   const auto ep = endpoint_of(sc);
   up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
                                              sc.upstream.connect_timeout);
-  auto co = coordinator_options_for(sc);
+  auto co = options_for(cfg_, sc);
   if (!router_model.empty()) {
     // A router's model: its own snapshot namespace, and no background probe (one that found
     // the model unloaded would say nothing, and none may load it: docs/design.md §15).
@@ -153,45 +192,6 @@ backends::http_endpoint server::endpoint_of(const config::server_config& sc) {
   config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
   ep.api_key = sc.upstream.api_key;
   return ep;
-}
-
-coordinator_options server::coordinator_options_for(const config::server_config& sc) const {
-  coordinator_options co;
-  co.pool.instance_key = sc.name;
-  co.pool.runtime_key = sc.runtime_key;
-  co.pool.slot_id = sc.slot_id;
-  co.pool.reserve_aux_slot = sc.reserve_aux_slot;
-  co.pool.save_on_switch = cfg_.checkpoint.on_switch;
-  co.pool.save_on_turn_end = cfg_.checkpoint.on_turn_end;
-  co.pool.save_on_step_end = cfg_.checkpoint.on_step_end;
-  co.pool.idle_checkpoint = checkpoint_before_sleep(cfg_.checkpoint.idle, sc.upstream.sleep_idle);
-  co.pool.early_checkpoint = cfg_.checkpoint.early;
-  co.pool.restore_enabled = cfg_.restore.enabled;
-  co.pool.verify_restore = cfg_.restore.verify;
-  co.pool.seed_across_sessions = cfg_.sharing != config::sharing_scope::session;
-  co.pool.seed_within_credential = cfg_.sharing == config::sharing_scope::credential;
-  co.pool.strict = cfg_.failure.strict;
-  co.pool.max_consecutive_failures = cfg_.failure.max_consecutive_failures;
-  co.pool.cooldown = cfg_.failure.cooldown;
-  co.max_waiting = cfg_.queue.max_waiting;
-  // A swap group's member is probed on its requests only: behind a swapper, a background
-  // /props would start the model it asks about (docs/design.md §15).
-  co.epoch_probe_interval =
-      sc.swap_group.empty() ? cfg_.epoch_probe_interval : std::chrono::milliseconds{0};
-  co.sleep_idle = sc.upstream.sleep_idle;
-  co.single_slot = sc.mode == config::slot_mode::single_slot;
-  co.server_name = sc.name;
-  co.endpoint = sc.upstream.url;
-  if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
-    co.snapshot_dir = sc.snapshots.path;
-  co.retention_max_bytes = cfg_.retention.max_total_bytes;
-  co.retention_max_sessions = cfg_.retention.max_sessions;
-  co.retention_max_age_days = cfg_.retention.max_age_days;
-  co.retention_max_sessions_per_credential = cfg_.retention.max_sessions_per_credential;
-  co.new_sessions_per_minute = cfg_.limits.new_sessions_per_minute;
-  co.retention_interval = cfg_.retention.interval;
-  co.file_timeout = cfg_.failure.file_timeout;
-  return co;
 }
 
 void server::build_swap_groups() {

@@ -36,6 +36,9 @@ std::uint64_t reserved_descriptors(const config::config& cfg);
 // reserved_descriptors(cfg). At least 1.
 std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile);
 
+// The coordinator's options for server `sc` of configuration `cfg` (config::effective_servers).
+coordinator_options options_for(const config::config& cfg, const config::server_config& sc);
+
 class server {
  public:
   // REQUIRES: cfg passed config::validate.
@@ -71,7 +74,6 @@ class server {
                                              const std::string& state_dir,
                                              const std::string& router_model);
   static backends::http_endpoint endpoint_of(const config::server_config& sc);
-  coordinator_options coordinator_options_for(const config::server_config& sc) const;
   void build_swap_groups();
   // At start: each configured server that is a router gets an entry per model.
   net::awaitable<void> discover_routers();

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from harness import HOST, REAL_MODEL_BODY, Stack, free_port, http_request, stop_process, wait_until
+from harness import HOST, REAL_MODEL_BODY, Stack, free_port, http_request, kvpersist_bin, stop_process, wait_until
 from real_world import need_real_model, other_seed_model
 
 pytestmark = pytest.mark.real_only
@@ -125,3 +125,19 @@ def test_control_direct_to_the_router_prefills_again(router):
     print("direct:", returns)
     for who, prompt, reused in returns:
         assert reused <= 16, (who, reused, prompt)   # the test can tell a restore from none
+
+
+def test_doctor_names_the_router_and_its_models(router, tmp_path):
+    if not router.running():
+        http_request(router.port, "POST", "/models/load", body={"model": "alpha"}, timeout=30)
+        assert wait_until(lambda: router.running() == ["alpha"], 60, 0.2)
+    r = subprocess.run([kvpersist_bin(), "doctor", "--upstream", router.url, "--state-dir", str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=60)
+    lines = dict(l.split(":", 1) for l in r.stdout.splitlines() if ":" in l)
+    assert lines["Router"].strip().startswith("2 model(s), --models-max 1"), r.stdout
+    running = router.running()
+    for name in ("alpha", "beta"):
+        status = lines["Model %s" % name].strip()
+        assert status == ("loaded" if name in running else "unloaded (checked when a request loads it)"), r.stdout
+    assert "Slot API" in lines and "enabled" in lines["Slot API"], r.stdout
+    assert router.running() == running   # doctor loaded nothing

@@ -1,0 +1,32 @@
+// Tests for proxy::options_for (proxy/server.hpp): what each server's coordinator is told.
+#include <catch2/catch.hpp>
+
+#include "proxy/server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using kvp::proxy::options_for;
+
+TEST_CASE("options_for gives each server its name, mode and probe", "[proxy][server]") {
+  kvp::config::config cfg;
+  cfg.epoch_probe_interval = 5'000ms;
+  cfg.sharing = kvp::config::sharing_scope::credential;
+  kvp::config::server_config plain;
+  plain.name = "gpu0";
+  plain.upstream.url = "http://127.0.0.1:8080";
+  plain.mode = kvp::config::slot_mode::managed_slots;
+  auto co = options_for(cfg, plain);
+  CHECK(co.server_name == "gpu0");
+  CHECK(co.pool.instance_key == "gpu0");  // the snapshot namespace
+  CHECK_FALSE(co.single_slot);
+  CHECK(co.epoch_probe_interval == 5'000ms);
+  CHECK(co.pool.seed_within_credential);
+  CHECK(co.snapshot_dir.empty());  // server-owned snapshots: no directory of kvpersist's
+
+  auto member = plain;
+  member.swap_group = "gpu";  // behind a swapper a background probe would load the model
+  CHECK(options_for(cfg, member).epoch_probe_interval == 0ms);
+}
+
+}  // namespace
