@@ -1,0 +1,151 @@
+"""Router mode (docs/design.md §15) against a fake llama-server router (fake_router.py): the
+exact calls kvpersist sends a router. Each model gets its own coordinator; no management call
+loads a model (all carry autoload=false); before a request that makes the router unload a
+model, every running model's dirty sessions are saved, least recently used first; a model
+kvpersist does not know is forwarded untouched. test_router_real.py runs the same against the
+real router.
+
+    KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_router.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fake_router import FakeRouter
+from harness import http_request, wait_until
+from multislot_helpers import FakeWorld, start_proxy
+
+pytestmark = pytest.mark.fake_only
+
+MODELS = {"alpha": ["a"], "beta": [], "gamma": []}
+
+
+class RouterWorld(FakeWorld):
+    def __init__(self, tmp_path):
+        super().__init__(tmp_path)
+        self.router: FakeRouter | None = None
+
+    def start(self, max_instances: int = 1, autoload: bool = True):
+        slots = os.path.join(self.tmp, "slots")
+        os.makedirs(slots, exist_ok=True)
+        self.router = FakeRouter(slots, MODELS, max_instances=max_instances, autoload=autoload).start()
+        self.proxy = start_proxy(self.router.url, self.state_dir, self.tmp,
+                                 {"checkpoint": {"idleMs": 0}, "epochProbeIntervalMs": 0})
+        assert wait_until(lambda: self.proxy.events("kv.router.found"), 5), self.proxy.log_text()
+        return self
+
+    def running_fakes(self) -> list:
+        return list(self.router.children.values()) if self.router else []
+
+    def close(self):
+        super().close()
+        if self.router:
+            self.router.stop()
+
+
+@pytest.fixture
+def world(request, tmp_path):
+    w = RouterWorld(tmp_path)
+    yield w
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed and w.proxy:
+        print("\n---- kvpersist\n%s" % w.proxy.log_text())
+    w.close()
+
+
+def ask(port: int, model: str | None, session: str, text: str = "hello"):
+    body = {"messages": [{"role": "system", "content": "agent %s" % session}, {"role": "user", "content": text}],
+            "stream": False}
+    if model is not None:
+        body["model"] = model
+    return http_request(port, "POST", "/v1/chat/completions", headers={"X-Session-Id": session}, body=body,
+                        timeout=15)
+
+
+def management(router: FakeRouter) -> list[dict]:
+    """kvpersist's calls about a model's slots or runtime (not the inference requests)."""
+    return [r for r in router.requests if r["path"].startswith("/slots") or r["path"] in ("/props", "/lora-adapters")
+            or r["path"] == "/completion"]
+
+
+def test_each_model_has_its_own_coordinator_and_no_management_call_loads_a_model(world):
+    world.start(max_instances=1)
+    found = world.proxy.events("kv.router.found")[0]
+    assert found.fields["models"] == "3" and found.fields["max_instances"] == "1"
+    assert world.router.running() == []   # kvpersist's start loaded nothing
+    assert ask(world.port, "alpha", "r-1").status == 200
+    assert world.router.running() == ["alpha"]
+    calls = management(world.router)
+    assert calls, world.router.requests
+    for c in calls:
+        if c["model"] is None and c["path"] == "/props":
+            continue   # the router's own props, read at start
+        assert c["query"].get("autoload") == "false", c
+        assert c["model"] in MODELS, c
+    # the session's cold start ran on alpha's child: its erase (the fake's exact call list)
+    assert [m["action"] for m in world.router.child("alpha").management_calls()] == ["erase"]
+
+
+def test_an_unload_saves_first_and_the_return_restores(world):
+    world.start(max_instances=1)
+    assert ask(world.port, "alpha", "r-a", "first").status == 200
+    alpha_child = world.router.child("alpha")
+    assert ask(world.port, "beta", "r-b", "other").status == 200
+    # alpha's session was saved on alpha's child before beta was loaded (which unloaded alpha)
+    assert [m["action"] for m in alpha_child.management_calls()] == ["erase", "save"]
+    assert world.router.unloads == ["alpha"]
+    saved = alpha_child.management_calls()[-1]["filename"]
+    order = [(r["method"], r["path"], r["model"]) for r in world.router.requests]
+    load_beta = order.index(("POST", "/models/load", "beta"))
+    assert order.index(("POST", "/slots/0", "alpha")) < load_beta, order
+    # alpha comes back in a new child: its session restores from the file saved above
+    assert ask(world.port, "alpha", "r-a", "second").status == 200
+    new_alpha = world.router.child("alpha")
+    assert new_alpha is not alpha_child
+    calls = new_alpha.management_calls()
+    assert [m["action"] for m in calls] == ["restore"] and calls[0]["filename"] == saved, calls
+
+
+def test_with_room_for_two_the_least_recently_served_is_saved_first(world):
+    world.start(max_instances=2)
+    assert ask(world.port, "alpha", "r-a").status == 200
+    assert ask(world.port, "beta", "r-b").status == 200
+    assert ask(world.port, "alpha", "r-a", "again").status == 200   # alpha served last: beta is the LRU
+    n = len(world.router.requests)
+    assert ask(world.port, "gamma", "r-g").status == 200
+    saves = [r["model"] for r in world.router.requests[n:]
+             if r["path"] == "/slots/0" and r["query"].get("action") == "save"]
+    assert saves == ["beta", "alpha"], world.router.requests[n:]
+    assert world.router.unloads == ["beta"]   # the router's pick: the first saved
+    assert world.router.running() == ["alpha", "gamma"]
+
+
+def test_a_running_model_costs_no_load_and_no_save(world):
+    world.start(max_instances=2)
+    assert ask(world.port, "alpha", "r-a").status == 200
+    n = len(world.router.requests)
+    assert ask(world.port, "a", "r-a", "by its alias").status == 200   # an alias of alpha
+    later = [(r["method"], r["path"], r["query"].get("action")) for r in world.router.requests[n:]]
+    assert ("POST", "/models/load", None) not in later and ("POST", "/slots/0", "save") not in later, later
+    assert [m["action"] for m in world.router.child("alpha").management_calls()] == ["erase"]
+
+
+def test_a_model_kvpersist_does_not_manage_is_forwarded_untouched(world):
+    world.start(max_instances=1)
+    r = ask(world.port, "delta", "r-d")
+    assert r.status == 400 and "not found" in r.body.decode(), r.body[:200]   # the router's own answer
+    r = ask(world.port, None, "r-none")
+    assert r.status == 400 and "model name is missing" in r.body.decode(), r.body[:200]
+    assert [x["path"] for x in world.router.requests if x["method"] == "POST"] == ["/v1/chat/completions"] * 2
+    assert world.proxy.alive()
+
+
+def test_without_autoload_kvpersist_loads_nothing(world):
+    world.start(max_instances=1, autoload=False)
+    r = ask(world.port, "alpha", "r-a")
+    assert r.status == 400 and "not loaded" in r.body.decode(), r.body[:200]
+    assert world.router.running() == []
+    assert not [x for x in world.router.requests if x["path"] == "/models/load"]
