@@ -13,6 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+# The agent CLIs come from the npm registry: mostly network time, so it runs beside the
+# builds below (once per machine; then it only checks the cache).
+harnesses_out=$(mktemp)
+scripts/harnesses.sh >"$harnesses_out" &
+harnesses_pid=$!
 build=${KVP_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_WERROR="${KVP_WERROR:-OFF}" >/dev/null
 ninja -C "$build"
@@ -23,7 +28,9 @@ ninja -C "$build"
 # tests/integration/test_harnesses_real.py fails rather than skips when one is missing.
 KVP_LLAMA_SERVER=$(scripts/llama-server.sh)
 KVP_MODEL=$(scripts/test-model.sh ci)
-KVP_HARNESSES=$(scripts/harnesses.sh)
+wait "$harnesses_pid" || { echo "scripts/harnesses.sh failed" >&2; exit 1; }
+KVP_HARNESSES=$(cat "$harnesses_out")
+rm -f "$harnesses_out"
 export KVP_LLAMA_SERVER KVP_MODEL KVP_HARNESSES
 
 ctest --test-dir "$build" --output-on-failure --timeout 900 "$@"
