@@ -62,7 +62,7 @@ void router_models::note_status(const std::vector<backends::router_model>& model
   read_at_ = std::chrono::steady_clock::now();
 }
 
-net::awaitable<void> router_models::before_serving(const member& m) {
+net::awaitable<void> router_models::before_serving(const member& m, bool load) {
   for (;;) {
     {
       std::lock_guard lock(mu_);
@@ -75,12 +75,28 @@ net::awaitable<void> router_models::before_serving(const member& m) {
     }
     co_await pause(switch_poll);
   }
-  co_await switch_to(m);
+  co_await switch_to(m, load);
   std::lock_guard lock(mu_);
   switching_ = false;
 }
 
-net::awaitable<void> router_models::switch_to(const member& m) {
+net::awaitable<void> router_models::before_unload(const member& m) {
+  {
+    std::lock_guard lock(mu_);
+    read_at_ = {};  // the next request reads the status again
+  }
+  co_await save(m, "");
+}
+
+net::awaitable<void> router_models::save(const member& m, std::string_view to) {
+  const auto out = co_await m.coord->on_strand(m.coord->admin_flush());
+  m.coord->note_upstream_trouble();  // its child may be gone before its next request
+  log(out.result == admin_result::flushed ? log_level::info : log_level::warn, "kv.router.saved",
+      {{"server", server_}, {"from", m.model}, {"to", std::string(to.empty() ? "(unload)" : to)},
+       {"ok", out.result == admin_result::flushed ? "1" : "0"}});
+}
+
+net::awaitable<void> router_models::switch_to(const member& m, bool load) {
   auto models = co_await backends::read_router_models(ep_, call_timeout_);
   if (!models) {
     log(log_level::warn, "kv.router.unavailable",
@@ -94,14 +110,15 @@ net::awaitable<void> router_models::switch_to(const member& m) {
   }
   if (const auto* st = status_of(models.value(), m.model); st && st->running()) co_return;
   // The router starts no model by itself: the request gets the router's own answer.
-  if (!info_.autoload) co_return;
+  if (load && !info_.autoload) co_return;
   const auto running = std::count_if(models->begin(), models->end(),
                                      [](const backends::router_model& rm) { return rm.running(); });
   if (info_.max_instances > 0 && running >= info_.max_instances)
     co_await save_running_others(m, models.value());
-  const bool loaded = co_await load_and_wait(m);
   // A new child: its /props has a new media marker, so its sessions restore (§4).
   m.coord->note_upstream_trouble();
+  if (!load) co_return;  // the client's own POST /models/load follows
+  const bool loaded = co_await load_and_wait(m);
   log(loaded ? log_level::info : log_level::warn, "kv.router.loaded",
       {{"server", server_}, {"model", m.model}, {"ok", loaded ? "1" : "0"}});
 }
@@ -120,13 +137,7 @@ net::awaitable<void> router_models::save_running_others(
       return served_[a->model] < served_[b->model];
     });
   }
-  for (const member* m : others) {
-    const auto out = co_await m->coord->on_strand(m->coord->admin_flush());
-    m->coord->note_upstream_trouble();  // its child may be the one the router unloads
-    log(out.result == admin_result::flushed ? log_level::info : log_level::warn, "kv.router.saved",
-        {{"server", server_}, {"from", m->model}, {"to", to.model},
-         {"ok", out.result == admin_result::flushed ? "1" : "0"}});
-  }
+  for (const member* m : others) co_await save(*m, to.model);
 }
 
 net::awaitable<bool> router_models::load_and_wait(const member& m) {

@@ -39,15 +39,18 @@ class router_models {
 
   // Before a request to `m` is forwarded. Returns at once when the router runs `m` (as last
   // read, at most status_max_age ago); else, when the router must unload a model to start it,
-  // saves the others' dirty sessions first, then loads `m` and waits until it runs (at most
-  // load_timeout). Failures are logged: the request is forwarded and may run cold.
-  net::awaitable<void> before_serving(const member& m);
+  // saves the others' dirty sessions first, then (`load`) loads `m` and waits until it runs
+  // (at most load_timeout). Failures are logged: the request is forwarded and may run cold.
+  net::awaitable<void> before_serving(const member& m, bool load);
+  // Before a client's POST /models/unload of `m`: its dirty sessions are saved.
+  net::awaitable<void> before_unload(const member& m);
 
   static constexpr std::chrono::milliseconds status_max_age{1000};
   static constexpr std::chrono::seconds load_timeout{600};
 
  private:
-  net::awaitable<void> switch_to(const member& m);
+  net::awaitable<void> switch_to(const member& m, bool load);
+  net::awaitable<void> save(const member& m, std::string_view to);
   net::awaitable<void> save_running_others(const member& to,
                                            const std::vector<backends::router_model>& models);
   net::awaitable<bool> load_and_wait(const member& m);

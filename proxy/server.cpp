@@ -254,6 +254,19 @@ server::upstream_entry& server::model_entry(upstream_entry& up,
   return up;
 }
 
+// The router's own routes for its models (docs/llama-server.md §14): an unload saves that
+// model's sessions first, a load the running models' when one must make room; any other
+// request naming the model may make the router start it.
+net::awaitable<void> server::before_router_request(upstream_entry& up,
+                                                   const http::request<http::string_body>& req) {
+  const auto& m = *up.of_router->find(up.router_model);
+  const std::string path = core::routed_path(req.target());
+  if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
+  if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false);
+  if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
+  co_await up.of_router->before_serving(m, true);
+}
+
 server::upstream_entry& server::route(const http::request<http::string_body>& req) {
   std::optional<std::string> model;  // parsed at most once, only if a route asks for it
   for (const auto& r : cfg_.routes) {
@@ -597,7 +610,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // A router's request for no model kvpersist manages: the router picks (or refuses) it.
   if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
   // A router starts the model a request names, and may unload another to do so.
-  if (up.of_router) co_await up.of_router->before_serving(*up.of_router->find(up.router_model));
+  if (up.of_router) co_await before_router_request(up, req);
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());

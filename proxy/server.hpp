@@ -78,6 +78,8 @@ class server {
   // At start: each configured server that is a router gets an entry per model.
   net::awaitable<void> discover_routers();
   void add_router_models(upstream_entry& front, backends::router_info info);
+  net::awaitable<void> before_router_request(upstream_entry& up,
+                                             const http::request<http::string_body>& req);
   upstream_entry& route(const http::request<http::string_body>& req);
   // A router's entry for the model `req` names (body "model", or ?model= on a GET), else `up`.
   upstream_entry& model_entry(upstream_entry& up, const http::request<http::string_body>& req);

@@ -147,6 +147,15 @@ class _RouterHandler(BaseHTTPRequestHandler):
                 return self._json(400, err_body(400, "model is already running", "invalid_request_error"))
             r.load(target)
             return self._json(200, {"success": True})
+        if self.command == "POST" and path == "/models/unload":
+            target = r.resolve(model)
+            with r._lock:
+                child = r.children.pop(target, None) if target else None
+            if not child:
+                return self._json(400, err_body(400, "model is not running", "invalid_request_error"))
+            child.stop()
+            r.unloads.append(target)
+            return self._json(200, {"success": True})
         return self._proxy(path, query, body, model)
 
     def _proxy(self, path, query, body, model):

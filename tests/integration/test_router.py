@@ -149,3 +149,24 @@ def test_without_autoload_kvpersist_loads_nothing(world):
     assert r.status == 400 and "not loaded" in r.body.decode(), r.body[:200]
     assert world.router.running() == []
     assert not [x for x in world.router.requests if x["path"] == "/models/load"]
+
+
+def test_a_clients_unload_saves_that_model_first_and_its_load_makes_room(world):
+    world.start(max_instances=1)
+    assert ask(world.port, "alpha", "r-a").status == 200
+    alpha_child = world.router.child("alpha")
+    r = http_request(world.port, "POST", "/models/unload", body={"model": "alpha"}, timeout=10)
+    assert r.status == 200, r.body[:200]
+    assert [m["action"] for m in alpha_child.management_calls()] == ["erase", "save"]
+    assert world.router.unloads == ["alpha"]
+    assert ask(world.port, "beta", "r-b").status == 200
+    # the client loads alpha itself: beta's session is saved first, and the client gets the
+    # router's own answer (kvpersist does not load it for them)
+    beta_child = world.router.child("beta")
+    r = http_request(world.port, "POST", "/models/load", body={"model": "alpha"}, timeout=10)
+    assert r.status == 200 and r.json == {"success": True}, r.body[:200]
+    assert [m["action"] for m in beta_child.management_calls()] == ["erase", "save"]
+    assert world.router.unloads == ["alpha", "beta"]
+    # and alpha's session comes back from its file
+    assert ask(world.port, "alpha", "r-a", "back").status == 200
+    assert [m["action"] for m in world.router.child("alpha").management_calls()] == ["restore"]
