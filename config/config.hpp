@@ -103,8 +103,9 @@ struct checkpoint_config {
   bool on_turn_end = false;     // save after a reply that hands the conversation to the user
   bool on_step_end = false;     // save after every model call (each tool-loop step)
   milliseconds idle{30'000};    // save a dirty owner after this much idle time; 0 = off
-  // after a turn end, save once idle this long (at least twice the last save); 0 = off
-  milliseconds early{0};
+  // after a turn end, while sessions contend for the slots, save once idle this long (at
+  // least twice the last save); 0 = off
+  milliseconds early{1'000};
 
   bool operator==(const checkpoint_config&) const = default;
 };

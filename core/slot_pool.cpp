@@ -814,7 +814,8 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   const bool dirty = r.dirty();
   sl.state = dirty ? slot_state::dirty : slot_state::ready;
   if (!dirty) return std::nullopt;
-  const auto idle_for = idle_before_checkpoint(r, turn_end);
+  note_turn(sl.owner, now);
+  const auto idle_for = idle_before_checkpoint(r, turn_end, now);
   if (idle_for.count() > 0) {
     sl.idle_deadline = now + idle_for;
     sl.idle_rev = r.dirty_rev;
@@ -824,13 +825,35 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   return std::nullopt;
 }
 
+void slot_pool::note_turn(const std::string& hash, steady_time now) {
+  std::erase_if(recent_turns_,
+                [&](const auto& kv) { return now - kv.second > opts_.contention_window; });
+  if (recent_turns_.size() >= max_recent_turns && !recent_turns_.contains(hash)) {
+    auto oldest = std::min_element(recent_turns_.begin(), recent_turns_.end(),
+                                   [](const auto& a, const auto& b) { return a.second < b.second; });
+    recent_turns_.erase(oldest);
+  }
+  recent_turns_[hash] = now;
+}
+
+bool slot_pool::contended(steady_time now) const {
+  std::size_t session_slots = slots_.size();
+  if (aux_slot() >= 0 && session_slots > 1) --session_slots;
+  const auto recent = std::count_if(recent_turns_.begin(), recent_turns_.end(), [&](const auto& kv) {
+    return now - kv.second <= opts_.contention_window;
+  });
+  return static_cast<std::size_t>(recent) > session_slots;
+}
+
 // How long a dirty slot waits before its idle checkpoint: the early checkpoint's delay after
-// a turn end (at least twice the session's last save, so a user who answers quickly rarely
-// finds the save in progress), else checkpoint.idleMs. 0: none.
-std::chrono::milliseconds slot_pool::idle_before_checkpoint(const session_rec& r,
-                                                            bool turn_end) const {
+// a turn end while sessions contend for the slots (at least twice the session's last save, so
+// a user who answers quickly rarely finds the save in progress), else checkpoint.idleMs.
+// 0: none.
+std::chrono::milliseconds slot_pool::idle_before_checkpoint(const session_rec& r, bool turn_end,
+                                                            steady_time now) const {
   using std::chrono::milliseconds;
-  if (!turn_end || opts_.early_checkpoint.count() == 0) return opts_.idle_checkpoint;
+  if (!turn_end || opts_.early_checkpoint.count() == 0 || !contended(now))
+    return opts_.idle_checkpoint;
   const auto last_save = milliseconds(r.snapshot ? static_cast<std::int64_t>(r.snapshot->save_ms) : 0);
   auto wait = std::max(opts_.early_checkpoint, 2 * last_save);
   if (opts_.idle_checkpoint.count() > 0) wait = std::min(wait, opts_.idle_checkpoint);

@@ -39,10 +39,13 @@ struct slot_pool_options {
   bool save_on_turn_end = false;   // after a reply that hands the conversation to the user
   bool save_on_step_end = false;   // after every model call
   std::chrono::milliseconds idle_checkpoint{30'000};  // 0: off
-  // Early checkpoint (docs/design.md §10): after a reply that ends the user's turn, save once
-  // the slot has been idle this long, or twice the session's last save time if that is
-  // longer, so that the next switch is a restore only. 0: off.
+  // Early checkpoint (docs/design.md §10): after a reply that ends the user's turn, while
+  // more sessions took turns within `contention_window` than there are session slots (so the
+  // next switch would wait for a save), save once the slot has been idle this long, or twice
+  // the session's last save time if that is longer, so that the switch is a restore only.
+  // A single conversation never pays for it. 0: off.
   std::chrono::milliseconds early_checkpoint{0};
+  std::chrono::milliseconds contention_window{600'000};
   bool restore_enabled = true;
   bool verify_restore = true;
   bool strict = false;
@@ -380,7 +383,12 @@ class slot_pool {
   session_rec& rec(const std::string& hash, std::string_view session_id);
   void forget_least_recent_records(const std::string& keep);
   std::optional<save_step> make_save(slot_rec& s);
-  std::chrono::milliseconds idle_before_checkpoint(const session_rec& r, bool turn_end) const;
+  std::chrono::milliseconds idle_before_checkpoint(const session_rec& r, bool turn_end,
+                                                  steady_time now) const;
+  // Notes that `hash` took a turn; whether more sessions did within contention_window than
+  // there are session slots.
+  void note_turn(const std::string& hash, steady_time now);
+  bool contended(steady_time now) const;
   void set_snapshot(const std::string& hash, session_rec& r, manifest m);
   // Seeding (docs/design.md §3).
   bool seeding_allowed() const;
@@ -407,6 +415,9 @@ class slot_pool {
   std::vector<slot_rec> slots_;
   std::uint64_t use_clock_ = 0;
   std::uint64_t record_clock_ = 0;  // orders session_rec::last_used
+  // Sessions that took a turn lately (note_turn), at most max_recent_turns.
+  std::unordered_map<std::string, steady_time> recent_turns_;
+  static constexpr std::size_t max_recent_turns = 64;
   std::vector<std::string> forgotten_records_;  // for take_forgotten_records
   core_stats stats_;
   std::string compatibility_ = "unknown";

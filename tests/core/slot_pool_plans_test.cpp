@@ -370,6 +370,7 @@ TEST_CASE("the early checkpoint follows a turn end, waits at least twice the las
   o.early_checkpoint = 2s;
   auto c = make_core(o);
   const auto a = c.hash_for("A");
+  run_request(c, session("B"), t0 - 5s);  // two sessions take turns: the slot is contended
   run_request(c, session("A"), t0);  // a tool step, not a turn end: the idle deadline
   CHECK(c.idle_deadline() == t0 + 30s);
 
@@ -397,6 +398,20 @@ TEST_CASE("the early checkpoint follows a turn end, waits at least twice the las
     c.store_manifest(*big.write);
     end_turn(t0 + 40s);
     CHECK(c.idle_deadline() == t0 + 70s);
+  }
+  SECTION("a single conversation never pays for it: only the idle checkpoint") {
+    auto alone = make_core(o);
+    run_request(alone, session("A"), t0);
+    REQUIRE(alone.prepare(session("A"), t0 + 1s, wall).resident);
+    alone.start_inference(session("A"));
+    alone.end_inference(true, t0 + 1s, true);
+    CHECK(alone.idle_deadline() == t0 + 31s);
+  }
+  SECTION("contention ends when the other session has taken no turn for contention_window") {
+    REQUIRE(c.prepare(session("A"), t0 + 11min, wall).resident);
+    c.start_inference(session("A"));
+    c.end_inference(true, t0 + 11min, true);
+    CHECK(c.idle_deadline() == t0 + 11min + 30s);
   }
   SECTION("with earlyMs 0 a turn end arms the idle deadline only") {
     auto plain = make_core();

@@ -291,7 +291,7 @@ def test_no_leak_over_rounds(stack):
     (idle pooled upstream connections are bounded by upstream.maxIdleConnections). RSS: after two
     warm-up rounds, growth within 4 MiB over the rest (CI); the soak checks the trend."""
     stack.start(config={"queue": {"maxWaiting": 2}, "limits": {"headerTimeoutMs": 300},
-                        "checkpoint": {"idleMs": 0}, "sessions": {"unmanaged": "passthrough"}})
+                        "checkpoint": {"idleMs": 0, "earlyMs": 0}, "sessions": {"unmanaged": "passthrough"}})
     pid = stack.proxy.pid
     convs = [Conversation(sid("L%d" % i)) for i in range(8)]
     if LONG:
