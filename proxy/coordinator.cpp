@@ -206,9 +206,12 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     co_return out;
   }
   if (t->runtime_change) runtime_change_pending_ = true;
-  // A probe that is due (a fresh connection, a back-off that ended) runs before the request
-  // passes through: persistence may be back.
-  if (may_pass_through(*t)) co_await look_for_changes(-1);
+  // A probe that is due (a fresh connection, this request's own included; a back-off that
+  // ended) runs before the request passes through: persistence may be back.
+  if (may_pass_through(*t)) {
+    if (!upstream_ready) upstream_trouble_.store(true);
+    co_await look_for_changes(-1);
+  }
   if (may_pass_through(*t)) {
     t->pass_through = true;
     ++passing_through_;

@@ -301,8 +301,6 @@ class coordinator {
  private:
   // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
   bool may_pass_through(const lease_ticket& t) const;
-  // Nothing runs on the server: no lease held and no pass-through request in flight.
-  bool server_idle() const { return leased_.empty() && passing_through_ == 0; }
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
   bool try_grant(const std::shared_ptr<lease_ticket>& t);

@@ -372,9 +372,11 @@ namespace {
 using kvp::proxy::admission;
 
 // A ticket through admit, as proxy/lease.hpp's acquire sends it.
-admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::string& session) {
+// `pooled`: the request has a pooled upstream connection (false: it will open a fresh one).
+admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::string& session,
+                bool pooled = true) {
   t->who = {session, "", {}, ""};
-  return h.run(h.coord->admit(t, t->who, true));
+  return h.run(h.coord->admit(t, t->who, pooled));
 }
 
 }  // namespace
@@ -427,6 +429,26 @@ TEST_CASE("persistence back while requests pass through: no slot call until they
   h.run(h.coord->finish(c, true));
   CHECK(h.run(h.coord->settle(d)));
   h.run(h.coord->release(d));
+}
+
+TEST_CASE("persistence off: a request without a pooled connection probes before passing through",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  // llama-server restarted with --slot-save-path: only the new connection can tell.
+  h.fake->slot_actions_disabled = false;
+  h.fake->restart_server();
+  auto a = h.ticket();
+  CHECK(admit(h, a, "A").what == admission::outcome::pass_through);  // pooled: no reason to look
+  h.run(h.coord->finish(a, true));
+  CHECK(h.fake->calls().empty());
+  auto b = h.ticket();
+  CHECK(admit(h, b, "B", false).what == admission::outcome::granted);
+  CHECK(h.coord->pool().persistence_enabled());
+  CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
+  h.run(h.coord->release(b));
 }
 
 TEST_CASE("persistence off while a lease is held: requests keep taking leases until it ends",
