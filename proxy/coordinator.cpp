@@ -126,6 +126,8 @@ bool coordinator::holds(const std::shared_ptr<lease_ticket>& t) const {
 }
 
 bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
+  // A pass-through request may run on any slot: none is managed until it has finished.
+  if (passing_through_ > 0) return false;
   // In managed mode a request llama-server cannot pin could land on any slot: it needs them all.
   if (t->unpinnable && pins_requests()) t->exclusive = true;
   if (t->exclusive) {
@@ -204,6 +206,18 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     co_return out;
   }
   if (t->runtime_change) runtime_change_pending_ = true;
+  // A probe that is due (a fresh connection, this request's own included; a back-off that
+  // ended) runs before the request passes through: persistence may be back.
+  if (may_pass_through(*t)) {
+    if (!upstream_ready) upstream_trouble_.store(true);
+    co_await look_for_changes(-1);
+  }
+  if (may_pass_through(*t)) {
+    t->pass_through = true;
+    ++passing_through_;
+    out.what = admission::outcome::pass_through;
+    co_return out;
+  }
   // Which session the request belongs to may depend on its content (docs/design.md §20):
   // resolved once for the queue and the slot choice, and again when it is planned.
   pool_.resolve_session(t->who);
@@ -221,6 +235,20 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     out.prepared = co_await prepare(t, std::move(who), false);
   }
   co_return out;
+}
+
+// docs/design.md §5 "Without persistence": no slot to save, restore or erase, no strict
+// refusal to make, and nothing leased or queued that the request could overtake.
+bool coordinator::may_pass_through(const lease_ticket& t) const {
+  return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
+         !t.runtime_change && leased_.empty() && queue_.empty() && !pending_probe_;
+}
+
+void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
+  if (!std::exchange(t->pass_through, false)) return;
+  if (--passing_through_ > 0) return;
+  pump();  // leases asked for since persistence came back
+  arm_idle_timer();
 }
 
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
@@ -274,6 +302,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
 }
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
+  end_pass_through(t);
   if (holds(t)) {
     if (t->slot >= 0) pool_.abort_prepare(t->slot);
     release_and_wake(t);
@@ -394,6 +423,7 @@ std::optional<prepare_result> coordinator::refuse_new_session(const std::string&
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
+  end_pass_through(t);
   if (!holds(t) || t->slot < 0) co_return;
   if (reply) record_response(t->slot, reply->kind, reply->timings);
   finished_at_[t->slot] = steady_clock::now();  // the sleep period is measured from it
@@ -491,7 +521,8 @@ net::awaitable<void> coordinator::idle_loop() {
     }
     const auto now = steady_clock::now();
     for (int id : pool_.slot_ids()) {
-      if (leased_.contains(id)) continue;  // a request is running there; finish re-arms
+      // A request is running there (or may be: a pass-through); its end re-arms.
+      if (leased_.contains(id) || passing_through_ > 0) continue;
       auto s = pool_.idle_checkpoint(id, now);
       if (!s) continue;
       // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).

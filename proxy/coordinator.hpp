@@ -148,6 +148,7 @@ struct lease_ticket {
   bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
   bool rejected = false;       // strand-only: the queue was full
   bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
+  bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
   int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
 };
 
@@ -170,6 +171,7 @@ struct admission {
     queued,    // wait on ticket.wakeup, then settle
     granted,   // the lease is held; prepare (or prepare_exclusive) is still to run
     prepared,  // the lease is held and prepare ran: see `prepared`
+    pass_through,  // no slot management: forward, then finish (docs/design.md §5)
   };
   outcome what = outcome::queued;
   prepare_result prepared;
@@ -205,7 +207,9 @@ class coordinator {
   // The common case in one trip to the strand: enqueue, and if the lease is granted at once
   // (nobody ahead), also prepare when `upstream_ready` (the request has a pooled, not fresh,
   // upstream connection) and the ticket is not exclusive. A resident request then needs one
-  // round trip before it is forwarded instead of three.
+  // round trip before it is forwarded instead of three. While persistence is off and no
+  // lease is held or waited for, the ticket passes through instead: it holds no slot, and no
+  // lease is granted until every such ticket has finished (docs/design.md §5).
   net::awaitable<admission> admit(std::shared_ptr<lease_ticket> t, core::request_identity who,
                                   bool upstream_ready);
   net::awaitable<bool> settle(std::shared_ptr<lease_ticket> t);
@@ -217,7 +221,7 @@ class coordinator {
                                          core::request_identity who, bool fresh_upstream);
   // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
   // configured (`turn_end`: the reply handed the conversation back to the user), releases
-  // the lease and wakes the next waiter.
+  // the lease and wakes the next waiter. A pass-through ticket just ends (end_pass_through).
   // `reply`: what the response said about reuse (record_response), recorded first.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false, std::optional<reply_report> reply = {});
@@ -234,7 +238,8 @@ class coordinator {
   net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
   // Managed multi-slot mode with more than one slot: requests are pinned with id_slot.
   bool pins_requests() const { return !opts_.single_slot && pool_.slot_ids().size() > 1; }
-  // Releases a lease without running `finish` (the request never reached the slot).
+  // Releases a lease without running `finish` (the request never reached the slot), or ends
+  // a pass-through ticket.
   net::awaitable<void> release(std::shared_ptr<lease_ticket> t);
 
   // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
@@ -291,8 +296,13 @@ class coordinator {
   const core::slot_pool& pool() const { return pool_; }
   std::size_t waiting() const { return queue_.size(); }
   bool busy() const { return !leased_.empty(); }
+  std::size_t passing_through() const { return passing_through_; }
 
  private:
+  // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
+  bool may_pass_through(const lease_ticket& t) const;
+  // A pass-through ticket's request is over; the last one lets the queue's leases go.
+  void end_pass_through(const std::shared_ptr<lease_ticket>& t);
   bool try_grant(const std::shared_ptr<lease_ticket>& t);
   void grant(const std::shared_ptr<lease_ticket>& t);
   void pump();
@@ -441,6 +451,9 @@ class coordinator {
   std::map<std::string, std::shared_ptr<pending_commit>> commits_;
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
+  // Requests admitted as pass-through and not finished: they may run on any slot, so no
+  // lease is granted (no slot managed) while there is one (docs/design.md §5).
+  std::size_t passing_through_ = 0;
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
   std::deque<std::shared_ptr<lease_ticket>> queue_;
   std::uint64_t next_id_ = 1;

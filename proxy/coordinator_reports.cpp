@@ -332,6 +332,7 @@ std::string coordinator::status_json() const {
   w.Key("queue");
   w.StartObject();
   core::write_json_count(w, "waiting", queue_.size());
+  core::write_json_count(w, "passThrough", passing_through_);  // running without a lease
   w.EndObject();
   w.Key("snapshots");
   write_snapshot_totals(w, pool_);

@@ -75,6 +75,10 @@ net::awaitable<acquisition> await_admission(coordinator& c, std::shared_ptr<leas
       out.what = acquisition::outcome::granted;
       out.held = lease(c, t);
       co_return out;
+    case admission::outcome::pass_through:
+      out.what = acquisition::outcome::pass_through;
+      out.held = lease(c, t);
+      co_return out;
     case admission::outcome::queued:
       break;
   }

@@ -60,6 +60,7 @@ struct acquisition {
     runtime_change_pending,  // another POST /lora-adapters waits or runs: answer 429
     timed_out,  // queue.timeoutMs passed while waiting: answer 503
     client_gone,
+    pass_through,  // `held` is a pass-through ticket, no slot: forward, then finish it
   };
   outcome what = outcome::rejected;
   lease held;

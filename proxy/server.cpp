@@ -668,6 +668,11 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
                              2, req.version(), core::to_string(core::errc::slot_busy));
     co_return co_await send(c, std::move(res));
   }
+  if (acq.what == outcome::pass_through) {
+    std::optional<upstream_conn> pooled;
+    if (idle) pooled = upstream_conn{std::move(idle), false};
+    co_return co_await pass_through(up, c, req, std::move(acq.held), std::move(pooled));
+  }
   if (acq.what == outcome::prepared && !acq.prepared.ok) {
     give_back_idle();
     co_return co_await send(c, prepare_failure(acq.prepared, req));
@@ -694,6 +699,18 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
     co_return co_await send(c, prepare_failure(pr, req));
   }
   co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr, std::move(conn.value()), t0);
+}
+
+// Persistence is off: the request runs with llama-server's own parallelism, on whatever
+// slot it picks; its ticket keeps the coordinator from managing a slot meanwhile
+// (docs/design.md §5 "Without persistence").
+net::awaitable<bool> server::pass_through(upstream_entry& up, client_conn& c,
+                                          http::request<http::string_body>& req, lease ticket,
+                                          std::optional<upstream_conn> pooled) {
+  relay_state st;
+  const bool keep = co_await forward(up, c, req, std::move(pooled), st);
+  ticket.finish_later(st.request_sent, false);
+  co_return keep;
 }
 
 response server::prepare_failure(const prepare_result& pr,

@@ -100,6 +100,10 @@ class server {
   net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
                                           http::request<http::string_body>& req,
                                           const core::request_identity& who);
+  // Persistence off: forwarded untouched; `ticket` (no slot) ends with the response.
+  net::awaitable<bool> pass_through(upstream_entry& up, client_conn& c,
+                                    http::request<http::string_body>& req, lease ticket,
+                                    std::optional<upstream_conn> pooled);
   net::awaitable<bool> run_exclusive(upstream_entry& up, client_conn& c,
                                      http::request<http::string_body>& req, lease held,
                                      upstream_conn conn);

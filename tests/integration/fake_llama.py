@@ -254,6 +254,8 @@ class FakeLlamaServer:
         self.stream_kill_after: int | None = None   # drop the connection after N events
         self._crash_save: list[float] = []          # crash_next_save(): write part, then die
         self.concurrent_inference = False           # load tests: no slot lock, slot untouched
+        self._inference_gate = threading.Event()    # hold_inference(): requests wait before prefill
+        self._inference_gate.set()
         # hostile replies (persistent): "props" or "save" -> raw bytes sent as the 200 body
         # instead of the JSON (test_hostile_json.py: deep nesting from llama-server's side)
         self.raw_replies: dict[str, bytes] = {}
@@ -355,6 +357,15 @@ class FakeLlamaServer:
             self.sleeping = True
             self.slot_tokens = []
             self.slot_n = {}
+
+    def hold_inference(self):
+        """Inference requests that start from now on wait before their prefill (their slot
+        taken, their arrival recorded) until release_inference(): a test sees which requests
+        are in flight at once, however slow the machine."""
+        self._inference_gate.clear()
+
+    def release_inference(self):
+        self._inference_gate.set()
 
     def fail_next_save(self, status: int = 500, message: str = "Unable to save slot"):
         with self._lock:
@@ -935,6 +946,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rec["status"] = 200
             phase = "prefill"
             try:
+                while not f._inference_gate.wait(POLL_S):
+                    self._check_abort()
                 if f.prefill_delay:
                     self._sleep_watching(f.prefill_delay)
                 with f._lock:

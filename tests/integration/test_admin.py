@@ -88,7 +88,7 @@ def test_status_shape_spec_47(stack):
                             "model": stack.fake.model_path, "build": stack.fake.build_info}
     assert [sl["id"] for sl in s["slots"]] == [0]
     assert s["slots"][0]["owner"] is None and s["slots"][0]["leased"] is False
-    assert s["queue"] == {"waiting": 0}
+    assert s["queue"] == {"waiting": 0, "passThrough": 0}
     assert s["snapshots"] == {"known": 0, "valid": 0, "invalid": 0, "bytes": 0}
     for k in ("restores", "restoreHits", "restoreFailures", "coldStarts", "saves", "saveFailures",
               "emptySaves", "switches", "invalidations", "reusedTokens"):

@@ -367,6 +367,130 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
 }
 
+namespace {
+
+using kvp::proxy::admission;
+
+// A ticket through admit, as proxy/lease.hpp's acquire sends it.
+// `pooled`: the request has a pooled upstream connection (false: it will open a fresh one).
+admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::string& session,
+                bool pooled = true) {
+  t->who = {session, "", {}, ""};
+  return h.run(h.coord->admit(t, t->who, pooled));
+}
+
+}  // namespace
+
+TEST_CASE("persistence off: requests pass through without a slot and run at once",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  auto a = h.ticket(), b = h.ticket();
+  CHECK(admit(h, a, "A").what == admission::outcome::pass_through);
+  CHECK(admit(h, b, "B").what == admission::outcome::pass_through);
+  CHECK_FALSE(h.coord->busy());
+  CHECK(h.coord->passing_through() == 2);
+  h.run(h.coord->finish(a, true));
+  h.run(h.coord->release(b));
+  h.run(h.coord->release(b));  // a second end counts once
+  CHECK(h.coord->passing_through() == 0);
+  CHECK(h.fake->calls().empty());
+}
+
+TEST_CASE("persistence back while requests pass through: no slot call until they end",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  auto a = h.ticket(), b = h.ticket();
+  REQUIRE(admit(h, a, "A").what == admission::outcome::pass_through);
+  REQUIRE(admit(h, b, "B").what == admission::outcome::pass_through);
+  // llama-server restarted with --slot-save-path: the next admission probes and manages.
+  h.fake->slot_actions_disabled = false;
+  h.coord->note_upstream_trouble();
+  auto c = h.ticket();
+  CHECK(admit(h, c, "C").what == admission::outcome::queued);
+  CHECK(h.coord->pool().persistence_enabled());
+  auto d = h.ticket();
+  CHECK(admit(h, d, "D").what == admission::outcome::queued);  // behind C, not through
+  h.run(h.coord->finish(a, true));
+  CHECK_FALSE(c->granted);
+  CHECK(h.fake->slot_calls().empty());
+  h.run(h.coord->finish(b, true));
+  REQUIRE(c->granted);
+  REQUIRE(h.run(h.coord->settle(c)));
+  CHECK(h.run(h.coord->prepare(c, c->who, false)).kind == prepare_kind::cold);
+  // What ran on the slot meanwhile is unknown: erased before C's turn (docs/design.md §20).
+  CHECK(h.fake->slot_calls() == calls{erase_call()});
+  CHECK(h.fake->calls().front() == FakeBackend::probe_call());
+  h.run(h.coord->finish(c, true));
+  CHECK(h.run(h.coord->settle(d)));
+  h.run(h.coord->release(d));
+}
+
+TEST_CASE("persistence off: a request without a pooled connection probes before passing through",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  // llama-server restarted with --slot-save-path: only the new connection can tell.
+  h.fake->slot_actions_disabled = false;
+  h.fake->restart_server();
+  auto a = h.ticket();
+  CHECK(admit(h, a, "A").what == admission::outcome::pass_through);  // pooled: no reason to look
+  h.run(h.coord->finish(a, true));
+  CHECK(h.fake->calls().empty());
+  auto b = h.ticket();
+  CHECK(admit(h, b, "B", false).what == admission::outcome::granted);
+  CHECK(h.coord->pool().persistence_enabled());
+  CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
+  h.run(h.coord->release(b));
+}
+
+TEST_CASE("persistence off while a lease is held: requests keep taking leases until it ends",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start_with_a_dirty();
+  auto a = h.acquire();
+  REQUIRE(h.run(h.coord->prepare(a, {"A", "", {}, ""}, false)).kind == prepare_kind::resident);
+  auto b = h.ticket();
+  REQUIRE(admit(h, b, "B").what == admission::outcome::queued);
+  // llama-server restarted without --slot-save-path; B's fresh connection reads it.
+  h.fake->slot_actions_disabled = true;
+  h.fake->restart_server();
+  h.run(h.coord->finish(a, true));
+  REQUIRE(h.run(h.coord->settle(b)));
+  CHECK(h.run(h.coord->prepare(b, b->who, true)).kind == prepare_kind::none);
+  CHECK_FALSE(h.coord->pool().persistence_enabled());
+  auto c = h.ticket();
+  CHECK(admit(h, c, "C").what == admission::outcome::queued);  // B holds the slot
+  h.run(h.coord->finish(b, true));
+  REQUIRE(h.run(h.coord->settle(c)));
+  h.run(h.coord->finish(c, true));
+  auto d = h.ticket();
+  CHECK(admit(h, d, "D").what == admission::outcome::pass_through);
+  h.run(h.coord->finish(d, true));
+  CHECK(h.fake->slot_calls().empty());  // A's turn was not saved: persistence is off
+}
+
+TEST_CASE("strict mode never passes through: session requests are refused as before",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path(), strict_options());
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  auto a = h.ticket();
+  const auto adm = admit(h, a, "A");
+  REQUIRE(adm.what == admission::outcome::prepared);
+  CHECK_FALSE(adm.prepared.ok);
+  CHECK(h.coord->passing_through() == 0);
+}
+
 TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failure')", "[proxy][coordinator]") {
   temp_dir tmp;
 
