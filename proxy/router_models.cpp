@@ -62,7 +62,8 @@ void router_models::note_status(const std::vector<backends::router_model>& model
   read_at_ = std::chrono::steady_clock::now();
 }
 
-net::awaitable<void> router_models::before_serving(const member& m, bool load) {
+net::awaitable<void> router_models::before_serving(const member& m, bool load,
+                                                   const std::function<bool()>& wanted) {
   for (;;) {
     {
       std::lock_guard lock(mu_);
@@ -75,7 +76,7 @@ net::awaitable<void> router_models::before_serving(const member& m, bool load) {
     }
     co_await pause(switch_poll);
   }
-  co_await switch_to(m, load);
+  co_await switch_to(m, load, wanted);
   std::lock_guard lock(mu_);
   switching_ = false;
 }
@@ -96,7 +97,8 @@ net::awaitable<void> router_models::save(const member& m, std::string_view to) {
        {"ok", out.result == admin_result::flushed ? "1" : "0"}});
 }
 
-net::awaitable<void> router_models::switch_to(const member& m, bool load) {
+net::awaitable<void> router_models::switch_to(const member& m, bool load,
+                                              const std::function<bool()>& wanted) {
   auto models = co_await backends::read_router_models(ep_, call_timeout_);
   if (!models) {
     log(log_level::warn, "kv.router.unavailable",
@@ -109,15 +111,16 @@ net::awaitable<void> router_models::switch_to(const member& m, bool load) {
     note_status(models.value());
   }
   if (const auto* st = status_of(models.value(), m.model); st && st->running()) co_return;
-  // The router starts no model by itself: the request gets the router's own answer.
-  if (load && !info_.autoload) co_return;
+  // The router starts no model by itself: the request gets the router's own answer. A client
+  // that left makes nothing move either (the router would drop its queued request too).
+  if ((load && !info_.autoload) || !wanted()) co_return;
   const auto running = std::count_if(models->begin(), models->end(),
                                      [](const backends::router_model& rm) { return rm.running(); });
   if (info_.max_instances > 0 && running >= info_.max_instances)
     co_await save_running_others(m, models.value());
   // A new child: its /props has a new media marker, so its sessions restore (§4).
   m.coord->note_upstream_trouble();
-  if (!load) co_return;  // the client's own POST /models/load follows
+  if (!load || !wanted()) co_return;  // a client's own POST /models/load follows
   const bool loaded = co_await load_and_wait(m);
   log(loaded ? log_level::info : log_level::warn, "kv.router.loaded",
       {{"server", server_}, {"model", m.model}, {"ok", loaded ? "1" : "0"}});

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,7 +42,9 @@ class router_models {
   // read, at most status_max_age ago); else, when the router must unload a model to start it,
   // saves the others' dirty sessions first, then (`load`) loads `m` and waits until it runs
   // (at most load_timeout). Failures are logged: the request is forwarded and may run cold.
-  net::awaitable<void> before_serving(const member& m, bool load);
+  // `wanted`: whether the request's client is still there; a client that left starts nothing.
+  net::awaitable<void> before_serving(const member& m, bool load,
+                                      const std::function<bool()>& wanted);
   // Before a client's POST /models/unload of `m`: its dirty sessions are saved.
   net::awaitable<void> before_unload(const member& m);
 
@@ -49,7 +52,7 @@ class router_models {
   static constexpr std::chrono::seconds load_timeout{600};
 
  private:
-  net::awaitable<void> switch_to(const member& m, bool load);
+  net::awaitable<void> switch_to(const member& m, bool load, const std::function<bool()>& wanted);
   net::awaitable<void> save(const member& m, std::string_view to);
   net::awaitable<void> save_running_others(const member& to,
                                            const std::vector<backends::router_model>& models);

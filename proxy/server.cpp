@@ -257,14 +257,15 @@ server::upstream_entry& server::model_entry(upstream_entry& up,
 // The router's own routes for its models (docs/llama-server.md §14): an unload saves that
 // model's sessions first, a load the running models' when one must make room; any other
 // request naming the model may make the router start it.
-net::awaitable<void> server::before_router_request(upstream_entry& up,
+net::awaitable<void> server::before_router_request(upstream_entry& up, client_conn& c,
                                                    const http::request<http::string_body>& req) {
   const auto& m = *up.of_router->find(up.router_model);
+  const std::function<bool()> wanted = [&c] { return !client_hung_up(c.stream.socket()); };
   const std::string path = core::routed_path(req.target());
   if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
-  if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false);
+  if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
   if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
-  co_await up.of_router->before_serving(m, true);
+  co_await up.of_router->before_serving(m, true, wanted);
 }
 
 server::upstream_entry& server::route(const http::request<http::string_body>& req) {
@@ -496,6 +497,13 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
   relay_options relay = up.relay;
   relay.outlives_client = req.find(core::conversation_header) != req.end();
   std::optional<upstream_conn> conn = std::move(pre);
+  // A connection opened before a long prepare (restores, a router loading the model) may have
+  // been closed by llama-server's keep-alive timeout meanwhile (5 s in its HTTP library): a
+  // peek sees the close, and a new connection carries the request.
+  if (conn && peek_peer(conn->stream->socket().native_handle()) != peer_state::silent) {
+    conn->stream->close();
+    conn.reset();
+  }
   for (int attempt = 0;; ++attempt) {
     if (!conn) {
       auto r = co_await up.pool->acquire(ex);
@@ -609,8 +617,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   relay_state st;
   // A router's request for no model kvpersist manages: the router picks (or refuses) it.
   if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
-  // A router starts the model a request names, and may unload another to do so.
-  if (up.of_router) co_await before_router_request(up, req);
+  // A router starts the model a request names, and may unload another to do so; a client
+  // without the key makes nothing move (the router answers it 401).
+  if (up.of_router && client_may_use(up, req)) co_await before_router_request(up, c, req);
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());

@@ -78,7 +78,7 @@ class server {
   // At start: each configured server that is a router gets an entry per model.
   net::awaitable<void> discover_routers();
   void add_router_models(upstream_entry& front, backends::router_info info);
-  net::awaitable<void> before_router_request(upstream_entry& up,
+  net::awaitable<void> before_router_request(upstream_entry& up, client_conn& c,
                                              const http::request<http::string_body>& req);
   upstream_entry& route(const http::request<http::string_body>& req);
   // A router's entry for the model `req` names (body "model", or ?model= on a GET), else `up`.
