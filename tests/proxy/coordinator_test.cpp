@@ -1106,3 +1106,19 @@ TEST_CASE("disk budget: both generations count, and a session a request uses is 
   CHECK(h.fake->calls() == calls{save_call(h.file("C", 'a')), erase_call(), save_call(h.file("B", 'a')),
                                  save_call(h.file("B", 'b')), erase_call()});
 }
+
+TEST_CASE("disk budget: gc overwrites what is over the budget without a save",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
+  harness h(tmp.path(), disk_budget_options(150'000));
+  h.start_quiet();
+  const auto report = h.run(h.coord->admin_gc());
+  CHECK(report.evicted == 1);
+  CHECK(report.freed_bytes == 200'000u);
+  CHECK(report.remaining_sessions == 0);
+  CHECK_FALSE(report.files_kept);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(kvp::core::snapshot_filename(old, 'b')),
+                                 save_call(kvp::core::snapshot_filename(old, 'a'))});
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
+}
