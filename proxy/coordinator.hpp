@@ -427,6 +427,9 @@ class coordinator {
   // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
   // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files.
   bool disk_budget_on() const;
+  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
+  // a snapshot that seeds new sessions stays while it is used.
+  std::vector<core::retention_entry> retention_by_use() const;
   core::retention_limits disk_budget_limits() const;
   // After a save that wrote `saved` on `slot`: forgets, by overwriting their files from that
   // slot, the sessions that leave no room for one more snapshot under the budget. The saved
@@ -465,6 +468,9 @@ class coordinator {
   // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
   // disk budget never overwrites them.
   std::multiset<std::string> restoring_;
+  // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
+  // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
+  std::map<std::string, std::int64_t> restored_at_;
   std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
   bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
 

@@ -222,6 +222,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
         {{"session", from}, {"reason", d.write->invalid_reason}});
   }
   if (d.restored) {
+    restored_at_[rs.hash] = detail::unix_now();
     const auto source = source_of(rs);
     restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
     log(log_level::info, "kv.session.restore.success",

@@ -28,6 +28,7 @@ struct files_removed {
 net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
   pool_.forget(hash);
   last_restore_.erase(hash);
+  restored_at_.erase(hash);
   const auto store = store_;
   const auto files = snapshots_;
   std::function<core::result<files_removed>()> work = [store, files, hash] {
@@ -68,7 +69,7 @@ net::awaitable<std::uint64_t> coordinator::forget_session(core::retention_evicti
 // REQUIRES: lease held (we may forget sessions).
 net::awaitable<gc_report> coordinator::run_gc() {
   if (disk_budget_on()) co_return co_await run_gc_overwriting();
-  auto entries = pool_.retention_entries();
+  auto entries = retention_by_use();
   if (snapshots_.shared()) {
     std::vector<std::string> hashes;
     for (const auto& e : entries) hashes.push_back(e.hash);
@@ -110,11 +111,19 @@ net::awaitable<void> coordinator::enforce_session_budget() {
   if (opts_.retention_interval.count() == 0) co_return;
   if (disk_budget_on()) co_return;  // keep_disk_budget applies the counts at every save
   const core::retention_limits counts{0, opts_.retention_max_sessions, 0, per_credential};
-  const auto plan = core::plan_retention(pool_.retention_entries(), counts, detail::unix_now());
+  const auto plan = core::plan_retention(retention_by_use(), counts, detail::unix_now());
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
     (void)bytes;
   }
+}
+
+std::vector<core::retention_entry> coordinator::retention_by_use() const {
+  auto entries = pool_.retention_entries();
+  for (auto& e : entries)
+    if (const auto it = restored_at_.find(e.hash); it != restored_at_.end())
+      e.updated_s = std::max(e.updated_s, it->second);
+  return entries;
 }
 
 bool coordinator::disk_budget_on() const {
@@ -133,7 +142,7 @@ core::retention_limits coordinator::disk_budget_limits() const {
 
 net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest saved) {
   largest_snapshot_file_ = std::max(largest_snapshot_file_, saved.bytes);
-  auto entries = pool_.retention_entries();
+  auto entries = retention_by_use();
   // The session just saved counts as its commit will record it, and is never evicted by its
   // own save (a budget smaller than its snapshot keeps it alone, docs/design.md §12).
   std::erase_if(entries, [&](const auto& e) { return e.hash == saved.session_hash; });
@@ -194,7 +203,7 @@ net::awaitable<gc_report> coordinator::run_gc_overwriting() {
     log(log_level::warn, "kv.gc.skipped", {{"reason", *why}});
     co_return gc_report{0, 0, pool_.retention_entries().size(), 0, false};
   }
-  auto entries = pool_.retention_entries();
+  auto entries = retention_by_use();
   for (auto& e : entries) e.in_use = e.in_use || commits_.contains(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
   gc_report out;

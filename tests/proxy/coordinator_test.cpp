@@ -13,9 +13,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "proxy/admin.hpp"
+#include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
@@ -1121,4 +1123,34 @@ TEST_CASE("disk budget: gc overwrites what is over the budget without a save",
   CHECK(h.fake->calls() == calls{erase_call(), save_call(kvp::core::snapshot_filename(old, 'b')),
                                  save_call(kvp::core::snapshot_filename(old, 'a'))});
   CHECK_FALSE(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
+}
+
+TEST_CASE("disk budget: a snapshot that seeds new sessions ranks by its last use, not its save",
+          "[proxy][coordinator][retention][disk_budget]") {
+  using kvp::testing::chain;
+  temp_dir tmp;
+  auto o = disk_budget_options(4 * snapshot_of_100 + 1000);  // room for three, and one more
+  o.pool.seed_across_sessions = true;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  auto with_chain = [](const std::string& id, std::vector<kvp::core::chain_link> c) {
+    kvp::core::request_identity who{id, "", std::move(c), ""};
+    return who;
+  };
+  CHECK(h.request_as(with_chain("D", chain({1, 2, 3})), 100).ok);
+  CHECK(h.request_as(with_chain("X", chain({50, 51})), 100).ok);  // D saved
+  std::this_thread::sleep_for(1100ms);                             // updatedAt: 1 s resolution
+  CHECK(h.request_as(with_chain("Y", chain({60, 61})), 100).ok);  // X saved, a second later
+  std::this_thread::sleep_for(1100ms);
+  h.fake->clear_calls();
+  CHECK(h.request_as(with_chain("N", chain({1, 2, 9})), 100).ok);  // Y saved; D seeds N
+  CHECK(h.fake->calls() == calls{save_call(h.file("Y", 'a')), restore_call(h.file("D", 'a'))});
+  h.fake->clear_calls();
+  CHECK(h.request_as(with_chain("Z", chain({70, 71})), 100).ok);  // N saved: one must go
+  // D was saved first but used last: X, the least recently saved or used, is overwritten
+  // (Z's cold start keeps the slot's content under the default scope: it is empty already)
+  CHECK(h.fake->calls() == calls{save_call(h.file("N", 'a')), erase_call(),
+                                 save_call(h.file("X", 'b')), save_call(h.file("X", 'a'))});
+  CHECK_FALSE(h.manifest_on_disk("X"));
+  CHECK(h.manifest_on_disk("D"));
 }
