@@ -1154,3 +1154,22 @@ TEST_CASE("disk budget: a snapshot that seeds new sessions ranks by its last use
   CHECK_FALSE(h.manifest_on_disk("X"));
   CHECK(h.manifest_on_disk("D"));
 }
+
+TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the saved slot and lets its owner go",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);
+  auto o = disk_budget_options(2 * snapshot_of_100 + 150'000);
+  o.pool.idle_checkpoint = 50ms;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  h.request("A", 100);
+  kvp::testing::run_for(h.ioc, 300ms);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
+                                 save_call(kvp::core::snapshot_filename(old, 'b')),
+                                 save_call(kvp::core::snapshot_filename(old, 'a'))});
+  CHECK(h.coord->pool().owner().empty());  // its KV is gone from the slot: A restores next
+  h.fake->clear_calls();
+  CHECK(h.request("A", 150).ok);
+  CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});
+}
