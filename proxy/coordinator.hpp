@@ -425,7 +425,8 @@ class coordinator {
   // REQUIRES: the slot's lease, the slot erased by the caller.
   net::awaitable<std::optional<std::string>> overwrite_generations(int slot, std::string hash);
   // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
-  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files.
+  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
+  // nothing is forgotten without its files overwritten (gc waits while persistence is off).
   bool disk_budget_on() const;
   // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
   // a snapshot that seeds new sessions stays while it is used.

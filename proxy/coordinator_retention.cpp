@@ -127,7 +127,7 @@ std::vector<core::retention_entry> coordinator::retention_by_use() const {
 }
 
 bool coordinator::disk_budget_on() const {
-  return !snapshots_.shared() && opts_.retention_max_bytes > 0 && pool_.persistence_enabled();
+  return !snapshots_.shared() && opts_.retention_max_bytes > 0;
 }
 
 // Every limit, the byte budget less room for one more snapshot as large as the largest seen:
@@ -198,20 +198,30 @@ net::awaitable<gc_report> coordinator::overwrite_evicted(
 // The exclusive lease is held: the slot used is an empty one, else the first, whose dirty
 // owner is saved first (that save keeps the budget itself; what is left is planned after).
 net::awaitable<gc_report> coordinator::run_gc_overwriting() {
+  auto report = [this](const gc_report& done) {
+    const auto left = pool_.retention_entries();
+    std::uint64_t bytes = 0;
+    for (const auto& e : left) bytes += e.bytes;
+    return gc_report{done.evicted, done.freed_bytes, left.size(), bytes, false};
+  };
+  // Persistence off (breaker open, unsupported server): no slot action is possible, and
+  // forgetting without overwriting would leave files the budget no longer counts.
+  if (!pool_.persistence_enabled()) {
+    log(log_level::info, "kv.gc.skipped",
+        {{"reason", "persistence is off: the disk budget needs slot actions"}});
+    co_return report({});
+  }
   const int slot = purge_slot("");
   if (auto why = co_await save_owner_before_overwrite(slot, "")) {
     log(log_level::warn, "kv.gc.skipped", {{"reason", *why}});
-    co_return gc_report{0, 0, pool_.retention_entries().size(), 0, false};
+    co_return report({});
   }
   auto entries = retention_by_use();
   for (auto& e : entries) e.in_use = e.in_use || commits_.contains(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
-  gc_report out;
-  if (!plan.evict.empty()) out = co_await overwrite_evicted(slot, plan.evict);
-  std::uint64_t remaining = 0;
-  for (const auto& e : pool_.retention_entries()) remaining += e.bytes;
-  co_return gc_report{out.evicted, out.freed_bytes, pool_.retention_entries().size(), remaining,
-                      false};
+  gc_report done;
+  if (!plan.evict.empty()) done = co_await overwrite_evicted(slot, std::move(plan.evict));
+  co_return report(done);
 }
 
 net::awaitable<gc_report> coordinator::admin_gc() {

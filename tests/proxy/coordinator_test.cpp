@@ -1173,3 +1173,18 @@ TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the s
   CHECK(h.request("A", 150).ok);
   CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});
 }
+
+TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot overwrite",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
+  harness h(tmp.path(), disk_budget_options(150'000));
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  REQUIRE_FALSE(h.coord->pool().persistence_enabled());
+  const auto report = h.run(h.coord->admin_gc());
+  CHECK(report.evicted == 0);
+  CHECK(report.remaining_bytes == 200'000u);
+  CHECK(h.fake->calls().empty());
+  CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
+}
