@@ -174,7 +174,9 @@ struct admin_config {
 // Retention (docs/design.md §12); 0 means no limit. Invalid snapshots go first, then the least
 // recently saved; a session that owns a slot is never evicted. maxSessions and maxAgeDays
 // apply in every mode (server-owned: the manifest is forgotten, llama-server's files stay);
-// maxTotalBytes needs shared-filesystem mode (kvpersist sees and deletes the files). Over a
+// maxTotalBytes applies in every mode too (shared-filesystem: kvpersist deletes the files;
+// server-owned: llama-server overwrites them with an empty slot, and the other limits then
+// overwrite too; docs/design.md §12 "Disk budget"). Over a
 // budget, the credential holding the most sessions (or bytes) loses its own first;
 // maxSessionsPerCredential caps each credential on its own (0 = no separate cap).
 struct retention_config {

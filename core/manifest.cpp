@@ -66,6 +66,8 @@ std::string to_json(const manifest& m) {
   w.Uint64(m.tokens);
   w.Key("bytes");
   w.Uint64(m.bytes);
+  w.Key("previousBytes");
+  w.Uint64(m.previous_bytes);
   w.Key("revision");
   w.Uint64(m.revision);
   str("state", m.state == snapshot_state::ready ? "ready" : "invalid");
@@ -173,6 +175,9 @@ result<manifest> parse_manifest(std::string_view json) {
   } else {
     return invalid("state must be \"ready\" or \"invalid\"");
   }
+  if (!d.HasMember("previousBytes")) m.previous_bytes = m.bytes;  // written before the field
+  else if (!get_count("previousBytes", m.previous_bytes))
+    return invalid("previousBytes is not a count up to 2^53");
   get_str("compatibility", m.compatibility);
   if (auto it = d.FindMember("saveMs"); it != d.MemberEnd() && it->value.IsNumber())
     m.save_ms = it->value.GetDouble();

@@ -25,6 +25,10 @@ struct manifest {
   char generation = 'a';     // the file holding the last completed snapshot
   std::uint64_t tokens = 0;  // n_saved reported by the server
   std::uint64_t bytes = 0;   // n_written reported by the server
+  // n_written of the other generation's file, the previous save (0: none written yet). In a
+  // manifest written before this field, taken to be `bytes`. What the disk budget counts
+  // (docs/design.md §12, "Disk budget") with `bytes`.
+  std::uint64_t previous_bytes = 0;
   std::uint64_t revision = 0;
   snapshot_state state = snapshot_state::ready;
   std::string invalid_reason;                   // an errc name when state is invalid
@@ -46,6 +50,8 @@ struct manifest {
   static constexpr std::string_view checksum_prefix = "xxh3-128:";
 
   std::string snapshot_file() const;  // "<hash>.<generation>.bin"
+  // Both generation files as llama-server reported them when it wrote them.
+  std::uint64_t disk_bytes() const { return bytes + previous_bytes; }
   // The generation the next save writes: never the one this manifest points at.
   char next_generation() const { return generation == 'a' ? 'b' : 'a'; }
 };

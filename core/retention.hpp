@@ -28,7 +28,7 @@ struct retention_limits {
 struct retention_entry {
   std::string hash;
   bool invalid = false;
-  std::int64_t updated_s = 0;  // last save or invalidation, seconds since the epoch
+  std::int64_t updated_s = 0;  // last save, restore or invalidation, seconds since the epoch
   std::uint64_t bytes = 0;     // its files on disk (0 when kvpersist cannot see them)
   bool in_use = false;         // owns a slot or is being prepared on one: never forgotten
   std::string credential;      // credential_key() of its requests ("" without one)

@@ -571,6 +571,8 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
   manifest m;
   if (rc.snapshot) {
     m = *rc.snapshot;
+    // The generation not written now keeps what the previous save wrote there.
+    m.previous_bytes = m.generation != step.generation ? m.bytes : m.previous_bytes;
   } else {
     m.session_id = rc.session_id;
     m.session_hash = step.hash;
@@ -943,7 +945,8 @@ std::vector<retention_entry> slot_pool::retention_entries() const {
   for (const auto& [h, r] : sessions_) {
     if (!r.snapshot) continue;
     out.push_back({h, r.snapshot->state == snapshot_state::invalid,
-                   parse_utc(r.snapshot->updated_at), 0, in_use(h), r.credential});
+                   parse_utc(r.snapshot->updated_at), r.snapshot->disk_bytes(), in_use(h),
+                   r.credential});
   }
   return out;
 }

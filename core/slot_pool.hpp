@@ -312,8 +312,9 @@ class slot_pool {
   std::vector<session_view> sessions() const;
   // The first `n` sessions whose hash is greater than `after`, in hash order (a listing page).
   std::vector<session_view> sessions_after(std::string_view after, std::size_t n) const;
-  // Every session with a snapshot, for retention (bytes left 0: the caller knows the files),
-  // with the credential of its requests (of its manifest when it has made none here).
+  // Every session with a snapshot, for retention, its bytes both generations as its manifest
+  // records them (shared-filesystem mode replaces them with the sizes on disk), with the
+  // credential of its requests (of its manifest when it has made none here).
   std::vector<retention_entry> retention_entries() const;
   // The session owns a slot or one is being prepared for it: retention must not forget it.
   bool in_use(const std::string& hash) const;

@@ -392,6 +392,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 void coordinator::forget_records_dropped_by_pool() {
   for (const auto& hash : pool_.take_forgotten_records()) {
     last_restore_.erase(hash);
+    restored_at_.erase(hash);
     log(log_level::debug, "kv.session.record_forgotten",
         {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
   }

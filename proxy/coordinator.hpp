@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "backends/kv_backend.hpp"
@@ -425,6 +426,32 @@ class coordinator {
   // Purge in server-owned mode: both generation files overwritten with an empty slot.
   int purge_slot(const std::string& hash) const;
   net::awaitable<std::optional<std::string>> overwrite_snapshots(std::string hash);
+  // Saves the dirty owner of `slot` (other than `hash`) before its content is erased for an
+  // overwrite; why not, or nullopt. REQUIRES: the exclusive lease.
+  net::awaitable<std::optional<std::string>> save_owner_before_overwrite(int slot,
+                                                                         const std::string& hash);
+  // llama-server saves the erased `slot` over both generation files of `hash`, the one the
+  // manifest does not name first. Why a file still holds the session's KV, or nullopt.
+  // REQUIRES: the slot's lease, the slot erased by the caller.
+  net::awaitable<std::optional<std::string>> overwrite_generations(int slot, std::string hash);
+  // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
+  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
+  // nothing is forgotten without its files overwritten (gc waits while persistence is off).
+  bool disk_budget_on() const;
+  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
+  // a snapshot that seeds new sessions stays while it is used.
+  std::vector<core::retention_entry> retention_by_use() const;
+  core::retention_limits disk_budget_limits() const;
+  // After a save that wrote `saved` on `slot`: forgets, by overwriting their files from that
+  // slot, the sessions that leave no room for one more snapshot under the budget. The saved
+  // session, the sessions in use, with a commit in flight or being restored are kept.
+  // REQUIRES: the slot's lease; its content is saved (the slot is erased when it evicts).
+  net::awaitable<void> keep_disk_budget(int slot, core::manifest saved);
+  // Erases `slot` once and overwrites each evicted session's files from it; stops at the
+  // first failure (that session is kept). Returns how many were forgotten and their bytes.
+  net::awaitable<gc_report> overwrite_evicted(int slot, std::vector<core::retention_eviction> evict);
+  // run_gc in server-owned mode with a disk budget: every eviction overwrites its files.
+  net::awaitable<gc_report> run_gc_overwriting();
   net::awaitable<void> load_state();
   // The first sighting of `h` in this process: its time, its log line and hints.json.
   net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
@@ -449,6 +476,14 @@ class coordinator {
     core::result<core::unit> outcome = core::unit{};
   };
   std::map<std::string, std::shared_ptr<pending_commit>> commits_;
+  // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
+  // disk budget never overwrites them.
+  std::multiset<std::string> restoring_;
+  // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
+  // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
+  std::map<std::string, std::int64_t> restored_at_;
+  std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
+  bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
   // Requests admitted as pass-through and not finished: they may run on any slot, so no

@@ -139,17 +139,29 @@ int coordinator::purge_slot(const std::string& hash) const {
 net::awaitable<std::optional<std::string>> coordinator::overwrite_snapshots(std::string hash) {
   if (!pool_.persistence_enabled()) co_return "persistence is off: no slot action is possible";
   const int slot = purge_slot(hash);
-  const auto& holder = pool_.owner(slot);
-  if (!holder.empty() && holder != hash) {
-    if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
-      const auto saved = co_await run_save(*s);
-      if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
-    }
-  }
+  if (auto why = co_await save_owner_before_overwrite(slot, hash)) co_return why;
   pool_.forget_slot(slot);
   if (const auto code = co_await run_erase(slot))
     co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
-  for (char g : {'a', 'b'}) {
+  co_return co_await overwrite_generations(slot, hash);
+}
+
+net::awaitable<std::optional<std::string>> coordinator::save_owner_before_overwrite(
+    int slot, const std::string& hash) {
+  const auto& holder = pool_.owner(slot);
+  if (holder.empty() || holder == hash) co_return std::nullopt;
+  if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
+    const auto saved = co_await run_save(*s);
+    if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
+  }
+  co_return std::nullopt;
+}
+
+net::awaitable<std::optional<std::string>> coordinator::overwrite_generations(int slot,
+                                                                               std::string hash) {
+  const auto* m = pool_.find_manifest(hash);
+  const char current = m ? m->generation : 'b';
+  for (char g : {current == 'a' ? 'b' : 'a', current}) {
     const auto file = core::snapshot_filename(hash, g);
     const auto r = co_await backend_->save(slot, file);
     if (!r) co_return file + ": " + r.err().message;

@@ -83,7 +83,11 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
   pc->settled.expires_at(steady_timer::time_point::max());
   commits_[step.hash] = pc;
   const std::uint64_t bytes = r->n_written;
+  const auto saved = *d.write;
   net::co_spawn(strand_, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
+  // The slot still holds what was just saved, under the caller's lease: the one moment it
+  // can overwrite other sessions' files without costing anyone their KV.
+  if (disk_budget_on()) co_await keep_disk_budget(step.slot, saved);
   co_return pc;
 }
 
@@ -218,6 +222,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
         {{"session", from}, {"reason", d.write->invalid_reason}});
   }
   if (d.restored) {
+    restored_at_[rs.hash] = detail::unix_now();
     const auto source = source_of(rs);
     restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
     log(log_level::info, "kv.session.restore.success",
@@ -246,10 +251,14 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
   // The departing session's commit runs while the slot is restored or erased for the
   // arriving one; the request is forwarded only once both are done (docs/design.md §11).
   commit_handle commit;
+  // The snapshot about to be restored (a seed is another session's) is kept by the disk
+  // budget, which a save may enforce (keep_disk_budget).
+  const auto restoring = plan.restore ? restoring_.insert(plan.restore->hash) : restoring_.end();
   if (plan.save) {
     const auto step = *plan.save;
     auto saved = co_await start_save(step);
     if (!saved && stop_on_failure) {
+      if (restoring != restoring_.end()) restoring_.erase(restoring);
       out.failure = plan_failure{saved.err().code, "saving the previous session failed"};
       co_return out;
     }
@@ -262,6 +271,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
   bool erase_required = plan.erase_required;
   if (plan.restore) {
     out.restore = co_await run_restore(*plan.restore);
+    restoring_.erase(restoring);
     if (!out.restore->restored && stop_on_failure) {
       out.failure = plan_failure{out.restore->err.code, "restoring the session's snapshot failed"};
       co_return out;

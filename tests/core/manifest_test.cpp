@@ -276,3 +276,20 @@ TEST_CASE("a manifest whose checksum is not one is refused, never restored unche
       {"checksum", "\"sha256:0123456789abcdef0123456789abcdef\""},
   });
 }
+
+// docs/design.md §12, "Disk budget": both generation files count; a manifest written before
+// previousBytes counts its other generation as large as the named one.
+TEST_CASE("previousBytes survives a round trip; without it the other file counts as `bytes`",
+          "[core][manifest]") {
+  auto m = sample();
+  m.previous_bytes = 4000000;
+  auto r = parse_manifest(to_json(m));
+  REQUIRE(r.ok());
+  CHECK(r.value().previous_bytes == 4000000u);
+  CHECK(r.value().disk_bytes() == 8384076u);
+  auto old = parse_manifest(with_member("previousBytes", nullptr));
+  REQUIRE(old.ok());
+  CHECK(old.value().previous_bytes == sample().bytes);
+  require_rejected(with_member("previousBytes", "-1"));
+  require_rejected(with_member("previousBytes", "\"12\""));
+}

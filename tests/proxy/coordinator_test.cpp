@@ -13,9 +13,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "proxy/admin.hpp"
+#include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
@@ -948,8 +950,9 @@ TEST_CASE("purge in server-owned mode overwrites both generations with an empty 
   CHECK(r.result == admin_result::purged);
   // B's unsaved turns are saved before the slot is used; then the slot is erased and its
   // empty content saved over both of A's names: the files hold no token of A's prompt.
+  // The generation the manifest does not name goes first: a failure leaves the named one whole.
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call(),
-                                 save_call(h.file("A", 'a')), save_call(h.file("A", 'b'))});
+                                 save_call(h.file("A", 'b')), save_call(h.file("A", 'a'))});
   CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 0u);
   CHECK(h.fake->snapshot_tokens(h.file("A", 'b')) == 0u);
   CHECK(h.fake->snapshot_tokens(h.file("B", 'a')) == 500u);
@@ -1132,4 +1135,180 @@ TEST_CASE("records without a snapshot are bounded by retention.maxSessions",
   auto back = h.request("A", 1100);
   CHECK(back.kind == prepare_kind::restored);
   CHECK(h.fake->calls() == calls{save_call(h.file("S9", 'a')), restore_call(h.file("A", 'a'))});
+}
+
+// docs/design.md §12, "Disk budget": in server-owned mode kvpersist cannot delete
+// llama-server's files, so a save that leaves no room under retention.maxTotalBytes has
+// llama-server overwrite the oldest clean session's two files with the empty slot, from the
+// slot just saved, before that slot serves the next session.
+namespace {
+
+// A session `id` an earlier run saved twice (both generations on disk, `bytes` each), long ago.
+std::string write_old_session(const std::string& state_dir, const std::string& id,
+                              std::uint64_t bytes) {
+  kvp::core::manifest m;
+  m.session_id = id;
+  m.session_hash = kvp::core::session_hash("test", "elsewhere.gguf", id, "");
+  m.instance_key = "test";
+  m.model_id = "elsewhere.gguf";
+  m.runtime_fingerprint = std::string(64, 'f');
+  m.tokens = 100;
+  m.bytes = m.previous_bytes = bytes;
+  m.revision = 2;
+  m.created_at = m.updated_at = "2026-01-01T00:00:00Z";
+  const kvp::proxy::manifest_store store(state_dir);
+  REQUIRE(store.open().ok());
+  REQUIRE(store.write(m).ok());
+  return m.session_hash;
+}
+
+coordinator_options disk_budget_options(std::uint64_t budget) {
+  auto o = session_scope_options();  // a cold start erases: the calls below are exact
+  o.retention_max_bytes = budget;
+  o.retention_interval = 1h;
+  return o;
+}
+
+constexpr std::uint64_t snapshot_of_100 = FakeBackend::header_bytes + 100 * FakeBackend::bytes_per_token;
+
+}  // namespace
+
+TEST_CASE("disk budget: a save that leaves no room overwrites the oldest session's files first",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);
+  // Room for A's snapshot and one more as large: not for OLD's two files besides.
+  harness h(tmp.path(), disk_budget_options(2 * snapshot_of_100 + 150'000));
+  h.start();
+  h.request("A", 100);
+  h.fake->clear_calls();
+  h.request("B", 100);
+  // A saved; the slot, which held only A, erased and saved over OLD's generations (the one
+  // its manifest does not name first); then B's cold start.
+  const auto old_a = kvp::core::snapshot_filename(old, 'a');
+  const auto old_b = kvp::core::snapshot_filename(old, 'b');
+  CHECK(h.fake->calls() ==
+        calls{save_call(h.file("A", 'a')), erase_call(), save_call(old_b), save_call(old_a),
+              erase_call()});
+  CHECK(h.fake->snapshot_tokens(old_a) == 0u);
+  CHECK(h.fake->snapshot_tokens(old_b) == 0u);
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
+  CHECK_FALSE(h.coord->pool().session(old).has_value());
+  CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 100u);
+  const auto a = h.manifest_on_disk("A");
+  REQUIRE(a);
+  CHECK(a->bytes == snapshot_of_100);
+  CHECK(a->previous_bytes == 0u);
+  // A comes back: its snapshot is restored, B's saved; nothing else to evict
+  h.fake->clear_calls();
+  h.request("A", 150);
+  CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
+}
+
+TEST_CASE("disk budget: both generations count, and a session a request uses is never overwritten",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  // Room for one 100-token snapshot beside one more: A's two generations do not fit with B's.
+  harness h(tmp.path(), disk_budget_options(2 * snapshot_of_100 + 1000));
+  h.start();
+  h.request("A", 100);
+  h.request("B", 100);  // A.a saved: A alone fits
+  h.request("A", 100);  // B.a saved; A is the one being restored: kept, over budget
+  h.fake->clear_calls();
+  h.request("B", 100);  // A.b saved (A: two generations); B is being restored: kept
+  CHECK(h.fake->calls() == calls{save_call(h.file("A", 'b')), restore_call(h.file("B", 'a'))});
+  REQUIRE(h.manifest_on_disk("A"));
+  CHECK(h.manifest_on_disk("A")->previous_bytes == snapshot_of_100);
+  h.fake->clear_calls();
+  h.request("C", 100);  // B.b saved; C is new: A, the oldest clean, is overwritten
+  CHECK(h.fake->calls() ==
+        calls{save_call(h.file("B", 'b')), erase_call(), save_call(h.file("A", 'a')),
+              save_call(h.file("A", 'b')), erase_call()});
+  CHECK_FALSE(h.manifest_on_disk("A"));
+  CHECK(h.fake->snapshot_tokens(h.file("B", 'b')) == 100u);
+  // A comes back: forgotten, so a cold start (no restore of its overwritten files)
+  h.fake->clear_calls();
+  CHECK(h.request("A", 100).ok);
+  CHECK(h.fake->calls() == calls{save_call(h.file("C", 'a')), erase_call(), save_call(h.file("B", 'a')),
+                                 save_call(h.file("B", 'b')), erase_call()});
+}
+
+TEST_CASE("disk budget: gc overwrites what is over the budget without a save",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
+  harness h(tmp.path(), disk_budget_options(150'000));
+  h.start_quiet();
+  const auto report = h.run(h.coord->admin_gc());
+  CHECK(report.evicted == 1);
+  CHECK(report.freed_bytes == 200'000u);
+  CHECK(report.remaining_sessions == 0);
+  CHECK_FALSE(report.files_kept);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(kvp::core::snapshot_filename(old, 'b')),
+                                 save_call(kvp::core::snapshot_filename(old, 'a'))});
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
+}
+
+TEST_CASE("disk budget: a snapshot that seeds new sessions ranks by its last use, not its save",
+          "[proxy][coordinator][retention][disk_budget]") {
+  using kvp::testing::chain;
+  temp_dir tmp;
+  auto o = disk_budget_options(4 * snapshot_of_100 + 1000);  // room for three, and one more
+  o.pool.seed_across_sessions = true;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  auto with_chain = [](const std::string& id, std::vector<kvp::core::chain_link> c) {
+    kvp::core::request_identity who{id, "", std::move(c), ""};
+    return who;
+  };
+  CHECK(h.request_as(with_chain("D", chain({1, 2, 3})), 100).ok);
+  CHECK(h.request_as(with_chain("X", chain({50, 51})), 100).ok);  // D saved
+  std::this_thread::sleep_for(1100ms);                             // updatedAt: 1 s resolution
+  CHECK(h.request_as(with_chain("Y", chain({60, 61})), 100).ok);  // X saved, a second later
+  std::this_thread::sleep_for(1100ms);
+  h.fake->clear_calls();
+  CHECK(h.request_as(with_chain("N", chain({1, 2, 9})), 100).ok);  // Y saved; D seeds N
+  CHECK(h.fake->calls() == calls{save_call(h.file("Y", 'a')), restore_call(h.file("D", 'a'))});
+  h.fake->clear_calls();
+  CHECK(h.request_as(with_chain("Z", chain({70, 71})), 100).ok);  // N saved: one must go
+  // D was saved first but used last: X, the least recently saved or used, is overwritten
+  // (Z's cold start keeps the slot's content under the default scope: it is empty already)
+  CHECK(h.fake->calls() == calls{save_call(h.file("N", 'a')), erase_call(),
+                                 save_call(h.file("X", 'b')), save_call(h.file("X", 'a'))});
+  CHECK_FALSE(h.manifest_on_disk("X"));
+  CHECK(h.manifest_on_disk("D"));
+}
+
+TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the saved slot and lets its owner go",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);
+  auto o = disk_budget_options(2 * snapshot_of_100 + 150'000);
+  o.pool.idle_checkpoint = 50ms;
+  harness h(tmp.path(), o);
+  h.start_quiet();
+  h.request("A", 100);
+  kvp::testing::run_for(h.ioc, 300ms);
+  CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
+                                 save_call(kvp::core::snapshot_filename(old, 'b')),
+                                 save_call(kvp::core::snapshot_filename(old, 'a'))});
+  CHECK(h.coord->pool().owner().empty());  // its KV is gone from the slot: A restores next
+  h.fake->clear_calls();
+  CHECK(h.request("A", 150).ok);
+  CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});
+}
+
+TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot overwrite",
+          "[proxy][coordinator][retention][disk_budget]") {
+  temp_dir tmp;
+  const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
+  harness h(tmp.path(), disk_budget_options(150'000));
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  REQUIRE_FALSE(h.coord->pool().persistence_enabled());
+  const auto report = h.run(h.coord->admin_gc());
+  CHECK(report.evicted == 0);
+  CHECK(report.remaining_bytes == 200'000u);
+  CHECK(h.fake->calls().empty());
+  CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
 }
