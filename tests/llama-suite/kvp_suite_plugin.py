@@ -6,7 +6,8 @@ whole picture.
 What it changes in the suite's `utils` module (imported here before the suite's conftest.py):
 - ServerPreset.load_all() downloads nothing (there is no network here).
 - ServerProcess.start() replaces each Hugging Face model by a local random-weight GGUF
-  (KVP_SUITE_MODEL_LLAMA / _MOE, made by scripts/test-model.sh).
+  (KVP_SUITE_MODEL_LLAMA / _MOE, made by scripts/test-model.sh), with --chat-template chatml
+  where the test asks for no template and no Jinja (see use_local_model).
 - With KVP_SUITE_VARIANT=passthrough or managed, each llama-server starts on a free port and
   a kvpersist (KVP_SUITE_KVPERSIST) listens on the port the test talks to:
     passthrough: llama-server unchanged (no --slot-save-path), so kvpersist forwards with
@@ -65,6 +66,11 @@ def use_local_model(server):
         server.model_hf_repo = None
         server.model_hf_file = None
         server.model_url = None
+    # The suite's stories260K models carry no chat template, so llama-server falls back to
+    # chatml; the local models carry a Jinja-only one (scripts/make-test-model.py), which
+    # --no-jinja (the suite's default) refuses. Name chatml the same way, router included.
+    if not (server.jinja or server.chat_template or server.chat_template_file):
+        server.chat_template = "chatml"
 
 
 def write_kvpersist_config(server, llama_port, listen_port, state_dir):
