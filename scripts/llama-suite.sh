@@ -25,7 +25,8 @@
 # Options / environment
 #   --variants LIST     kvpersist variants to run after direct (default "passthrough managed")
 #   --out DIR           results directory (default: a new /tmp/kvp-llama-suite.XXXXXX)
-#   --keep              keep the copied test tree and per-test logs (DIR/logs-<variant>/)
+#   --keep              keep the copied test tree with kvpersist's state dirs (the temp dir
+#                       it names); per-test logs stay in DIR/logs-<variant>/ either way
 #   KVPERSIST_BIN       kvpersist executable (default: build/kvpersist of this checkout)
 #   KVP_SUITE_PORT      port the tests talk to (default 18480; llama-server's own when direct)
 #   KVP_SUITE_NICE      nice level of the runs (default 10)
@@ -67,14 +68,15 @@ kvpersist="${KVPERSIST_BIN:-$repo/build/kvpersist}"
 
 src="$("$repo/scripts/llama-server.sh" --src)"
 llama_server="$("$repo/scripts/llama-server.sh")"
-export KVP_SUITE_MODEL_LLAMA="$("$repo/scripts/test-model.sh" ci llama)"
-export KVP_SUITE_MODEL_MOE="$("$repo/scripts/test-model.sh" ci qwen3moe)"
+KVP_SUITE_MODEL_LLAMA="$("$repo/scripts/test-model.sh" ci llama)"
+KVP_SUITE_MODEL_MOE="$("$repo/scripts/test-model.sh" ci qwen3moe)"
+export KVP_SUITE_MODEL_LLAMA KVP_SUITE_MODEL_MOE
 
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/kvp-llama-suite.XXXXXX)"
 mkdir -p -- "$out"
 out="$(realpath -- "$out")"
 work="$(mktemp -d /tmp/kvp-llama-suite-tests.XXXXXX)"
-cleanup() { [[ $keep == 1 ]] || rm -rf -- "$work" /tmp/kvp-suite-state-* /tmp/kvp-suite-slots-* 2>/dev/null || true; }
+cleanup() { [[ $keep == 1 ]] || rm -rf -- "$work"; }
 trap cleanup EXIT
 # The tests name files by paths relative to tools/server/tests (../../../models/templates,
 # ../../../tools/mtmd): copy the tests, link the read-only rest of the tree beside them.
@@ -107,7 +109,9 @@ run_variant() {
     local started=$SECONDS rc=0
     (
         cd "$tests"
+        mkdir -p -- "$work/scratch-$variant"
         export KVP_SUITE_VARIANT="$variant" KVP_SUITE_KVPERSIST="$kvpersist" KVP_SUITE_LOGDIR="$logs"
+        export KVP_SUITE_SCRATCH="$work/scratch-$variant"
         export LLAMA_SERVER_BIN_PATH="$llama_server" PORT="${KVP_SUITE_PORT:-18480}" LLAMA_CACHE="$tests/tmp"
         export PYTHONPATH="$suite_support:$suite_support/stub:$tests"
         export PYTHONDONTWRITEBYTECODE=1

@@ -33,6 +33,7 @@ import utils  # noqa: E402  (the suite's own module, the one its conftest.py imp
 VARIANT = os.environ.get("KVP_SUITE_VARIANT", "direct")
 KVPERSIST_BIN = os.environ.get("KVP_SUITE_KVPERSIST", "")
 LOG_DIR = os.environ.get("KVP_SUITE_LOGDIR", tempfile.gettempdir())
+SCRATCH_DIR = os.environ.get("KVP_SUITE_SCRATCH")  # state and slot dirs; None: the system temp dir
 MODELS = {
     "llama": os.environ["KVP_SUITE_MODEL_LLAMA"],
     "moe": os.environ.get("KVP_SUITE_MODEL_MOE") or os.environ["KVP_SUITE_MODEL_LLAMA"],
@@ -113,7 +114,7 @@ def wait_for_kvpersist(server, process, timeout_s):
 
 
 def start_kvpersist(server, llama_port):
-    state_dir = tempfile.mkdtemp(prefix="kvp-suite-state-")
+    state_dir = tempfile.mkdtemp(prefix="kvp-suite-state-", dir=SCRATCH_DIR)
     config = write_kvpersist_config(server, llama_port, server.server_port, state_dir)
     env = dict(os.environ)
     if server.api_key:
@@ -150,7 +151,7 @@ def start(self, timeout_seconds=utils.DEFAULT_HTTP_TIMEOUT):
     if VARIANT == "direct" or self.external_server:
         return original_start(self, timeout_seconds)
     if VARIANT == "managed" and not self.slot_save_path:
-        self.slot_save_path = tempfile.mkdtemp(prefix="kvp-suite-slots-")
+        self.slot_save_path = tempfile.mkdtemp(prefix="kvp-suite-slots-", dir=SCRATCH_DIR)
     listen_port = self.server_port
     llama_port = free_port()
     self.server_port = llama_port
