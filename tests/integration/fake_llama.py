@@ -260,6 +260,9 @@ class FakeLlamaServer:
         # instead of the JSON (test_hostile_json.py: deep nesting from llama-server's side)
         self.raw_replies: dict[str, bytes] = {}
         self.predict_route = None  # e.g. "/predict": llama-server with AIP_MODE=PREDICTION
+        # as cpp-httplib's keep-alive timeout (5 s in llama-server): a connection that carries
+        # no request for this long is closed, a fresh one included
+        self.keep_alive_timeout: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def _reset_slot(self):
@@ -535,6 +538,10 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self):
         if self.fake._stopping.is_set():    # killed: nothing is served any more
             self.close_connection = True
+            return
+        wait = self.fake.keep_alive_timeout
+        if wait and not select.select([self.connection], [], [], wait)[0]:
+            self.close_connection = True    # no request within the keep-alive timeout
             return
         try:
             super().handle_one_request()

@@ -1055,3 +1055,24 @@ def test_real_foreign_model_same_geometry_refused(tmp_path):
         assert os.path.isfile(os.path.join(srv.save_dir, snap))
     finally:
         s.close()
+
+
+@pytest.mark.fake_only
+def test_a_connection_closed_during_a_long_prepare_is_replaced(stack):
+    """llama-server closes a connection that carries no request for 5 s (cpp-httplib's
+    keep-alive timeout). A request whose prepare outlasts that (a big restore; a router loading
+    the model) must not be sent on the connection opened before it: a fresh connection is never
+    retried, so that was a 502 "upstream llama-server closed the connection"."""
+    stack.start(config={"checkpoint": {"idleMs": 0, "earlyMs": 0}})
+    f = stack.fake
+    a, b = Conversation(sid("close-A")), Conversation(sid("close-B"))
+    ok(a.turn(stack.port))
+    ok(b.turn(stack.port))                  # A saved
+    f.keep_alive_timeout = 0.5
+    f._drop_connections()                   # the pool has no idle connection: the next one is fresh
+    f.delay_next_restore(1200)              # A's restore (ms) outlasts the keep-alive timeout
+    r = a.turn(stack.port)
+    ok(r)
+    calls = acts(checks.settled_calls(stack))
+    assert calls[-1] == "restore", calls
+    assert stack.proxy.alive()
