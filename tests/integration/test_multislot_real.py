@@ -155,7 +155,9 @@ def test_n_plus_one_sessions_evict_the_lru_with_one_save_each(pool_world):
     erases; each restored turn reuses >= 90% of its session's first prompt."""
     world = pool_world
     NP = world.llama.n_parallel
-    proxy = world.start_proxy()
+    # no early checkpoint: this is the switch path's own eviction (test_early_checkpoint.py
+    # has the default policy, which saves owners ahead of it)
+    proxy = world.start_proxy({"checkpoint": {"earlyMs": 0}})
     chats = [world.chat("evict%d" % i) for i in range(NP + 1)]
     by_short = {world.short(c): c for c in chats}
     for c in chats[:NP]:
