@@ -381,17 +381,24 @@ admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::s
   return h.run(h.coord->admit(t, t->who, pooled));
 }
 
+// Persistence off (no --slot-save-path): two requests, of A and B, admitted; both pass through.
+std::pair<std::shared_ptr<lease_ticket>, std::shared_ptr<lease_ticket>> two_passing_through(
+    harness& h) {
+  h.fake->slot_actions_disabled = true;
+  h.start_quiet();
+  auto a = h.ticket(), b = h.ticket();
+  REQUIRE(admit(h, a, "A").what == admission::outcome::pass_through);
+  REQUIRE(admit(h, b, "B").what == admission::outcome::pass_through);
+  return {a, b};
+}
+
 }  // namespace
 
 TEST_CASE("persistence off: requests pass through without a slot and run at once",
           "[proxy][coordinator][pass-through]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.fake->slot_actions_disabled = true;
-  h.start_quiet();
-  auto a = h.ticket(), b = h.ticket();
-  CHECK(admit(h, a, "A").what == admission::outcome::pass_through);
-  CHECK(admit(h, b, "B").what == admission::outcome::pass_through);
+  auto [a, b] = two_passing_through(h);
   CHECK_FALSE(h.coord->busy());
   CHECK(h.coord->passing_through() == 2);
   h.run(h.coord->finish(a, true));
@@ -405,11 +412,7 @@ TEST_CASE("persistence back while requests pass through: no slot call until they
           "[proxy][coordinator][pass-through]") {
   temp_dir tmp;
   harness h(tmp.path());
-  h.fake->slot_actions_disabled = true;
-  h.start_quiet();
-  auto a = h.ticket(), b = h.ticket();
-  REQUIRE(admit(h, a, "A").what == admission::outcome::pass_through);
-  REQUIRE(admit(h, b, "B").what == admission::outcome::pass_through);
+  auto [a, b] = two_passing_through(h);
   // llama-server restarted with --slot-save-path: the next admission probes and manages.
   h.fake->slot_actions_disabled = false;
   h.coord->note_upstream_trouble();
