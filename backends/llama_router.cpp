@@ -93,14 +93,15 @@ net::awaitable<core::result<std::optional<router_info>>> read_router(
   co_return info;
 }
 
-net::awaitable<core::result<bool>> load_router_model(http_endpoint ep, std::string id,
-                                                     std::chrono::milliseconds timeout) {
-  auto r = co_await http_call(ep, http::verb::post, "/models/load", slot_action_body({}, id),
-                              timeout);
+net::awaitable<core::result<bool>> await_router_model(http_endpoint ep, std::string id,
+                                                      std::chrono::milliseconds timeout) {
+  auto target = router_target("/props", id);
+  target.replace(target.rfind("autoload=false"), std::string_view("autoload=false").size(),
+                 "autoload=true");
+  auto r = expect_ok(co_await http_call(ep, http::verb::get, target, "", timeout),
+                     "GET /props (loading the model)");
   if (!r) co_return r.err();
-  if (r->status == 200 || error_message(r->body) == "model is already running") co_return true;
-  co_return core::error{core::errc::backend_unavailable, r->status,
-                        fmt::format("POST /models/load: {} {}", r->status, error_message(r->body))};
+  co_return true;
 }
 
 }  // namespace kvp::backends

@@ -43,9 +43,11 @@ net::awaitable<core::result<std::optional<router_info>>> read_router(
     http_endpoint ep, std::chrono::milliseconds timeout);
 net::awaitable<core::result<std::vector<router_model>>> read_router_models(
     http_endpoint ep, std::chrono::milliseconds timeout);
-// POST /models/load {"model": id}: the router starts the child (and may unload another).
-// "already running" counts as success.
-net::awaitable<core::result<bool>> load_router_model(http_endpoint ep, std::string id,
-                                                     std::chrono::milliseconds timeout);
+// GET /props?model=ID&autoload=true: the router starts the model (unloading its least recently
+// used one if it must) and answers once the model runs, with the child's props; true then.
+// Closing the connection before the answer (cancelling this call) tells the router that the
+// request went away: a load still queued is then abandoned, as for a client of its own.
+net::awaitable<core::result<bool>> await_router_model(http_endpoint ep, std::string id,
+                                                      std::chrono::milliseconds timeout);
 
 }  // namespace kvp::backends

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
 #include "core/log.hpp"
 #include "proxy/coordinator.hpp"
 
@@ -9,10 +11,11 @@ namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
+using namespace net::experimental::awaitable_operators;
 
 namespace {
-// How often a caller looks whether another caller's switch has ended, and how often a load's
-// progress is read: loading a model takes seconds, a short poll costs one small GET.
+// How often a caller looks whether another caller's switch has ended, and whether the client
+// of a load is still there.
 constexpr std::chrono::milliseconds switch_poll{10};
 constexpr std::chrono::milliseconds load_poll{100};
 
@@ -27,6 +30,11 @@ net::awaitable<void> pause(std::chrono::milliseconds d) {
   steady_timer t(co_await net::this_coro::executor, d);
   auto [ec] = co_await t.async_wait(token);
   (void)ec;
+}
+
+// Completes once `wanted` says no more (polled every load_poll).
+net::awaitable<void> until_unwanted(const std::function<bool()>& wanted) {
+  while (wanted()) co_await pause(load_poll);
 }
 }  // namespace
 
@@ -121,7 +129,7 @@ net::awaitable<void> router_models::switch_to(const member& m, bool load,
   // A new child: its /props has a new media marker, so its sessions restore (§4).
   m.coord->note_upstream_trouble();
   if (!load || !wanted()) co_return;  // a client's own POST /models/load follows
-  const bool loaded = co_await load_and_wait(m);
+  const bool loaded = co_await load_and_wait(m, wanted);
   log(loaded ? log_level::info : log_level::warn, "kv.router.loaded",
       {{"server", server_}, {"model", m.model}, {"ok", loaded ? "1" : "0"}});
 }
@@ -143,29 +151,28 @@ net::awaitable<void> router_models::save_running_others(
   for (const member* m : others) co_await save(*m, to.model);
 }
 
-net::awaitable<bool> router_models::load_and_wait(const member& m) {
-  auto asked = co_await backends::load_router_model(ep_, m.model, call_timeout_);
-  if (!asked) {
-    log(log_level::warn, "kv.router.load_failed", {{"server", server_}, {"model", m.model},
-                                                   {"reason", asked.err().message}});
+// The load is a request of the router's own kind, held open until the model runs: when the
+// client leaves first, closing it makes the router abandon a load that is still queued (behind
+// a busy model), as it would for the client itself.
+net::awaitable<bool> router_models::load_and_wait(const member& m,
+                                                  const std::function<bool()>& wanted) {
+  auto r = co_await (backends::await_router_model(ep_, m.model, load_timeout) ||
+                     until_unwanted(wanted));
+  {
+    std::lock_guard lock(mu_);
+    read_at_ = {};  // the next request reads the status again
+  }
+  if (r.index() == 1) {
+    log(log_level::info, "kv.router.load_abandoned",
+        {{"server", server_}, {"model", m.model}, {"reason", "the client left"}});
     co_return false;
   }
-  const auto deadline = std::chrono::steady_clock::now() + load_timeout;
-  bool seen_loading = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto models = co_await backends::read_router_models(ep_, call_timeout_);
-    if (models) {
-      std::lock_guard lock(mu_);
-      note_status(models.value());
-      const auto* st = status_of(models.value(), m.model);
-      if (!st) co_return false;
-      if (st->status == "loaded" || st->status == "sleeping") co_return true;
-      if (st->status == "loading") seen_loading = true;
-      else if (seen_loading) co_return false;  // it stopped: the child failed to start
-    }
-    co_await pause(load_poll);
+  if (const auto& loaded = std::get<0>(r); !loaded) {
+    log(log_level::warn, "kv.router.load_failed",
+        {{"server", server_}, {"model", m.model}, {"reason", loaded.err().message}});
+    co_return false;
   }
-  co_return false;
+  co_return true;
 }
 
 }  // namespace kvp::proxy

@@ -41,7 +41,8 @@ class router_models {
   // Before a request to `m` is forwarded. Returns at once when the router runs `m` (as last
   // read, at most status_max_age ago); else, when the router must unload a model to start it,
   // saves the others' dirty sessions first, then (`load`) loads `m` and waits until it runs
-  // (at most load_timeout). Failures are logged: the request is forwarded and may run cold.
+  // (at most load_timeout, and no longer than the client stays). Failures are logged: the
+  // request is forwarded and may run cold.
   // `wanted`: whether the request's client is still there; a client that left starts nothing.
   net::awaitable<void> before_serving(const member& m, bool load,
                                       const std::function<bool()>& wanted);
@@ -56,7 +57,7 @@ class router_models {
   net::awaitable<void> save(const member& m, std::string_view to);
   net::awaitable<void> save_running_others(const member& to,
                                            const std::vector<backends::router_model>& models);
-  net::awaitable<bool> load_and_wait(const member& m);
+  net::awaitable<bool> load_and_wait(const member& m, const std::function<bool()>& wanted);
   // Whether the last status read says `m` runs and is fresh enough to trust.
   bool known_running(const member& m) const;  // REQUIRES: mu_ held
   void note_status(const std::vector<backends::router_model>& models);  // REQUIRES: mu_ held

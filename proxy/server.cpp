@@ -619,7 +619,12 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
   // A router starts the model a request names, and may unload another to do so; a client
   // without the key makes nothing move (the router answers it 401).
-  if (up.of_router && client_may_use(up, req)) co_await before_router_request(up, c, req);
+  if (up.of_router && client_may_use(up, req)) {
+    co_await before_router_request(up, c, req);
+    // A client that left meanwhile is not served: the router drops a queued request whose
+    // client left, and forwarding it would make the router load its model after all.
+    if (client_hung_up(c.stream.socket())) co_return false;
+  }
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
   const bool needs_slot = core::needs_slot(req.method_string(), req.target());
