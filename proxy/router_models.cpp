@@ -59,7 +59,7 @@ const router_models::member* router_models::find(std::string_view model) const {
 }
 
 bool router_models::known_running(const member& m) const {
-  if (std::chrono::steady_clock::now() - read_at_ > status_max_age) return false;
+  if (!status_known_) return false;
   const auto it = running_.find(m.model);
   return it != running_.end() && it->second;
 }
@@ -67,7 +67,7 @@ bool router_models::known_running(const member& m) const {
 void router_models::note_status(const std::vector<backends::router_model>& models) {
   running_.clear();
   for (const auto& rm : models) running_[rm.id] = rm.running();
-  read_at_ = std::chrono::steady_clock::now();
+  status_known_ = true;
 }
 
 net::awaitable<void> router_models::before_serving(const member& m, bool load,
@@ -92,7 +92,7 @@ net::awaitable<void> router_models::before_serving(const member& m, bool load,
 net::awaitable<void> router_models::before_unload(const member& m) {
   {
     std::lock_guard lock(mu_);
-    read_at_ = {};  // the next request reads the status again
+    status_known_ = false;  // the next request reads the status again
   }
   co_await save(m, "");
 }
@@ -160,7 +160,7 @@ net::awaitable<bool> router_models::load_and_wait(const member& m,
                      until_unwanted(wanted));
   {
     std::lock_guard lock(mu_);
-    read_at_ = {};  // the next request reads the status again
+    status_known_ = false;  // the next request reads the status again
   }
   if (r.index() == 1) {
     log(log_level::info, "kv.router.load_abandoned",

@@ -39,7 +39,7 @@ class router_models {
   std::size_t size() const { return members_.size(); }
 
   // Before a request to `m` is forwarded. Returns at once when the router runs `m` (as last
-  // read, at most status_max_age ago); else, when the router must unload a model to start it,
+  // last read: a turn of a session whose model runs costs no call); else, when the router must unload a model to start it,
   // saves the others' dirty sessions first, then (`load`) loads `m` and waits until it runs
   // (at most load_timeout, and no longer than the client stays). Failures are logged: the
   // request is forwarded and may run cold.
@@ -49,7 +49,6 @@ class router_models {
   // Before a client's POST /models/unload of `m`: its dirty sessions are saved.
   net::awaitable<void> before_unload(const member& m);
 
-  static constexpr std::chrono::milliseconds status_max_age{1000};
   static constexpr std::chrono::seconds load_timeout{600};
 
  private:
@@ -71,7 +70,7 @@ class router_models {
   std::mutex mu_;
   bool switching_ = false;                       // a caller is saving and loading
   std::map<std::string, bool> running_;          // by model id, as last read
-  std::chrono::steady_clock::time_point read_at_{};
+  bool status_known_ = false;  // running_ holds the last read; false after a load or unload
   std::map<std::string, std::uint64_t> served_;  // by model id: order of kvpersist's last request
   std::uint64_t clock_ = 0;
 };

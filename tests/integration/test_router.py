@@ -134,6 +134,7 @@ def test_a_running_model_costs_no_load_and_no_save(world):
     later = [(r["method"], r["path"], r["query"].get("action") or r["query"].get("autoload"))
              for r in world.router.requests[n:]]
     assert ("GET", "/props", "true") not in later and ("POST", "/slots/0", "save") not in later, later
+    assert ("GET", "/v1/models", None) not in later, later   # the resident path makes no call
     assert [m["action"] for m in world.router.child("alpha").management_calls()] == ["erase"]
 
 
