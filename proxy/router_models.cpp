@@ -159,8 +159,12 @@ net::awaitable<bool> router_models::load_and_wait(const member& m,
   auto r = co_await (backends::await_router_model(ep_, m.model, load_timeout) ||
                      until_unwanted(wanted));
   {
+    // What runs now: `m`, if it loaded; which model made room is not known, so every other
+    // counts as not running and its next request reads the status again.
     std::lock_guard lock(mu_);
-    status_known_ = false;  // the next request reads the status again
+    running_.clear();
+    running_[m.model] = r.index() == 0 && std::get<0>(r).ok();
+    status_known_ = true;
   }
   if (r.index() == 1) {
     log(log_level::info, "kv.router.load_abandoned",

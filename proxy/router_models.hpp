@@ -70,7 +70,7 @@ class router_models {
   std::mutex mu_;
   bool switching_ = false;                       // a caller is saving and loading
   std::map<std::string, bool> running_;          // by model id, as last read
-  bool status_known_ = false;  // running_ holds the last read; false after a load or unload
+  bool status_known_ = false;  // running_ holds what is known; false after an unload
   std::map<std::string, std::uint64_t> served_;  // by model id: order of kvpersist's last request
   std::uint64_t clock_ = 0;
 };
