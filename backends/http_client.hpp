@@ -1,5 +1,5 @@
 // A one-shot HTTP/1.1 client for management calls: one connection per call, one deadline
-// for the whole exchange. Not used on the inference path (that is proxy/upstream_pool).
+// for the whole exchange. Not used on the inference path (that is proxy/data/upstream_pool).
 #pragma once
 
 #include <chrono>

@@ -42,7 +42,7 @@ enum class log_format { plain, json };
 struct upstream_config {
   std::string url = "http://127.0.0.1:8080";  // llama-server base URL (http only)
   // Whether `url` was given (config file or --upstream). When not, serve and doctor use the
-  // default address that answers (proxy/upstream_default.hpp): 8080, or llama-server's new 9931.
+  // default address that answers (proxy/data/upstream_default.hpp): 8080, or llama-server's new 9931.
   bool url_given = false;
   std::string api_key;                        // used for management calls (/slots, /props)
   // An absolute path to a file holding api_key (config/secrets.hpp); the loader reads it into

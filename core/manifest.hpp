@@ -1,5 +1,5 @@
 // The per-session manifest: kvpersist's own record of a snapshot that llama-server wrote.
-// Parse and serialize only; proxy/manifest_store writes it atomically.
+// Parse and serialize only; proxy/control/manifest_store writes it atomically.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +44,7 @@ struct manifest {
   static constexpr std::size_t max_chain_links = manifest_chain_cap;
   std::string credential;  // credential_key() of the requests that made it ("" without one)
   // The snapshot file's checksum when it was saved, checked before each restore: "xxh3-128:"
-  // and 32 hex digits (proxy/snapshot_files.hpp); "" where kvpersist cannot read the file
+  // and 32 hex digits (proxy/control/snapshot_files.hpp); "" where kvpersist cannot read the file
   // (server-owned mode) and in manifests written before checksums.
   std::string checksum;
   static constexpr std::string_view checksum_prefix = "xxh3-128:";

@@ -43,7 +43,7 @@ bool needs_slot(std::string_view method, std::string_view target);
 bool changes_runtime(std::string_view method, std::string_view target);
 
 // True when the decoded path of `target` is llama-server's Vertex AI prediction route
-// `route` (AIP_PREDICT_ROUTE, "/predict" by default; "" = none). See proxy/server.cpp for
+// `route` (AIP_PREDICT_ROUTE, "/predict" by default; "" = none). See proxy/data/server.cpp for
 // why kvpersist refuses it.
 bool is_prediction_route(std::string_view target, std::string_view route);
 

@@ -19,7 +19,7 @@ constexpr auto none = std::string_view::npos;
 
 // Where each key occurs last in `text`. One backward pass over the quotes (memrchr), each
 // looked at only when the letter after it may start a key: every session request's reply is
-// read (proxy/server.cpp), so this runs per resident turn.
+// read (proxy/data/server.cpp), so this runs per resident turn.
 std::array<std::size_t, keys.size()> last_positions(std::string_view text) {
   std::array<std::size_t, keys.size()> at;
   at.fill(none);

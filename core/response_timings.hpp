@@ -1,6 +1,6 @@
 // What a llama-server reply says about its prompt: how many prompt tokens it reused from the
 // slot's KV, how many it computed and how long that took. Read from the bytes the relay kept
-// of the body (proxy/relay.hpp: its first KiB and its last 8-16 KiB), in every API family:
+// of the body (proxy/http/relay.hpp: its first KiB and its last 8-16 KiB), in every API family:
 // docs/llama-server.md §12 lists where each puts the reused count.
 #pragma once
 

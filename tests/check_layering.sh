@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # core/ is sans-I/O: no Asio, Beast, yaml-cpp or sockets. config/ sees yaml-cpp only in
-# load_yaml.cpp. Debian puts Boost in /usr/include, so CMake alone cannot enforce this.
+# load_yaml.cpp; proxy/'s planes depend one way. Debian puts Boost in /usr/include, so CMake alone cannot enforce this.
 set -euo pipefail
 root=${1:-.}
 fail=0
@@ -16,6 +16,19 @@ if grep -rnE '#include *"proxy/' "$root/core" "$root/backends" "$root/config"; t
   echo "layering: core/, backends/ and config/ must not depend on proxy/" >&2
   fail=1
 fi
+# proxy/'s planes (docs/architecture.md, "Layers"): http <- control <- admin <- data <- tools.
+# A plane includes only the planes left of it.
+check_plane() {  # plane, the planes it must not include
+  local plane=$1 forbidden=$2
+  if grep -rnE "#include *\"proxy/($forbidden)/" "$root/proxy/$plane"; then
+    echo "layering: proxy/$plane/ must not depend on proxy/{${forbidden//|/,}}/" >&2
+    fail=1
+  fi
+}
+check_plane http 'control|admin|data|tools'
+check_plane control 'admin|data|tools'
+check_plane admin 'data|tools'
+check_plane data 'tools'
 if grep -rnE '/slots' "$root/core" "$root/proxy" --include='*.cpp' --include='*.hpp' | grep -v 'classify_target\|starts_with("/slots/")\|path == "/slots"\|/slots\* \|/slots is not forwarded\|//'; then
   echo "layering: only backends/ may know a /slots URL" >&2
   fail=1

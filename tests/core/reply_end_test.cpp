@@ -137,7 +137,7 @@ TEST_CASE("unfinished, failed and native replies are unknown", "[core][reply_end
         reply_end::unknown);
 }
 
-// What proxy/relay.hpp keeps of a long body: its first 256 bytes and its last 8 KiB.
+// What proxy/http/relay.hpp keeps of a long body: its first 256 bytes and its last 8 KiB.
 static std::string kept(const std::string& body) {
   return body.substr(0, 256) + body.substr(body.size() - 8192);
 }

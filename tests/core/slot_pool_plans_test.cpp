@@ -1,5 +1,5 @@
 // Tests for core/slot_pool.hpp (docs/design.md §3-§13 and §19; the invariants of §2).
-// The core is driven the way proxy/coordinator drives it: plans in, hand-made backend
+// The core is driven the way proxy/control/coordinator drives it: plans in, hand-made backend
 // results back, with a fake monotonic clock built from steady_time values. No I/O.
 #include "core/slot_pool.hpp"
 
@@ -86,7 +86,7 @@ manifest ready_manifest(const slot_pool& c, const std::string& id, char gen,
   return m;
 }
 
-// Carries out a request whose every management call succeeds, as proxy/coordinator would:
+// Carries out a request whose every management call succeeds, as proxy/control/coordinator would:
 // save (and store the manifest), restore (reporting the expected tokens) or erase, then the
 // inference, which reaches the slot. Saves report `saved_tokens`.
 prepare_kind run_request(slot_pool& c, const request_identity& who, steady_time now,

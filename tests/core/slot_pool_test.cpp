@@ -2,7 +2,7 @@
 // choose_slot's selection order (owned, empty, least recently used clean, least recently used
 // dirty after a save), the reserved auxiliary slot, fairness under contention (expressed
 // through choose_slot and the free list a lease queue would pass), and epoch changes.
-// Driven the way proxy/coordinator drives it: choose_slot over the free slots, then
+// Driven the way proxy/control/coordinator drives it: choose_slot over the free slots, then
 // prepare/on_*/start_inference/end_inference on the chosen slot. Fake clock, no I/O.
 #include "core/slot_pool.hpp"
 

@@ -1,6 +1,6 @@
 // Fuzz target: raw client bytes through the request path kvpersist runs before forwarding:
 // Beast's request_parser with kvpersist's limits, classify_target, session extraction and the
-// upstream rewrite (proxy/server.cpp: server::identity_of and server::prepare_upstream_request,
+// upstream rewrite (proxy/data/server.cpp: server::identity_of and server::prepare_upstream_request,
 // mirrored here because they are private members; keep them in step).
 //
 // Properties, for any input that parses as one complete request:
@@ -17,7 +17,7 @@
 
 #include "backends/net.hpp"
 #include "core/request_class.hpp"
-#include "proxy/relay.hpp"
+#include "proxy/http/relay.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 
 namespace {
@@ -85,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string target(req.target());
   const std::string body = req.body();
   // kvpersist refuses TRACE and CONNECT with 405 before preparing anything (the method
-  // allow-list in proxy/request_reader.cpp; regression seeds corpus/http_request/regress_trace_*: Beast's prepare_payload throws for
+  // allow-list in proxy/http/request_reader.cpp; regression seeds corpus/http_request/regress_trace_*: Beast's prepare_payload throws for
   // TRACE with a body, and that exception used to leak the connection).
   if (req.method() == http::verb::trace || req.method() == http::verb::connect) return 0;
   try {

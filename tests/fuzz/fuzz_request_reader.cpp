@@ -1,4 +1,4 @@
-// Fuzz target: client bytes through proxy/request_reader.hpp, the reader the proxy and the admin
+// Fuzz target: client bytes through proxy/http/request_reader.hpp, the reader the proxy and the admin
 // listener run, over a beast::test::stream: the header checks, the chunked body with its
 // chunk-size lines, extensions and trailer section, pipelined requests.
 //
@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "proxy/relay.hpp"
-#include "proxy/request_reader.hpp"
+#include "proxy/http/relay.hpp"
+#include "proxy/http/request_reader.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 
 namespace {

@@ -922,7 +922,7 @@ def test_percent_encoded_slash_in_session_id(stack, session):
     # GET and DELETE of the id itself
     r = adm(stack, "GET", "/kv/sessions/%s" % enc)
     assert r.status == 200 and r.json["sessionId"] == session, (
-        "GET /kv/sessions/%s: %s %r (proxy/admin.cpp route() decodes %%2F before splitting "
+        "GET /kv/sessions/%s: %s %r (proxy/admin/admin.cpp route() decodes %%2F before splitting "
         "the action off the path)" % (enc, r.status, r.body[:200]))
     r = adm(stack, "DELETE", "/kv/sessions/%s" % enc)
     assert r.status == 200 and r.json["result"] == "purged", (r.status, r.body[:200])

@@ -251,7 +251,7 @@ def test_emfile_backs_off_with_a_rate_limited_log(stack):
     assert wait_until(lambda: stack.proxy.events("kv.proxy.accept_failed"), 5)
     lines = assert_quiet_at_the_limit(stack, "kv.proxy.accept_failed")
     assert "open files" in lines[0].fields["reason"], lines[0].raw   # EMFILE
-    # the accept retries back off 50 ms doubling to 1 s (proxy/server.cpp): the first second has
+    # the accept retries back off 50 ms doubling to 1 s (proxy/data/server.cpp): the first second has
     # four retries, left out of the log and counted in its next line, about 1.55 s after the first
     assert wait_until(lambda: len(stack.proxy.events("kv.proxy.accept_failed")) >= 2, 5), [l.raw for l in lines]
     later = stack.proxy.events("kv.proxy.accept_failed")[1]

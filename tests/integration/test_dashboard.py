@@ -57,7 +57,7 @@ def test_page_and_files_served_under_host_and_origin_rules(stack):
         csp = r.header("content-security-policy")
         assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
         assert r.header("x-frame-options") == "DENY" and r.header("x-content-type-options") == "nosniff"
-    with open(os.path.join(REPO, "proxy", "ui", "app.js"), "rb") as f:
+    with open(os.path.join(REPO, "proxy", "admin", "ui", "app.js"), "rb") as f:
         js = adm("GET", "/ui/app.js")
         assert js.status == 200 and js.header("content-type") == "text/javascript; charset=utf-8"
         assert js.body == f.read()  # embedded byte for byte

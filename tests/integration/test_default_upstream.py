@@ -1,5 +1,5 @@
 """Without `upstream.url` or --upstream, kvpersist uses llama-server's default address that
-answers (proxy/upstream_default.hpp): 127.0.0.1:8080, or 9931 where llama.cpp moved the
+answers (proxy/data/upstream_default.hpp): 127.0.0.1:8080, or 9931 where llama.cpp moved the
 default port. A fake llama-server on 9931 (with nothing on 8080) is found by `doctor`, which
 names it, and by `serve`, which logs it and forwards there. Skips when this machine already
 uses either port (the test cannot own them then).

@@ -601,7 +601,7 @@ def test_trace_with_body_does_not_block_others(stack):
 # ============================================================================ what llama-server parses differently
 # llama-server's HTTP parser (cpp-httplib) answers 400 to a request it cannot parse but keeps
 # reading the connection, and takes the body kvpersist forwarded behind the header for the next
-# request (proxy/request_reader.hpp). So kvpersist refuses those requests itself: a 4xx with a
+# request (proxy/http/request_reader.hpp). So kvpersist refuses those requests itself: a 4xx with a
 # JSON body, Connection: close, nothing forwarded. test_hostile_real.py runs the same vectors
 # against the real llama-server.
 SMUGGLED_SAVE = b"POST /slots/0?action=save HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" \
@@ -765,7 +765,7 @@ def flood_exchange(port: int, data: bytes, timeout: float) -> tuple[bytes, bool]
 @pytest.mark.parametrize("shape", sorted(ENDLESS_LINES))
 def test_endless_chunk_line_bounded_memory(stack, listener, shape):
     """A chunked body whose chunk-size line, extension or trailer never ends: the read buffer
-    stays bounded (proxy/request_reader.hpp: read_buffer_limit), the client gets 400 and is
+    stays bounded (proxy/http/request_reader.hpp: read_buffer_limit), the client gets 400 and is
     closed, and kvpersist still answers. On the admin port this comes before any token check."""
     stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": "t0k3n"}})
     pid = stack.proxy.pid

@@ -5,7 +5,7 @@ parse, but stays in its keep-alive loop: it drops the rest of its 4 KiB read buf
 the next bytes on the socket, i.e. the body kvpersist forwarded, as a new request. A body
 carrying `POST /slots/0?action=save` or `?action=erase` at a 4 KiB boundary of the forwarded
 bytes then runs on the slot kvpersist owns. kvpersist refuses such requests itself
-(proxy/request_reader.hpp); each test here sends one vector through kvpersist (an unknown
+(proxy/http/request_reader.hpp); each test here sends one vector through kvpersist (an unknown
 method, a field line over 8 KiB, more than 100 fields; and a request line over 32 KiB, on which
 cpp-httplib closes the connection instead, and kvpersist used to answer 502) and asserts:
 

@@ -1,4 +1,4 @@
-"""The proxy's and the admin API's listeners (proxy/listener.hpp; issue 25): each has its own
+"""The proxy's and the admin API's listeners (proxy/http/listener.hpp; issue 25): each has its own
 connection cap inside the process's RLIMIT_NOFILE budget, neither spins when accept fails
 with EMFILE, and idle admin connections cannot take the descriptors proxy clients need.
 
@@ -34,7 +34,7 @@ from kvptest.identity import sid_factory
 pytestmark = pytest.mark.fake_only
 
 HOST = "127.0.0.1"
-ADMIN_HEADER_TIMEOUT_S = 30  # proxy/admin.cpp's read limits for an admin request's header
+ADMIN_HEADER_TIMEOUT_S = 30  # proxy/admin/admin.cpp's read limits for an admin request's header
 
 sid = sid_factory("lst", 10)
 

@@ -476,7 +476,7 @@ def test_dockerfile_lint():
                 if src != ".":
                     assert not ignored(src, pats), "COPY %s (line %d) is excluded by the dockerignore" % (src, line)
     # the build stage's `COPY . .` must keep what the build needs and drop build outputs
-    for needed in ("CMakeLists.txt", "scripts/setup.sh", "core/slot_pool.cpp", "proxy/main.cpp",
+    for needed in ("CMakeLists.txt", "scripts/setup.sh", "core/slot_pool.cpp", "proxy/tools/main.cpp",
                    "config/kvpersist.example.yaml", "tests/CMakeLists.txt", "core/version.hpp.in",
                    "README.md"):
         assert os.path.exists(os.path.join(REPO, needed)), needed

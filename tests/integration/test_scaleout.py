@@ -290,7 +290,7 @@ def test_compose_example_is_consistent(tmp_path):
     p = harness.KvPersist("http://127.0.0.1:9", os.path.join(str(tmp_path), "state"),
                           extra_args=["--config", cfg], work_dir=str(tmp_path))
     p.start()
-    # kvpersist installs its SIGTERM handler just after it logs kv.proxy.listening (proxy/main.cpp):
+    # kvpersist installs its SIGTERM handler just after it logs kv.proxy.listening (proxy/tools/main.cpp):
     # a SIGTERM sent the instant that line appears kills it (rc -15). Give it a moment.
     assert p.wait_for_log(r"kv\.backend\.unavailable", 5), p.log_text()
     harness.time.sleep(0.2)

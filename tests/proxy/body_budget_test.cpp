@@ -1,7 +1,7 @@
-// Tests for proxy/body_budget.hpp: a Content-Length is reserved whole, a chunked body chunk
+// Tests for proxy/http/body_budget.hpp: a Content-Length is reserved whole, a chunked body chunk
 // by chunk (the chunk that crosses the budget fails the parse before its data is taken), and
 // every hold returns its bytes.
-#include "proxy/body_budget.hpp"
+#include "proxy/http/body_budget.hpp"
 
 #include <catch2/catch.hpp>
 

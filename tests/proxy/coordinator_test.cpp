@@ -1,8 +1,8 @@
-// Tests for proxy/coordinator.hpp driven with FakeBackend on an io_context (docs/design.md §19,
+// Tests for proxy/control/coordinator.hpp driven with FakeBackend on an io_context (docs/design.md §19,
 // §84): the lease protocol (enqueue -> settle -> prepare -> finish) with the exact
 // management calls, manifests in a temporary state directory, idle and shutdown
 // checkpoints, the FIFO queue and its bound. No sockets.
-#include "proxy/coordinator.hpp"
+#include "proxy/control/coordinator.hpp"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "proxy/admin.hpp"
+#include "proxy/admin/admin.hpp"
 #include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/fake_backend.hpp"
@@ -179,7 +179,7 @@ struct harness {
   }
 };
 
-// A client session as proxy/server runs it: enqueue, wait for the wakeup, settle, prepare,
+// A client session as proxy/data/server runs it: enqueue, wait for the wakeup, settle, prepare,
 // inference, finish. Records the order in which clients got the slot.
 kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
                                  std::vector<int>* order) {
@@ -373,7 +373,7 @@ namespace {
 
 using kvp::proxy::admission;
 
-// A ticket through admit, as proxy/lease.hpp's acquire sends it.
+// A ticket through admit, as proxy/control/lease.hpp's acquire sends it.
 // `pooled`: the request has a pooled upstream connection (false: it will open a fresh one).
 admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::string& session,
                 bool pooled = true) {
@@ -893,7 +893,7 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
   CHECK(h.coord->pool().circuit().current() == kvp::core::breaker::state::closed);
 }
 
-// proxy/server.cpp's lease_guard releases a lease through coordinator::release when the
+// proxy/data/server.cpp's lease_guard releases a lease through coordinator::release when the
 // request coroutine leaves by an exception after prepare(). core::slot_pool::
 // abort_prepare() then leaves the slot in state `inference` with the owner kept, so the
 // shutdown checkpoint (checkpoint_owner requires state `dirty`) no longer saves an owner

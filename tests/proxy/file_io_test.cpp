@@ -1,7 +1,7 @@
-// Tests for proxy/file_io.hpp: results come back on the caller's strand, a stuck operation
+// Tests for proxy/control/file_io.hpp: results come back on the caller's strand, a stuck operation
 // times out without holding up the others, a full queue refuses at once, and a pool destroyed
 // while a thread is stuck frees nothing that thread still uses.
-#include "proxy/file_io.hpp"
+#include "proxy/control/file_io.hpp"
 
 #include <catch2/catch.hpp>
 

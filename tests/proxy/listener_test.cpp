@@ -1,6 +1,6 @@
-// Tests for proxy/listener.hpp (a port's connection cap: wait or refuse) and the descriptor
-// budget of proxy/server.hpp that both listeners' caps fit in.
-#include "proxy/listener.hpp"
+// Tests for proxy/http/listener.hpp (a port's connection cap: wait or refuse) and the descriptor
+// budget of proxy/data/server.hpp that both listeners' caps fit in.
+#include "proxy/http/listener.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "proxy/listen.hpp"
-#include "proxy/server.hpp"
+#include "proxy/http/listen.hpp"
+#include "proxy/data/server.hpp"
 #include "tests/support/run.hpp"
 
 namespace {

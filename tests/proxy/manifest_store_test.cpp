@@ -1,6 +1,6 @@
-// Tests for proxy/manifest_store.hpp: <state>/sessions/<hash>.json written atomically
+// Tests for proxy/control/manifest_store.hpp: <state>/sessions/<hash>.json written atomically
 // (docs/design.md §11), loaded strictly, removed on purge.
-#include "proxy/manifest_store.hpp"
+#include "proxy/control/manifest_store.hpp"
 
 #include <sys/stat.h>
 

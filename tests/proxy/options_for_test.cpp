@@ -1,7 +1,7 @@
-// Tests for proxy::options_for (proxy/server.hpp): what each server's coordinator is told.
+// Tests for proxy::options_for (proxy/data/server.hpp): what each server's coordinator is told.
 #include <catch2/catch.hpp>
 
-#include "proxy/server.hpp"
+#include "proxy/data/server.hpp"
 
 namespace {
 

@@ -1,9 +1,9 @@
-// Tests for proxy/relay.hpp over connected pairs of beast::test::stream (docs/conventions.md §5):
+// Tests for proxy/http/relay.hpp over connected pairs of beast::test::stream (docs/conventions.md §5):
 // the exact bytes the client receives for chunked SSE, Content-Length, HTTP/1.0 and broken
 // upstream responses. read_size(1) on the upstream side reaches the parser's
 // chunk-header-only path, where an empty body piece must not end the client's stream
 // (beast#3032).
-#include "proxy/relay.hpp"
+#include "proxy/http/relay.hpp"
 
 #include <algorithm>
 #include <boost/asio/write.hpp>

@@ -1,5 +1,5 @@
-// Tests for the pure helper of proxy/coordinator.hpp: the idle checkpoint for a server that sleeps.
-#include "proxy/coordinator.hpp"
+// Tests for the pure helper of proxy/control/coordinator.hpp: the idle checkpoint for a server that sleeps.
+#include "proxy/control/coordinator.hpp"
 
 #include <catch2/catch.hpp>
 

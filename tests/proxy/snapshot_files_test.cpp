@@ -1,6 +1,6 @@
-// Tests for proxy/snapshot_files.hpp (checksums, docs/design.md §9) and proxy/private_dir.hpp
+// Tests for proxy/control/snapshot_files.hpp (checksums, docs/design.md §9) and proxy/control/private_dir.hpp
 // (the state directory's owner and mode, descriptors opened once, docs/design.md §11).
-#include "proxy/snapshot_files.hpp"
+#include "proxy/control/snapshot_files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,8 +16,8 @@
 
 #include "core/errc.hpp"
 #include "core/identity.hpp"
-#include "proxy/manifest_store.hpp"
-#include "proxy/private_dir.hpp"
+#include "proxy/control/manifest_store.hpp"
+#include "proxy/control/private_dir.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {

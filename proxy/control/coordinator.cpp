@@ -1,0 +1,632 @@
+#include "proxy/control/coordinator.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/http/listen.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using std::chrono::steady_clock;
+
+using detail::wall_now;
+
+namespace {
+
+// retention.maxSessions also bounds the sessions remembered without a snapshot (§12).
+core::slot_pool_options pool_options(const coordinator_options& o) {
+  auto pool = o.pool;
+  pool.max_records_without_snapshot = core::record_limit(o.retention_max_sessions);
+  return pool;
+}
+
+}  // namespace
+
+coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
+                         manifest_store store, coordinator_options opts)
+    : strand_(net::make_strand(ioc)),
+      backend_(std::move(backend)),
+      store_(std::move(store)),
+      opts_(std::move(opts)),
+      pool_(pool_options(opts_)),
+      idle_timer_(strand_),
+      probe_timer_(strand_),
+      gc_timer_(strand_) {}
+
+// What start reads from the state directory, on the file pool.
+struct loaded_state {
+  std::optional<core::error> unavailable;  // the sessions directory cannot be used
+  std::vector<core::manifest> manifests;
+  std::vector<std::string> skipped;
+  std::optional<std::string> snapshot_dir_problem;  // strerror of access(2), shared mode
+};
+
+net::awaitable<void> coordinator::load_state() {
+  const auto store = store_;
+  const auto snapshot_dir = opts_.snapshot_dir;
+  std::function<core::result<loaded_state>()> work = [store, snapshot_dir] {
+    loaded_state st;
+    if (auto r = store.open(); !r) st.unavailable = r.err();
+    else st.manifests = store.load_all(st.skipped);
+    store.remove_hints();  // a previous process's: this one records its own
+    if (!snapshot_dir.empty() && ::access(snapshot_dir.c_str(), R_OK | W_OK | X_OK) != 0)
+      st.snapshot_dir_problem = std::strerror(errno);
+    return core::result<loaded_state>(std::move(st));
+  };
+  auto loaded = co_await on_file_pool<loaded_state>("reading the state directory", std::move(work));
+  if (!loaded || loaded->unavailable) {
+    log(log_level::warn, "kv.state.unavailable",
+        {{"reason", loaded ? loaded->unavailable->message : loaded.err().message},
+         {"effect", "persistence off"}});
+  } else {
+    for (auto& s : loaded->skipped)
+      log(log_level::warn, "kv.manifest.skipped",
+          {{"file", s}, {"code", std::string(core::to_string(core::errc::manifest_invalid))}});
+    const auto count = loaded->manifests.size();
+    for (auto& m : loaded->manifests) pool_.add_manifest(std::move(m));
+    log(log_level::info, "kv.state.loaded",
+        {{"dir", store_.dir()}, {"manifests", std::to_string(count)}});
+    co_await enforce_session_budget();
+  }
+  if (loaded && loaded->snapshot_dir_problem) {
+    // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
+    log(log_level::warn, "kv.snapshots.dir_unusable",
+        {{"dir", opts_.snapshot_dir}, {"reason", *loaded->snapshot_dir_problem},
+         {"effect", "saves fail and sessions start cold until snapshots.path is llama-server's "
+                    "--slot-save-path, readable and writable by kvpersist"}});
+  }
+}
+
+net::awaitable<void> coordinator::start() {
+  co_await load_state();
+  co_await load_learned_sleep();
+  auto p = co_await run_full_probe();
+  apply_probe(p);
+  if (opts_.epoch_probe_interval.count() > 0)
+    net::co_spawn(strand_, probe_loop(), log_exception);
+  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, gc_loop(), log_exception);
+}
+
+void coordinator::spawn(net::awaitable<void> work) {
+  net::co_spawn(strand_, std::move(work), log_exception);
+}
+
+void coordinator::stop() {
+  stopped_ = true;
+  idle_timer_.cancel();
+  probe_timer_.cancel();
+  gc_timer_.cancel();
+}
+
+std::vector<int> coordinator::free_slots() const {
+  std::vector<int> out;
+  for (int id : pool_.slot_ids())
+    if (!leased_.contains(id)) out.push_back(id);
+  return out;
+}
+
+bool coordinator::holds(const std::shared_ptr<lease_ticket>& t) const {
+  for (const auto& [slot, h] : leased_)
+    if (h == t) return true;
+  return false;
+}
+
+bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
+  // A pass-through request may run on any slot: none is managed until it has finished.
+  if (passing_through_ > 0) return false;
+  // In managed mode a request llama-server cannot pin could land on any slot: it needs them all.
+  if (t->unpinnable && pins_requests()) t->exclusive = true;
+  if (t->exclusive) {
+    if (!leased_.empty()) return false;
+    for (int id : pool_.slot_ids()) leased_[id] = t;
+    t->slot = -1;
+  } else {
+    // A session holding a lease (even one still preparing, not yet the slot's owner) must
+    // wait for it: its requests stay in order on one slot.
+    if (!t->who.session_id.empty() && t->who.purpose.empty()) {
+      for (const auto& [id, h] : leased_)
+        if (h->who.session_id == t->who.session_id && h->who.purpose.empty()) return false;
+    }
+    auto slot = pool_.choose_slot(t->who, free_slots());
+    if (!slot) return false;
+    leased_[*slot] = t;
+    t->slot = *slot;
+    t->pinned = pins_requests();
+  }
+  grant(t);
+  return true;
+}
+
+void coordinator::grant(const std::shared_ptr<lease_ticket>& t) {
+  t->granted = true;
+  log(log_level::debug, "kv.slot.acquire",
+      {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
+       {"ticket", std::to_string(t->id)}});
+  if (t->admitting) return;  // admit reports the grant itself; nobody waits on the timer
+  // Expiry in the past completes the wait whether or not it has started yet.
+  net::post(t->wakeup.get_executor(),
+            [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
+}
+
+// Grants what can be granted, in FIFO order, without letting a request overtake an earlier
+// one of the same session or anything overtake an exclusive waiter.
+void coordinator::pump() {
+  std::vector<std::string> blocked_sessions;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const auto& t = *it;
+    const std::string key = t->who.session_id.empty() || !t->who.purpose.empty()
+                                ? std::string()
+                                : pool_.hash_for(t->who);
+    const bool blocked = !key.empty() && std::find(blocked_sessions.begin(),
+                                                   blocked_sessions.end(),
+                                                   key) != blocked_sessions.end();
+    if (!blocked && try_grant(t)) {
+      it = queue_.erase(it);
+      continue;
+    }
+    if (t->exclusive) break;
+    if (!key.empty()) blocked_sessions.push_back(key);
+    ++it;
+  }
+}
+
+net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
+  t->id = next_id_++;
+  queue_.push_back(t);
+  pump();
+  if (!t->granted && queue_.size() > opts_.max_waiting) {
+    std::erase(queue_, t);
+    t->rejected = true;
+    if (t->runtime_change) runtime_change_pending_ = false;
+    co_return false;
+  }
+  co_return true;
+}
+
+net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
+                                             core::request_identity who, bool upstream_ready) {
+  admission out;
+  // docs/design.md §5: one runtime change at a time; another while it waits or runs is refused.
+  if (t->runtime_change && runtime_change_pending_) {
+    out.what = admission::outcome::runtime_change_pending;
+    co_return out;
+  }
+  if (t->runtime_change) runtime_change_pending_ = true;
+  // A probe that is due (a fresh connection, this request's own included; a back-off that
+  // ended) runs before the request passes through: persistence may be back.
+  if (may_pass_through(*t)) {
+    if (!upstream_ready) upstream_trouble_.store(true);
+    co_await look_for_changes(-1);
+  }
+  if (may_pass_through(*t)) {
+    t->pass_through = true;
+    ++passing_through_;
+    out.what = admission::outcome::pass_through;
+    co_return out;
+  }
+  // Which session the request belongs to may depend on its content (docs/design.md §20):
+  // resolved once for the queue and the slot choice, and again when it is planned.
+  pool_.resolve_session(t->who);
+  t->admitting = true;
+  const bool queued = co_await enqueue(t);
+  t->admitting = false;
+  if (!queued) {
+    out.what = admission::outcome::rejected;
+  } else if (!t->granted) {
+    out.what = admission::outcome::queued;
+  } else if (!upstream_ready || t->exclusive) {
+    out.what = admission::outcome::granted;
+  } else {
+    out.what = admission::outcome::prepared;
+    out.prepared = co_await prepare(t, std::move(who), false);
+  }
+  co_return out;
+}
+
+// docs/design.md §5 "Without persistence": no slot to save, restore or erase, no strict
+// refusal to make, and nothing leased or queued that the request could overtake.
+bool coordinator::may_pass_through(const lease_ticket& t) const {
+  return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
+         !t.runtime_change && leased_.empty() && queue_.empty() && !pending_probe_;
+}
+
+void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
+  if (!std::exchange(t->pass_through, false)) return;
+  if (--passing_through_ > 0) return;
+  pump();  // leases asked for since persistence came back
+  arm_idle_timer();
+}
+
+net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
+  if (t->granted) co_return true;
+  std::erase(queue_, t);
+  if (t->runtime_change) runtime_change_pending_ = false;
+  pump();  // an exclusive waiter leaving may unblock others
+  co_return false;
+}
+
+// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
+void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
+  const bool aux = who.session_id.empty() || !who.purpose.empty();
+  const std::string to = aux ? std::string() : pool_.hash_for(who);
+  if (from.empty() || from == to) return;
+  log(log_level::info, "kv.session.switch",
+      {{"from", std::string(core::abbrev(from))},
+       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
+       {"slot", std::to_string(slot)}});
+}
+
+// One line per breaker transition, as soon as the lease holder that caused it is done with
+// its management calls (core::breaker reports only changes, so an outage is one line).
+void coordinator::log_circuit_changes() {
+  for (const auto& c : pool_.take_circuit_changes()) {
+    if (c.opened) {
+      log(log_level::warn, "kv.persistence.circuit_open",
+          {{"code", std::string(core::to_string(c.cause))},
+           {"failures", std::to_string(pool_.circuit().consecutive_failures())},
+           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
+    } else {
+      log(log_level::info, "kv.persistence.circuit_recovered");
+    }
+  }
+}
+
+void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
+  log_circuit_changes();
+  log(log_level::debug, "kv.slot.release",
+      {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
+       {"ticket", std::to_string(t->id)}});
+  std::erase_if(leased_, [&](const auto& kv) { return kv.second == t; });
+  if (t->runtime_change) runtime_change_pending_ = false;
+  if (leased_.empty() && pending_probe_) {
+    auto p = std::move(*pending_probe_);
+    pending_probe_.reset();
+    apply_probe(p);
+  }
+  pump();
+  arm_idle_timer();
+}
+
+net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
+  end_pass_through(t);
+  if (holds(t)) {
+    if (t->slot >= 0) pool_.abort_prepare(t->slot);
+    release_and_wake(t);
+  }
+  co_return;
+}
+
+net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket> t,
+                                                    core::request_identity who,
+                                                    bool fresh_upstream) {
+  prepare_result out;
+  if (!holds(t) || t->slot < 0) {
+    out.ok = false;
+    out.message = "lease not held";
+    co_return out;
+  }
+  const int slot = t->slot;
+  if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
+  co_await refresh_runtime(slot);
+  pool_.resolve_session(who);
+  const bool session = !who.session_id.empty() && who.purpose.empty();
+  const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who)
+                                                                 : std::string();
+  if (!own.empty() && pool_.slot_of(own) < 0) {
+    // Not resident here: the manifest on disk may be newer than ours (another kvpersist
+    // sharing the snapshot and state directories saved it). One small read, never on the
+    // resident path. Its own commit may still be in flight (it left a slot moments ago).
+    const auto committed = co_await wait_commit(own);
+    (void)committed;
+    auto m = co_await read_manifest(own);
+    if (m) pool_.add_manifest(std::move(*m));
+  }
+  if (auto refused = refuse_new_session(own, who.credential)) {
+    release_and_wake(t);  // before the plan: no slot was touched
+    co_return std::move(*refused);
+  }
+  if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
+    // Another session's slot, just checkpointed (idle or early): once that commit lands its
+    // owner is clean and needs no second save. The owner itself never waits for it.
+    const auto committed = co_await wait_commit(owner);
+    (void)committed;
+  }
+  const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
+  const std::string before = pool_.owner(slot);
+  auto plan = pool_.prepare(who, slot, now, wall_now());
+  forget_records_dropped_by_pool();
+  if (!plan.fail && !plan.resident) log_switch(before, who, slot);
+  for (const auto& m : plan.manifest_writes) {
+    const bool written = co_await write_manifest(m);
+    (void)written;  // logged; the core already counts the snapshot invalid
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
+  }
+  auto fail = [&](core::errc code, std::string why) {
+    pool_.abort_prepare(slot);
+    release_and_wake(t);
+    out.ok = false;
+    out.code = code;
+    out.message = std::move(why);
+    return out;
+  };
+  if (plan.fail)
+    co_return fail(plan.fail_code, pool_.persistence_enabled()
+                                       ? "persistence unavailable (circuit open) and strict mode is on"
+                                       : "persistence is off and strict mode is on");
+
+  const auto done = co_await execute(plan, opts_.pool.strict);
+  if (done.failure)
+    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->what + " (strict mode)"
+                                                         : done.failure->what);
+  log_circuit_changes();
+  out.kind = pool_.start_inference(who, slot);
+  if (plan.kept)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
+         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
+         {"links", std::to_string(plan.kept_links)},
+         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
+  else if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
+         {"slot", std::to_string(plan.slot)}});
+  co_return out;
+}
+
+// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
+void coordinator::forget_records_dropped_by_pool() {
+  for (const auto& hash : pool_.take_forgotten_records()) {
+    last_restore_.erase(hash);
+    restored_at_.erase(hash);
+    log(log_level::debug, "kv.session.record_forgotten",
+        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
+  }
+}
+
+// README "Security": a credential that churns sessions is slowed down before it costs any
+// slot work. One log line when a credential starts being refused, then the metric.
+std::optional<prepare_result> coordinator::refuse_new_session(const std::string& hash,
+                                                              const std::string& credential) {
+  const auto limit = opts_.new_sessions_per_minute;
+  if (hash.empty() || limit == 0 || pool_.session(hash)) return std::nullopt;
+  const auto verdict = new_sessions_.take(credential, steady_clock::now());
+  if (verdict.allowed) return std::nullopt;
+  ++sessions_rate_limited_;
+  if (verdict.first_refusal)
+    log(log_level::info, "kv.session.rate_limited",
+        {{"credential", credential.empty() ? std::string("none")
+                                           : std::string(core::abbrev(credential))},
+         {"limit", std::to_string(limit)},
+         {"effect", "its new sessions are answered 429 until its bucket refills"}});
+  prepare_result out;
+  out.ok = false;
+  out.code = core::errc::session_rate;
+  out.retry_after = verdict.retry_after;
+  out.message = fmt::format("too many new sessions for this credential: at most {} a minute "
+                            "(limits.newSessionsPerMinute)", limit);
+  return out;
+}
+
+net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                                         bool turn_end, std::optional<reply_report> reply) {
+  end_pass_through(t);
+  if (!holds(t) || t->slot < 0) co_return;
+  if (reply) record_response(t->slot, reply->kind, reply->timings);
+  finished_at_[t->slot] = steady_clock::now();  // the sleep period is measured from it
+  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
+    // The commit goes on after the lease is released: the session's next request needs
+    // only the snapshot written, not the manifest (docs/design.md §11).
+    const auto saved = co_await start_save(*s);
+    (void)saved;
+  }
+  release_and_wake(t);
+}
+
+net::awaitable<std::optional<std::map<int, std::int64_t>>> coordinator::last_tasks() {
+  auto r = co_await backend_->inspect_slots();
+  if (!r) co_return std::nullopt;
+  std::map<int, std::int64_t> out;
+  for (const auto& s : r.value()) out[s.id] = s.id_task;
+  co_return out;
+}
+
+net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
+  prepare_result out;
+  if (!holds(t) || !t->exclusive) {
+    out.ok = false;
+    out.message = "exclusive lease not held";
+    co_return out;
+  }
+  co_await refresh_runtime(pool_.slot_ids().front());
+  if (!pool_.persistence_enabled()) co_return out;
+  for (int id : pool_.slot_ids()) {
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+      const auto saved = co_await run_save(*s);
+      if (!saved && opts_.pool.strict) {
+        release_and_wake(t);
+        out.ok = false;
+        out.code = saved.err().code;
+        out.message = "saving a session before an unpinnable request failed";
+        co_return out;
+      }
+    }
+  }
+  auto before = co_await last_tasks();
+  tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
+  out.kind = core::prepare_kind::auxiliary;
+  co_return out;
+}
+
+net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
+                                                   bool reached_slot) {
+  if (!holds(t) || !t->exclusive) co_return;
+  if (reached_slot && pool_.persistence_enabled()) {
+    auto after = co_await last_tasks();
+    note_slots_readable(after.has_value() && !tasks_before_.empty());
+    for (int id : pool_.slot_ids()) {
+      // The slot that ran the request has a new last task; if the server cannot tell us,
+      // nobody's slot can be trusted.
+      const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
+                           !tasks_before_.contains(id) || (*after)[id] < 0 ||
+                           (*after)[id] != tasks_before_[id];
+      if (touched && !pool_.owner(id).empty()) {
+        log(log_level::info, "kv.slot.overwritten",
+            {{"slot", std::to_string(id)},
+             {"session", std::string(core::abbrev(pool_.owner(id)))},
+             {"effect", "restores from its snapshot next time"}});
+      }
+      if (touched) pool_.forget_slot(id);
+    }
+  }
+  release_and_wake(t);
+}
+
+void coordinator::arm_idle_timer() {
+  auto deadline = pool_.idle_deadline();
+  if (!deadline || stopped_) return;
+  if (idle_loop_running_) {
+    // Called after every request, and a request only moves the deadline later: the loop
+    // re-reads it when its timer fires, so the timer is moved (which cancels and restarts
+    // the wait) only when the deadline came earlier.
+    if (*deadline < idle_timer_.expiry()) idle_timer_.expires_at(*deadline);
+    return;
+  }
+  idle_timer_.expires_at(*deadline);
+  idle_loop_running_ = true;
+  net::co_spawn(strand_, idle_loop(), log_exception);
+}
+
+net::awaitable<void> coordinator::idle_loop() {
+  for (;;) {
+    auto [ec] = co_await idle_timer_.async_wait(token);
+    if (stopped_) break;
+    if (ec == net::error::operation_aborted) {
+      // Re-armed (expires_at cancels the pending wait): wait for the new deadline.
+      if (pool_.idle_deadline()) continue;
+      break;
+    }
+    const auto now = steady_clock::now();
+    for (int id : pool_.slot_ids()) {
+      // A request is running there (or may be: a pass-through); its end re-arms.
+      if (leased_.contains(id) || passing_through_ > 0) continue;
+      auto s = pool_.idle_checkpoint(id, now);
+      if (!s) continue;
+      // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
+      auto self = std::make_shared<lease_ticket>(strand_);
+      self->slot = id;
+      leased_[id] = self;
+      log(log_level::debug, "kv.checkpoint.idle",
+          {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
+      // Only llama-server's write holds the slot; the commit runs after the release.
+      const auto saved = co_await start_save(*s);
+      (void)saved;
+      log_circuit_changes();
+      std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
+      pump();
+    }
+    auto next = pool_.idle_deadline();
+    if (!next) break;
+    if (*next <= steady_clock::now()) {
+      // Due but its slot is leased: that request's finish re-arms the timer.
+      break;
+    }
+    idle_timer_.expires_at(*next);
+  }
+  idle_loop_running_ = false;
+}
+
+// The lease for kvpersist's own work (flush, shutdown, admin): the same FIFO as requests,
+// without the bound, since these must not be refused.
+net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
+  auto t = std::make_shared<lease_ticket>(strand_);
+  t->id = next_id_++;
+  t->exclusive = true;
+  t->wakeup.expires_at(steady_timer::time_point::max());
+  queue_.push_back(t);
+  pump();
+  while (!t->granted) {
+    auto [ec] = co_await t->wakeup.async_wait(token);
+    (void)ec;
+  }
+  // Flush, shutdown, admin and gc see every save's manifest on disk.
+  co_await wait_all_commits();
+  co_return t;
+}
+
+net::awaitable<bool> coordinator::checkpoint() {
+  auto t = co_await acquire_internal();
+  bool ok = true;
+  for (int id : pool_.slot_ids()) {
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+      const auto saved = co_await run_save(*s);
+      ok = ok && saved.ok();
+    }
+  }
+  release_and_wake(t);
+  co_return ok;
+}
+
+std::string_view to_string(restore_source s) {
+  switch (s) {
+    case restore_source::own: return "own";
+    case restore_source::content: return "content";
+    case restore_source::seed: return "seed";
+  }
+  return "?";
+}
+
+void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
+  if (t.cache_n < 0) return;
+  pool_.note_reuse(pool_.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                   prompt_tokens_per_s_);
+  // The aggregate metrics count only restores and cold starts (README "Metrics").
+  if (kind == core::prepare_kind::resident) return;
+  if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
+  if (kind == core::prepare_kind::restored) {
+    const auto source = note_restore_reuse(slot, t.cache_n);
+    reused_tokens_[static_cast<std::size_t>(source)] += static_cast<std::uint64_t>(t.cache_n);
+    if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
+  } else if ((kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback) &&
+             t.prompt_n >= 64 && t.prompt_ms > 0) {
+    const double speed = t.prompt_n / (t.prompt_ms / 1000.0);
+    prompt_tokens_per_s_ =
+        prompt_tokens_per_s_ > 0 ? 0.7 * prompt_tokens_per_s_ + 0.3 * speed : speed;
+  }
+}
+
+// docs/design.md §9: a restore that the next response reuses less than half of did not pay
+// for itself (a prompt that diverged early, a model kind that reprocesses after a restore).
+// A seed is expected to share only a prefix: it did not pay when nothing was reused.
+// Returns whose snapshot the slot's last restore loaded.
+restore_source coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
+  auto it = restored_on_.find(slot);
+  if (it == restored_on_.end()) return restore_source::own;
+  const auto [hash, restored, source] = std::move(it->second);
+  restored_on_.erase(it);
+  last_restore_[hash] = restore_reuse{restored, cache_n};
+  const bool seed = source == restore_source::seed;
+  if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return source;
+  ++unpaid_restores_;
+  log(log_level::info, "kv.session.restore.unpaid",
+      {{"session", std::string(core::abbrev(hash))}, {"slot", std::to_string(slot)},
+       {"restored", std::to_string(restored)}, {"reused", std::to_string(cache_n)},
+       {"effect", "the prompt was reprocessed after the restore"}});
+  return source;
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,555 @@
+// One coordinator per llama-server: the slot lease (a FIFO queue with a bound and a
+// timeout), the management calls a core::slot_pool plan asks for, idle checkpoints,
+// restart detection and the shutdown checkpoint. All its state lives on its own strand;
+// client sessions reach it only through co_spawn onto that strand (no global mutex).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "backends/kv_backend.hpp"
+#include "backends/net.hpp"
+#include "core/slot_pool.hpp"
+#include "core/metrics.hpp"
+#include "core/request_hints.hpp"
+#include "core/response_timings.hpp"
+#include "core/retention.hpp"
+#include "core/session_rate.hpp"
+#include "proxy/control/file_io.hpp"
+#include "proxy/control/manifest_store.hpp"
+#include "proxy/control/snapshot_files.hpp"
+
+namespace kvp::proxy {
+
+struct coordinator_options {
+  core::slot_pool_options pool;  // pool.strict is failure.strict for both halves
+  std::size_t max_waiting = 64;
+  std::chrono::milliseconds epoch_probe_interval{10'000};
+  std::chrono::seconds sleep_idle{0};  // llama-server's --sleep-idle-seconds; 0: never sleeps
+  bool single_slot = true;
+  std::string server_name = "default";
+  std::string endpoint;  // for status output
+  // shared-filesystem mode: llama-server's --slot-save-path as kvpersist sees it ("" if not)
+  std::string snapshot_dir;
+  std::uint64_t retention_max_bytes = 0;
+  std::size_t retention_max_sessions = 0;
+  int retention_max_age_days = 0;
+  std::size_t retention_max_sessions_per_credential = 0;  // 0: no separate cap
+  std::chrono::milliseconds retention_interval{0};
+  std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
+  std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
+};
+
+// checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never): the
+// idle checkpoint runs at the latest a second before (at half of a short period).
+std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
+                                                  std::chrono::seconds sleep_idle);
+
+// Whose snapshot a restore loaded: a header session's own, a content session's own
+// (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
+// §3). Labels kvpersist_reused_prompt_tokens_total.
+enum class restore_source { own, content, seed };
+std::string_view to_string(restore_source s);
+
+using core::response_timings;
+
+// What the session's last restore paid: tokens restored, and how many of them the next
+// response reused (llama-server's cache_n; -1 until that response is read).
+struct restore_reuse {
+  std::uint64_t restored = 0;
+  std::int64_t reused = -1;
+};
+
+// What a finished request's response said about its prompt, and how the request was prepared.
+struct reply_report {
+  core::prepare_kind kind = core::prepare_kind::none;
+  response_timings timings;
+};
+
+// One session as the admin API lists it: a copy, so that it can be formatted off the strand.
+struct session_row {
+  std::string hash;
+  std::string session_id;
+  bool resident = false;
+  bool dirty = false;
+  std::optional<core::manifest> snapshot;
+  std::optional<restore_reuse> last_restore;
+  core::session_reuse reuse;
+};
+
+// A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
+struct session_page {
+  std::string server;
+  std::vector<session_row> sessions;
+  std::string next;
+};
+std::string sessions_page_json(const session_page& page);
+
+// One session as GET /kv/sessions/{id} shows it.
+std::string session_json(const session_row& row);
+
+// What an admin operation did; proxy/admin/admin.cpp answers it with an HTTP status and JSON.
+enum class admin_result {
+  saved,
+  clean,                // save: the session owns a slot with nothing unsaved
+  not_resident,         // save: no slot, so its last snapshot is current
+  restored,
+  resident,             // restore: it already owns a slot
+  cold,                 // restore: no usable snapshot
+  restore_failed_cold,  // restore: the snapshot did not load; the slot starts cold
+  invalidated,
+  disposed,
+  nothing_to_dispose,   // dispose: it owns no slot
+  purged,
+  flushed,
+  persistence_off,
+  circuit_open,
+  unknown_session,
+  no_snapshot,            // invalidate: the session has no snapshot
+  save_failed,
+  save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
+  purged_files_kept,      // purge: forgotten, but llama-server could not overwrite its files
+};
+
+struct admin_outcome {
+  admin_result result = admin_result::saved;
+  std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
+  bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
+};
+
+// What a retention run did (POST /kv/gc).
+struct gc_report {
+  std::size_t evicted = 0;
+  std::uint64_t freed_bytes = 0;
+  std::size_t remaining_sessions = 0;
+  std::uint64_t remaining_bytes = 0;
+  bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
+};
+
+// A place in the lease queue. Created by the client session with its own executor; the
+// coordinator wakes it by moving its timer's expiry to the past, which also completes a wait
+// that has not started yet. Whether the lease was granted is decided only on the strand.
+struct lease_ticket {
+  explicit lease_ticket(net::any_io_executor client_ex) : wakeup(client_ex) {}
+  steady_timer wakeup;
+  std::uint64_t id = 0;
+  core::request_identity who;  // set before enqueue: decides which slot it may take
+  bool unpinnable = false;     // set before enqueue: llama-server ignores id_slot for it
+  bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
+  bool pinned = false;         // strand-only until granted: the body must carry id_slot
+  bool granted = false;        // strand-only
+  bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
+  bool rejected = false;       // strand-only: the queue was full
+  bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
+  bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
+  int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
+};
+
+// How a request was prepared, for the client session and its logs.
+struct prepare_result {
+  // false: strict mode, or a scope erase that failed: answer 503; a new session over its
+  // credential's rate: 429 (retry_after set). The lease is released either way.
+  bool ok = true;
+  core::prepare_kind kind = core::prepare_kind::none;
+  std::string message;          // why, when !ok
+  core::errc code = core::errc::invariant;  // what failed, when !ok (the answer's kv_code)
+  std::chrono::seconds retry_after{0};      // > 0: a limit, not a failure: try again then
+};
+
+// What admit did with a ticket.
+struct admission {
+  enum class outcome {
+    rejected,  // the queue is full: answer 503
+    runtime_change_pending,  // another runtime change waits or runs: answer 429
+    queued,    // wait on ticket.wakeup, then settle
+    granted,   // the lease is held; prepare (or prepare_exclusive) is still to run
+    prepared,  // the lease is held and prepare ran: see `prepared`
+    pass_through,  // no slot management: forward, then finish (docs/design.md §5)
+  };
+  outcome what = outcome::queued;
+  prepare_result prepared;
+};
+
+class coordinator {
+ public:
+  coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
+              manifest_store store, coordinator_options opts);
+
+  net::strand<net::io_context::executor_type>& strand() { return strand_; }
+  // Runs one of this coordinator's coroutines on its strand: how code outside the
+  // coordinator (server, admin) calls it. Client sessions use proxy/control/lease.hpp.
+  template <class T>
+  net::awaitable<T> on_strand(net::awaitable<T> work) {
+    return net::co_spawn(strand_, std::move(work), net::use_awaitable);
+  }
+  // The same, not awaited: runs after everything already submitted to the strand; an
+  // exception is logged.
+  void spawn(net::awaitable<void> work);
+
+  // Loads manifests, probes the server and starts the background probe. Never fails:
+  // problems are logged once and persistence stays off until a probe succeeds.
+  net::awaitable<void> start();
+
+  // Lease protocol, each step co_spawned on strand():
+  //   enqueue -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
+  // enqueue returns false when the queue is full (answer 503). settle returns whether the
+  // ticket holds the lease; if not, the ticket has left the queue. One lease per slot:
+  // different sessions run at once on different slots (managed mode); a session's own
+  // requests, and everything behind an exclusive waiter, stay in FIFO order.
+  net::awaitable<bool> enqueue(std::shared_ptr<lease_ticket> t);
+  // The common case in one trip to the strand: enqueue, and if the lease is granted at once
+  // (nobody ahead), also prepare when `upstream_ready` (the request has a pooled, not fresh,
+  // upstream connection) and the ticket is not exclusive. A resident request then needs one
+  // round trip before it is forwarded instead of three. While persistence is off and no
+  // lease is held or waited for, the ticket passes through instead: it holds no slot, and no
+  // lease is granted until every such ticket has finished (docs/design.md §5).
+  net::awaitable<admission> admit(std::shared_ptr<lease_ticket> t, core::request_identity who,
+                                  bool upstream_ready);
+  net::awaitable<bool> settle(std::shared_ptr<lease_ticket> t);
+  // REQUIRES: t holds the lease. Runs the plan's save/restore/erase. On a strict-mode
+  // failure the lease is released before returning.
+  // `fresh_upstream`: the request's upstream connection is new, so the server may have
+  // restarted; the runtime is re-read before deciding.
+  net::awaitable<prepare_result> prepare(std::shared_ptr<lease_ticket> t,
+                                         core::request_identity who, bool fresh_upstream);
+  // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
+  // configured (`turn_end`: the reply handed the conversation back to the user), releases
+  // the lease and wakes the next waiter. A pass-through ticket just ends (end_pass_through).
+  // `reply`: what the response said about reuse (record_response), recorded first.
+  net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                              bool turn_end = false, std::optional<reply_report> reply = {});
+  // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
+  bool watches_turn_end() const {
+    return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
+           !opts_.pool.save_on_step_end;
+  }
+  // Exclusive use of the server for a request llama-server cannot pin (managed mode):
+  // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
+  // task, so that finish_exclusive can tell which slot the server used and forget only its
+  // owner (all owners if the server cannot be asked).
+  net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
+  net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
+  // Managed multi-slot mode with more than one slot: requests are pinned with id_slot.
+  bool pins_requests() const { return !opts_.single_slot && pool_.slot_ids().size() > 1; }
+  // Releases a lease without running `finish` (the request never reached the slot), or ends
+  // a pass-through ticket.
+  net::awaitable<void> release(std::shared_ptr<lease_ticket> t);
+
+  // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
+  // and by flush. Returns false if a save was needed and failed.
+  net::awaitable<bool> checkpoint();
+
+  // Stops timers (idle checkpoint, background probe). Call on shutdown.
+  void stop();
+
+  // After a prepared request completed: what its response said about cache reuse. Feeds
+  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
+  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
+  // request ran, whose owner is the request's session; after a restore, compares what the
+  // response reused with what was restored and logs kv.session.restore.unpaid below half.
+  void record_response(int slot, core::prepare_kind kind, response_timings t);
+
+  // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
+  // session id or a known session's 64-hex hash (resolve_session).
+  std::string status_json() const;
+  // Up to `limit` sessions with a hash greater than `after`, in hash order.
+  session_page sessions_page(const std::string& after, std::size_t limit) const;
+  std::optional<session_row> session(const std::string& hash_or_id) const;
+  net::awaitable<admin_outcome> admin_save(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_restore(std::string hash_or_id);
+  // `note`: the operator's reason, recorded in the manifest (invalidNote).
+  net::awaitable<admin_outcome> admin_invalidate(std::string hash_or_id, std::string note);
+  // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
+  // session stays known and restores on its next request. Purge forgets it and its manifest.
+  net::awaitable<admin_outcome> admin_dispose(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_purge(std::string hash_or_id);
+  net::awaitable<admin_outcome> admin_flush();
+  net::awaitable<gc_report> admin_gc();
+  void write_metrics(core::prom_writer& w) const;
+
+  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
+  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
+  // directory for `kvpersist doctor`. Thread-safe.
+  void note_hint(core::hint_id h);
+
+  // Tell the coordinator that an upstream connection failed to connect or died: the next
+  // prepare re-reads the runtime. Thread-safe.
+  void note_upstream_trouble() { upstream_trouble_.store(true); }
+  // A request that changes the runtime (POST /lora-adapters) runs between these two, under
+  // an exclusive lease acquired like any request's (proxy/control/lease.hpp: bounded, client watched,
+  // at most one pending). REQUIRES: t holds it. The first saves dirty sessions and reads the
+  // adapters; the second reads them again and, when they changed (or cannot be compared),
+  // drops residency and has the next prepare read the whole fingerprint again.
+  net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
+  net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
+
+  const std::string& name() const { return opts_.server_name; }
+
+  // Snapshot of state for status/logs. Strand-only.
+  const core::slot_pool& pool() const { return pool_; }
+  std::size_t waiting() const { return queue_.size(); }
+  bool busy() const { return !leased_.empty(); }
+  std::size_t passing_through() const { return passing_through_; }
+
+ private:
+  // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
+  bool may_pass_through(const lease_ticket& t) const;
+  // A pass-through ticket's request is over; the last one lets the queue's leases go.
+  void end_pass_through(const std::shared_ptr<lease_ticket>& t);
+  bool try_grant(const std::shared_ptr<lease_ticket>& t);
+  void grant(const std::shared_ptr<lease_ticket>& t);
+  void pump();
+  bool holds(const std::shared_ptr<lease_ticket>& t) const;
+  std::vector<int> free_slots() const;
+  void release_and_wake(const std::shared_ptr<lease_ticket>& t);
+  void log_circuit_changes();
+  void log_switch(const std::string& from, const core::request_identity& who, int slot);
+  void arm_idle_timer();
+  net::awaitable<void> idle_loop();
+  net::awaitable<void> probe_loop();
+  net::awaitable<void> refresh_runtime(int slot);
+  net::awaitable<void> look_for_changes(int slot);
+  net::awaitable<void> establish_behaviour(int slot);
+  void adopt_behaviour(const std::string& key, const std::string& id);
+  void suspect_behaviour(const std::string& why);
+  net::awaitable<bool> slots_lost_kv(int own_slot);
+  void note_restart_behind_marker();
+  // The full probe and, when it failed, whether /props still answers (docs/design.md §4: a
+  // probe that fails after /props is retried on a back-off, not before every request).
+  struct full_probe {
+    core::result<core::server_probe> probe;
+    std::optional<std::string> answering_marker;  // /props answered (awake): its media_marker
+  };
+  net::awaitable<full_probe> run_full_probe();
+  void apply_probe(const full_probe& fp);
+  bool apply_slot_layout(const core::result<core::server_probe>& p);
+  // A probe failed while the server answers: persistence pauses until the back-off ends.
+  void back_off_probe(const std::string& marker);
+  bool probe_backing_off() const { return probe_failures_ > 0 && !pool_.persistence_enabled(); }
+  // While backing off: whether the probe may run now (the back-off ended, or a hint showed a
+  // new process behind /props).
+  net::awaitable<bool> probe_retry_due();
+  // Turns persistence off, with one warning line until it comes back.
+  void disable_persistence(const std::string& why,
+                           core::errc code = core::errc::backend_unsupported);
+  // A slot action answered that the slot does not exist: read the layout again first thing.
+  void note_slot_error(const core::error& e);
+  void note_slots_readable(bool readable);
+  // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
+  void note_sleeping(bool sleeping);
+  // Without upstream.sleepIdleSeconds: the period a sleep just seen implies, at the least (0
+  // when it cannot tell), becomes the period the idle checkpoint comes before.
+  std::chrono::seconds measure_sleep_period(std::chrono::steady_clock::time_point now) const;
+  std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
+  void adopt_sleep_period(std::chrono::seconds period);
+  net::awaitable<void> record_learned_sleep(std::chrono::seconds period);
+  // A period an earlier process learned (sleep.json), unless upstream.sleepIdleSeconds is set.
+  net::awaitable<void> load_learned_sleep();
+  // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
+  std::chrono::seconds sleep_period() const {
+    return opts_.sleep_idle.count() > 0 ? opts_.sleep_idle : learned_sleep_;
+  }
+  // The slot's owner has been idle for llama-server's whole sleep period.
+  bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
+  restore_source note_restore_reuse(int slot, std::int64_t cache_n);
+  session_row row_with_reuse(core::slot_pool::session_view v) const;
+  // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
+  net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
+  // The core's decision on the restore, its manifest write already done.
+  net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
+  restore_source source_of(const core::restore_step& rs) const;
+  struct plan_failure {
+    core::errc code = core::errc::invariant;
+    std::string what;
+  };
+  struct plan_result {
+    std::optional<plan_failure> failure;   // only when stopped on it
+    std::optional<core::restore_decision> restore;  // when the plan had a restore
+  };
+  net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
+  net::awaitable<std::optional<core::errc>> run_erase(int slot);
+  // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
+  // the snapshot file; when that succeeds it starts the commit (the file made durable, then
+  // the manifest pointing at it), which runs on the file pool while the slot serves its next
+  // session. wait_commit awaits a session's commit in flight; run_save is both, awaited.
+  // Each returns the error, with its code, when the snapshot did not become the session's
+  // checkpoint.
+  struct pending_commit;
+  using commit_handle = std::shared_ptr<pending_commit>;
+  net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
+  net::awaitable<core::result<core::unit>> await_commit(commit_handle pc);
+  net::awaitable<core::result<core::unit>> wait_commit(std::string hash);
+  net::awaitable<core::result<core::unit>> run_save(core::save_step s);
+  net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
+                                   std::shared_ptr<pending_commit> pc);
+  net::awaitable<void> wait_all_commits();
+  // Stores the manifest durably and makes it current; false (logged) if the write failed.
+  net::awaitable<bool> write_manifest(core::manifest m);
+  // Runs a file operation on the file pool; a timeout is reported to the breaker.
+  template <class T>
+  net::awaitable<core::result<T>> on_file_pool(std::string_view what,
+                                               std::function<core::result<T>()> work);
+  // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
+  net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
+  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
+  net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
+  struct session_ref {
+    std::string hash;
+    std::string session_id;
+  };
+  // The one rule of every admin session route: the hash of a known session names it,
+  // anything else is a harness's session id.
+  session_ref resolve_session(const std::string& hash_or_id) const;
+  // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
+  // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
+  std::optional<prepare_result> refuse_new_session(const std::string& hash,
+                                                   const std::string& credential);
+  // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
+  void forget_records_dropped_by_pool();
+  net::awaitable<void> gc_loop();
+  net::awaitable<gc_report> run_gc();
+  net::awaitable<void> enforce_session_budget();
+  // Forgets an evicted session and deletes its files; the bytes freed. A session whose
+  // commit is in flight is kept for the next run.
+  net::awaitable<std::uint64_t> forget_session(core::retention_eviction e);
+  // Forgets the session and deletes its manifest and, in shared-filesystem mode, its snapshot
+  // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
+  net::awaitable<std::uint64_t> drop_session(std::string hash);
+  // Purge in server-owned mode: both generation files overwritten with an empty slot.
+  int purge_slot(const std::string& hash) const;
+  net::awaitable<std::optional<std::string>> overwrite_snapshots(std::string hash);
+  // Saves the dirty owner of `slot` (other than `hash`) before its content is erased for an
+  // overwrite; why not, or nullopt. REQUIRES: the exclusive lease.
+  net::awaitable<std::optional<std::string>> save_owner_before_overwrite(int slot,
+                                                                         const std::string& hash);
+  // llama-server saves the erased `slot` over both generation files of `hash`, the one the
+  // manifest does not name first. Why a file still holds the session's KV, or nullopt.
+  // REQUIRES: the slot's lease, the slot erased by the caller.
+  net::awaitable<std::optional<std::string>> overwrite_generations(int slot, std::string hash);
+  // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
+  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
+  // nothing is forgotten without its files overwritten (gc waits while persistence is off).
+  bool disk_budget_on() const;
+  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
+  // a snapshot that seeds new sessions stays while it is used.
+  std::vector<core::retention_entry> retention_by_use() const;
+  core::retention_limits disk_budget_limits() const;
+  // After a save that wrote `saved` on `slot`: forgets, by overwriting their files from that
+  // slot, the sessions that leave no room for one more snapshot under the budget. The saved
+  // session, the sessions in use, with a commit in flight or being restored are kept.
+  // REQUIRES: the slot's lease; its content is saved (the slot is erased when it evicts).
+  net::awaitable<void> keep_disk_budget(int slot, core::manifest saved);
+  // Erases `slot` once and overwrites each evicted session's files from it; stops at the
+  // first failure (that session is kept). Returns how many were forgotten and their bytes.
+  net::awaitable<gc_report> overwrite_evicted(int slot, std::vector<core::retention_eviction> evict);
+  // run_gc in server-owned mode with a disk budget: every eviction overwrites its files.
+  net::awaitable<gc_report> run_gc_overwriting();
+  net::awaitable<void> load_state();
+  // The first sighting of `h` in this process: its time, its log line and hints.json.
+  net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
+  // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
+  // before a probe is applied.
+  net::awaitable<void> reload_compatibility();
+
+  net::strand<net::io_context::executor_type> strand_;
+  std::unique_ptr<backends::kv_backend> backend_;
+  manifest_store store_;
+  coordinator_options opts_;
+  core::slot_pool pool_;
+  core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
+  snapshot_files snapshots_{opts_.snapshot_dir};
+  file_io files_{2, 64, opts_.file_timeout};
+  // A save's commit in flight, by session hash: its snapshot is written, not yet durable and
+  // named by the manifest. Planning for that session, or its slot, waits for it.
+  struct pending_commit {
+    explicit pending_commit(net::any_io_executor ex) : settled(std::move(ex)) {}
+    steady_timer settled;  // cancelled when the commit is done
+    bool done = false;
+    core::result<core::unit> outcome = core::unit{};
+  };
+  std::map<std::string, std::shared_ptr<pending_commit>> commits_;
+  // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
+  // disk budget never overwrites them.
+  std::multiset<std::string> restoring_;
+  // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
+  // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
+  std::map<std::string, std::int64_t> restored_at_;
+  std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
+  bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
+
+  std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
+  // Requests admitted as pass-through and not finished: they may run on any slot, so no
+  // lease is granted (no slot managed) while there is one (docs/design.md §5).
+  std::size_t passing_through_ = 0;
+  std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
+  std::deque<std::shared_ptr<lease_ticket>> queue_;
+  std::uint64_t next_id_ = 1;
+
+  net::steady_timer idle_timer_;
+  net::steady_timer probe_timer_;
+  bool stopped_ = false;
+  bool idle_loop_running_ = false;
+  std::atomic<bool> upstream_trouble_{false};
+  std::atomic<bool> full_probe_due_{false};  // the next prepare runs the whole probe
+  std::optional<full_probe> pending_probe_;
+  bool warned_disabled_ = false;
+  std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
+  bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
+  bool server_sleeping_ = false;   // /props said is_sleeping
+  // The longest idle time (since last_server_use) at which /props said llama-server was awake.
+  std::chrono::steady_clock::duration longest_awake_idle_{};
+  std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
+  std::chrono::seconds learned_sleep_{0};  // the sleep period seen (no sleepIdleSeconds set)
+  manifest_store::compatibility_record compatibility_;  // as last read
+  std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
+  std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
+  std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for
+  std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
+  // Probes that failed in a row while /props answered (the full probe after /props, or the
+  // behaviour probe): persistence is off until probe_retry_at_, 1 s doubling up to 30 s.
+  int probe_failures_ = 0;
+  std::chrono::steady_clock::time_point probe_retry_at_{};
+  std::string probe_retry_marker_;  // the process they failed on: a new one is probed at once
+  static constexpr std::chrono::seconds probe_retry_first{1};
+  static constexpr std::chrono::seconds probe_retry_cap{30};
+  bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
+  std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
+  std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
+  net::steady_timer gc_timer_;
+
+  // Metrics not kept by the core.
+  core::histogram save_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
+  core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
+  core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
+  core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
+  struct restored_content {
+    std::string hash;
+    std::uint64_t tokens = 0;
+    restore_source source = restore_source::own;
+  };
+  std::map<int, restored_content> restored_on_;  // slot -> what its last restore loaded
+  std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
+  std::uint64_t unpaid_restores_ = 0;
+  // Sum of cache_n on requests right after a restore, by restore_source.
+  std::array<std::uint64_t, 3> reused_tokens_{};
+  std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
+  double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
+  double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
+  std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
+  std::array<std::string, core::hint_count> hint_first_seen_;
+  std::uint64_t gc_freed_bytes_ = 0;
+  std::uint64_t gc_evicted_ = 0;
+  std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
+  std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
+};
+
+}  // namespace kvp::proxy

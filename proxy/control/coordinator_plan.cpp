@@ -1,0 +1,312 @@
+// The coordinator's plan execution (docs/design.md §6, §8, §9): the save, restore and erase a
+// core::prepare_plan asks for, with their checks, logs, metrics and manifest writes. Requests
+// (coordinator::prepare) and the admin API run plans only through execute.
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "core/prefix_chain.hpp"
+#include "proxy/control/coordinator.hpp"
+#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/http/listen.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using std::chrono::steady_clock;
+using detail::wall_now;
+
+namespace {
+
+std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
+
+}  // namespace
+
+net::awaitable<bool> coordinator::write_manifest(core::manifest m) {
+  const auto store = store_;
+  std::function<core::result<core::unit>()> work = [store, m] { return store.write(m); };
+  const auto r = co_await on_file_pool<core::unit>("manifest write", std::move(work));
+  if (!r) {
+    log(log_level::warn, "kv.manifest.write_failed",
+        {{"session", std::string(core::abbrev(m.session_hash))},
+         {"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
+    co_return false;
+  }
+  const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
+  pool_.store_manifest(m);
+  if (new_session) co_await enforce_session_budget();
+  co_return true;
+}
+
+net::awaitable<std::optional<core::manifest>> coordinator::read_manifest(std::string hash) {
+  const auto store = store_;
+  std::function<core::result<std::optional<core::manifest>>()> work = [store, hash] {
+    return core::result<std::optional<core::manifest>>(store.read(hash));
+  };
+  auto r = co_await on_file_pool<std::optional<core::manifest>>("manifest read", std::move(work));
+  if (!r) co_return std::nullopt;
+  co_return std::move(r.value());
+}
+
+net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save(
+    core::save_step step) {
+  // Never two saves of one session in flight: the generation chosen below must be the one
+  // the manifest on disk does not name, and a commit in flight is about to change that.
+  const auto before = co_await wait_commit(step.hash);
+  (void)before;  // a failed commit left the previous manifest current: that is what counts
+  const auto sess = std::string(core::abbrev(step.hash));
+  // Another kvpersist sharing the state directory may have saved this session since we
+  // last read its manifest: never write the generation the manifest on disk points at.
+  const auto disk = co_await read_manifest(step.hash);
+  if (disk && disk->generation == step.generation) {
+    step.generation = disk->next_generation();
+    step.filename = core::snapshot_filename(step.hash, step.generation);
+  }
+  log(log_level::debug, "kv.session.save.start",
+      {{"session", sess}, {"slot", std::to_string(step.slot)}, {"file", step.filename}});
+  auto r = co_await backend_->save(step.slot, step.filename);
+  if (r) {
+    save_ms_.observe(r->save_ms);
+    save_bytes_.observe(static_cast<double>(r->n_written));
+  }
+  auto d = pool_.on_save(step, r, steady_clock::now(), wall_now());
+  if (!d.ok) {
+    note_slot_error(d.err);
+    log(log_level::warn, "kv.session.save.failed",
+        {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
+         {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
+    co_return d.err;
+  }
+  auto pc = std::make_shared<pending_commit>(strand_);
+  pc->settled.expires_at(steady_timer::time_point::max());
+  commits_[step.hash] = pc;
+  const std::uint64_t bytes = r->n_written;
+  const auto saved = *d.write;
+  net::co_spawn(strand_, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
+  // The slot still holds what was just saved, under the caller's lease: the one moment it
+  // can overwrite other sessions' files without costing anyone their KV.
+  if (disk_budget_on()) co_await keep_disk_budget(step.slot, saved);
+  co_return pc;
+}
+
+// The commit (docs/design.md §11): the snapshot file complete and durable before the manifest
+// points at it. Until the manifest is written the previous generation stays the one a restore
+// (or a restarted kvpersist) uses, so a crash anywhere in between loses only this save.
+net::awaitable<void> coordinator::commit_save(core::save_step step, core::manifest m,
+                                              std::uint64_t bytes,
+                                              std::shared_ptr<pending_commit> pc) {
+  const auto sess = std::string(core::abbrev(step.hash));
+  core::result<core::unit> out = core::unit{};
+  m.checksum.clear();  // server-owned: kvpersist cannot read the file (docs/design.md §9)
+  if (snapshots_.shared()) {
+    const auto files = snapshots_;
+    const auto filename = step.filename;
+    std::function<core::result<std::string>()> work = [files, filename, bytes] {
+      return files.seal(filename, bytes);
+    };
+    auto sealed =
+        co_await on_file_pool<std::string>("snapshot fsync and checksum", std::move(work));
+    if (sealed) m.checksum = std::move(sealed.value());
+    else out = sealed.err();
+  }
+  if (out) {
+    const bool written = co_await write_manifest(m);
+    // The snapshot is on disk but nothing points at it: not a checkpoint. The session stays
+    // dirty and its previous manifest (if any) stays the one a restore uses.
+    if (!written) out = core::error{core::errc::metadata_io, 0, "the manifest could not be written"};
+  }
+  if (out) {
+    log(log_level::info, "kv.session.save.success",
+        {{"session", sess}, {"slot", std::to_string(step.slot)},
+         {"tokens", std::to_string(m.tokens)}, {"bytes", std::to_string(m.bytes)},
+         {"ms", ms_str(m.save_ms)}, {"generation", std::string(1, step.generation)}});
+  } else {
+    pool_.on_commit_failed(out.err(), steady_clock::now());
+    log(log_level::warn, "kv.session.save.failed",
+        {{"session", sess}, {"code", std::string(core::to_string(out.err().code))},
+         {"status", "0"}, {"reason", out.err().message}});
+  }
+  log_circuit_changes();
+  pc->outcome = std::move(out);
+  pc->done = true;
+  pc->settled.cancel();
+  if (auto it = commits_.find(step.hash); it != commits_.end() && it->second == pc)
+    commits_.erase(it);
+}
+
+net::awaitable<core::result<core::unit>> coordinator::await_commit(commit_handle pc) {
+  while (!pc->done) {
+    auto [ec] = co_await pc->settled.async_wait(token);
+    (void)ec;
+  }
+  co_return pc->outcome;
+}
+
+net::awaitable<core::result<core::unit>> coordinator::wait_commit(std::string hash) {
+  auto it = commits_.find(hash);
+  if (it == commits_.end()) co_return core::unit{};
+  auto pc = it->second;
+  co_return co_await await_commit(std::move(pc));
+}
+
+net::awaitable<void> coordinator::wait_all_commits() {
+  while (!commits_.empty()) {
+    const auto hash = commits_.begin()->first;
+    const auto r = co_await wait_commit(hash);
+    (void)r;
+  }
+}
+
+net::awaitable<core::result<core::unit>> coordinator::run_save(core::save_step s) {
+  auto saved = co_await start_save(std::move(s));
+  if (!saved) co_return saved.err();
+  auto pc = std::move(saved.value());
+  co_return co_await await_commit(std::move(pc));
+}
+
+// The plan's restore, checked against the file first in shared-filesystem mode.
+// Whose snapshot a restore loads: another session's (seed), or the session's own, made by
+// header or by content.
+restore_source coordinator::source_of(const core::restore_step& rs) const {
+  if (!rs.seed_for.empty()) return restore_source::seed;
+  const auto* m = pool_.find_manifest(rs.hash);
+  return m && core::is_content_session(m->session_id) ? restore_source::content
+                                                      : restore_source::own;
+}
+
+// Shared-filesystem mode: the file llama-server is about to read is the one that was saved
+// (size and checksum, docs/design.md §9), checked on the file pool. Server-owned mode: nothing
+// to check.
+net::awaitable<core::result<core::unit>> coordinator::check_snapshot(const core::restore_step& rs) {
+  if (!snapshots_.shared()) co_return core::unit{};
+  const auto* m = pool_.find_manifest(rs.hash);
+  const auto files = snapshots_;
+  const auto filename = rs.filename;
+  const auto bytes = rs.expected_bytes;
+  const auto checksum = m ? m->checksum : std::string();
+  std::function<core::result<core::unit>()> work = [files, filename, bytes, checksum] {
+    return files.verify(filename, bytes, checksum);
+  };
+  co_return co_await on_file_pool<core::unit>("snapshot check", std::move(work));
+}
+
+net::awaitable<core::restore_decision> coordinator::run_restore(const core::restore_step& rs) {
+  // A seed restores another session's snapshot (rs.hash) for rs.seed_for (docs/design.md §3).
+  const bool seed = !rs.seed_for.empty();
+  const auto sess = std::string(core::abbrev(seed ? rs.seed_for : rs.hash));
+  const auto from = std::string(core::abbrev(rs.hash));
+  log(log_level::debug, "kv.session.restore.start",
+      {{"session", sess}, {"file", rs.filename}, {"from", from}});
+  core::result<core::slot_restored> r = core::error{};
+  const auto checked = co_await check_snapshot(rs);
+  if (!checked) {
+    // Missing, another size, another checksum (invalidated), or not readable in time (kept:
+    // the filesystem may be at fault, not the snapshot). llama-server never reads it: the
+    // slot is untouched and llama-server's own prefix check keeps the cold run correct.
+    r = checked.err();
+  } else {
+    r = co_await backend_->restore(rs.slot, rs.filename);
+  }
+  if (r) {
+    restore_ms_.observe(r->restore_ms);
+    restore_bytes_.observe(static_cast<double>(r->n_read));
+  }
+  auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
+  if (d.write) {
+    const auto invalid = *d.write;
+    const bool written = co_await write_manifest(invalid);
+    (void)written;  // logged; the core already counts the snapshot invalid
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", from}, {"reason", d.write->invalid_reason}});
+  }
+  if (d.restored) {
+    restored_at_[rs.hash] = detail::unix_now();
+    const auto source = source_of(rs);
+    restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
+    log(log_level::info, "kv.session.restore.success",
+        {{"session", sess}, {"slot", std::to_string(rs.slot)},
+         {"source", std::string(to_string(source))}, {"from", from},
+         {"links", std::to_string(rs.common_links)},
+         {"tokens", std::to_string(r->n_restored)}, {"bytes", std::to_string(r->n_read)},
+         {"ms", ms_str(r->restore_ms)}});
+    co_return d;
+  }
+  log(log_level::warn, "kv.session.restore.failed",
+      {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
+       {"status", std::to_string(r ? 200 : r.err().http_status)},
+       {"reason", r ? d.err.message : r.err().message},
+       {"effect", "cold prefill"}});
+  note_slot_error(d.err);
+  co_return d;
+}
+
+// The plan's calls in order: save, then restore or erase (an erase also after a restore that
+// left the slot's content unknown). Requests and the admin API run plans through here alike;
+// with `stop_on_failure` (strict mode) the first failure ends the plan.
+net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepare_plan& plan,
+                                                            bool stop_on_failure) {
+  plan_result out;
+  // The departing session's commit runs while the slot is restored or erased for the
+  // arriving one; the request is forwarded only once both are done (docs/design.md §11).
+  commit_handle commit;
+  // The snapshot about to be restored (a seed is another session's) is kept by the disk
+  // budget, which a save may enforce (keep_disk_budget).
+  const auto restoring = plan.restore ? restoring_.insert(plan.restore->hash) : restoring_.end();
+  if (plan.save) {
+    const auto step = *plan.save;
+    auto saved = co_await start_save(step);
+    if (!saved && stop_on_failure) {
+      if (restoring != restoring_.end()) restoring_.erase(restoring);
+      out.failure = plan_failure{saved.err().code, "saving the previous session failed"};
+      co_return out;
+    }
+    if (saved) commit = std::move(saved.value());
+  }
+  bool need_erase = plan.erase;
+  // An erase the sharing scope asks for (docs/design.md §20) is no optimisation: without it
+  // the request would run on KV of another credential or session, so its failure fails the
+  // request in every mode.
+  bool erase_required = plan.erase_required;
+  if (plan.restore) {
+    out.restore = co_await run_restore(*plan.restore);
+    restoring_.erase(restoring);
+    if (!out.restore->restored && stop_on_failure) {
+      out.failure = plan_failure{out.restore->err.code, "restoring the session's snapshot failed"};
+      co_return out;
+    }
+    if (!out.restore->restored) {
+      need_erase = out.restore->need_erase;
+      erase_required = out.restore->erase_required;
+    }
+  }
+  if (need_erase) {
+    const auto code = co_await run_erase(plan.slot);
+    if (code && erase_required)
+      out.failure = plan_failure{*code, "the slot holds another scope's KV and could not be erased"};
+    else if (code && stop_on_failure)
+      out.failure = plan_failure{*code, "erasing the slot failed"};
+  }
+  if (commit) {
+    const auto committed = co_await await_commit(std::move(commit));
+    if (!committed && stop_on_failure && !out.failure)
+      out.failure = plan_failure{committed.err().code, "saving the previous session failed"};
+  }
+  co_return out;
+}
+
+// A cold start's erase; the error code when it failed.
+net::awaitable<std::optional<core::errc>> coordinator::run_erase(int slot) {
+  auto r = co_await backend_->erase(slot);
+  if (pool_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
+  const auto code = !r && r.err().code == core::errc::slot_not_found ? core::errc::slot_not_found
+                                                                     : core::errc::erase_failed;
+  if (!r) note_slot_error(r.err());
+  log(log_level::warn, "kv.slot.erase.failed",
+      {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(code))},
+       {"reason", r ? "" : r.err().message}});
+  co_return code;
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,246 @@
+// Retention (docs/design.md §12): core::plan_retention decides which sessions to forget;
+// the coordinator forgets them, deletes their files in shared-filesystem mode, has
+// llama-server overwrite them in server-owned mode with a disk budget, and runs gc on its
+// interval, on demand (POST /kv/gc), as new sessions arrive and after saves (disk budget).
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "core/identity.hpp"
+#include "core/log.hpp"
+#include "core/retention.hpp"
+#include "proxy/control/coordinator.hpp"
+#include "proxy/control/coordinator_internal.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+
+// What deleting a session's files did.
+struct files_removed {
+  std::optional<std::string> manifest_problem;  // why the manifest could not be removed
+  std::uint64_t snapshot_bytes = 0;             // shared-filesystem mode only
+};
+
+net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
+  pool_.forget(hash);
+  last_restore_.erase(hash);
+  restored_at_.erase(hash);
+  const auto store = store_;
+  const auto files = snapshots_;
+  std::function<core::result<files_removed>()> work = [store, files, hash] {
+    files_removed out;
+    if (auto r = store.remove(hash); !r) out.manifest_problem = r.err().message;
+    out.snapshot_bytes = files.remove(hash);
+    return core::result<files_removed>(out);
+  };
+  const auto removed = co_await on_file_pool<files_removed>("deleting a session's files",
+                                                           std::move(work));
+  if (!removed || removed->manifest_problem)
+    log(log_level::warn, "kv.manifest.remove_failed",
+        {{"reason", removed ? *removed->manifest_problem : removed.err().message}});
+  co_return removed ? removed->snapshot_bytes : 0;
+}
+
+// REQUIRES: the session is not in use. Returns the bytes freed (shared-filesystem mode only:
+// in server-owned mode the files are llama-server's, and kvpersist names them once in the log
+// for the operator, see README "Retention").
+net::awaitable<std::uint64_t> coordinator::forget_session(core::retention_eviction e) {
+  if (commits_.contains(e.hash)) co_return 0;  // being saved: the next run decides again
+  const auto freed = co_await drop_session(e.hash);
+  const auto sess = std::string(core::abbrev(e.hash));
+  if (!snapshots_.shared()) {
+    ++sessions_forgotten_;
+    log(log_level::info, "kv.session.forgotten",
+        {{"session", sess}, {"why", std::string(e.why)},
+         {"files", core::snapshot_filename(e.hash, 'a') + "," + core::snapshot_filename(e.hash, 'b')}});
+    co_return 0;
+  }
+  ++gc_evicted_;
+  gc_freed_bytes_ += freed;
+  log(log_level::info, "kv.gc.evicted",
+      {{"session", sess}, {"bytes", std::to_string(freed)}, {"why", std::string(e.why)}});
+  co_return freed;
+}
+
+// REQUIRES: lease held (we may forget sessions).
+net::awaitable<gc_report> coordinator::run_gc() {
+  if (disk_budget_on()) co_return co_await run_gc_overwriting();
+  auto entries = retention_by_use();
+  if (snapshots_.shared()) {
+    std::vector<std::string> hashes;
+    for (const auto& e : entries) hashes.push_back(e.hash);
+    const auto files = snapshots_;
+    std::function<core::result<std::vector<std::uint64_t>>()> work = [files, hashes] {
+      std::vector<std::uint64_t> sizes;
+      for (const auto& h : hashes) sizes.push_back(files.bytes(h));
+      return core::result<std::vector<std::uint64_t>>(std::move(sizes));
+    };
+    const auto sizes = co_await on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
+                                                                        std::move(work));
+    if (!sizes) {
+      // Without the sizes the byte budget cannot be judged: nothing is evicted this time.
+      log(log_level::warn, "kv.gc.skipped", {{"reason", sizes.err().message}});
+      co_return gc_report{0, 0, entries.size(), 0, false};
+    }
+    for (std::size_t i = 0; i < entries.size(); ++i) entries[i].bytes = sizes.value()[i];
+  }
+  const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
+                                      opts_.retention_max_age_days,
+                                      opts_.retention_max_sessions_per_credential};
+  const auto plan = core::plan_retention(std::move(entries), limits, detail::unix_now());
+  std::uint64_t freed = 0;
+  for (const auto& e : plan.evict) {
+    const auto bytes = co_await forget_session(e);
+    freed += bytes;
+  }
+  co_return gc_report{plan.evict.size(), freed, plan.remaining_sessions, plan.remaining_bytes,
+                      !snapshots_.shared()};
+}
+
+// The session budgets between gc runs, kept as each new session's first manifest is written:
+// a burst of new sessions never outgrows them. Only the counts, the whole one and each
+// credential's (sizes and ages wait for gc). Off when gc runs only on demand
+// (retention.intervalMs 0).
+net::awaitable<void> coordinator::enforce_session_budget() {
+  const auto per_credential = opts_.retention_max_sessions_per_credential;
+  if (opts_.retention_max_sessions == 0 && per_credential == 0) co_return;
+  if (opts_.retention_interval.count() == 0) co_return;
+  if (disk_budget_on()) co_return;  // keep_disk_budget applies the counts at every save
+  const core::retention_limits counts{0, opts_.retention_max_sessions, 0, per_credential};
+  const auto plan = core::plan_retention(retention_by_use(), counts, detail::unix_now());
+  for (const auto& e : plan.evict) {
+    const auto bytes = co_await forget_session(e);
+    (void)bytes;
+  }
+}
+
+std::vector<core::retention_entry> coordinator::retention_by_use() const {
+  auto entries = pool_.retention_entries();
+  for (auto& e : entries)
+    if (const auto it = restored_at_.find(e.hash); it != restored_at_.end())
+      e.updated_s = std::max(e.updated_s, it->second);
+  return entries;
+}
+
+bool coordinator::disk_budget_on() const {
+  return !snapshots_.shared() && opts_.retention_max_bytes > 0;
+}
+
+// Every limit, the byte budget less room for one more snapshot as large as the largest seen:
+// llama-server writes a save before kvpersist learns its size, so the room is made before.
+core::retention_limits coordinator::disk_budget_limits() const {
+  const auto budget = opts_.retention_max_bytes;
+  const auto room = std::min(budget - 1, largest_snapshot_file_);
+  return core::retention_limits{budget - room, opts_.retention_max_sessions,
+                                opts_.retention_max_age_days,
+                                opts_.retention_max_sessions_per_credential};
+}
+
+net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest saved) {
+  largest_snapshot_file_ = std::max(largest_snapshot_file_, saved.bytes);
+  auto entries = retention_by_use();
+  // The session just saved counts as its commit will record it, and is never evicted by its
+  // own save (a budget smaller than its snapshot keeps it alone, docs/design.md §12).
+  std::erase_if(entries, [&](const auto& e) { return e.hash == saved.session_hash; });
+  entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
+                     saved.credential});
+  for (auto& e : entries)
+    e.in_use = e.in_use || commits_.contains(e.hash) || restoring_.contains(e.hash);
+  auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
+  const bool over = plan.remaining_bytes > opts_.retention_max_bytes;
+  if (over && !warned_over_budget_)
+    log(log_level::warn, "kv.gc.over_budget",
+        {{"bytes", std::to_string(plan.remaining_bytes)},
+         {"budget", std::to_string(opts_.retention_max_bytes)},
+         {"effect", "the snapshots in use alone exceed retention.maxTotalBytes"}});
+  warned_over_budget_ = over;
+  if (plan.evict.empty()) co_return;
+  const auto done = co_await overwrite_evicted(slot, std::move(plan.evict));
+  (void)done;  // logged and counted per session
+}
+
+net::awaitable<gc_report> coordinator::overwrite_evicted(
+    int slot, std::vector<core::retention_eviction> evict) {
+  gc_report out;
+  // The slot's content goes: whoever owned it (saved) restores on its next request.
+  pool_.forget_slot(slot);
+  if (const auto code = co_await run_erase(slot)) {
+    log(log_level::warn, "kv.gc.overwrite_failed",
+        {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(*code))},
+         {"effect", "nothing evicted until the next save"}});
+    co_return out;
+  }
+  for (const auto& e : evict) {
+    if (commits_.contains(e.hash)) continue;  // saved again meanwhile: the next run decides
+    const auto sess = std::string(core::abbrev(e.hash));
+    if (const auto kept = co_await overwrite_generations(slot, e.hash)) {
+      log(log_level::warn, "kv.gc.overwrite_failed",
+          {{"session", sess}, {"reason", *kept}, {"effect", "kept until the next save"}});
+      break;
+    }
+    const auto deleted = co_await drop_session(e.hash);
+    (void)deleted;  // 0: llama-server's files, overwritten above
+    ++gc_evicted_;
+    gc_freed_bytes_ += e.bytes;
+    ++out.evicted;
+    out.freed_bytes += e.bytes;
+    log(log_level::info, "kv.gc.evicted",
+        {{"session", sess}, {"bytes", std::to_string(e.bytes)}, {"why", std::string(e.why)},
+         {"files", "overwritten"}});
+  }
+  co_return out;
+}
+
+// The exclusive lease is held: the slot used is an empty one, else the first, whose dirty
+// owner is saved first (that save keeps the budget itself; what is left is planned after).
+net::awaitable<gc_report> coordinator::run_gc_overwriting() {
+  auto report = [this](const gc_report& done) {
+    const auto left = pool_.retention_entries();
+    std::uint64_t bytes = 0;
+    for (const auto& e : left) bytes += e.bytes;
+    return gc_report{done.evicted, done.freed_bytes, left.size(), bytes, false};
+  };
+  // Persistence off (breaker open, unsupported server): no slot action is possible, and
+  // forgetting without overwriting would leave files the budget no longer counts.
+  if (!pool_.persistence_enabled()) {
+    log(log_level::info, "kv.gc.skipped",
+        {{"reason", "persistence is off: the disk budget needs slot actions"}});
+    co_return report({});
+  }
+  const int slot = purge_slot("");
+  if (auto why = co_await save_owner_before_overwrite(slot, "")) {
+    log(log_level::warn, "kv.gc.skipped", {{"reason", *why}});
+    co_return report({});
+  }
+  auto entries = retention_by_use();
+  for (auto& e : entries) e.in_use = e.in_use || commits_.contains(e.hash);
+  auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
+  gc_report done;
+  if (!plan.evict.empty()) done = co_await overwrite_evicted(slot, std::move(plan.evict));
+  co_return report(done);
+}
+
+net::awaitable<gc_report> coordinator::admin_gc() {
+  auto t = co_await acquire_internal();
+  const auto report = co_await run_gc();
+  release_and_wake(t);
+  co_return report;
+}
+
+net::awaitable<void> coordinator::gc_loop() {
+  while (!stopped_) {
+    gc_timer_.expires_after(opts_.retention_interval);
+    auto [ec] = co_await gc_timer_.async_wait(token);
+    if (ec || stopped_) co_return;
+    auto t = co_await acquire_internal();
+    const auto report = co_await run_gc();
+    (void)report;
+    release_and_wake(t);
+  }
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,494 @@
+// The coordinator's watch over llama-server's runtime (docs/design.md §4): the probes, restart
+// and sleep detection, and the runtime fingerprint with its behavioural part. Restores are
+// planned only against a fingerprint established here for the current epoch.
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "core/behaviour.hpp"
+#include "core/log.hpp"
+#include "proxy/control/coordinator.hpp"
+#include "proxy/control/coordinator_internal.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using std::chrono::steady_clock;
+
+net::awaitable<coordinator::full_probe> coordinator::run_full_probe() {
+  auto p = co_await backend_->probe();
+  co_await reload_compatibility();
+  full_probe out;
+  out.probe = std::move(p);
+  if (!out.probe && out.probe.err().code != core::errc::backend_unsupported) {
+    // Cheap, and only after a failure: whether the failure came after /props.
+    auto rt = co_await backend_->read_runtime();
+    if (rt && !rt->sleeping) out.answering_marker = rt->media_marker;
+  }
+  co_return out;
+}
+
+void coordinator::apply_probe(const full_probe& fp) {
+  const auto& p = fp.probe;
+  if (!p && p.err().code == core::errc::backend_unsupported) {
+    // It answered, with something unusable (a /props too deep, without or with too many
+    // slots): persistence stays off until a later probe reads a usable answer.
+    disable_persistence(p.err().message);
+    return;
+  }
+  if (!p && fp.answering_marker) {
+    // The server answers /props but the probe failed after it (a proxy that refuses
+    // /v1/models, a slot probe that errs): requests run cold, the probe waits for its back-off.
+    disable_persistence("the runtime probe failed: " + p.err().message,
+                        core::errc::backend_unavailable);
+    back_off_probe(*fp.answering_marker);
+    return;
+  }
+  if (!p) {
+    if (pool_.persistence_enabled())
+      pool_.on_epoch_change();
+    else
+      pool_.disable_persistence(core::errc::backend_unavailable);
+    if (!warned_disabled_)
+      log(log_level::warn, "kv.backend.unavailable",
+          {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
+           {"effect", "requests are forwarded; persistence resumes when the server answers"}});
+    warned_disabled_ = true;
+    upstream_trouble_.store(true);  // look again before the next request
+    return;
+  }
+  const auto& rt = p->runtime;
+  const bool was_enabled = pool_.persistence_enabled();
+  const bool restarted = was_enabled && rt.media_marker != pool_.runtime().media_marker;
+  if (!opts_.single_slot && !apply_slot_layout(p)) return;
+  std::string why;
+  if (!p->slot_actions)
+    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
+  else if (opts_.single_slot && rt.total_slots != 1)
+    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
+  if (!why.empty()) {
+    disable_persistence(why);
+    return;
+  }
+  if (opts_.single_slot && opts_.pool.slot_id >= rt.total_slots) {
+    // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
+    disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
+                                    opts_.pool.slot_id, rt.total_slots),
+                        core::errc::slot_not_found);
+    return;
+  }
+  auto identity = rt;
+  identity.runtime_key = opts_.pool.runtime_key;
+  const auto meta_fp = identity.fingerprint();  // no behaviour yet: the metadata fingerprint
+  const auto verdict = compatibility_.fingerprint == meta_fp ? compatibility_.verdict : "unknown";
+  if (verdict == "broken") {
+    // docs/design.md §9: saves and restores would cost time and reuse nothing here.
+    disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
+                        "the whole prompt after a restore (hybrid or sliding-window model?)");
+    return;
+  }
+  // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
+  meta_fingerprint_ = meta_fp;
+  runtime_epoch_ = identity.media_marker + "|" + meta_fp;
+  if (runtime_epoch_ == behaviour_epoch_) {
+    identity.behaviour = behaviour_class_;
+    probe_failures_ = 0;  // nothing left to probe for this epoch
+  }
+  pool_.set_runtime(identity);
+  pool_.set_compatibility(verdict);
+  disabled_why_.clear();
+  if (restarted) {
+    pool_.on_epoch_change();
+    log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
+  }
+  if (!was_enabled) {
+    warned_disabled_ = false;
+    log(log_level::info, "kv.backend.ready",
+        {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
+         {"slots", std::to_string(rt.total_slots)}});
+  }
+}
+
+// Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never wraps
+// around on the server side). The layout changes only while no lease is held; false: it
+// waits for the leases to go, persistence off meanwhile.
+bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
+  std::vector<int> ids;
+  for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
+  if (ids == pool_.slot_ids()) return true;
+  if (!leased_.empty()) {
+    pool_.disable_persistence();
+    pending_probe_ = full_probe{p, std::nullopt};  // apply when the leases are gone
+    return false;
+  }
+  pool_.set_slots(ids);
+  log(log_level::info, "kv.slots.layout",
+      {{"slots", std::to_string(ids.size())},
+       {"auxiliary", pool_.aux_slot() >= 0 ? std::to_string(pool_.aux_slot()) : "none"}});
+  return true;
+}
+
+void coordinator::disable_persistence(const std::string& why, core::errc code) {
+  if (pool_.persistence_enabled() || !warned_disabled_)
+    log(log_level::warn, "kv.backend.unsupported",
+        {{"code", std::string(core::to_string(code))}, {"reason", why},
+         {"effect", "persistence off"}});
+  warned_disabled_ = true;
+  disabled_why_ = why;
+  pool_.disable_persistence(code);
+}
+
+void coordinator::note_slot_error(const core::error& e) {
+  // The full probe, not the /props comparison: only the full probe applies the slot layout.
+  if (e.code == core::errc::slot_not_found) full_probe_due_.store(true);
+}
+
+// Reads the runtime again when there is a reason to believe the server changed. While
+// persistence is on, GET /props alone tells a restart (media_marker is random per process);
+// the full probe (slot actions) runs only when something did change.
+// Then, before the first plan of a new epoch, the behavioural fingerprint on `slot` (leased).
+net::awaitable<void> coordinator::refresh_runtime(int slot) {
+  co_await look_for_changes(slot);
+  co_await establish_behaviour(slot);
+}
+
+net::awaitable<void> coordinator::look_for_changes(int slot) {
+  if (pending_probe_) {
+    auto p = std::move(*pending_probe_);
+    pending_probe_.reset();
+    apply_probe(p);
+  }
+  if (probe_backing_off()) {
+    const bool due = co_await probe_retry_due();
+    if (!due) co_return;  // requests run cold meanwhile
+    full_probe_due_.store(true);
+  }
+  const bool changed = full_probe_due_.exchange(false);
+  if (!upstream_trouble_.exchange(false) && !changed) co_return;
+  if (pool_.persistence_enabled() && !changed) {
+    auto rt = co_await backend_->read_runtime();
+    if (rt && rt->media_marker == pool_.runtime().media_marker &&
+        rt->model_path == pool_.runtime().model_path &&
+        rt->build_info == pool_.runtime().build_info) {
+      note_sleeping(rt->sleeping);
+      if (!rt->sleeping) {
+        const bool lost = co_await slots_lost_kv(slot);
+        if (lost) note_restart_behind_marker();
+      }
+      co_return;
+    }
+  }
+  auto p = co_await run_full_probe();
+  apply_probe(p);
+}
+
+// docs/design.md §4: a failed probe is tried again after 1 s, 2 s, 4 s ... at most 30 s, not
+// before every request; a new process (another media_marker) is probed at once.
+void coordinator::back_off_probe(const std::string& marker) {
+  ++probe_failures_;
+  const int doublings = std::min(probe_failures_ - 1, 5);
+  probe_retry_at_ = steady_clock::now() + std::min<std::chrono::seconds>(
+                                              probe_retry_first * (1 << doublings), probe_retry_cap);
+  probe_retry_marker_ = marker;
+}
+
+net::awaitable<bool> coordinator::probe_retry_due() {
+  const bool hinted = upstream_trouble_.exchange(false);
+  if (steady_clock::now() >= probe_retry_at_) co_return true;
+  if (!hinted) co_return false;
+  auto rt = co_await backend_->read_runtime();
+  co_return rt && rt->media_marker != probe_retry_marker_;
+}
+
+net::awaitable<void> coordinator::reload_compatibility() {
+  const auto store = store_;
+  std::function<core::result<manifest_store::compatibility_record>()> work = [store] {
+    return core::result<manifest_store::compatibility_record>(store.read_compatibility_record());
+  };
+  auto r = co_await on_file_pool<manifest_store::compatibility_record>("reading compatibility.json",
+                                                                       std::move(work));
+  if (r) compatibility_ = std::move(r.value());
+}
+
+// docs/design.md §4: three probes of one class agree, a class seen before needs one. Until
+// the class is known, restores would compare against the wrong fingerprint and mark good
+// snapshots invalid, so a probe that fails or disagrees turns persistence off for a while
+// instead (nothing is invalidated; requests run cold).
+net::awaitable<void> coordinator::establish_behaviour(int slot) {
+  // Every prepare asks: two string compares, the hashing was done when the runtime was read.
+  if (!pool_.persistence_enabled() || slot < 0 || runtime_epoch_ == behaviour_epoch_) co_return;
+  const auto key = runtime_epoch_;
+  auto first = co_await backend_->probe_behaviour(slot);
+  if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
+  const auto meta_fp = meta_fingerprint_;
+  const auto store = store_;
+  std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
+    return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
+  };
+  auto read_back = co_await on_file_pool<std::vector<core::behaviour_signature>>(
+      "reading the behaviour classes", std::move(read));
+  if (!read_back) co_return suspect_behaviour(read_back.err().message);
+  auto known = std::move(read_back.value());
+  if (first->top.empty()) {
+    // A server that cannot tell keeps the metadata fingerprint; one that told before, for
+    // this metadata, failed this probe: invalidating every snapshot on it would be wrong.
+    if (known.empty()) co_return adopt_behaviour(key, "");
+    co_return suspect_behaviour("the probe answered without token probabilities, which this "
+                                "model's server gave before");
+  }
+  if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
+  for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
+    auto again = co_await backend_->probe_behaviour(slot);
+    if (!again || !core::same_behaviour(first.value(), again.value()))
+      co_return suspect_behaviour("probes of one runtime disagree (nondeterministic backend?)");
+  }
+  known.push_back(first.value());
+  std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
+    return store.write_behaviours(meta_fp, known);
+  };
+  const auto w = co_await on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+  const auto id = core::behaviour_class_id(first.value());
+  if (known.size() > 1) {
+    log(log_level::warn, "kv.backend.behaviour_changed",
+        {{"server", opts_.server_name}, {"class", id},
+         {"code", std::string(core::to_string(core::errc::snapshot_incompatible))},
+         {"reason", "the model answers unlike any model seen under this metadata (weights "
+                    "replaced at the same path?)"},
+         {"effect", "snapshots of the other models are refused, and kept"}});
+  } else {
+    log(log_level::info, "kv.backend.behaviour", {{"server", opts_.server_name}, {"class", id}});
+  }
+  adopt_behaviour(key, id);
+}
+
+void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
+  behaviour_epoch_ = key;
+  behaviour_class_ = id;
+  probe_failures_ = 0;
+  auto rt = pool_.runtime();
+  rt.behaviour = id;
+  pool_.set_runtime(rt);
+}
+
+void coordinator::suspect_behaviour(const std::string& why) {
+  disable_persistence("the behavioural fingerprint is unknown: " + why,
+                      core::errc::backend_unavailable);
+  back_off_probe(pool_.runtime().media_marker);
+}
+
+// LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
+// kvpersist believes holds a session but that llama-server shows without any cached token
+// says the same (docs/llama-server.md §2). Slots other requests hold are skipped: their content
+// is changing.
+net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
+  auto owned = [&] {
+    std::map<int, std::string> out;
+    for (int id : pool_.slot_ids())
+      if (!pool_.owner(id).empty() && (id == own_slot || !leased_.contains(id)))
+        out[id] = pool_.owner(id);
+    return out;
+  };
+  const auto before = owned();
+  if (before.empty()) co_return false;
+  auto slots = co_await backend_->inspect_slots();
+  if (!slots) co_return false;  // --no-slots: this signal is not available
+  last_slots_read_ = steady_clock::now();  // a slot list read restarts llama-server's sleep timer
+  const auto after = owned();
+  for (const auto& s : slots.value()) {
+    auto b = before.find(s.id), a = after.find(s.id);
+    if (b != before.end() && a != after.end() && a->second == b->second &&
+        !s.is_processing && s.n_prompt_tokens <= 0)
+      co_return true;
+  }
+  co_return false;
+}
+
+void coordinator::note_restart_behind_marker() {
+  pool_.on_epoch_change();
+  behaviour_epoch_.clear();  // the process may run another model now
+  log(log_level::info, "kv.backend.restarted",
+      {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
+}
+
+net::awaitable<void> coordinator::probe_loop() {
+  while (!stopped_) {
+    probe_timer_.expires_after(opts_.epoch_probe_interval);
+    auto [ec] = co_await probe_timer_.async_wait(token);
+    if (ec || stopped_) co_return;
+    // Off the request path: only compare. Changes are applied now if the slot is free,
+    // else by the next lease holder.
+    if (pool_.persistence_enabled()) {
+      // GET /props never wakes a sleeping server; the full probe (a slot action) would.
+      auto rt = co_await backend_->read_runtime();
+      if (rt && rt->media_marker == pool_.runtime().media_marker) {
+        if (leased_.empty()) note_sleeping(rt->sleeping);
+        // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
+        // One co_await per statement (docs/conventions.md §3).
+        if (leased_.empty() && !rt->sleeping && sleep_period().count() <= 0) {
+          const bool lost = co_await slots_lost_kv(-1);
+          if (lost && leased_.empty()) note_restart_behind_marker();
+        }
+        continue;
+      }
+    }
+    if (probe_backing_off() && steady_clock::now() < probe_retry_at_) continue;
+    auto p = co_await run_full_probe();
+    if (leased_.empty()) {
+      apply_probe(p);
+    } else {
+      pending_probe_ = std::move(p);
+    }
+  }
+}
+
+void coordinator::note_sleeping(bool sleeping) {
+  const auto now = steady_clock::now();
+  if (const auto last_use = last_server_use(); !sleeping && last_use && now > *last_use)
+    longest_awake_idle_ = std::max(longest_awake_idle_, now - *last_use);
+  if (sleeping == server_sleeping_) return;
+  server_sleeping_ = sleeping;
+  if (!sleeping) {
+    log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
+    return;
+  }
+  int dirty = 0;
+  for (int id : pool_.slot_ids()) dirty += pool_.owner_dirty(id) ? 1 : 0;
+  pool_.on_epoch_change();
+  log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
+      {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
+       {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
+  if (opts_.sleep_idle.count() > 0) return;
+  const auto period = measure_sleep_period(now);
+  if (period.count() > 0 && (learned_sleep_.count() == 0 || period < learned_sleep_)) {
+    adopt_sleep_period(period);
+    spawn(record_learned_sleep(period));
+  }
+}
+
+// What kvpersist last sent llama-server that restarts its sleep timer: the end of a request,
+// or a slot list read. nullopt until a request ended in this process.
+std::optional<steady_clock::time_point> coordinator::last_server_use() const {
+  std::optional<steady_clock::time_point> out;
+  for (const auto& [slot, at] : finished_at_)
+    if (!out || at > *out) out = at;
+  if (out) out = std::max(*out, last_slots_read_);
+  return out;
+}
+
+// docs/design.md §4 "Learning the sleep period": every look that found llama-server awake
+// proves its period longer than the idle time then, and a look that finds it asleep bounds
+// the period by the idle time now. The largest lower bound is adopted when it is at least a
+// second (a checkpoint too early costs a save, one too late loses the session); else only
+// the upper bound is known. 0: nothing to measure from.
+std::chrono::seconds coordinator::measure_sleep_period(steady_clock::time_point now) const {
+  using std::chrono::duration_cast;
+  using std::chrono::seconds;
+  const auto lower = duration_cast<seconds>(longest_awake_idle_);
+  if (lower.count() >= 1) return lower;
+  const auto last_use = last_server_use();
+  return last_use ? duration_cast<seconds>(now - *last_use) : seconds(0);
+}
+
+void coordinator::adopt_sleep_period(std::chrono::seconds period) {
+  learned_sleep_ = period;
+  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.pool.idle_checkpoint, period));
+  log(log_level::warn, "kv.backend.sleep_learned",
+      {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
+       {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
+                              "upstream.sleepIdleSeconds to llama-server's --sleep-idle-seconds",
+                              pool_.options().idle_checkpoint.count())}});
+}
+
+net::awaitable<void> coordinator::record_learned_sleep(std::chrono::seconds period) {
+  const auto store = store_;
+  std::function<core::result<core::unit>()> work = [store, period] {
+    return store.write_learned_sleep(period);
+  };
+  const auto w = co_await on_file_pool<core::unit>("writing sleep.json", std::move(work));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+}
+
+net::awaitable<void> coordinator::load_learned_sleep() {
+  if (opts_.sleep_idle.count() > 0) co_return;
+  const auto store = store_;
+  std::function<core::result<std::chrono::seconds>()> work = [store] {
+    return core::result<std::chrono::seconds>(store.read_learned_sleep());
+  };
+  auto r = co_await on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
+  if (r && r.value().count() > 0) adopt_sleep_period(r.value());
+}
+
+bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
+  const auto period = sleep_period();
+  if (period.count() <= 0 || pool_.owner(slot).empty()) return false;
+  auto it = finished_at_.find(slot);
+  return it != finished_at_.end() && now - it->second >= period;
+}
+
+// The idle checkpoint runs at the latest a second before llama-server would sleep (at half
+// the sleep period for short ones), so a dirty slot is saved while its KV still exists.
+std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
+                                                  std::chrono::seconds sleep_idle) {
+  if (sleep_idle.count() <= 0) return idle;
+  const std::chrono::milliseconds period = sleep_idle;
+  const auto before = std::max(period - std::chrono::seconds(1), period / 2);
+  return idle.count() > 0 ? std::min(idle, before) : before;
+}
+
+// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
+// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
+void coordinator::note_slots_readable(bool readable) {
+  if (readable == !slots_unreadable_) return;
+  slots_unreadable_ = !readable;
+  if (readable) {
+    log(log_level::info, "kv.slot.state_known", {{"server", opts_.server_name}});
+    return;
+  }
+  log(log_level::warn, "kv.slot.state_unknown",
+      {{"server", opts_.server_name},
+       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
+       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
+       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
+}
+
+// POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
+// adapters change, and every dirty session saved under the runtime it was computed with.
+net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
+  if (!holds(t)) co_return;
+  co_await wait_all_commits();
+  for (int id : pool_.slot_ids())
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
+  auto before = co_await backend_->read_lora_adapters();
+  lora_before_.reset();
+  if (before) lora_before_ = std::move(before.value());
+}
+
+// When the adapters read back as they were (a scale set to its value, a refused body), the
+// slots' KV is still what the runtime computes: residency stays. Otherwise the KV may have
+// been computed under other adapters than the next request's: nobody is resident, and the
+// fingerprint is read again.
+net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
+                                                     bool reached_server) {
+  bool changed = false;
+  if (reached_server) {
+    auto after = co_await backend_->read_lora_adapters();
+    changed = !lora_before_ || !after || after.value() != *lora_before_;
+  }
+  lora_before_.reset();
+  if (changed) {
+    pool_.on_epoch_change();
+    full_probe_due_.store(true);
+    log(log_level::info, "kv.backend.runtime_changed",
+        {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});
+  } else if (reached_server) {
+    log(log_level::info, "kv.backend.runtime_unchanged",
+        {{"server", opts_.server_name}, {"effect", "the adapters read back as before; slots kept"}});
+  }
+  release_and_wake(t);
+}
+
+}  // namespace kvp::proxy

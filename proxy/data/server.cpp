@@ -1,0 +1,858 @@
+#include "proxy/data/server.hpp"
+
+#include <sys/resource.h>
+
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "backends/llama_http_backend.hpp"
+#include "backends/llama_router.hpp"
+#include "core/identity.hpp"
+#include "core/json.hpp"
+#include "core/log.hpp"
+#include "core/prefix_chain.hpp"
+#include "core/reply_end.hpp"
+#include "core/request_hints.hpp"
+#include "core/response_timings.hpp"
+#include "proxy/http/listen.hpp"
+#include "core/request_rewrite.hpp"
+#include "proxy/http/http_status.hpp"
+#include "proxy/http/request_reader.hpp"
+#include "proxy/http/socket_peek.hpp"
+
+namespace kvp::proxy {
+
+using namespace net::experimental::awaitable_operators;
+using core::log;
+using core::log_level;
+
+struct server::client_conn {
+  explicit client_conn(tcp_stream s) : stream(std::move(s)) {}
+  tcp_stream stream;
+  beast::flat_buffer buf;
+  bool busy = false;  // guarded by conns_mu_
+};
+
+namespace {
+
+using client_socket = tcp_stream::socket_type;
+
+bool client_hung_up(client_socket& sock) {
+  return peek_peer(sock.native_handle()) == peer_state::hung_up;
+}
+
+// Completes when the client hangs up (EOF or reset) while we wait on something else.
+// Consumes no bytes: a pipelined next request is left in the socket, and then the watcher
+// simply waits until it is cancelled.
+net::awaitable<bool> client_gone(client_socket& sock) {
+  auto [ec] = co_await sock.async_wait(tcp::socket::wait_read, token);
+  if (ec || client_hung_up(sock)) co_return true;
+  steady_timer forever(co_await net::this_coro::executor);
+  forever.expires_at(steady_timer::time_point::max());
+  co_await forever.async_wait(token);
+  co_return false;
+}
+
+// An upstream connection whose response was read whole goes back to the pool; any other is
+// closed (closing is also how a request still running is cancelled).
+void give_back_or_close(upstream_pool& pool, upstream_conn& conn, const relay_state& st) {
+  if (st.upstream_reusable)
+    pool.release(std::move(conn.stream));
+  else
+    conn.stream->close();
+}
+
+// How client requests are read: the configured limits, and the fields prepare_upstream_request
+// drops (they do not count against llama-server's limits).
+read_limits client_read_limits(const config::config& cfg) {
+  read_limits r{cfg.limits.max_header_bytes, cfg.limits.max_body_bytes, cfg.limits.header_timeout,
+                cfg.limits.client_write_timeout, cfg.limits.client_write_timeout,
+                cfg.sessions.headers};
+  r.dropped_fields.push_back(cfg.sessions.purpose_header);
+  r.dropped_fields.insert(r.dropped_fields.end(), cfg.sessions.strip_headers.begin(),
+                          cfg.sessions.strip_headers.end());
+  return r;
+}
+
+net::awaitable<void> stop_coordinator(coordinator* co) {
+  co->stop();
+  co_return;
+}
+
+}  // namespace
+
+// Descriptors the process holds besides client connections: standard streams, the event
+// loop's own (epoll, eventfd, timerfd, the signal pipe), both listening sockets, sd_notify's
+// socket, with room to spare.
+constexpr std::uint64_t process_descriptors = 32;
+// Per llama-server: its management calls and background probes (one connection each, a few
+// at once), and its file pool's two workers with up to three files each (a manifest, its
+// temp file, the directory).
+constexpr std::uint64_t server_descriptors = 4 + 2 * 3;
+
+std::uint64_t reserved_descriptors(const config::config& cfg) {
+  std::uint64_t reserve = process_descriptors;
+  for (const auto& sv : config::effective_servers(cfg))
+    reserve += sv.upstream.max_idle_connections + server_descriptors;
+  // The admin listener's own cap, and the one connection it may hold while refusing a client
+  // over that cap.
+  if (!cfg.admin.listen.empty()) reserve += cfg.admin.max_connections + 1;
+  return reserve;
+}
+
+std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile) {
+  const std::uint64_t reserve = reserved_descriptors(cfg);
+  const std::uint64_t fit = nofile > reserve + 2 ? (nofile - reserve) / 2 : 1;
+  return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
+}
+
+coordinator_options options_for(const config::config& cfg, const config::server_config& sc) {
+  coordinator_options co;
+  co.pool.instance_key = sc.name;
+  co.pool.runtime_key = sc.runtime_key;
+  co.pool.slot_id = sc.slot_id;
+  co.pool.reserve_aux_slot = sc.reserve_aux_slot;
+  co.pool.save_on_switch = cfg.checkpoint.on_switch;
+  co.pool.save_on_turn_end = cfg.checkpoint.on_turn_end;
+  co.pool.save_on_step_end = cfg.checkpoint.on_step_end;
+  co.pool.idle_checkpoint = checkpoint_before_sleep(cfg.checkpoint.idle, sc.upstream.sleep_idle);
+  co.pool.early_checkpoint = cfg.checkpoint.early;
+  co.pool.restore_enabled = cfg.restore.enabled;
+  co.pool.verify_restore = cfg.restore.verify;
+  co.pool.seed_across_sessions = cfg.sharing != config::sharing_scope::session;
+  co.pool.seed_within_credential = cfg.sharing == config::sharing_scope::credential;
+  co.pool.strict = cfg.failure.strict;
+  co.pool.max_consecutive_failures = cfg.failure.max_consecutive_failures;
+  co.pool.cooldown = cfg.failure.cooldown;
+  co.max_waiting = cfg.queue.max_waiting;
+  // A swap group's member is probed on its requests only: behind a swapper, a background
+  // /props would start the model it asks about (docs/design.md §15).
+  co.epoch_probe_interval =
+      sc.swap_group.empty() ? cfg.epoch_probe_interval : std::chrono::milliseconds{0};
+  co.sleep_idle = sc.upstream.sleep_idle;
+  co.single_slot = sc.mode == config::slot_mode::single_slot;
+  co.server_name = sc.name;
+  co.endpoint = sc.upstream.url;
+  if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
+    co.snapshot_dir = sc.snapshots.path;
+  co.retention_max_bytes = cfg.retention.max_total_bytes;
+  co.retention_max_sessions = cfg.retention.max_sessions;
+  co.retention_max_age_days = cfg.retention.max_age_days;
+  co.retention_max_sessions_per_credential = cfg.retention.max_sessions_per_credential;
+  co.new_sessions_per_minute = cfg.limits.new_sessions_per_minute;
+  co.retention_interval = cfg.retention.interval;
+  co.file_timeout = cfg.failure.file_timeout;
+  return co;
+}
+
+server::server(net::io_context& ioc, config::config cfg)
+    : ioc_(ioc),
+      cfg_(std::move(cfg)),
+      bodies_(cfg_.limits.max_buffered_body_bytes) {
+  const std::string state_root = config::resolve_state_dir(cfg_);
+  for (const auto& sc : config::effective_servers(cfg_))
+    ups_.push_back(make_entry(sc, config::server_state_dir(cfg_, sc, state_root), ""));
+  build_swap_groups();
+}
+
+std::unique_ptr<server::upstream_entry> server::make_entry(const config::server_config& sc,
+                                                           const std::string& state_dir,
+                                                           const std::string& router_model) {
+  auto up = std::make_unique<upstream_entry>();
+  up->cfg = sc;
+  up->router_model = router_model;
+  const auto ep = endpoint_of(sc);
+  up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
+                                             sc.upstream.connect_timeout);
+  auto co = options_for(cfg_, sc);
+  if (!router_model.empty()) {
+    // A router's model: its own snapshot namespace, and no background probe (one that found
+    // the model unloaded would say nothing, and none may load it: docs/design.md §15).
+    co.pool.instance_key = sc.name;
+    co.epoch_probe_interval = std::chrono::milliseconds{0};
+  }
+  up->coord = std::make_unique<coordinator>(
+      ioc_,
+      std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout,
+                                                     router_model),
+      manifest_store(state_dir), co);
+  up->relay.upstream_idle = sc.upstream.idle_timeout;
+  up->relay.client_write = cfg_.limits.client_write_timeout;
+  return up;
+}
+
+backends::http_endpoint server::endpoint_of(const config::server_config& sc) {
+  backends::http_endpoint ep;
+  config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
+  ep.api_key = sc.upstream.api_key;
+  return ep;
+}
+
+void server::build_swap_groups() {
+  std::vector<swap_groups::member> members;
+  for (const auto& up : ups_)
+    if (!up->router) members.push_back({up->cfg.name, up->cfg.swap_group, up->coord.get()});
+  swaps_ = std::make_unique<swap_groups>(std::move(members));
+}
+
+net::awaitable<void> server::discover_routers() {
+  const std::size_t configured = ups_.size();
+  for (std::size_t i = 0; i < configured; ++i) {
+    auto& front = *ups_[i];
+    auto info = co_await backends::read_router(endpoint_of(front.cfg),
+                                               cfg_.failure.management_timeout);
+    if (!info) {
+      log(log_level::debug, "kv.router.unknown",
+          {{"server", front.cfg.name}, {"reason", info.err().message}});
+      continue;  // not answering yet: the coordinator's own probe says why
+    }
+    if (info.value()) add_router_models(front, std::move(*info.value()));
+  }
+}
+
+// One entry per model, named "<server>/<model>": its own coordinator, snapshot namespace and
+// state directory (models/<hash of the id>, so an id is never a path).
+void server::add_router_models(upstream_entry& front, backends::router_info info) {
+  const std::string state_root = config::resolve_state_dir(cfg_);
+  const std::string front_dir = config::server_state_dir(cfg_, front.cfg, state_root);
+  std::vector<router_models::member> members;
+  for (const auto& m : info.models) {
+    auto sc = front.cfg;
+    sc.name = front.cfg.name + "/" + m.id;
+    sc.swap_group.clear();  // the router decides what runs: router_models, not swap_groups
+    const std::string dir = front_dir + "/models/" + core::sha256_hex(m.id).substr(0, 16);
+    ups_.push_back(make_entry(sc, dir, m.id));
+    ups_.back()->pool = front.pool;  // one router, one set of connections to it
+    members.push_back({m.id, m.aliases, ups_.back()->coord.get()});
+  }
+  log(log_level::info, "kv.router.found",
+      {{"server", front.cfg.name}, {"models", std::to_string(members.size())},
+       {"max_instances", std::to_string(info.max_instances)}});
+  front.router = std::make_unique<router_models>(front.cfg.name, endpoint_of(front.cfg),
+                                                 cfg_.failure.management_timeout,
+                                                 std::move(info), std::move(members));
+  for (std::size_t i = ups_.size() - front.router->size(); i < ups_.size(); ++i)
+    ups_[i]->of_router = front.router.get();
+}
+
+server::upstream_entry& server::model_entry(upstream_entry& up,
+                                            const http::request<http::string_body>& req) {
+  if (!up.router) return up;
+  const auto model = req.method() == http::verb::get || req.method() == http::verb::head
+                         ? core::query_param(req.target(), "model").value_or("")
+                         : core::request_model(req.body());
+  const auto* m = model.empty() ? nullptr : up.router->find(model);
+  if (!m) return up;
+  for (auto& e : ups_)
+    if (e->of_router == up.router.get() && e->router_model == m->model) return *e;
+  return up;
+}
+
+// The router's own routes for its models (docs/llama-server.md §14): an unload saves that
+// model's sessions first, a load the running models' when one must make room; any other
+// request naming the model may make the router start it.
+net::awaitable<void> server::before_router_request(upstream_entry& up, client_conn& c,
+                                                   const http::request<http::string_body>& req) {
+  const auto& m = *up.of_router->find(up.router_model);
+  const std::function<bool()> wanted = [&c] { return !client_hung_up(c.stream.socket()); };
+  const std::string path = core::routed_path(req.target());
+  if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
+  if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
+  if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
+  co_await up.of_router->before_serving(m, true, wanted);
+}
+
+server::upstream_entry& server::route(const http::request<http::string_body>& req) {
+  std::optional<std::string> model;  // parsed at most once, only if a route asks for it
+  for (const auto& r : cfg_.routes) {
+    if (!r.header.empty()) {
+      auto it = req.find(r.header);
+      if (it == req.end() || it->value() != r.header_value) continue;
+    }
+    if (!r.model.empty()) {
+      if (!model) model = core::request_model(req.body());
+      if (*model != r.model) continue;
+    }
+    if (auto* up = server_named(r.server)) return *up;
+  }
+  return *ups_.front();
+}
+
+server::upstream_entry* server::server_named(const std::string& name) {
+  for (auto& up : ups_)
+    if (up->cfg.name == name) return up.get();
+  return nullptr;
+}
+
+std::string_view server::credential_header(const http::request<http::string_body>& req) {
+  const std::string_view credential = req[http::field::authorization];
+  return credential.empty() ? std::string_view(req["X-Api-Key"]) : credential;
+}
+
+server::~server() = default;
+
+net::awaitable<core::result<std::string>> server::start() {
+  auto bound = listen_on(ioc_, cfg_.listen, "proxy");
+  if (!bound) co_return bound.err();
+  const std::string address = local_address(*bound.value());
+  std::size_t max_connections = cfg_.limits.max_connections;
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    max_connections = proxy_connection_cap(cfg_, rl.rlim_cur);
+    if (max_connections < cfg_.limits.max_connections)
+      log(log_level::warn, "kv.proxy.connection_cap",
+          {{"max_connections", std::to_string(max_connections)},
+           {"configured", std::to_string(cfg_.limits.max_connections)},
+           {"nofile", std::to_string(rl.rlim_cur)},
+           {"reserved", std::to_string(reserved_descriptors(cfg_))},
+           {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
+  }
+  co_await discover_routers();
+  std::vector<coordinator*> coords;
+  for (auto& up : ups_) {
+    if (up->router) continue;  // its models' coordinators manage its slots
+    co_await up->coord->on_strand(up->coord->start());
+    coords.push_back(up->coord.get());
+  }
+  if (!cfg_.admin.listen.empty()) {
+    admin_ = std::make_unique<admin_server>(ioc_, coords, cfg_.admin);
+    auto a = admin_->start();
+    if (!a) co_return a.err();
+    admin_address_ = a.value();
+  }
+  listener_options opts{"proxy", "limits.maxConnections", max_connections, when_full::wait, ""};
+  listener_ = std::make_unique<listener>(ioc_, std::move(bound.value()), std::move(opts),
+                                         [this](tcp_stream s) { return run_session(std::move(s)); });
+  listener_->start();
+  co_return address;
+}
+
+net::awaitable<bool> server::send(client_conn& c, response res) {
+  const bool keep = res.keep_alive();
+  c.stream.expires_after(cfg_.limits.client_write_timeout);
+  auto [ec, n] = co_await http::async_write(c.stream, res);
+  co_return keep && !ec;
+}
+
+net::awaitable<void> server::run_session(tcp_stream stream) {
+  auto c = std::make_shared<client_conn>(std::move(stream));
+  {
+    std::lock_guard lk(conns_mu_);
+    conns_.insert(c);
+  }
+  const read_limits limits = client_read_limits(cfg_);
+  for (;;) {
+    if (draining_) break;
+    request_reader reader(c->stream, c->buf, limits);
+    if (!co_await reader.read_header()) break;
+    {
+      std::lock_guard lk(conns_mu_);
+      c->busy = true;
+    }
+    ++active_;
+    bool keep = false;
+    body_budget::hold body_share(bodies_);  // returned when this request is done
+    if (co_await reader.read_body(&body_share)) {
+      c->stream.expires_never();
+      try {
+        keep = co_await handle(*c, reader.release());
+      } catch (const std::exception& e) {
+        // A bug, not an I/O outcome: log it and drop the connection, but never leak it.
+        log(log_level::error, "kv.internal.exception", {{"what", e.what()}});
+      }
+    }
+    --active_;
+    {
+      std::lock_guard lk(conns_mu_);
+      c->busy = false;
+    }
+    if (!keep) break;
+  }
+  beast::error_code ignored;
+  c->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  c->stream.close();
+  std::lock_guard lk(conns_mu_);
+  conns_.erase(c);
+}
+
+core::request_identity server::identity_of(const http::request<http::string_body>& req) const {
+  core::request_identity id;
+  for (const auto& name : cfg_.sessions.headers) {
+    auto it = req.find(name);
+    if (it != req.end() && !it->value().empty()) {
+      id.session_id = core::bounded_session_id(it->value());
+      break;
+    }
+  }
+  if (auto it = req.find(cfg_.sessions.purpose_header); it != req.end())
+    id.purpose = std::string(it->value());
+  if (!id.session_id.empty() && id.purpose.empty()) apply_harness_headers(req, id);
+  return id;
+}
+
+// A harness's own headers say which side of its session a request is (README "Harnesses"):
+// a sub-agent is a sub-session, a compaction or memory call is auxiliary. First match wins.
+void server::apply_harness_headers(const http::request<http::string_body>& req,
+                                   core::request_identity& id) const {
+  for (const auto& h : cfg_.sessions.harness_headers) {
+    auto it = req.find(h.name);
+    if (it == req.end()) continue;
+    const auto v = core::harness_header_value(it->value(), h.field, h.values);
+    if (v.empty()) continue;
+    if (h.role == config::harness_role::auxiliary)
+      id.purpose = h.name + ": " + v;
+    else
+      id.session_id = core::sub_session_id(id.session_id, v);
+    return;
+  }
+}
+
+// What a request to a slot says about its content (docs/design.md §3): its credential and
+// prefix chain for seeding, and, under `sessions.unmanaged: content`, the session a request
+// without a session header belongs to (none when it has no conversation: raw prompts and
+// embeddings stay auxiliary). The body is parsed only when something will use the chain.
+std::optional<bool> server::describe_content(const http::request<http::string_body>& req,
+                                             core::request_identity& who) const {
+  // Every request on a slot carries its credential: the sharing scope decides on it whether
+  // the request may run on what the slot holds (docs/design.md §20).
+  const std::string_view credential = credential_header(req);
+  who.credential = core::credential_key(credential);
+  if (!who.purpose.empty()) return std::nullopt;  // auxiliary: never seeds, never seeded
+  const bool names_session =
+      who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
+  if (who.session_id.empty() && !names_session) return std::nullopt;  // auxiliary or passthrough
+  auto chain = core::prefix_chain_of(req.target(), req.body());
+  if (!chain) return std::nullopt;
+  const bool attribution = chain->attribution_block;
+  if (names_session) who.session_id = core::content_session_id(*chain, credential);
+  if (who.session_id.empty()) return attribution;
+  who.chain = std::move(chain->links);
+  who.min_shared_links = chain->min_shared_links();
+  return attribution;
+}
+
+void server::prepare_upstream_request(const upstream_entry& up,
+                                      http::request<http::string_body>& req) const {
+  for (const auto& name : cfg_.sessions.headers) req.erase(name);
+  req.erase(cfg_.sessions.purpose_header);
+  for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
+  strip_hop_by_hop(req.base());
+  req.erase(http::field::expect);
+  req.set(http::field::host, up.pool->host_field());
+  const auto& base = up.pool->endpoint().base_path;
+  if (!base.empty()) req.target(base + std::string(req.target()));
+  req.version(11);
+  req.keep_alive(true);
+  req.prepare_payload();
+}
+
+net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_conn& c,
+                                                    http::request<http::string_body>& req,
+                                                    relay_state& st) {
+  // Without llama-server's key the request changes nothing (it answers 401): no need to
+  // save every session first.
+  if (!client_may_use(up, req)) co_return co_await forward(up, c, req, std::nullopt, st);
+  auto acq = co_await begin_runtime_change(*up.coord, cfg_.queue.timeout,
+                                            [&c] { return client_gone(c.stream.socket()); });
+  using outcome = acquisition::outcome;
+  if (acq.what == outcome::client_gone) co_return false;
+  if (acq.what == outcome::runtime_change_pending) {
+    auto res = retry_later_response(
+        http::status::too_many_requests,
+        "another runtime change (POST /lora-adapters) is waiting or running; retry after it",
+        1, req.version(), req.keep_alive(), core::to_string(core::errc::runtime_change_pending));
+    co_return co_await send(c, std::move(res));
+  }
+  if (acq.what != outcome::granted) {
+    auto res = busy_response(acq.what == outcome::rejected
+                                 ? "too many requests are waiting for the slot"
+                                 : "timed out waiting for the slot",
+                             2, req.version(), core::to_string(core::errc::slot_busy));
+    co_return co_await send(c, std::move(res));
+  }
+  // The saves before it took time: a client that left meanwhile has its change dropped, never
+  // forwarded (its lease goes back with `acq.held`).
+  if (client_hung_up(c.stream.socket())) co_return false;
+  const bool keep = co_await forward(up, c, req, std::nullopt, st);
+  co_await end_runtime_change(std::move(acq.held), st.request_sent);
+  co_return keep;
+}
+
+net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
+                                     http::request<http::string_body>& req,
+                                     std::optional<upstream_conn> pre, relay_state& st,
+                                     std::string* tail) {
+  const unsigned version = req.version();
+  const bool client_keep = req.keep_alive();
+  const bool head = req.method() == http::verb::head;
+  auto ex = c.stream.get_executor();
+  prepare_upstream_request(up, req);
+  // With X-Conversation-Id llama-server keeps generating after the client leaves: the
+  // response is read to its end, and the lease held as long (docs/design.md §21).
+  relay_options relay = up.relay;
+  relay.outlives_client = req.find(core::conversation_header) != req.end();
+  std::optional<upstream_conn> conn = std::move(pre);
+  // A connection opened before a long prepare (restores, a router loading the model) may have
+  // been closed by llama-server's keep-alive timeout meanwhile (5 s in its HTTP library): a
+  // peek sees the close, and a new connection carries the request.
+  if (conn && peek_peer(conn->stream->socket().native_handle()) != peer_state::silent) {
+    conn->stream->close();
+    conn.reset();
+  }
+  for (int attempt = 0;; ++attempt) {
+    if (!conn) {
+      auto r = co_await up.pool->acquire(ex);
+      if (!r) {
+        up.coord->note_upstream_trouble();
+        log(log_level::warn, "kv.upstream.unavailable", {{"reason", r.err().message}});
+        auto res = error_response(r.err().code == core::errc::operation_timeout
+                                                      ? http::status::gateway_timeout
+                                                      : http::status::bad_gateway,
+                                                  "upstream llama-server is unreachable",
+                                                  version, client_keep);
+        co_return co_await send(c, std::move(res));
+      }
+      conn = std::move(r.value());
+      // A new connection may mean a new llama-server process (a restart closes the old
+      // ones): let the next coordinated request re-read /props first.
+      if (conn->fresh) up.coord->note_upstream_trouble();
+    }
+    st = relay_state{};
+    conn->stream->expires_after(up.relay.upstream_idle);
+    auto [wec, wn] = co_await http::async_write(*conn->stream, req);
+    st.request_sent = !wec;
+    if (!wec) {
+      // Beast reads at most max(512, capacity - size) bytes per read_some: without room,
+      // a 45 KB SSE event would be forwarded in ~90 pieces of 512 bytes.
+      beast::flat_buffer ubuf;
+      ubuf.reserve(64 * 1024);
+      if (tail) tail->clear();
+      if (relay.outlives_client) {
+        co_await relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head, relay, st, tail);
+        break;
+      }
+      auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, version, client_keep, head,
+                                        relay, st, tail) ||
+                         client_gone(c.stream.socket()));
+      if (r.index() == 1) {
+        // Closing the upstream connection is the only portable cancel: llama-server notices
+        // within about a second and frees the slot (docs/llama-server.md §6). A response
+        // already read whole needs no cancel.
+        st.client_failed = true;
+        give_back_or_close(*up.pool, *conn, st);
+        co_return false;
+      }
+    }
+    // A pooled connection the server had already closed: retry once on a new one. The
+    // server never saw the request, so nothing ran twice.
+    if (!st.header_received && !st.upstream_timeout && !conn->fresh && attempt == 0) {
+      up.coord->note_upstream_trouble();
+      conn.reset();
+      continue;
+    }
+    break;
+  }
+  give_back_or_close(*up.pool, *conn, st);
+  if (st.done) co_return st.client_keep_alive;
+  if (st.client_failed) co_return false;
+  up.coord->note_upstream_trouble();
+  if (!st.header_sent) {
+    auto res = error_response(st.upstream_timeout ? http::status::gateway_timeout
+                                                  : http::status::bad_gateway,
+                              st.upstream_timeout ? "upstream llama-server timed out"
+                                                  : "upstream llama-server closed the connection",
+                              version, client_keep);
+    co_return co_await send(c, std::move(res));
+  }
+  log(log_level::warn, "kv.upstream.broken_stream",
+      {{"status", std::to_string(st.status)}, {"bytes", std::to_string(st.body_bytes)}});
+  co_return false;  // mid-body: close so the client sees a truncated response, not a clean end
+}
+
+// The request path (docs/architecture.md): refuse what must never reach llama-server, pick
+// the server, and either forward untouched or run the request under a slot lease.
+net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
+  const unsigned version = req.version();
+  const bool keep = req.keep_alive();
+  if (core::json_nesting_exceeds(req.body())) {
+    auto res = error_response(http::status::bad_request,
+                              fmt::format("request body: JSON nested deeper than {} levels",
+                                          core::json_max_depth),
+                              version, keep);
+    co_return co_await send(c, std::move(res));
+  }
+  const auto kind = core::classify_target(req.target());
+  if (kind == core::endpoint_kind::slots) {
+    auto res = error_response(http::status::forbidden,
+                              "kvpersist manages llama-server's slots; /slots is not forwarded",
+                              version, keep);
+    co_return co_await send(c, std::move(res));
+  }
+  // Resumable-stream routes are passthrough paths: an inference request is not decoded again.
+  if (const auto stream = kind == core::endpoint_kind::passthrough
+                              ? core::classify_stream_route(req.method_string(), req.target())
+                              : core::stream_route::none;
+      stream != core::stream_route::none)
+    co_return co_await forward_stream_route(stream, c, req);
+  auto who = identity_of(req);
+  auto& up = model_entry(route(req), req);
+  namespace_conversation(up, req);
+  // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
+  // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
+  // save, restore, erase behind kvpersist's back) as well as inference. Treating it as
+  // exclusive would still let an instance rewrite the slot while kvpersist's manifests
+  // vouch for it, so it is refused like /slots.
+  if (core::is_prediction_route(req.target(), up.cfg.upstream.predict_route)) {
+    auto res = error_response(http::status::forbidden,
+                              "kvpersist manages llama-server's slots; the prediction route "
+                              "(upstream.predictRoute) is not forwarded",
+                              version, keep);
+    co_return co_await send(c, std::move(res));
+  }
+  relay_state st;
+  // A router's request for no model kvpersist manages: the router picks (or refuses) it.
+  if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
+  // A router starts the model a request names, and may unload another to do so; a client
+  // without the key makes nothing move (the router answers it 401).
+  if (up.of_router && client_may_use(up, req)) {
+    co_await before_router_request(up, c, req);
+    // A client that left meanwhile is not served: the router drops a queued request whose
+    // client left, and forwarding it would make the router load its model after all.
+    if (client_hung_up(c.stream.socket())) co_return false;
+  }
+  if (core::changes_runtime(req.method_string(), req.target()))
+    co_return co_await forward_runtime_change(up, c, req, st);
+  const bool needs_slot = core::needs_slot(req.method_string(), req.target());
+  // Checked before the body is parsed or the request admitted, as llama-server would check
+  // it: a client without the key costs no parse and cannot make kvpersist save or evict the
+  // resident session.
+  if (needs_slot && !client_may_use(up, req)) {
+    auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
+    co_return co_await send(c, std::move(res));
+  }
+  if (needs_slot) {
+    // README "Harnesses": what keeps this harness's new conversations cold, told, not
+    // rewritten; read from the chain when the body was chained (parsed once).
+    const auto chained = describe_content(req, who);
+    if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
+      up.coord->note_hint(core::hint_id::attribution_header);
+  }
+  // A swap group's other servers save their sessions before this one's process replaces theirs.
+  if (needs_slot) co_await swaps_->before_serving(up.cfg.name);
+  const bool coordinated =
+      needs_slot && (!who.session_id.empty() ||
+                     cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
+  if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
+  co_return co_await handle_under_lease(up, c, req, who);
+}
+
+bool server::client_may_use(const upstream_entry& up,
+                            const http::request<http::string_body>& req) const {
+  return up.cfg.upstream.api_key.empty() ||
+         core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
+                                  up.cfg.upstream.api_key);
+}
+
+// Acquire, prepare, forward, finish (docs/design.md §5). A pooled upstream connection taken
+// before asking for the lease lets acquire prepare in the same trip (a pooled connection
+// says the server has not restarted under it); it goes back unused if the request waits.
+net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn& c,
+                                                http::request<http::string_body>& req,
+                                                const core::request_identity& who) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ex = c.stream.get_executor();
+  auto idle = up.pool->take_idle(ex);
+  auto give_back_idle = [&] {
+    if (idle) up.pool->release(std::move(idle));
+  };
+  auto acq = co_await acquire(*up.coord, who, core::is_unpinnable(req.target()), idle != nullptr,
+                              cfg_.queue.timeout,
+                              [&c] { return client_gone(c.stream.socket()); }, give_back_idle);
+  using outcome = acquisition::outcome;
+  if (acq.what == outcome::client_gone) co_return false;
+  if (acq.what == outcome::rejected || acq.what == outcome::timed_out) {
+    auto res = busy_response(acq.what == outcome::rejected
+                                 ? "too many requests are waiting for the slot"
+                                 : "timed out waiting for the slot",
+                             2, req.version(), core::to_string(core::errc::slot_busy));
+    co_return co_await send(c, std::move(res));
+  }
+  if (acq.what == outcome::pass_through) {
+    std::optional<upstream_conn> pooled;
+    if (idle) pooled = upstream_conn{std::move(idle), false};
+    co_return co_await pass_through(up, c, req, std::move(acq.held), std::move(pooled));
+  }
+  if (acq.what == outcome::prepared && !acq.prepared.ok) {
+    give_back_idle();
+    co_return co_await send(c, prepare_failure(acq.prepared, req));
+  }
+  // One co_await per statement (docs/conventions.md §3).
+  core::result<upstream_conn> conn = core::error{};
+  if (idle)
+    conn = upstream_conn{std::move(idle), false};
+  else
+    conn = co_await up.pool->acquire(ex);
+  if (!conn) {
+    up.coord->note_upstream_trouble();
+    co_await acq.held.release();
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server is unreachable",
+                                              req.version(), req.keep_alive()));
+  }
+  if (acq.held.exclusive())
+    co_return co_await run_exclusive(up, c, req, std::move(acq.held), std::move(conn.value()));
+  prepare_result pr = acq.prepared;
+  if (acq.what != outcome::prepared) pr = co_await acq.held.prepare(who, conn->fresh);
+  if (!pr.ok) {
+    up.pool->release(std::move(conn->stream));
+    co_return co_await send(c, prepare_failure(pr, req));
+  }
+  co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr, std::move(conn.value()), t0);
+}
+
+// Persistence is off: the request runs with llama-server's own parallelism, on whatever
+// slot it picks; its ticket keeps the coordinator from managing a slot meanwhile
+// (docs/design.md §5 "Without persistence").
+net::awaitable<bool> server::pass_through(upstream_entry& up, client_conn& c,
+                                          http::request<http::string_body>& req, lease ticket,
+                                          std::optional<upstream_conn> pooled) {
+  relay_state st;
+  const bool keep = co_await forward(up, c, req, std::move(pooled), st);
+  ticket.finish_later(st.request_sent, false);
+  co_return keep;
+}
+
+response server::prepare_failure(const prepare_result& pr,
+                                const http::request<http::string_body>& req) const {
+  if (pr.retry_after.count() > 0)
+    return retry_later_response(http::status::too_many_requests, pr.message,
+                                static_cast<unsigned>(pr.retry_after.count()), req.version(),
+                                req.keep_alive(), core::to_string(pr.code));
+  return error_response(http::status::service_unavailable,
+                        fmt::format("kvpersist could not prepare the slot: {}", pr.message),
+                        req.version(), req.keep_alive(), core::to_string(pr.code));
+}
+
+// Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
+net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
+                                           http::request<http::string_body>& req, lease held,
+                                           upstream_conn conn) {
+  const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
+  auto pr = co_await held.prepare(nobody, false);
+  if (!pr.ok) {
+    up.pool->release(std::move(conn.stream));
+    co_return co_await send(c, prepare_failure(pr, req));
+  }
+  relay_state st;
+  const bool keep = co_await forward(up, c, req, std::move(conn), st);
+  co_await held.finish(st.request_sent);
+  co_return keep;
+}
+
+// A prepared request on its slot: pinned there in managed mode, relayed, then finished.
+net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
+                                         http::request<http::string_body>& req, lease held,
+                                         prepare_result pr, upstream_conn conn,
+                                         std::chrono::steady_clock::time_point t0) {
+  if (held.pinned()) {
+    // The request runs on the slot the coordinator prepared, nowhere else. A body we cannot
+    // pin would run on whatever slot llama-server picks, maybe an owned one.
+    auto pinned = core::pin_request_body(req.body(), held.slot());
+    if (!pinned) {
+      co_await held.finish(false);
+      up.pool->release(std::move(conn.stream));
+      co_return co_await send(c, error_response(http::status::bad_request,
+                                                fmt::format("managed-slots mode needs the request "
+                                                            "body to be one JSON object: {}",
+                                                            pinned.err().message),
+                                                req.version(), req.keep_alive()));
+    }
+    req.body() = std::move(pinned.value());
+  }
+  // Session requests read llama-server's timings back (the session's reuse counters and the
+  // reuse metrics: README "Dashboard"), and their finish reason when checkpoint.onTurnEnd
+  // needs it. Auxiliary calls and requests without persistence read nothing.
+  const bool watch = pr.kind == core::prepare_kind::restored ||
+                     pr.kind == core::prepare_kind::cold ||
+                     pr.kind == core::prepare_kind::cold_fallback ||
+                     pr.kind == core::prepare_kind::resident;
+  const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
+                          pr.kind != core::prepare_kind::auxiliary;
+  std::string tail;
+  relay_state st;
+  const bool keep_after = co_await forward(up, c, req, std::move(conn), st,
+                                           watch || watch_turn ? &tail : nullptr);
+  // What upstream finished counts even when the client left while its last bytes went out:
+  // the slot holds the whole reply either way.
+  const bool turn_end = watch_turn && st.upstream_done &&
+                        core::classify_reply_end(tail) == core::reply_end::user_turn;
+  std::optional<reply_report> reply;
+  if (watch && st.upstream_done) reply = reply_report{pr.kind, core::parse_response_timings(tail)};
+  // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
+  // the lease released; a turn-end checkpoint runs while the client reads its next request.
+  held.finish_later(st.request_sent, turn_end, reply);
+  if (core::log_enabled(log_level::debug)) {
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - t0).count();
+    log(log_level::debug, "kv.request.done",
+        {{"prepare", std::string(core::to_string(pr.kind))},
+         {"status", std::to_string(st.status)},
+         {"ms", fmt::format("{:.1f}", ms)},
+         {"client_gone", st.client_failed ? "1" : "0"}});
+  }
+  co_return keep_after;
+}
+
+net::awaitable<void> server::shutdown() {
+  draining_ = true;
+  log(log_level::info, "kv.proxy.draining",
+      {{"in_flight", std::to_string(active_.load())},
+       {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
+  if (listener_) listener_->stop();
+  if (admin_) admin_->stop();
+  auto close_conns = [this](bool only_idle) {
+    std::lock_guard lk(conns_mu_);
+    for (const auto& c : conns_) {
+      if (only_idle && c->busy) continue;
+      // Closing from the connection's own strand: its pending read or write completes with
+      // an error and the session ends.
+      net::post(c->stream.get_executor(), [c] {
+        beast::error_code ec;  // the session may have closed its socket meanwhile
+        c->stream.socket().cancel(ec);
+      });
+    }
+  };
+  close_conns(true);
+  steady_timer tick(co_await net::this_coro::executor);
+  const auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
+  while (active_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    tick.expires_after(std::chrono::milliseconds(20));
+    co_await tick.async_wait(token);
+    close_conns(true);
+  }
+  if (active_.load() > 0) {
+    log(log_level::warn, "kv.proxy.grace_expired", {{"cancelled", std::to_string(active_.load())}});
+    close_conns(false);
+    const auto hard = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (active_.load() > 0 && std::chrono::steady_clock::now() < hard) {
+      tick.expires_after(std::chrono::milliseconds(20));
+      co_await tick.async_wait(token);
+    }
+  }
+  for (auto& up : ups_) {
+    if (up->router) continue;  // never started
+    co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
+    if (cfg_.checkpoint.on_shutdown) {
+      const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());
+      log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
+          {{"server", up->cfg.name}, {"result", ok ? "ok" : "failed"}});
+    }
+  }
+}
+
+}  // namespace kvp::proxy

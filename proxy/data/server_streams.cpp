@@ -1,0 +1,108 @@
+// Resumable streams through the proxy (docs/design.md §21): X-Conversation-Id is forwarded,
+// namespaced per credential (core/resumable_stream.hpp), and GET/DELETE /v1/stream and
+// POST /v1/streams/lookup reach the server that runs the stream, with the same namespacing.
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include "core/log.hpp"
+#include "core/prefix_chain.hpp"
+#include "proxy/data/server.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+
+namespace {
+
+// A lookup reply lists a few streams; more than this is not one.
+constexpr std::uint64_t max_lookup_reply_bytes = 1 << 20;
+
+}  // namespace
+
+void server::namespace_conversation(upstream_entry& up, http::request<http::string_body>& req) {
+  auto it = req.find(core::conversation_header);
+  if (it == req.end()) return;
+  const std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
+  req.erase(core::conversation_header);  // every instance: llama-server reads one
+  req.set(core::conversation_header, id);
+  streams_.remember(id, up.cfg.name);
+}
+
+net::awaitable<bool> server::forward_stream_route(core::stream_route kind, client_conn& c,
+                                                  http::request<http::string_body>& req) {
+  const std::string credential = core::credential_key(credential_header(req));
+  std::string conversation;
+  std::optional<core::namespaced_lookup> lookup;
+  if (kind == core::stream_route::lookup) {
+    lookup = core::namespace_lookup(req.body(), credential);
+    if (!lookup) {
+      co_return co_await send(c, error_response(http::status::bad_request,
+                                                "lookup body: {\"conversation_ids\": [...]} with at "
+                                                "most 256 string ids",
+                                                req.version(), req.keep_alive()));
+    }
+    if (!lookup->upstream_to_client.empty()) conversation = lookup->upstream_to_client.front().first;
+  } else {
+    auto t = core::namespace_stream_target(req.target(), credential);
+    req.target(t.target);
+    conversation = std::move(t.conversation);
+  }
+  // The server that ran the stream; the routes' choice when kvpersist never saw it (after a
+  // restart of kvpersist, or an id forgotten): llama-server then answers 404 or an empty list.
+  upstream_entry* up = nullptr;
+  if (auto name = streams_.server_of(conversation)) up = server_named(*name);
+  if (!up) up = &route(req);
+  if (lookup) co_return co_await forward_stream_lookup(*up, c, req, *lookup);
+  relay_state st;
+  co_return co_await forward(*up, c, req, std::nullopt, st);
+}
+
+// A lookup's reply names upstream ids: it is read whole and given back with the client's.
+net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_conn& c,
+                                                   http::request<http::string_body>& req,
+                                                   const core::namespaced_lookup& lookup) {
+  const unsigned version = req.version();
+  const bool keep = req.keep_alive();
+  req.body() = lookup.body;
+  prepare_upstream_request(up, req);
+  auto acquired = co_await up.pool->acquire(co_await net::this_coro::executor);
+  if (!acquired) {
+    log(log_level::warn, "kv.upstream.unavailable", {{"reason", acquired.err().message}});
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server is unreachable", version, keep));
+  }
+  auto conn = std::move(acquired.value());
+  conn.stream->expires_after(up.relay.upstream_idle);
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(max_lookup_reply_bytes);
+  beast::flat_buffer buf;
+  auto [wec, wn] = co_await http::async_write(*conn.stream, req, token);
+  beast::error_code rec = wec;
+  if (!rec) std::tie(rec, std::ignore) = co_await http::async_read(*conn.stream, buf, parser, token);
+  if (rec) {
+    conn.stream->close();
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server did not answer the lookup",
+                                              version, keep));
+  }
+  auto upstream_res = parser.release();
+  if (upstream_res.keep_alive()) up.pool->release(std::move(conn.stream));
+  else conn.stream->close();
+  response res{upstream_res.result(), version};
+  res.set(http::field::content_type, "application/json; charset=utf-8");
+  res.keep_alive(keep);
+  if (upstream_res.result() != http::status::ok) {
+    res.body() = std::move(upstream_res.body());  // llama-server's own error, no ids in it
+  } else if (auto back = core::client_lookup_reply(upstream_res.body(), lookup)) {
+    res.body() = std::move(*back);
+  } else {
+    co_return co_await send(c, error_response(http::status::bad_gateway,
+                                              "upstream llama-server's lookup reply is not a list",
+                                              version, keep));
+  }
+  res.prepare_payload();
+  co_return co_await send(c, std::move(res));
+}
+
+}  // namespace kvp::proxy
