@@ -11,8 +11,10 @@ namespace kvp::core {
 
 // Returns the body with "id_slot": slot and "cache_prompt": true appended before the
 // object's closing brace; every other byte stays as the client sent it. A client's own
-// id_slot/cache_prompt stay too, earlier in the object: llama-server keeps the last of
-// duplicate keys. An error (its message fit for the client's 400) when the body is not one
+// id_slot stays too, earlier in the object: llama-server keeps the last of duplicate keys,
+// so ours wins. A client's own "cache_prompt": false is kept and wins (no "cache_prompt" is
+// appended): the client asked for a fresh evaluation, and the slot still holds its prompt
+// afterwards, so what kvpersist knows of the slot stays true (docs/design.md §14). An error (its message fit for the client's 400) when the body is not one
 // JSON object that parse_json_bounded accepts, e.g. one nested deeper than json_max_depth:
 // the caller refuses such a request in managed mode rather than run it unpinned.
 result<std::string> pin_request_body(std::string_view body, int slot);

@@ -541,14 +541,24 @@ TEST_CASE("pin_request_body keeps the client's bytes and appends id_slot and cac
   CHECK(pinned(" { } ", 1) == std::optional<std::string>(" { \"id_slot\":1,\"cache_prompt\":true} "));
 }
 
-TEST_CASE("pin_request_body overrides a client's id_slot and cache_prompt by appending", "[core][slot_pool][pin]") {
+TEST_CASE("pin_request_body overrides a client's id_slot by appending", "[core][slot_pool][pin]") {
   // llama-server's JSON parser keeps the last of duplicate keys: ours come last, and the
   // client's bytes are kept as they were.
-  for (const std::string body : {R"({"id_slot":7,"model":"m"})", R"({"model":"m","cache_prompt":false})",
-                                 R"({"cache_prompt":false,"id_slot":-1,"model":"m"})"}) {
+  for (const std::string body : {R"({"id_slot":7,"model":"m"})", R"({"model":"m","cache_prompt":true})",
+                                 R"({"cache_prompt":false,"id_slot":-1,"model":"m","cache_prompt":1})"}) {
     auto out = pinned(body, 1);
     REQUIRE(out);
     CHECK(*out == body.substr(0, body.size() - 1) + R"(,"id_slot":1,"cache_prompt":true})");
+  }
+}
+
+TEST_CASE("pin_request_body keeps a client's cache_prompt: false", "[core][slot_pool][pin]") {
+  // The last of duplicate keys is the one llama-server reads, so only that one decides.
+  for (const std::string body : {R"({"model":"m","cache_prompt":false})",
+                                 R"({"cache_prompt":true,"id_slot":-1,"cache_prompt":false})"}) {
+    auto out = pinned(body, 2);
+    REQUIRE(out);
+    CHECK(*out == body.substr(0, body.size() - 1) + R"(,"id_slot":2})");
   }
 }
 
