@@ -200,7 +200,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const jnode* id = last_member(o, "id_slot");
   const jnode* cp = last_member(o, "cache_prompt");
   KVP_FUZZ_CHECK(id != nullptr && id->kind == jnode::number_v && id->text == std::to_string(slot));
-  KVP_FUZZ_CHECK(cp != nullptr && cp->kind == jnode::bool_v && cp->b);
+  // true, unless the client's own last cache_prompt is false: that one is kept and read.
+  const jnode* client_cp = last_member(in, "cache_prompt");
+  const bool client_refuses = client_cp != nullptr && client_cp->kind == jnode::bool_v && !client_cp->b;
+  KVP_FUZZ_CHECK(cp != nullptr && cp->kind == jnode::bool_v && cp->b == !client_refuses);
   // every other member the client sent is still there with the same value (last one wins)
   for (const auto& name : in.keys) {
     if (name == "id_slot" || name == "cache_prompt") continue;

@@ -149,9 +149,10 @@ def test_pinned_body_is_the_client_bytes_plus_id_slot_and_cache_prompt(world):
     assert "transfer-encoding" not in rec["headers_lower"]
 
 
-def test_client_id_slot_and_cache_prompt_are_overwritten(world):
-    """A client's own id_slot (even out of range: llama-server would wrap it) and
-    cache_prompt: false are replaced by the slot kvpersist prepared; the rest is unchanged."""
+def test_client_id_slot_is_overwritten_and_cache_prompt_false_kept(world):
+    """A client's own id_slot (even out of range: llama-server would wrap it) is replaced by
+    the slot kvpersist prepared; its cache_prompt: false is kept (docs/design.md §14), and
+    without it cache_prompt: true is added; the rest is unchanged."""
     world.start(slots=2)
     for i, extra in enumerate(({"id_slot": 7}, {"id_slot": 1, "cache_prompt": False}, {"cache_prompt": False},
                                {"id_slot": -1, "n_probs": 0})):
@@ -164,7 +165,7 @@ def test_client_id_slot_and_cache_prompt_are_overwritten(world):
         assert rec["headers_lower"].get("content-length") == str(len(rec["body"]))
         owned = [s for s, o in slot_owners(world.proxy).items() if o == abbrev(session_hash("over-A", FAKE_MODEL, INSTANCE))]
         assert owned == [got["id_slot"]], (owned, got)
-        assert got["cache_prompt"] is True
+        assert got["cache_prompt"] is (extra.get("cache_prompt") is not False)
         want = dict(body)
         want.pop("id_slot", None)
         want.pop("cache_prompt", None)
