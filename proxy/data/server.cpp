@@ -37,6 +37,8 @@ struct server::client_conn {
   tcp_stream stream;
   beast::flat_buffer buf;
   bool busy = false;  // guarded by conns_mu_
+  // The request in hand's conversation id while kvpersist holds it (stream_directory.hpp).
+  stream_hold pending;
 };
 
 namespace {
@@ -57,6 +59,16 @@ net::awaitable<bool> client_gone(client_socket& sock) {
   forever.expires_at(steady_timer::time_point::max());
   co_await forever.async_wait(token);
   co_return false;
+}
+
+// Polls a held conversation request's stop: it completes only when a stop names the id.
+net::awaitable<bool> until_stopped(const stream_hold& pending) {
+  steady_timer poll(co_await net::this_coro::executor);
+  while (!pending.stopped()) {
+    poll.expires_after(std::chrono::milliseconds(100));
+    co_await poll.async_wait(token);
+  }
+  co_return true;
 }
 
 // An upstream connection whose response was read whole goes back to the pool; any other is
@@ -260,7 +272,7 @@ server::upstream_entry& server::model_entry(upstream_entry& up,
 net::awaitable<void> server::before_router_request(upstream_entry& up, client_conn& c,
                                                    const http::request<http::string_body>& req) {
   const auto& m = *up.of_router->find(up.router_model);
-  const std::function<bool()> wanted = [&c] { return !client_hung_up(c.stream.socket()); };
+  const std::function<bool()> wanted = [this, &c] { return !abandoned(c); };
   const std::string path = core::routed_path(req.target());
   if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
   if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
@@ -361,6 +373,7 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
       c->stream.expires_never();
       try {
         keep = co_await handle(*c, reader.release());
+        c->pending.end();
       } catch (const std::exception& e) {
         // A bug, not an I/O outcome: log it and drop the connection, but never leak it.
         log(log_level::error, "kv.internal.exception", {{"what", e.what()}});
@@ -524,6 +537,7 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
     }
     st = relay_state{};
     conn->stream->expires_after(up.relay.upstream_idle);
+    c.pending.end();  // from here llama-server knows the conversation id
     auto [wec, wn] = co_await http::async_write(*conn->stream, req);
     st.request_sent = !wec;
     if (!wec) {
@@ -601,7 +615,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     co_return co_await forward_stream_route(stream, c, req);
   auto who = identity_of(req);
   auto& up = model_entry(route(req), req);
-  namespace_conversation(up, req);
+  if (auto id = namespace_conversation(up, req)) c.pending = stream_hold(streams_, std::move(*id));
   // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
   // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
   // save, restore, erase behind kvpersist's back) as well as inference. Treating it as
@@ -622,8 +636,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (up.of_router && client_may_use(up, req)) {
     co_await before_router_request(up, c, req);
     // A client that left meanwhile is not served: the router drops a queued request whose
-    // client left, and forwarding it would make the router load its model after all.
-    if (client_hung_up(c.stream.socket())) co_return false;
+    // client left, and forwarding it would make the router load its model after all. A
+    // conversation request is served unless stopped, as the router serves it.
+    if (abandoned(c)) co_return co_await answer_abandoned(c, req);
   }
   if (core::changes_runtime(req.method_string(), req.target()))
     co_return co_await forward_runtime_change(up, c, req, st);
@@ -651,6 +666,30 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   co_return co_await handle_under_lease(up, c, req, who);
 }
 
+// A request nobody waits for any more: its client hung up, or, for a conversation request
+// kvpersist holds (which outlives its client, as in llama-server), a stop named its id.
+bool server::abandoned(client_conn& c) {
+  return c.pending.active() ? c.pending.stopped() : client_hung_up(c.stream.socket());
+}
+
+// Completes when the request becomes abandoned while it waits (for the slot's lease).
+net::awaitable<bool> server::departed(client_conn& c) {
+  if (c.pending.active()) co_return co_await until_stopped(c.pending);
+  co_return co_await client_gone(c.stream.socket());
+}
+
+// A stopped conversation request is answered as the router answers one it held (its client
+// may still be there); a client that hung up gets nothing.
+net::awaitable<bool> server::answer_abandoned(client_conn& c,
+                                              const http::request<http::string_body>& req) {
+  if (!c.pending.stopped()) co_return false;
+  log(log_level::info, "kv.stream.stopped_before_forward", {});
+  co_return co_await send(c, error_response(http::status::bad_request,
+                                            "request cancelled by a stop (DELETE /v1/stream) "
+                                            "before it reached llama-server",
+                                            req.version(), req.keep_alive()));
+}
+
 bool server::client_may_use(const upstream_entry& up,
                             const http::request<http::string_body>& req) const {
   return up.cfg.upstream.api_key.empty() ||
@@ -672,9 +711,9 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   };
   auto acq = co_await acquire(*up.coord, who, core::is_unpinnable(req.target()), idle != nullptr,
                               cfg_.queue.timeout,
-                              [&c] { return client_gone(c.stream.socket()); }, give_back_idle);
+                              [this, &c] { return departed(c); }, give_back_idle);
   using outcome = acquisition::outcome;
-  if (acq.what == outcome::client_gone) co_return false;
+  if (acq.what == outcome::client_gone) co_return co_await answer_abandoned(c, req);
   if (acq.what == outcome::rejected || acq.what == outcome::timed_out) {
     auto res = busy_response(acq.what == outcome::rejected
                                  ? "too many requests are waiting for the slot"
@@ -759,6 +798,11 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
                                          http::request<http::string_body>& req, lease held,
                                          prepare_result pr, upstream_conn conn,
                                          std::chrono::steady_clock::time_point t0) {
+  if (c.pending.stopped()) {  // stopped while its slot was prepared: it never runs
+    co_await held.finish(false);
+    up.pool->release(std::move(conn.stream));
+    co_return co_await answer_abandoned(c, req);
+  }
   if (held.pinned()) {
     // The request runs on the slot the coordinator prepared, nowhere else. A body we cannot
     // pin would run on whatever slot llama-server picks, maybe an owned one.

@@ -120,7 +120,12 @@ class server {
   // Resumable streams (proxy/data/server_streams.cpp): a request's X-Conversation-Id namespaced for
   // its credential and remembered with its server; replays, stops and lookups namespaced the
   // same way and sent to that server.
-  void namespace_conversation(upstream_entry& up, http::request<http::string_body>& req);
+  // Returns the namespaced id (nullopt without X-Conversation-Id).
+  std::optional<std::string> namespace_conversation(upstream_entry& up,
+                                                    http::request<http::string_body>& req);
+  bool abandoned(client_conn& c);
+  net::awaitable<bool> departed(client_conn& c);
+  net::awaitable<bool> answer_abandoned(client_conn& c, const http::request<http::string_body>& req);
   net::awaitable<bool> forward_stream_route(core::stream_route kind, client_conn& c,
                                             http::request<http::string_body>& req);
   net::awaitable<bool> forward_stream_lookup(upstream_entry& up, client_conn& c,

@@ -20,13 +20,15 @@ constexpr std::uint64_t max_lookup_reply_bytes = 1 << 20;
 
 }  // namespace
 
-void server::namespace_conversation(upstream_entry& up, http::request<http::string_body>& req) {
+std::optional<std::string> server::namespace_conversation(upstream_entry& up,
+                                                          http::request<http::string_body>& req) {
   auto it = req.find(core::conversation_header);
-  if (it == req.end()) return;
+  if (it == req.end()) return std::nullopt;
   const std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
   req.erase(core::conversation_header);  // every instance: llama-server reads one
   req.set(core::conversation_header, id);
   streams_.remember(id, up.cfg.name);
+  return id;
 }
 
 net::awaitable<bool> server::forward_stream_route(core::stream_route kind, client_conn& c,
@@ -47,6 +49,22 @@ net::awaitable<bool> server::forward_stream_route(core::stream_route kind, clien
     auto t = core::namespace_stream_target(req.target(), credential);
     req.target(t.target);
     conversation = std::move(t.conversation);
+  }
+  // A stream kvpersist still holds (its slot being prepared, its model loading): llama-server
+  // does not know it yet. A replay is told to retry, as a router tells it while the model
+  // loads; a stop cancels the held request (docs/design.md §21).
+  if (kind == core::stream_route::replay && streams_.held(conversation)) {
+    co_return co_await send(c, retry_later_response(http::status::service_unavailable,
+                                                    "the stream has not started yet: kvpersist is "
+                                                    "preparing its slot; retry later",
+                                                    1, req.version(), req.keep_alive()));
+  }
+  if (kind == core::stream_route::stop && streams_.stop_held(conversation)) {
+    log(log_level::info, "kv.stream.stop_held", {});
+    response res{http::status::no_content, req.version()};
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    co_return co_await send(c, std::move(res));
   }
   // The server that ran the stream; the routes' choice when kvpersist never saw it (after a
   // restart of kvpersist, or an id forgotten): llama-server then answers 404 or an empty list.

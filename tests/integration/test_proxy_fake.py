@@ -16,7 +16,7 @@ import time
 import pytest
 
 from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
-                     manifests, now, turned_pair, wait_until)
+                     manifests, now, turned, turned_pair, wait_until)
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import session_hash, sid
 
@@ -558,6 +558,74 @@ def test_client_leaves_during_restore(stack):
     warm(rb, "B ran without its cache: kvpersist lost track of the slot's owner")
     ra = ok(A.turn(port), "A again")
     warm(ra, "A ran without its cache: kvpersist lost track of the slot's owner")
+
+
+def _held_conversation(stack, conv: str, restore_ms: int, **turn_kw):
+    """A's return with X-Conversation-Id `conv`, held by kvpersist during a slow restore."""
+    stack.start()
+    port = stack.port
+    A, B = turned_pair(port)
+    stack.fake.delay_next_restore(restore_ms)
+    before = len(stack.fake.inference_requests())
+    restores = lambda: sum(1 for m in stack.fake.management_calls() if m["action"] == "restore")  # noqa: E731
+    n0 = restores()
+    a = Async(A.turn, port, headers={"X-Conversation-Id": conv}, timeout=15, **turn_kw)
+    assert wait_until(lambda: restores() > n0, 5), stack.fake.management_calls()
+    return a, before
+
+
+@fake_only
+def test_a_held_conversation_answers_replay_with_retry_later(stack):
+    """While kvpersist restores the slot of a request with X-Conversation-Id, llama-server
+    cannot know the id: a replay of it is told to retry (503), as a router answers while the
+    model loads, not 404; once forwarded, the request runs as usual (docs/design.md §21)."""
+    a, before = _held_conversation(stack, "conv-held-1", 2000)
+    r = http_request(stack.port, "GET", "/v1/stream?conv_id=conv-held-1&from=0")
+    assert r.status == 503, (r.status, r.body[:200])
+    assert is_json_error(r) and r.header("retry-after") == "1"
+    ok(a.result(15), "the held request after its restore")
+    assert len(stack.fake.inference_requests()) == before + 1
+    assert not [q for q in stack.fake.requests if q["path"].startswith("/v1/stream")], "the replay was forwarded"
+
+
+@fake_only
+def test_a_stop_cancels_a_held_conversation_before_it_reaches_llama_server(stack):
+    """DELETE /v1/stream for a held request answers 204 and cancels it: its client gets 400
+    "cancelled", llama-server never sees the request, and the slot stays usable."""
+    a, before = _held_conversation(stack, "conv-held-2", 1500)
+    r = http_request(stack.port, "DELETE", "/v1/stream?conv_id=conv-held-2")
+    assert r.status == 204, (r.status, r.body[:200])
+    got = a.result(15)
+    assert got.status == 400 and b"cancelled" in got.body, (got.status, got.body[:200])
+    time.sleep(0.3)
+    assert len(stack.fake.inference_requests()) == before, "a stopped request was forwarded"
+    # No longer held: the replay goes to llama-server, which does not know the id.
+    r = http_request(stack.port, "GET", "/v1/stream?conv_id=conv-held-2&from=0")
+    assert r.status != 503
+    ok(turned(stack.port, "C").turn(stack.port), "the slot after the cancelled request")
+
+
+@fake_only
+def test_a_held_conversation_outlives_its_client(stack):
+    """A request with X-Conversation-Id whose client leaves while it waits for the slot is
+    still forwarded once the slot is free (llama-server keeps generating for a later replay),
+    where a plain request whose client left is dropped."""
+    stack.start()
+    port, f = stack.port, stack.fake
+    A, B = turned_pair(port)
+    before = len(f.inference_requests())
+    busy = slow_stream(f, B.turn, port, 15)  # B holds the slot for about 1.5 s
+    a = Async(A.turn, port, headers={"X-Conversation-Id": "conv-held-3"}, close_after_s=0.3, commit=False,
+              timeout=15)
+    c = Async(Conversation(sid("C")).turn, port, close_after_s=0.3, commit=False, timeout=15)
+    assert a.result(15).aborted_by_client and c.result(15).aborted_by_client
+    ok(busy.result(15), "B's slow stream")
+    assert wait_until(lambda: len(f.inference_requests()) == before + 2, 5), \
+        "the request of a conversation whose client left was not forwarded"
+    time.sleep(0.5)
+    forwarded = f.inference_requests()[before:]
+    assert len(forwarded) == 2, "the plain request whose client left was forwarded too"
+    assert forwarded[1]["headers_lower"]["x-conversation-id"].startswith("kvp-")  # namespaced
 
 
 def test_keep_alive_client_connection(stack):
