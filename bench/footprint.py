@@ -29,9 +29,8 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lib  # noqa: E402
-from lib import HOST, BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
+import lib
+from lib import HOST, BenchError, fmt, fmt_mmm, md_table, mmm
 
 def many_streams(port: int, n: int, body: dict, headers: dict, timeout: float) -> dict:
     """n concurrent streamed requests (one connection each); returns counts when all are done."""

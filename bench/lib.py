@@ -1,5 +1,7 @@
 """Shared helpers for kvpersist's benchmarks (/usr/bin/python3: standard library, PyYAML and
-tests/kvptest, the helpers shared with the tests and the demo).
+tests/kvptest, the helpers shared with the tests and the demo). bench/run.sh puts tests/ on
+PYTHONPATH; to run one driver alone, from the repository root:
+`PYTHONPATH=tests /usr/bin/python3 bench/NAME.py ...`.
 
 Processes: every child runs in its own session with PR_SET_PDEATHSIG, is stopped by its own
 pid (SIGTERM, then SIGKILL), and logs to a file in the benchmark's work directory.
@@ -22,17 +24,15 @@ import sys
 import tempfile
 import time
 
+from kvptest.config import to_yaml
+from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: F401  (lib.BAN_BYTE_TOKENS too)
+from kvptest.logs import parse_log_line
+from kvptest.net import free_port  # noqa: F401  (lib.free_port for the benchmarks)
+from kvptest.procs import die_with_parent, stop_process, tail
+from kvptest.reply import chunk_content  # noqa: F401  (lib.chunk_content for the benchmarks)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
-
-sys.path.insert(1, os.path.join(REPO, "tests"))
-from kvptest.config import to_yaml  # noqa: E402  (tests/kvptest, shared with the tests and the demo)
-from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402,F401  (lib.BAN_BYTE_TOKENS too)
-from kvptest.logs import parse_log_line  # noqa: E402
-from kvptest.net import free_port  # noqa: E402,F401  (lib.free_port for the benchmarks)
-from kvptest.procs import die_with_parent, stop_process, tail  # noqa: E402
-from kvptest.reply import chunk_content  # noqa: E402,F401  (lib.chunk_content for the benchmarks)
-
 
 
 class BenchError(Exception):
@@ -340,7 +340,7 @@ def start_sse_stub(work: str, name: str, slot_subdir: str) -> tuple[Proc, int]:
 class Result:
     def __init__(self, name: str, title: str, out: str, argv: list[str], quick: bool):
         self.name, self.title, self.out, self.quick = name, title, out, quick
-        self.command = "/usr/bin/python3 " + " ".join(shlex.quote(a) for a in
+        self.command = "PYTHONPATH=tests /usr/bin/python3 " + " ".join(shlex.quote(a) for a in
                                                       [os.path.relpath(argv[0], REPO)] + argv[1:])
         self.sections: list[dict] = []   # {"title", "table", "command"(optional)}
         self.notes: list[str] = []

@@ -29,9 +29,8 @@ import re
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lib  # noqa: E402
-from lib import HOST, BenchError, fmt_mmm, md_table, mmm  # noqa: E402
+import lib
+from lib import HOST, BenchError, fmt_mmm, md_table, mmm
 
 CHAT = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},

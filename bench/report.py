@@ -19,8 +19,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lib  # noqa: E402
+import lib
 
 ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall"]
 

@@ -37,6 +37,8 @@ here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd -- "$here/.." && pwd)"
 cd "$repo"
 PY=/usr/bin/python3
+# the drivers import the Python helpers of tests/kvptest (bench/lib.py)
+export PYTHONPATH="$repo/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 quick=0; only=(); out=""; keep=0; wait_quiet=""; sizes=""; build=1; nice_n=""
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }

@@ -28,12 +28,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import lib  # noqa: E402
-from lib import BenchError, fmt_mmm, md_table, mmm  # noqa: E402
-from prompt_text import sized_text  # noqa: E402
-from switch import Conversation  # noqa: E402
+from kvptest.prompt_text import sized_text
+
+import lib
+from lib import BenchError, fmt_mmm, md_table, mmm
+from switch import Conversation
 
 
 def system_prompt(ls: lib.LlamaServer, target: int) -> str:

@@ -30,10 +30,9 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lib  # noqa: E402
-from lib import BenchError, fmt, md_table, pct  # noqa: E402
-from streaming import stub_deltas  # noqa: E402
+import lib
+from lib import BenchError, fmt, md_table, pct
+from streaming import stub_deltas
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -24,9 +24,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lib  # noqa: E402
-from lib import BenchError, fmt, fmt_mmm, md_table, mmm, pct  # noqa: E402
+import lib
+from lib import BenchError, fmt, fmt_mmm, md_table, mmm, pct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -41,11 +41,10 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import lib  # noqa: E402
-from prompt_text import sized_text  # noqa: E402
-from lib import BenchError, fmt, fmt_mmm, md_table, mmm  # noqa: E402
+from kvptest.prompt_text import sized_text
+
+import lib
+from lib import BenchError, fmt, fmt_mmm, md_table, mmm
 
 FOLLOWUPS = ["Thanks. Now list the three most frequent words.", "Good. Which word appears first?",
              "Fine. Which word appears last?", "And the longest word?", "Count the sentences.",

@@ -22,8 +22,8 @@ What it does
     llama-server's timings (prompt_n, cache_n), then prints a table and the
     speed-up of a restored session over a cold one.
 
-Usage (system interpreter, standard library only)
-    /usr/bin/python3 scripts/demo.py [--model ci|bench] [--keep]
+Usage (system interpreter, standard library only; tests/ on PYTHONPATH for the kvptest helpers)
+    PYTHONPATH=tests /usr/bin/python3 scripts/demo.py [--model ci|bench] [--keep]
     scripts/run.sh                       # the same, after building kvpersist
 
     --model bench   a bigger model (~400 MB), -c 16384 and ~8000-token prompts:
@@ -56,14 +56,13 @@ import textwrap
 import threading
 import time
 
-from prompt_text import sized_text  # scripts/, next to this file
-
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd  # noqa: E402  (tests/kvptest, shared with the tests and bench/)
-from kvptest.logs import parse_log_line  # noqa: E402
-from kvptest.net import free_port  # noqa: E402
-from kvptest.procs import die_with_parent, stop_process, tail as tail_lines  # noqa: E402
-from kvptest.reply import chunk_content  # noqa: E402
+# tests/kvptest, shared with the tests and bench/ (PYTHONPATH=tests, as scripts/run.sh sets it)
+from kvptest.llama import BAN_BYTE_TOKENS, llama_server_cmd
+from kvptest.logs import parse_log_line
+from kvptest.net import free_port
+from kvptest.procs import die_with_parent, stop_process, tail as tail_lines
+from kvptest.prompt_text import sized_text
+from kvptest.reply import chunk_content
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"

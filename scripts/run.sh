@@ -92,4 +92,5 @@ fi
 # --- 3b. No upstream: the self-contained demo. -----------------------------------
 [[ -x /usr/bin/python3 ]] || die "/usr/bin/python3 is required for the demo (apt-get install python3), or pass --upstream URL to run the daemon in front of your own llama-server."
 say "no --upstream given: running the self-contained demo (scripts/demo.py)"
-exec /usr/bin/python3 scripts/demo.py "${args[@]}"
+# the demo imports the Python helpers of tests/kvptest
+PYTHONPATH="$repo/tests${PYTHONPATH:+:$PYTHONPATH}" exec /usr/bin/python3 scripts/demo.py "${args[@]}"

@@ -28,9 +28,8 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from prompt_text import sized_text  # noqa: E402  (scripts/prompt_text.py)
+from kvptest.prompt_text import sized_text  # noqa: E402
 # tests/kvptest, shared with bench/ and scripts/demo.py; LogLine, parse_log_line, free_port and
 # BAN_BYTE_TOKENS stay importable from harness for the tests
 from kvptest.checks import ok  # noqa: E402

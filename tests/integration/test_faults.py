@@ -35,7 +35,7 @@ from kvptest.checks import acts, ok
 from kvptest.identity import session_hash, sid_factory
 from kvptest.llama import llama_server_cmd
 from real_world import module_llama, need_real_model, other_seed_model
-from prompt_text import pseudo_text  # scripts/prompt_text.py (on sys.path through harness)
+from kvptest.prompt_text import pseudo_text
 
 fake_only = pytest.mark.fake_only
 real_only = pytest.mark.real_only
