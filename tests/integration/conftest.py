@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the kvptest package
-
-import fake_llama  # noqa: E402
-import harness  # noqa: E402
+from kvptest import chat, fake_llama
+from kvptest.paths import kvpersist_bin
+from kvptest.stack import Stack
 
 
 def pytest_addoption(parser):
@@ -63,7 +60,7 @@ def _time_limit():
 @pytest.fixture
 def binary():
     """The kvpersist binary under test (KVPERSIST_BIN), for tests that run it directly."""
-    b = harness.kvpersist_bin()
+    b = kvpersist_bin()
     if not os.access(b, os.X_OK):
         pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % b)
     return b
@@ -86,17 +83,17 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _upstream_defaults(request):
     """With a real llama-server, Conversation requests from `stack` tests get max_tokens 8 and
-    deterministic, byte-token-free sampling (harness.REAL_MODEL_BODY). Only for those tests:
+    deterministic, byte-token-free sampling (kvptest.chat.REAL_MODEL_BODY). Only for those tests:
     the fake's own tests (test_fake_llama.py) count the fake's default number of tokens."""
     if request.config.getoption("--upstream") != "real" or "stack" not in request.fixturenames:
         yield
         return
-    saved = harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA
-    harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA = 8, dict(harness.REAL_MODEL_BODY)
+    saved = chat.DEFAULT_MAX_TOKENS, chat.DEFAULT_EXTRA
+    chat.DEFAULT_MAX_TOKENS, chat.DEFAULT_EXTRA = 8, dict(chat.REAL_MODEL_BODY)
     try:
         yield
     finally:
-        harness.DEFAULT_MAX_TOKENS, harness.DEFAULT_EXTRA = saved
+        chat.DEFAULT_MAX_TOKENS, chat.DEFAULT_EXTRA = saved
 
 
 @pytest.fixture
@@ -131,7 +128,7 @@ def _slot_discipline(request):
 @pytest.fixture
 def stack(request, tmp_path, upstream_kind):
     """A fresh world per test: call stack.start(config=..., **fake_kwargs)."""
-    s = harness.Stack(str(tmp_path), upstream_kind)
+    s = Stack(str(tmp_path), upstream_kind)
     yield s
     try:
         failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed

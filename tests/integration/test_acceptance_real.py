@@ -14,7 +14,7 @@ and waits for the slot to be idle first, so the order of the tests does not matt
 test kills and restarts the shared server on the same port and save dir.
 
 Requests are deterministic: temperature 0, seed 1, and a logit_bias banning the byte tokens
-3..258 (harness.BAN_BYTE_TOKENS): the random-weight model otherwise sometimes ends on a byte
+3..258 (kvptest.llama.BAN_BYTE_TOKENS): the random-weight model otherwise sometimes ends on a byte
 token and llama-server answers 500 "does not match the expected peg-native format".
 
 Prompts are ~2K tokens (~4K in the TTFT report, 7-15K for the long prefill); the text is
@@ -35,13 +35,16 @@ import uuid
 
 import pytest
 
-from harness import Async, Chat, RealUpstream, chat_body, http_request, manifest_for, now, wait_until
-from kvptest.checks import acts, assert_cold, ok
-from kvptest.checks import assert_reused as assert_restored
-from kvptest.reply import parse_reply
+from kvptest.chat import Chat, chat_body
+from kvptest.checks import acts, assert_cold, assert_reused as assert_restored, ok
+from kvptest.http_client import http_request
+from kvptest.manifests import manifest_for
 # llama / llama1 (module-scoped llama-servers) and world / world1 (a Stack on one) are fixtures
-from real_world import (MAX_TOKENS, NODE_DIR, PROMPT, REUSE, ensure_llama, llama, llama1,  # noqa: F401
-                        make_text, npm_ready, run_node_driver, settled_calls, world, world1)
+from kvptest.real_world import (MAX_TOKENS, NODE_DIR, PROMPT, REUSE, ensure_llama, llama, llama1,  # noqa: F401
+                                make_text, npm_ready, run_node_driver, settled_calls, world, world1)
+from kvptest.reply import parse_reply
+from kvptest.upstreams import RealUpstream
+from kvptest.waiting import Async, now, wait_until
 
 pytestmark = pytest.mark.real_only
 
@@ -57,7 +60,7 @@ SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
 
 
 class Session(Chat):
-    """An agent-style conversation (harness.Chat) with the acceptance tests' ids, prompt and
+    """An agent-style conversation (kvptest.chat.Chat) with the acceptance tests' ids, prompt and
     strict reply checks."""
 
     def __init__(self, server: RealUpstream, tag: str, tokens: int = PROMPT, text: str | None = None):

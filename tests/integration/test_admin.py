@@ -18,12 +18,15 @@ import time
 
 import pytest
 
-import harness
-from admin_client import idle, raw_exchange, run_cli, scrape
+from kvptest.admin_client import idle, raw_exchange, run_cli, scrape
+from kvptest.chat import Conversation, cached_tokens, is_warm, turned, turned_pair
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import KeepAliveClient
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for, manifests
+from kvptest.paths import kvpersist_bin
 from kvptest.prometheus import parse_prometheus, value
-from harness import Conversation, cached_tokens, manifest_for, manifests, turned, turned_pair
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and fault controls
 
@@ -255,7 +258,7 @@ def test_session_restore_eager(stack):
     # the next request of A is resident: no management call, and it reuses the restored cache
     r = ok(A.turn(port))
     assert settled_calls(stack) == []
-    assert harness.is_warm(r), (cached_tokens(r), r.before_tokens)
+    assert is_warm(r), (cached_tokens(r), r.before_tokens)
 
     # restoring the resident session again does nothing
     j = jadm(stack, "POST", "/kv/sessions/%s/restore" % A.session)
@@ -310,7 +313,7 @@ def test_session_invalidate(stack):
     # the next A request: B saved, A runs cold on B's KV (no restore of the invalid snapshot)
     r = ok(A.turn(port))
     assert acts(settled_calls(stack)) == ["save"]   # B saved; A (same key) runs on its KV
-    assert not harness.is_warm(r)
+    assert not is_warm(r)
     # unknown session: 404
     jadm(stack, "POST", "/kv/sessions/%s/invalidate" % sid("nobody"), status=404)
 
@@ -525,7 +528,7 @@ def test_gc_server_owned_deletes_nothing(stack):
     after_manifests = [m["_file"] for m in manifests(stack.state_dir)]
     assert len(after_manifests) == 1 and set(after_manifests) < set(before_manifests)
     gone = (set(before_manifests) - set(after_manifests)).pop()[:-len(".json")]
-    assert harness.wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
+    assert wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
     ev = stack.proxy.events("kv.session.forgotten")
     assert [e.fields["files"] for e in ev] == ["%s.a.bin,%s.b.bin" % (gone, gone)]
 
@@ -562,7 +565,7 @@ def test_gc_max_sessions_invalid_first_then_lru_never_resident(stack):
         jadm(stack, "GET", "/kv/sessions/%s" % gone.session, status=404)
     for kept in (B, D):
         assert snap_files(stack, H[kept.session]) and manifest_for(stack.state_dir, kept.session)
-    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 2, 5)  # log reader lags
+    assert wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 2, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[C.session][:8], H[A.session][:8]], evicted   # invalid first, then LRU
 
@@ -586,7 +589,7 @@ def test_gc_max_total_bytes_spares_resident(stack):
         assert snap_files(stack, H[gone.session]) == {} and manifest_for(stack.state_dir, gone.session) is None
     assert snap_files(stack, H[D.session]), "the resident session's snapshot must never be evicted"
     assert manifest_for(stack.state_dir, D.session)["state"] == "ready"
-    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 3, 5)  # log reader lags
+    assert wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 3, 5)  # log reader lags
     evicted = [l.fields.get("session") for l in stack.proxy.events("kv.gc.evicted")]
     assert evicted == [H[s.session][:8] for s in (A, B, C)], evicted   # least recently used first
     # the resident session keeps working without a management call
@@ -600,8 +603,8 @@ def test_gc_on_timer(stack):
     port = stack.port
     A, B, C = (Conversation(sid(t)) for t in "ABC")
     ok(A.turn(port)); ok(B.turn(port)); ok(C.turn(port))   # A and B saved, C resident
-    assert harness.wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 1, 5)
-    assert harness.wait_until(lambda: len(manifests(stack.state_dir)) == 1, 5), manifests(stack.state_dir)
+    assert wait_until(lambda: len(stack.proxy.events("kv.gc.evicted")) >= 1, 5)
+    assert wait_until(lambda: len(manifests(stack.state_dir)) == 1, 5), manifests(stack.state_dir)
 
 
 # ============================================================================ /metrics
@@ -749,7 +752,7 @@ def test_auth_token_from_environment(stack, monkeypatch):
 
 
 def test_admin_listen_off_loopback_without_token_is_refused(tmp_path):
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("kvpersist binary not found")
     cfg = tmp_path / "kvp.yaml"
@@ -770,7 +773,7 @@ def test_admin_listen_off_loopback_without_token_is_refused(tmp_path):
 def test_listen_failure_has_a_listen_code(tmp_path):
     """A listen address that cannot be bound is an operator's problem, not a bug: the error
     line says KV_LISTEN_FAILED (it used to say KV_INVARIANT)."""
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("kvpersist binary not found")
     import socket
@@ -856,7 +859,7 @@ def test_oversized_admin_request_is_refused(stack):
 
 def test_keep_alive_on_admin_connection(stack):
     stack.start()
-    c = harness.KeepAliveClient(stack.proxy.admin_port)
+    c = KeepAliveClient(stack.proxy.admin_port)
     try:
         for path in ("/healthz", "/kv/status", "/kv/sessions", "/metrics", "/nope"):
             r = c.request("GET", path)
@@ -869,7 +872,7 @@ SPECIAL_IDS = ["a b", "sess:\u00fc-\u00f1-\u4e2d", "100%", "q?x=1#frag", "semi;c
 
 
 def wire(session: str) -> str:
-    """The header value whose latin-1 bytes (what harness.http_request sends) are the UTF-8
+    """The header value whose latin-1 bytes (what kvptest.http_client.http_request sends) are the UTF-8
     encoding of `session`."""
     return session.encode("utf-8").decode("latin-1")
 
@@ -933,8 +936,8 @@ def test_percent_encoded_slash_in_session_id(stack, session):
 
 # ============================================================================ several servers
 def _two_servers(stack, tmp_path):
-    import fake_llama
-    import yaml                                   # harness.to_yaml has no lists of maps
+    from kvptest import fake_llama
+    import yaml                                   # kvptest.config.to_yaml has no lists of maps
     stack.start_upstream()
     d2 = tmp_path / "slots2"
     d2.mkdir()
@@ -1142,4 +1145,4 @@ def test_session_restore_by_hash_resolves_like_get(stack):
     assert jadm(stack, "GET", "/kv/sessions/%s" % h)["resident"] is True
     r = ok(A.turn(port))                                    # resident: no management call
     assert settled_calls(stack) == []
-    assert harness.is_warm(r)
+    assert is_warm(r)

@@ -21,11 +21,13 @@ import time
 
 import pytest
 
-import harness
-from admin_client import run_cli
-from harness import Conversation, http_request, wait_until
+from kvptest.admin_client import run_cli
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import Response, http_request
 from kvptest.identity import sid_factory
+from kvptest.kvpersist_process import KvPersist
+from kvptest.waiting import Async, wait_until
 
 pytestmark = pytest.mark.fake_only
 
@@ -140,7 +142,7 @@ def test_default_prediction_route_refused(stack):
 
 
 def test_doctor_warns_in_prediction_mode(binary, tmp_path):
-    import fake_llama
+    from kvptest import fake_llama
     d = tmp_path / "slots"
     d.mkdir()
     f = fake_llama.FakeLlamaServer(str(d)).start()
@@ -188,7 +190,7 @@ def open_idle(port: int, n: int) -> list[socket.socket]:
 
 def served_after_idle_close(stack, idle: list[socket.socket], timeout: float = 10.0):
     """A client that arrived while kvpersist was out of room is answered once idle ones close."""
-    pending = harness.Async(http_request, stack.port, "GET", "/v1/models", timeout=timeout + 5)
+    pending = Async(http_request, stack.port, "GET", "/v1/models", timeout=timeout + 5)
     time.sleep(0.3)
     assert not pending.done(), "a client was served beyond the limit"
     for s in idle:
@@ -217,7 +219,7 @@ def test_connection_cap_clamped_by_nofile(stack):
     if not prlimit:
         pytest.skip("prlimit (util-linux) is not installed")
 
-    class Limited(harness.KvPersist):
+    class Limited(KvPersist):
         def command(self):
             return [prlimit, "--nofile=128:128", "--"] + super().command()
 
@@ -293,7 +295,7 @@ def send_head(port: int, path: str, headers: dict) -> socket.socket:
     return s
 
 
-def read_response(s: socket.socket, timeout: float = 30.0) -> harness.Response:
+def read_response(s: socket.socket, timeout: float = 30.0) -> Response:
     s.settimeout(timeout)
     data = b""
     while True:
@@ -311,7 +313,7 @@ def read_response(s: socket.socket, timeout: float = 30.0) -> harness.Response:
             n = int(hdrs.get("Content-Length", "-1"))
             if n >= 0 and len(rest) >= n:
                 break
-    r = harness.Response()
+    r = Response()
     head, _, rest = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     r.status = int(lines[0].split()[1]) if lines and lines[0] else 0
@@ -325,7 +327,7 @@ def readable(s: socket.socket, wait: float) -> bool:
     return bool(select.select([s], [], [], wait)[0])
 
 
-def refused_at_once(s: socket.socket) -> harness.Response | None:
+def refused_at_once(s: socket.socket) -> Response | None:
     """kvpersist's answer when it came before the body was sent (a refusal), else None."""
     return read_response(s) if readable(s, 0.5) else None
 
@@ -362,7 +364,7 @@ def test_body_budget_bounds_rss(stack):
         s.sendall(head)
         s.sendall(padding[:size - len(head) - len(tail)])
         s.sendall(tail)
-    senders = [harness.Async(send_body, i, s) for i, s in enumerate(admitted)]
+    senders = [Async(send_body, i, s) for i, s in enumerate(admitted)]
     for t in senders:
         t.result(80)
     assert wait_until(lambda: stack.fake.inference_requests()[1:], 60), "no body reached llama-server"
@@ -394,8 +396,8 @@ def test_chunked_body_refused_when_it_crosses_the_budget(stack):
     finish."""
     limits = {"maxBodyBytes": 1 * MB, "maxBufferedBodyBytes": 1 * MB}
     stack.start(config={"limits": limits}, prefill_delay=1.5)
-    holder = harness.Async(http_request, stack.port, "POST", "/v1/chat/completions",
-                           headers={"X-Session-Id": sid("hold")}, body=big_body(900 * 1000, "hold"))
+    holder = Async(http_request, stack.port, "POST", "/v1/chat/completions",
+                   headers={"X-Session-Id": sid("hold")}, body=big_body(900 * 1000, "hold"))
     assert wait_until(lambda: stack.fake.inference_requests(), 5)
     s = send_head(stack.port, "/v1/chat/completions",
                   {"X-Session-Id": sid("chunked"), "Transfer-Encoding": "chunked",
@@ -425,7 +427,7 @@ def test_chunked_body_refused_when_it_crosses_the_budget(stack):
 
 # ============================================================================ item 12 (part)
 def test_listening_line_names_every_server(stack, tmp_path):
-    import fake_llama
+    from kvptest import fake_llama
     stack.start_upstream()
     d = tmp_path / "slots-b"
     d.mkdir()

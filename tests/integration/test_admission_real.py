@@ -14,8 +14,9 @@ import json
 
 import pytest
 
-from harness import Conversation, http_request
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid_factory
 
 pytestmark = pytest.mark.real_only

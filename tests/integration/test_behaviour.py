@@ -23,10 +23,11 @@ import os
 
 import pytest
 
-from harness import Conversation, cached_tokens, manifest_for
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
-from real_world import need_real_model, other_seed_model
+from kvptest.manifests import manifest_for
+from kvptest.real_world import need_real_model, other_seed_model
 
 
 def probes(stack) -> list[dict]:

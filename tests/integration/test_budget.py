@@ -23,12 +23,14 @@ import time
 
 import pytest
 
-import harness
-from admin_client import admin_addr, idle, run_cli, scrape
+from kvptest.admin_client import admin_addr, idle, run_cli, scrape
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
+from kvptest.manifests import manifests
 from kvptest.prometheus import value
-from harness import Conversation, manifests
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # exact management-call records; manifests written directly
 
@@ -74,7 +76,7 @@ def test_server_owned_budget_forgets_least_recently_saved_clean_sessions(stack):
     assert sorted(m["sessionId"] for m in manifests(stack.state_dir)) == sorted(kept)
     files_before = sorted(os.listdir(stack.upstream.save_dir))
     # kvpersist does not own llama-server's files: it names them once and counts them
-    assert harness.wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
+    assert wait_until(lambda: stack.proxy.events("kv.session.forgotten"), 5)
     ev = stack.proxy.events("kv.session.forgotten")
     assert len(ev) == 1, stack.proxy.log_text()[-2000:]
     listed = jget(stack, "/kv/sessions?limit=1000")["sessions"]
@@ -124,10 +126,10 @@ def test_default_budget_in_server_owned_mode(stack):
     old = write_manifests(stack.state_dir, 3, updated="2025-01-01T00:00:00Z", tag="old")
     write_manifests(stack.state_dir, 1000)
     stack.start()
-    assert harness.wait_until(lambda: len(os.listdir(os.path.join(stack.state_dir, "sessions"))) <= 1000, 10)
+    assert wait_until(lambda: len(os.listdir(os.path.join(stack.state_dir, "sessions"))) <= 1000, 10)
     left = {m["sessionHash"] for m in manifests(stack.state_dir)}
     assert len(left) == 1000 and not set(old) & left
-    assert harness.wait_until(lambda: len(stack.proxy.events("kv.session.forgotten")) >= 3, 5)
+    assert wait_until(lambda: len(stack.proxy.events("kv.session.forgotten")) >= 3, 5)
     assert len(stack.proxy.events("kv.session.forgotten")) == 3
 
 
@@ -188,7 +190,7 @@ def resident_latencies(stack, A, n):
     out = []
     for _ in range(n):
         t0 = time.monotonic()
-        r = harness.http_request(stack.port, "POST", "/v1/chat/completions", headers=A.headers(), body=body)
+        r = http_request(stack.port, "POST", "/v1/chat/completions", headers=A.headers(), body=body)
         out.append(time.monotonic() - t0)
         assert r.status == 200 and r.complete, (r.status, r.error)
     return sorted(out)

@@ -13,15 +13,16 @@ import re
 
 import pytest
 
-import harness
-from admin_client import admin_addr, idle, run_cli
+from kvptest.admin_client import admin_addr, idle, run_cli
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.config import to_yaml
 from kvptest.identity import sid
-from harness import Conversation, manifest_for, manifests
+from kvptest.manifests import manifest_for, manifests
+from kvptest.paths import REPO_ROOT
 
 TOKEN = "cli-token-" + "7" * 8
-REPO = harness.REPO_ROOT
+REPO = REPO_ROOT
 
 
 def cli(stack, *args, token=None, env=None, json_out=False):

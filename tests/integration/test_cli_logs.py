@@ -12,10 +12,11 @@ import re
 
 import pytest
 
-from admin_client import JsonKvPersist
+from kvptest.admin_client import JsonKvPersist
+from kvptest.chat import Conversation
 from kvptest.checks import ok
 from kvptest.identity import sid
-from harness import Conversation, manifest_for
+from kvptest.manifests import manifest_for
 
 pytestmark = pytest.mark.fake_only   # fault injection (upstream error messages with quotes)
 
@@ -133,7 +134,7 @@ def test_no_raw_session_id_at_debug_plain(stack):
 
 
 def test_bad_log_format_is_a_config_error(tmp_path):
-    from admin_client import run_cli
+    from kvptest.admin_client import run_cli
     cfg = tmp_path / "k.yaml"
     cfg.write_text("log:\n  format: xml\n")
     r = run_cli(["serve", "--config", str(cfg), "--state-dir", str(tmp_path / "s")], timeout=10)

@@ -28,12 +28,12 @@ import uuid
 
 import pytest
 
-import harness
-from harness import http_request
+from kvptest.chat import REAL_MODEL_BODY, chat_body
 from kvptest.checks import acts
+from kvptest.http_client import http_request
 # llama (a module-scoped llama-server) and world (a kvpersist Stack on it) are fixtures
-from real_world import (MAX_TOKENS, PROMPT, REUSE, llama, make_text, npm_ready, run_node_driver,  # noqa: F401
-                        settled_calls, world)
+from kvptest.real_world import (MAX_TOKENS, PROMPT, REUSE, llama, make_text, npm_ready, run_node_driver,  # noqa: F401
+                                settled_calls, world)
 
 pytestmark = pytest.mark.real_only
 
@@ -85,10 +85,10 @@ def api_body(api: str, text: str, stream: bool) -> dict:
     """One deterministic request for the random-weight model (greedy; byte tokens banned where
     the API passes logit_bias on: llama-server's Anthropic converter drops it)."""
     if api == "chat":
-        return harness.chat_body([{"role": "user", "content": text}], stream, MAX_TOKENS, top_k=1)
+        return chat_body([{"role": "user", "content": text}], stream, MAX_TOKENS, top_k=1)
     if api == "responses":
         return {"model": "test", "input": text, "max_output_tokens": MAX_TOKENS, "stream": stream,
-                "top_k": 1, **harness.REAL_MODEL_BODY}
+                "top_k": 1, **REAL_MODEL_BODY}
     return {"model": "test", "messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS,
             "stream": stream, "temperature": 0, "top_k": 1}
 

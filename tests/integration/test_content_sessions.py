@@ -19,10 +19,12 @@ import os
 
 import pytest
 
-from admin_client import idle, scrape
-from harness import Conversation, cached_tokens, http_request, reported, wait_until
+from kvptest.admin_client import idle, scrape
+from kvptest.chat import Conversation, cached_tokens, reported
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.prometheus import value
+from kvptest.waiting import wait_until
 
 # Long enough that a new user message and the previous reply are under a tenth of the prompt.
 SYSTEM_WORDS = 700

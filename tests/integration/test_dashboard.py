@@ -17,12 +17,14 @@ import time
 
 import pytest
 
-import harness
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation
 from kvptest.checks import ok
+from kvptest.dashboard_client import Browser, Dom, EventStream, artifacts_dir, chromium_binary
 from kvptest.identity import sid
-from dashboard_client import REPO, Browser, Dom, EventStream, artifacts_dir, chromium_binary
-from harness import Conversation, manifest_for
+from kvptest.manifests import manifest_for
+from kvptest.paths import REPO_ROOT as REPO
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # scripted switches against the fake's exact behaviour
 
@@ -156,7 +158,7 @@ def test_event_streams_are_bounded(stack):
                 return True
             s.close()
             return False
-        assert harness.wait_until(admitted, timeout=3, interval=0.25)
+        assert wait_until(admitted, timeout=3, interval=0.25)
         # and the admin API still answers beside eight open streams
         assert stack.proxy.admin("GET", "/kv/status", token=TOKEN).status == 200
     finally:

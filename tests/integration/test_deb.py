@@ -26,12 +26,15 @@ import subprocess
 
 import pytest
 
-import harness
-from harness import FakeUpstream, KvPersist, http_request
+from kvptest.chat import chat_body
+from kvptest.http_client import http_request
+from kvptest.kvpersist_process import KvPersist
+from kvptest.paths import REPO_ROOT
 from kvptest.units import directive, parse_unit
+from kvptest.upstreams import FakeUpstream
 
-MAN_PAGE = os.path.join(harness.REPO_ROOT, "packaging", "kvpersist.1")
-SOURCE_UNIT = os.path.join(harness.REPO_ROOT, "systemd", "kvpersist.service")
+MAN_PAGE = os.path.join(REPO_ROOT, "packaging", "kvpersist.1")
+SOURCE_UNIT = os.path.join(REPO_ROOT, "systemd", "kvpersist.service")
 BINARY = "/usr/bin/kvpersist"
 UNIT = "/lib/systemd/system/kvpersist.service"
 CONFFILE = "/etc/kvpersist/kvpersist.yaml"
@@ -78,7 +81,7 @@ def test_installed_files(installed):
                                 check=True).stdout.split())
     assert set(PACKAGE_FILES) <= listed, sorted(set(PACKAGE_FILES) - listed)
     assert [l.split()[0] for l in dpkg_query("${Conffiles}").strip().splitlines()] == [CONFFILE]
-    with open(CONFFILE) as f, open(os.path.join(harness.REPO_ROOT, "config", "kvpersist.example.yaml")) as g:
+    with open(CONFFILE) as f, open(os.path.join(REPO_ROOT, "config", "kvpersist.example.yaml")) as g:
         assert f.read() == g.read()
     with gzip.open("/usr/share/man/man1/kvpersist.1.gz", "rt") as f, open(MAN_PAGE) as g:
         assert f.read() == g.read()
@@ -126,7 +129,7 @@ def test_installed_binary_reads_the_key_credential(installed, tmp_path):
         upstream.attach(proxy)
         r = http_request(proxy.port, "POST", "/v1/chat/completions",
                          headers={"X-Session-Id": "deb-key", "Authorization": "Bearer deb-k3y"},
-                         body=harness.chat_body([{"role": "user", "content": "hello"}], False))
+                         body=chat_body([{"role": "user", "content": "hello"}], False))
         assert r.status == 200, (r.status, r.body[:300])
         own = [q for q in upstream.fake.requests if q["path"].startswith("/slots") or q["path"] == "/props"]
         assert own and {q["headers_lower"].get("authorization") for q in own} == {"Bearer deb-k3y"}, own
@@ -161,7 +164,7 @@ def test_installed_binary_serves_with_installed_config(installed, tmp_path):
         assert "--config %s" % CONFFILE in " ".join(proxy.cmd)
         for session in ("deb-A", "deb-B"):
             r = http_request(proxy.port, "POST", "/v1/chat/completions", headers={"X-Session-Id": session},
-                             body=harness.chat_body([{"role": "user", "content": "hello %s" % session}], False))
+                             body=chat_body([{"role": "user", "content": "hello %s" % session}], False))
             assert r.status == 200 and r.json["choices"][0]["message"]["content"], (r.status, r.body[:300])
         upstream.settle()
         calls = upstream.take_calls()

@@ -16,8 +16,11 @@ import subprocess
 
 import pytest
 
-import fake_llama
-from harness import KvPersist, chat_body, http_request, kvpersist_bin
+from kvptest import fake_llama
+from kvptest.chat import chat_body
+from kvptest.http_client import http_request
+from kvptest.kvpersist_process import KvPersist
+from kvptest.paths import kvpersist_bin
 
 pytestmark = pytest.mark.fake_only
 

@@ -19,10 +19,11 @@ import random
 
 import pytest
 
-import harness
-from harness import Conversation, manifest_for, manifests
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for, manifests
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # exact management-call records
 
@@ -57,7 +58,7 @@ def test_a_save_over_the_budget_overwrites_the_oldest_session_from_its_slot(stac
     assert all(stack.fake.read_snapshot(os.path.join(stack.upstream.save_dir, "%s.%s.bin" % (ha, g)))[0] == []
                for g in "ab")
     assert dir_bytes(stack.upstream.save_dir) <= budget
-    assert harness.wait_until(lambda: stack.proxy.events("kv.gc.evicted"), 5)
+    assert wait_until(lambda: stack.proxy.events("kv.gc.evicted"), 5)
     ev = stack.proxy.events("kv.gc.evicted")
     assert [(e.fields["session"], e.fields["why"], e.fields["files"]) for e in ev] == \
         [(ha[:8], "bytes", "overwritten")]

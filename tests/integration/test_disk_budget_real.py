@@ -16,10 +16,12 @@ import random
 
 import pytest
 
-from harness import Chat, manifest_for, wait_until
+from kvptest.chat import Chat
 from kvptest.checks import acts, assert_cold, ok
+from kvptest.manifests import manifest_for
 # llama (a module-scoped llama-server) and world (a Stack on it) are fixtures
-from real_world import llama, settled_calls, world  # noqa: F401
+from kvptest.real_world import llama, settled_calls, world  # noqa: F401
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.real_only
 

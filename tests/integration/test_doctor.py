@@ -14,17 +14,17 @@ import os
 
 import pytest
 
-import fake_llama
-import harness
-from admin_client import run_cli
+from kvptest import fake_llama
+from kvptest.admin_client import run_cli
+from kvptest.chat import Conversation, cached_tokens, is_warm
 from kvptest.checks import ok
 from kvptest.config import to_yaml
 from kvptest.identity import sid
-from harness import Conversation, manifest_for
+from kvptest.manifests import manifest_for
 
 fake_only = pytest.mark.fake_only
 real_only = pytest.mark.real_only
-RUNTIME_KEY = "test-runtime"      # what harness.KvPersist passes as --runtime-key
+RUNTIME_KEY = "test-runtime"      # what KvPersist (kvptest) passes as --runtime-key
 
 
 @pytest.fixture
@@ -343,7 +343,7 @@ def test_verify_real_llama_server(binary, stack):
     assert m["runtimeFingerprint"] != compat["runtimeFingerprint"]
     # and the next A restores fine on the real server
     r = ok(A.turn(stack.port))
-    assert harness.is_warm(r), harness.cached_tokens(r)
+    assert is_warm(r), cached_tokens(r)
 
 
 @fake_only

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-import fake_llama
+from kvptest import fake_llama
 
 MODEL_PATH = '/models/"odd"\\dir\twith\x01control\x1f and é/m.gguf'
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness import Conversation
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 

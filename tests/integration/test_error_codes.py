@@ -13,10 +13,13 @@ import os
 
 import pytest
 
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
-from harness import Conversation, http_request, manifest_for, wait_until
+from kvptest.manifests import manifest_for
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # fault controls and exact management-call records
 

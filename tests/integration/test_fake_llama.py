@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-import fake_llama
-from harness import Conversation, cached_tokens, http_request, now, wait_until
+from kvptest import fake_llama
+from kvptest.chat import Conversation, cached_tokens
+from kvptest.http_client import http_request
+from kvptest.waiting import Async, now, wait_until
 
 
 def post(f, path, body, **kw):
@@ -171,10 +173,9 @@ def test_disconnect_detection(fake):
 
 @pytest.mark.slot_violations_expected
 def test_management_waits_for_busy_slot_and_records_violation(fake):
-    import harness
     fake.event_delay = 0.1
     fake.n_predict = 5
-    a = harness.Async(Conversation("s6").turn, fake.port, stream=True)
+    a = Async(Conversation("s6").turn, fake.port, stream=True)
     wait_until(lambda: fake.inference_requests() and fake.inference_requests()[-1]["events"], 2)
     t0 = now()
     r = post(fake, "/slots/0?action=erase", None)

@@ -27,15 +27,20 @@ import time
 
 import pytest
 
-import harness
-from harness import (REPO_ROOT, Async, Conversation, KvPersist, RealUpstream, Stack, cache_n, cached_tokens,
-                     check_manifests_trustworthy, free_port, http_request, manifest_for, manifests, now, wait_until)
 from kvptest import checks
+from kvptest.chat import REAL_MODEL_BODY, Conversation, cache_n, cached_tokens
 from kvptest.checks import acts, ok
+from kvptest.http_client import http_request
 from kvptest.identity import session_hash, sid_factory
+from kvptest.kvpersist_process import KvPersist
 from kvptest.llama import llama_server_cmd
-from real_world import module_llama, need_real_model, other_seed_model
+from kvptest.manifests import check_manifests_trustworthy, manifest_for, manifests
+from kvptest.net import free_port
 from kvptest.prompt_text import pseudo_text
+from kvptest.real_world import module_llama, need_real_model, other_seed_model
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstream, RealUpstreamView
+from kvptest.waiting import Async, now, wait_until
 
 fake_only = pytest.mark.fake_only
 real_only = pytest.mark.real_only
@@ -270,7 +275,7 @@ def test_circuit_open_and_recovery_logged_once_each(stack):
     assert len(stack.proxy.events("kv.persistence.circuit_open")) == 1
     assert len(stack.proxy.events("kv.persistence.circuit_recovered")) == 1
     ok(A.turn(port), "A: save of B fails again, the breaker opens again")
-    assert harness.wait_until(lambda: len(stack.proxy.events("kv.persistence.circuit_open")) == 2, 3), \
+    assert wait_until(lambda: len(stack.proxy.events("kv.persistence.circuit_open")) == 2, 3), \
         stack.proxy.log_text()
 
 
@@ -818,7 +823,7 @@ class RealConv:
     def ask(self, port, text=None, stream=False, max_tokens=8, commit=True, **kw):
         user = {"role": "user", "content": text or "Turn %d: summarise." % len(self.messages)}
         body = {"model": "test", "messages": self.messages + [user], "stream": stream, "max_tokens": max_tokens}
-        body.update(harness.REAL_MODEL_BODY)
+        body.update(REAL_MODEL_BODY)
         r = http_request(port, "POST", "/v1/chat/completions", headers={"X-Session-Id": self.id}, body=body,
                          timeout=kw.pop("timeout", 60), **kw)
         if commit and r.status == 200 and r.complete and not stream:
@@ -840,7 +845,7 @@ def world(request, llama, tmp_path):
     s = Stack(str(tmp_path), "real")
     # Exact erase sequences and cold answers: every cold start erases (docs/design.md §20).
     s.base_config = {"sharing": "session"}
-    s.upstream = harness.RealUpstreamView(llama)
+    s.upstream = RealUpstreamView(llama)
     yield s
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:

@@ -38,9 +38,12 @@ import uuid
 
 import pytest
 
-from harness import Async, Conversation, check_manifests_trustworthy, http_request, now, wait_until
-from fake_llama import INFERENCE_PATHS
+from kvptest.chat import Conversation
+from kvptest.fake_llama import INFERENCE_PATHS
+from kvptest.http_client import http_request
 from kvptest.identity import session_hash
+from kvptest.manifests import check_manifests_trustworthy
+from kvptest.waiting import Async, now, wait_until
 
 pytestmark = pytest.mark.fake_only
 

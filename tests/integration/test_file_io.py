@@ -1,5 +1,5 @@
 """kvpersist's own file I/O never stalls the proxy (docs/design.md §11), proved with a
-filesystem that hangs (tests/integration/stall.py: an fsync that blocks while a gate file
+filesystem that hangs (tests/kvptest/stall_fs.py: an fsync that blocks while a gate file
 exists, preloaded into kvpersist; kvpersist has no hook for it):
 
 - a manifest write stuck on one server's state directory: another server's SSE stream in
@@ -20,12 +20,14 @@ import signal
 
 import pytest
 
-import fake_llama
-from harness import Async, Conversation, cached_tokens, check_manifests_trustworthy, manifest_for, wait_until
+from kvptest import fake_llama
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import ok
 from kvptest.identity import sid_factory
-from multislot_helpers import FakeWorld, start_proxy
-from stall import Stall
+from kvptest.manifests import check_manifests_trustworthy, manifest_for
+from kvptest.multislot_helpers import FakeWorld, start_proxy
+from kvptest.stall_fs import Stall
+from kvptest.waiting import Async, wait_until
 
 pytestmark = pytest.mark.fake_only
 

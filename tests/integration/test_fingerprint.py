@@ -15,9 +15,11 @@ import os
 
 import pytest
 
-from harness import Conversation, cached_tokens, http_request, manifest_for
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for
 
 
 def saved_a(stack):

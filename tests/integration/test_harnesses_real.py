@@ -72,13 +72,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-import harness
-from harness import RealUpstream, RealUpstreamView, Stack, wait_until
 from kvptest import agents
+from kvptest.kvpersist_process import KvPersist
 from kvptest.llama import prompt_tasks
+from kvptest.paths import REPO_ROOT
 from kvptest.procs import tail
+from kvptest.real_world import ensure_llama, need_real_model
 from kvptest.relay import Exchange, RecordingRelay, Usage
-from real_world import ensure_llama, need_real_model
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstream, RealUpstreamView
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.real_only
 
@@ -132,7 +135,7 @@ def harnesses_dir() -> str:
 
 
 def chat_template() -> str:
-    r = subprocess.run([os.path.join(harness.REPO_ROOT, "scripts", "llama-server.sh"), "--src"],
+    r = subprocess.run([os.path.join(REPO_ROOT, "scripts", "llama-server.sh"), "--src"],
                        capture_output=True, text=True, timeout=600)
     path = os.path.join(r.stdout.strip(), TEMPLATE)
     assert r.returncode == 0 and os.path.isfile(path), \
@@ -201,7 +204,7 @@ class Step:
         return None
 
 
-def reused_metric(proxy: harness.KvPersist) -> float:
+def reused_metric(proxy: KvPersist) -> float:
     return sum(v for k, v in proxy.metrics().items() if k.startswith("kvpersist_reused_prompt_tokens_total"))
 
 

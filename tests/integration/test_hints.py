@@ -15,10 +15,10 @@ import os
 
 import pytest
 
-from admin_client import idle, run_cli
-from dashboard_client import Browser, Dom, artifacts_dir, chromium_binary
+from kvptest.admin_client import idle, run_cli
+from kvptest.dashboard_client import Browser, Dom, artifacts_dir, chromium_binary
 from kvptest.identity import sid
-from messages_client import MessagesConversation
+from kvptest.messages_client import MessagesConversation
 
 pytestmark = pytest.mark.fake_only  # the fake's exact token counts
 

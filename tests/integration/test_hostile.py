@@ -31,9 +31,13 @@ import uuid
 
 import pytest
 
-from harness import Conversation, Stack, http_request, manifests, now
+from kvptest.chat import Conversation
+from kvptest.http_client import http_request
 from kvptest.identity import kept_session_id, session_hash, sid_factory
+from kvptest.manifests import manifests
 from kvptest.net import raw_exchange, read_until_closed
+from kvptest.stack import Stack
+from kvptest.waiting import now
 
 pytestmark = pytest.mark.fake_only
 

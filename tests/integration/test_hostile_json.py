@@ -21,8 +21,11 @@ import signal
 
 import pytest
 
-from harness import Conversation, http_request, manifest_for, wait_until
-from multislot_helpers import start_proxy
+from kvptest.chat import Conversation
+from kvptest.http_client import http_request
+from kvptest.manifests import manifest_for
+from kvptest.multislot_helpers import start_proxy
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only
 

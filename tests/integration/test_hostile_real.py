@@ -29,10 +29,12 @@ import uuid
 
 import pytest
 
-import harness
-from harness import RealUpstreamView, Stack, http_request
+from kvptest.chat import chat_body, make_text
+from kvptest.http_client import http_request
 from kvptest.net import raw_exchange
-from real_world import module_llama
+from kvptest.real_world import module_llama
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstreamView
 
 pytestmark = pytest.mark.real_only
 
@@ -106,12 +108,12 @@ class Session:
     def __init__(self, port: int, llama_port: int):
         self.port = port
         self.id = "smuggle-%s" % uuid.uuid4().hex[:10]
-        prompt = harness.make_text(llama_port, self.id, 300)
+        prompt = make_text(llama_port, self.id, 300)
         self.messages = [{"role": "user", "content": prompt}]
 
     def turn(self) -> dict:
         r = http_request(self.port, "POST", "/v1/chat/completions", headers={"X-Session-Id": self.id},
-                         body=harness.chat_body(self.messages, stream=False, max_tokens=4), timeout=60)
+                         body=chat_body(self.messages, stream=False, max_tokens=4), timeout=60)
         assert r.status == 200, (r.status, r.body[:300])
         j = r.json
         self.messages += [{"role": "assistant", "content": j["choices"][0]["message"]["content"]},

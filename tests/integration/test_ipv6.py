@@ -12,10 +12,10 @@ import socket
 
 import pytest
 
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
-from harness import Conversation
 
 pytestmark = pytest.mark.fake_only
 

@@ -32,10 +32,12 @@ import json
 
 import pytest
 
-import fake_llama
-from harness import Conversation, manifests, wait_until
+from kvptest import fake_llama
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
+from kvptest.manifests import manifests
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only
 

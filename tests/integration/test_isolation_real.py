@@ -34,13 +34,15 @@ import uuid
 
 import pytest
 
-from harness import Chat, chat_body, http_request, manifests
+from kvptest.chat import Chat, chat_body
 from kvptest.checks import acts
+from kvptest.http_client import http_request
 from kvptest.llama import BAN_BYTE_TOKENS
+from kvptest.manifests import manifests
 # `world` (a Stack on this module's llama-server) and module_llama come from real_world; the
 # module-scoped `llama` below replaces real_world's for `world` (pytest resolves a fixture's
 # dependencies by name from the test's module).
-from real_world import make_text, module_llama, settled_calls, world  # noqa: F401
+from kvptest.real_world import make_text, module_llama, settled_calls, world  # noqa: F401
 
 pytestmark = pytest.mark.real_only
 
@@ -58,7 +60,7 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """-np 1, --slot-save-path, --no-cache-idle-slots (harness.RealUpstream) and --cache-ram 0."""
+    """-np 1, --slot-save-path, --no-cache-idle-slots (kvptest.upstreams.RealUpstream) and --cache-ram 0."""
     yield from module_llama(tmp_path_factory, "llama-isolation", N_CTX, ["-t", "2", "--cache-ram", "0"])
 
 

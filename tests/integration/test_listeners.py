@@ -26,10 +26,12 @@ import time
 
 import pytest
 
-import harness
-from harness import Conversation, http_request, wait_until
+from kvptest.chat import Conversation
 from kvptest.checks import ok
+from kvptest.http_client import http_request
 from kvptest.identity import sid_factory
+from kvptest.kvpersist_process import KvPersist
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only
 
@@ -76,11 +78,11 @@ def open_idle(port: int, n: int) -> list[socket.socket]:
     return [socket.create_connection((HOST, port), timeout=5) for _ in range(n)]
 
 
-def start_limited(stack, nofile: int, config: dict | None = None) -> harness.KvPersist:
+def start_limited(stack, nofile: int, config: dict | None = None) -> KvPersist:
     """kvpersist started under RLIMIT_NOFILE `nofile` (soft and hard)."""
     exe = prlimit()
 
-    class Limited(harness.KvPersist):
+    class Limited(KvPersist):
         def command(self):
             return [exe, "--nofile=%d:%d" % (nofile, nofile), "--"] + super().command()
 

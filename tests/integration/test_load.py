@@ -29,8 +29,10 @@ import time
 
 import pytest
 
-from harness import Async, Conversation, KeepAliveClient, now
+from kvptest.chat import Conversation
+from kvptest.http_client import KeepAliveClient
 from kvptest.identity import sid_factory
+from kvptest.waiting import Async, now
 
 pytestmark = pytest.mark.fake_only
 

@@ -19,8 +19,10 @@ import os
 
 import pytest
 
-from harness import Conversation, http_request, manifests
+from kvptest.chat import Conversation
+from kvptest.http_client import http_request
 from kvptest.identity import kept_session_id, sid
+from kvptest.manifests import manifests
 
 pytestmark = pytest.mark.fake_only  # the fake refuses the oversized prompts; records its calls
 

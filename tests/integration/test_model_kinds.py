@@ -28,11 +28,14 @@ import subprocess
 
 import pytest
 
-from admin_client import run_cli
-from harness import REPO_ROOT, RealUpstream, chat_body, http_request, make_text
+from kvptest.admin_client import run_cli
+from kvptest.chat import chat_body, make_text
 from kvptest.checks import acts, settled_calls
 from kvptest.config import to_yaml
+from kvptest.http_client import http_request
 from kvptest.identity import sid
+from kvptest.paths import REPO_ROOT
+from kvptest.upstreams import RealUpstream
 
 ARTIFACT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "artifacts", "model-kinds.md")
 RERENDER_REPLY_TOKENS = 64

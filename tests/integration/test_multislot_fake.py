@@ -22,11 +22,12 @@ import signal
 
 import pytest
 
-import fake_llama
-import harness
-from harness import Async, http_request, wait_until
+from kvptest import fake_llama
+from kvptest.config import deep_merge
+from kvptest.http_client import http_request
 from kvptest.identity import FAKE_MODEL, abbrev, session_hash
-from multislot_helpers import CallTaker, FakeWorld, admin_json, slot_owners, start_proxy
+from kvptest.multislot_helpers import CallTaker, FakeWorld, admin_json, slot_owners, start_proxy
+from kvptest.waiting import Async, wait_until
 
 pytestmark = pytest.mark.fake_only
 
@@ -43,7 +44,7 @@ class World(FakeWorld):
     def start(self, slots=2, config=None, **fake_kw):
         self.fake = fake_llama.FakeLlamaServer(self.save_dir, total_slots=slots, **fake_kw).start()
         cfg = {"mode": "managed-slots", "checkpoint": {"idleMs": 0}, "epochProbeIntervalMs": 0}
-        cfg = harness.deep_merge(cfg, config)
+        cfg = deep_merge(cfg, config)
         self.proxy = start_proxy(self.fake.url, self.state_dir, self.tmp, cfg)
         assert self.proxy.wait_for_log(r"kv\.backend\.ready", 5), self.proxy.log_text()
         self.calls = CallTaker(self.proxy)

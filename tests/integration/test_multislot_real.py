@@ -23,11 +23,15 @@ import uuid
 
 import pytest
 
-import harness
-from harness import Async, Chat, http_request, wait_until
+from kvptest.chat import Chat
 from kvptest.checks import assert_cold, assert_reused, ok
+from kvptest.config import deep_merge
+from kvptest.http_client import http_request
 from kvptest.identity import abbrev, session_hash
-from multislot_helpers import CallTaker, Llama, admin_json, require_real_llama, slot_owners, start_proxy
+from kvptest.kvpersist_process import KvPersist
+from kvptest.llama import BAN_BYTE_TOKENS
+from kvptest.multislot_helpers import CallTaker, Llama, admin_json, require_real_llama, slot_owners, start_proxy
+from kvptest.waiting import Async, wait_until
 
 pytestmark = pytest.mark.real_only
 
@@ -60,13 +64,13 @@ class World:
         self.llama = llama
         self.tmp = str(tmp)
         self.state_dir = os.path.join(self.tmp, "state")
-        self.proxies: list[harness.KvPersist] = []
+        self.proxies: list[KvPersist] = []
         self.model = llama.props()["model_path"]
 
-    def start_proxy(self, config=None) -> harness.KvPersist:
+    def start_proxy(self, config=None) -> KvPersist:
         # `sharing: session`: every cold start erases, as the call sequences below assert.
-        cfg = harness.deep_merge({"mode": "managed-slots", "checkpoint": {"idleMs": 0},
-                                  "epochProbeIntervalMs": 0, "sharing": "session"}, config)
+        cfg = deep_merge({"mode": "managed-slots", "checkpoint": {"idleMs": 0},
+                          "epochProbeIntervalMs": 0, "sharing": "session"}, config)
         p = start_proxy(self.llama.url, self.state_dir, self.tmp, cfg)
         self.proxies.append(p)
         assert p.wait_for_log(r"kv\.backend\.ready", 10), p.log_text()
@@ -224,7 +228,7 @@ def test_aux_call_on_the_reserved_slot_leaves_every_owned_slot_untouched(world):
     ok(r, "title call")
     r2 = http_request(proxy.port, "POST", "/v1/chat/completions",
                       body={"model": "t", "max_tokens": 4, "temperature": 0,
-                            "logit_bias": harness.BAN_BYTE_TOKENS,
+                            "logit_bias": BAN_BYTE_TOKENS,
                             "messages": [{"role": "user", "content": "no session header here"}]}, timeout=60)
     assert r2.status == 200, r2.body[:300]
     assert world.calls.take() == [], "an auxiliary call made management calls"

@@ -30,11 +30,15 @@ import time
 
 import pytest
 
-import harness
-from admin_client import JsonKvPersist, run_cli
+from kvptest.admin_client import JsonKvPersist, run_cli
+from kvptest.chat import Conversation, is_warm
+from kvptest.kvpersist_process import KvPersist
+from kvptest.paths import REPO_ROOT
+from kvptest.stack import Stack
 from kvptest.units import directive, parse_unit
+from kvptest.waiting import wait_until
 
-REPO = harness.REPO_ROOT
+REPO = REPO_ROOT
 UNIT = os.path.join(REPO, "systemd", "kvpersist.service")
 DOCKERFILE = os.path.join(REPO, "docker", "Dockerfile")
 DOCKERIGNORE = os.path.join(REPO, "docker", "Dockerfile.dockerignore")
@@ -203,7 +207,7 @@ def allowed_syscalls(unit: dict, groups: dict) -> set | None:
     return allowed
 
 
-def idle_checkpoint_saved(p: harness.KvPersist) -> bool:
+def idle_checkpoint_saved(p: KvPersist) -> bool:
     """An idle checkpoint began and its save call has returned (coordinator.cpp's idle loop)."""
     idle = p.events("kv.checkpoint.idle")
     return bool(idle) and any(l.fields.get("action") == "save" and l.time >= idle[-1].time
@@ -228,11 +232,11 @@ def test_syscall_filter_allows_what_the_daemon_uses(binary, tmp_path):
 
     trace = str(tmp_path / "strace.txt")
 
-    class Traced(harness.KvPersist):
+    class Traced(KvPersist):
         def command(self):
             return [strace, "-f", "-qq", "-c", "-o", trace] + super().command()
 
-    stack = harness.Stack(str(tmp_path))
+    stack = Stack(str(tmp_path))
     try:
         stack.start_upstream()
         cfg = {"snapshots": {"management": "shared-filesystem", "path": stack.upstream.save_dir},
@@ -240,10 +244,10 @@ def test_syscall_filter_allows_what_the_daemon_uses(binary, tmp_path):
         p = Traced(stack.upstream.url, stack.state_dir, config=cfg, work_dir=str(tmp_path))
         stack.proxies.append(p)
         p.start(timeout=30)
-        A, B = harness.Conversation("trace-A"), harness.Conversation("trace-B")
+        A, B = Conversation("trace-A"), Conversation("trace-B")
         for c in (A, B, A):
             assert c.turn(p.port, stream=True).status == 200
-        assert harness.wait_until(lambda: idle_checkpoint_saved(p), 10), p.log_text()[-2000:]
+        assert wait_until(lambda: idle_checkpoint_saved(p), 10), p.log_text()[-2000:]
         for method, path in (("GET", "/kv/status"), ("GET", "/kv/sessions"), ("GET", "/metrics"),
                              ("POST", "/kv/flush"), ("POST", "/kv/gc"), ("DELETE", "/kv/sessions/trace-B")):
             p.admin(method, path, body=b"" if method == "POST" else None)
@@ -342,17 +346,17 @@ def test_sighup_does_not_kill_the_daemon(stack):
     """SIGHUP does not reload the configuration (coordinators would have to be replaced while
     streams hold their slot leases); it must neither kill the daemon nor drop its state."""
     stack.start()
-    A = harness.Conversation("hup-A")
+    A = Conversation("hup-A")
     assert A.turn(stack.port).status == 200
     stack.upstream.take_calls()
     for n in (1, 2):
         stack.proxy.send_signal(signal.SIGHUP)
         # each one handled (logged as ignored) before the next, and the daemon still there
-        assert harness.wait_until(lambda: len(stack.proxy.events("kv.proxy.sighup")) >= n, 5), \
+        assert wait_until(lambda: len(stack.proxy.events("kv.proxy.sighup")) >= n, 5), \
             "SIGHUP #%d was not logged as ignored (alive: %s)" % (n, stack.proxy.alive())
     assert stack.proxy.alive(), "kvpersist died on SIGHUP (rc=%s)" % stack.proxy.proc.poll()
     r = A.turn(stack.port)
-    assert r.status == 200 and harness.is_warm(r), "the session lost its slot over SIGHUP"
+    assert r.status == 200 and is_warm(r), "the session lost its slot over SIGHUP"
     stack.upstream.settle()
     assert stack.upstream.take_calls() == [], "SIGHUP must not touch the slot"
     assert stack.proxy.admin("GET", "/kv/status").status == 200
@@ -681,7 +685,7 @@ def test_compose_config_starts_the_daemon(stack, monkeypatch):
     assert p.admin("GET", "/kv/status").status == 401
     st = p.admin("GET", "/kv/status", token="compose-token").json
     assert st["servers"][0]["enabled"] is True
-    r = harness.Conversation("compose-A").turn(p.port)
+    r = Conversation("compose-A").turn(p.port)
     assert r.status == 200
     assert p.stop() == 0
 
@@ -694,8 +698,8 @@ def test_file_admin_listen_overridden_by_flag(stack, tmp_path):
     cfg = tmp_path / "wide-admin.yaml"
     cfg.write_text(OFF_LOOPBACK_ADMIN)
     stack.start_upstream()
-    p = harness.KvPersist(stack.upstream.url, stack.state_dir, work_dir=str(tmp_path),
-                          extra_args=["--config", str(cfg), "--admin-listen", "127.0.0.1:0"])
+    p = KvPersist(stack.upstream.url, stack.state_dir, work_dir=str(tmp_path),
+                  extra_args=["--config", str(cfg), "--admin-listen", "127.0.0.1:0"])
     stack.proxies.append(p)
     p.start()          # RuntimeError today: exit 2 at config load
     assert p.admin("GET", "/healthz").status == 200

@@ -13,11 +13,15 @@ import threading
 
 import pytest
 
-import harness
-from harness import Async, Conversation, RealUpstream, Stack, http_request, now, wait_until
+from kvptest.chat import REAL_MODEL_BODY, Conversation
 from kvptest.checks import ok
+from kvptest.http_client import Response, http_request
 from kvptest.identity import sid
-from real_world import need_real_model
+from kvptest.llama import llama_server_cmd
+from kvptest.real_world import need_real_model
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstream
+from kvptest.waiting import Async, now, wait_until
 
 fake_only = pytest.mark.fake_only
 real_only = pytest.mark.real_only
@@ -96,16 +100,16 @@ class _RealTwoSlotsNoSave(RealUpstream):
     """llama-server -np 2 without --slot-save-path: slot actions answer 501."""
 
     def start(self, timeout: float = 120.0):
-        cmd = harness.llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2, parallel=2)
+        cmd = llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2, parallel=2)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         assert wait_until(lambda: self._healthy(), timeout, 0.2), "llama-server did not start"
         return self
 
 
-def _generate(port: int, tag: str) -> harness.Response:
+def _generate(port: int, tag: str) -> Response:
     body = {"model": "test", "max_tokens": 200, "ignore_eos": True, "stream": False,
             "messages": [{"role": "user", "content": "Story %s: tell it." % tag}]}
-    body.update(harness.REAL_MODEL_BODY)
+    body.update(REAL_MODEL_BODY)
     return http_request(port, "POST", "/v1/chat/completions", headers={"X-Session-Id": sid(tag)},
                         body=body, timeout=120)
 

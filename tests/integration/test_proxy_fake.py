@@ -15,10 +15,14 @@ import time
 
 import pytest
 
-from harness import (Async, Conversation, FakeUpstream, KeepAliveClient, cached_tokens, is_warm, free_port, http_request, manifest_for,
-                     manifests, now, turned, turned_pair, wait_until)
+from kvptest.chat import Conversation, cached_tokens, is_warm, turned, turned_pair
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import KeepAliveClient, http_request
 from kvptest.identity import session_hash, sid
+from kvptest.manifests import manifest_for, manifests
+from kvptest.net import free_port
+from kvptest.upstreams import FakeUpstream
+from kvptest.waiting import Async, now, wait_until
 
 SNAP_RE = re.compile(r"^[0-9a-f]{64}\.(a|b)\.bin$")
 SESSION_HEADERS = ["X-Session-Id", "x-claude-code-session-id", "session-id", "x-session-affinity",
@@ -28,7 +32,7 @@ fake_only = pytest.mark.fake_only
 
 
 def warm(r, what=""):
-    """Asserts that the turn reused its session's cache (see harness.is_warm)."""
+    """Asserts that the turn reused its session's cache (see kvptest.chat.is_warm)."""
     assert is_warm(r), "%s: cached_tokens=%s but the session had %s tokens in the slot" % (
         what or "turn", cached_tokens(r), getattr(r, "before_tokens", None))
 

@@ -21,11 +21,13 @@ import time
 
 import pytest
 
-from admin_client import idle, scrape
-from harness import Conversation, manifests, wait_until
+from kvptest.admin_client import idle, scrape
+from kvptest.chat import Conversation
 from kvptest.checks import ok, settled_calls
 from kvptest.identity import sid
+from kvptest.manifests import manifests
 from kvptest.prometheus import value
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # exact call records of the fake llama-server
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
-from harness import Conversation, cached_tokens
 
 
 def unpaid_total(proxy) -> float:

@@ -25,8 +25,11 @@ import uuid
 
 import pytest
 
-from harness import chat_body, http_request, manifest_for, wait_until
-from real_world import PROMPT, llama, make_text, settled_calls, world  # noqa: F401
+from kvptest.chat import chat_body
+from kvptest.http_client import http_request
+from kvptest.manifests import manifest_for
+from kvptest.real_world import PROMPT, llama, make_text, settled_calls, world  # noqa: F401
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.real_only
 

@@ -1,4 +1,4 @@
-"""Router mode (docs/design.md §15) against a fake llama-server router (fake_router.py): the
+"""Router mode (docs/design.md §15) against a fake llama-server router (kvptest/fake_router.py): the
 exact calls kvpersist sends a router. Each model gets its own coordinator; no management call
 loads a model (all carry autoload=false); before a request that makes the router unload a
 model, every running model's dirty sessions are saved, least recently used first; a model
@@ -14,9 +14,10 @@ import os
 
 import pytest
 
-from fake_router import FakeRouter
-from harness import http_request, wait_until
-from multislot_helpers import FakeWorld, start_proxy
+from kvptest.fake_router import FakeRouter
+from kvptest.http_client import http_request
+from kvptest.multislot_helpers import FakeWorld, start_proxy
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only
 

@@ -20,8 +20,14 @@ import subprocess
 
 import pytest
 
-from harness import HOST, REAL_MODEL_BODY, Stack, free_port, http_request, kvpersist_bin, stop_process, wait_until
-from real_world import need_real_model, other_seed_model
+from kvptest.chat import REAL_MODEL_BODY
+from kvptest.http_client import http_request
+from kvptest.net import HOST, free_port
+from kvptest.paths import kvpersist_bin
+from kvptest.procs import stop_process
+from kvptest.real_world import need_real_model, other_seed_model
+from kvptest.stack import Stack
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.real_only
 

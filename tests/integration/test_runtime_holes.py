@@ -23,11 +23,13 @@ import time
 
 import pytest
 
-import harness
-from admin_client import run_cli
-from harness import Conversation, cached_tokens, http_request, manifest_for, wait_until
+from kvptest.admin_client import run_cli
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for
+from kvptest.waiting import Async, wait_until
 
 LORA_ON = [{"id": 0, "scale": 1.0}]
 LORA_AS_IS = [{"id": 0, "scale": 0.0}]   # the fake's adapter scale at start
@@ -64,7 +66,7 @@ def resident_and_busy(stack, prefill: float):
     ok(A.turn(stack.port), "A#1")
     stack.fake.prefill_delay = prefill
     n = len(stack.fake.inference_requests())
-    running = harness.Async(A.turn, stack.port, timeout=prefill + 20)
+    running = Async(A.turn, stack.port, timeout=prefill + 20)
     assert wait_until(lambda: len(stack.fake.inference_requests()) > n, 5), "A#2 never reached the fake"
     return A, running
 
@@ -95,7 +97,7 @@ def test_a_second_runtime_change_while_one_is_pending_is_refused(stack):
     429, Retry-After and KV_RUNTIME_CHANGE_PENDING. The first is forwarded once A is done."""
     stack.start()
     _, running = resident_and_busy(stack, prefill=2.0)
-    first = harness.Async(post_lora, stack, LORA_ON, timeout=20)
+    first = Async(post_lora, stack, LORA_ON, timeout=20)
     time.sleep(0.3)   # the first is admitted and waits
     second = post_lora(stack, LORA_ON, timeout=5)
     assert second.status == 429 and kv_error(second) == (429, "KV_RUNTIME_CHANGE_PENDING"), (second.status, second.body)
@@ -113,7 +115,7 @@ def test_runtime_change_waiters_count_toward_max_waiting(stack):
     503 KV_SLOT_BUSY, not forwarded."""
     stack.start(config={"queue": {"maxWaiting": 1}})
     _, running = resident_and_busy(stack, prefill=2.0)
-    waiting = harness.Async(Conversation(sid("B")).turn, stack.port, timeout=20)
+    waiting = Async(Conversation(sid("B")).turn, stack.port, timeout=20)
     time.sleep(0.3)
     r = post_lora(stack, LORA_ON, timeout=5)
     assert r.status == 503 and kv_error(r) == (503, "KV_SLOT_BUSY"), (r.status, r.body)

@@ -26,15 +26,20 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import pytest
 
-import fake_llama
-import harness
-from harness import Chat, wait_until
+from kvptest import fake_llama
+from kvptest.chat import Chat
 from kvptest.checks import ok
 from kvptest.identity import abbrev, session_hash
-from multislot_helpers import Llama, Nginx, nginx_binary, require_real_llama, start_proxy
+from kvptest.kvpersist_process import KvPersist
+from kvptest.manifests import manifest_for
+from kvptest.multislot_helpers import Llama, Nginx, nginx_binary, require_real_llama, start_proxy
+from kvptest.net import free_port
+from kvptest.paths import REPO_ROOT, kvpersist_bin
+from kvptest.waiting import now, wait_until
 
 INSTANCE = "scale"
 RUNTIME_KEY = "scale-runtime-1"
@@ -51,7 +56,7 @@ class Node:
     def __init__(self, name, upstream, proxy):
         self.name = name
         self.upstream = upstream    # fake_llama.FakeLlamaServer or Llama
-        self.proxy: harness.KvPersist = proxy
+        self.proxy: KvPersist = proxy
 
     def logged(self, short: str) -> list[str]:
         """Session events this node's kvpersist logged for the session (abbreviated hash)."""
@@ -72,8 +77,8 @@ class Cluster:
         self.model = ""
 
     def start(self):
-        if not os.access(harness.kvpersist_bin(), os.X_OK):
-            pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % harness.kvpersist_bin())
+        if not os.access(kvpersist_bin(), os.X_OK):
+            pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % kvpersist_bin())
         for name in ("a", "b"):
             workdir = os.path.join(self.tmp, "node-" + name)
             os.makedirs(workdir, exist_ok=True)
@@ -94,7 +99,7 @@ class Cluster:
             proxy = start_proxy(up.url, self.state_dir, workdir, cfg, runtime_key=RUNTIME_KEY)
             assert proxy.wait_for_log(r"kv\.backend\.ready", 10), proxy.log_text()
             self.nodes[name] = Node(name, up, proxy)
-        self.nginx = Nginx(self.tmp, harness.free_port(), [n.proxy.port for n in self.nodes.values()])
+        self.nginx = Nginx(self.tmp, free_port(), [n.proxy.port for n in self.nodes.values()])
         t = self.nginx.test_config()
         assert t.returncode == 0, t.stderr.decode()
         self.nginx.start()
@@ -191,11 +196,11 @@ def run_scaleout(cluster: Cluster, prompt_tokens: int):
     b_chats = [c for c in chats if home[c.id] == "b"]
     cluster.stop_pair("a")
     for c in a_chats:
-        m = harness.manifest_for(cluster.state_dir, c.id)
+        m = manifest_for(cluster.state_dir, c.id)
         assert m and m["state"] == "ready", (c.id, m)
         assert os.path.isfile(os.path.join(cluster.save_dir, m["snapshotFile"])), m
     node_b = cluster.nodes["b"]
-    t_stop = harness.now()
+    t_stop = now()
 
     # 4. A's sessions continue on B through nginx, restored from the shared snapshots.
     rows = []
@@ -251,10 +256,10 @@ def test_scaleout_real(tmp_path, nginx_ok, request):
 def test_shipped_nginx_config_is_valid(tmp_path, nginx_ok):
     """docker/nginx-scaleout.conf parses (with loopback upstreams) and uses consistent hashing
     on the session header, unbuffered proxying and HTTP/1.1 keep-alive upstreams."""
-    n = Nginx(str(tmp_path), harness.free_port(), [harness.free_port(), harness.free_port()])
+    n = Nginx(str(tmp_path), free_port(), [free_port(), free_port()])
     t = n.test_config()
     assert t.returncode == 0, t.stderr.decode()
-    with open(os.path.join(harness.REPO_ROOT, "docker", "nginx-scaleout.conf")) as f:
+    with open(os.path.join(REPO_ROOT, "docker", "nginx-scaleout.conf")) as f:
         conf = f.read()
     for directive in ("hash $http_x_session_id consistent;", "proxy_buffering off;",
                       "proxy_http_version 1.1;", 'proxy_set_header Connection "";', "keepalive "):
@@ -267,7 +272,7 @@ def test_compose_example_is_consistent(tmp_path):
     on the shared `slots` volume, both kvpersist share `kvstate` and one config, nginx mounts the
     shipped config, and that embedded kvpersist config is accepted by the binary."""
     yaml = pytest.importorskip("yaml")
-    with open(os.path.join(harness.REPO_ROOT, "docker", "compose.scaleout.yaml")) as f:
+    with open(os.path.join(REPO_ROOT, "docker", "compose.scaleout.yaml")) as f:
         d = yaml.safe_load(f)
     sv = d["services"]
     assert sv["llama-a"]["command"] == sv["llama-b"]["command"]
@@ -281,19 +286,19 @@ def test_compose_example_is_consistent(tmp_path):
     assert sv["kvp-b"]["command"] == ["--upstream", "http://llama-b:8080"]
     assert "./nginx-scaleout.conf:/etc/nginx/nginx.conf:ro" in sv["nginx"]["volumes"]
     # The embedded kvpersist config: the binary starts with it (upstream unreachable is fine).
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("no kvpersist binary")
     cfg = os.path.join(str(tmp_path), "scaleout.yaml")
     with open(cfg, "w") as f:
         f.write(d["configs"]["kvpersist"]["content"])
-    p = harness.KvPersist("http://127.0.0.1:9", os.path.join(str(tmp_path), "state"),
-                          extra_args=["--config", cfg], work_dir=str(tmp_path))
+    p = KvPersist("http://127.0.0.1:9", os.path.join(str(tmp_path), "state"),
+                  extra_args=["--config", cfg], work_dir=str(tmp_path))
     p.start()
     # kvpersist installs its SIGTERM handler just after it logs kv.proxy.listening (proxy/tools/main.cpp):
     # a SIGTERM sent the instant that line appears kills it (rc -15). Give it a moment.
     assert p.wait_for_log(r"kv\.backend\.unavailable", 5), p.log_text()
-    harness.time.sleep(0.2)
+    time.sleep(0.2)
     assert p.stop(signal.SIGTERM, timeout=15) == 0, p.log_text()
 
 
@@ -320,10 +325,10 @@ def test_shared_state_save_never_overwrites_the_generation_the_manifest_points_a
         assert pa.admin("POST", "/kv/flush").status == 200               # A saves S: gen a
         ok(s.ask(pb.port), "S on B")                                      # B restores a
         assert pb.admin("POST", "/kv/flush").status == 200               # B saves S: gen b
-        m = harness.manifest_for(state, s.id)
+        m = manifest_for(state, s.id)
         assert m["snapshotFile"].endswith(".b.bin"), m
         ok(s.ask(pa.port), "S back on A (still resident there)")
-        before = harness.manifest_for(state, s.id)["snapshotFile"]
+        before = manifest_for(state, s.id)["snapshotFile"]
         assert pa.admin("POST", "/kv/flush").status == 200
         (save,) = [x for x in fa.management_calls() if x["action"] == "save"][1:]
         assert save["filename"] != before, \
@@ -336,7 +341,7 @@ def test_shared_state_save_never_overwrites_the_generation_the_manifest_points_a
 
 
 def test_sigterm_right_after_listening_is_a_clean_shutdown(tmp_path):
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("no kvpersist binary")
     import subprocess
@@ -345,12 +350,12 @@ def test_sigterm_right_after_listening_is_a_clean_shutdown(tmp_path):
         p = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9",
                               "--state-dir", os.path.join(str(tmp_path), "state"), "--admin-listen", ""],
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        deadline = harness.now() + 10
+        deadline = now() + 10
         for line in p.stderr:
             if b"kv.proxy.listening" in line:
                 p.send_signal(signal.SIGTERM)
                 break
-            if harness.now() > deadline:
+            if now() > deadline:
                 break
         try:
             rcs.append(p.wait(10))

@@ -16,17 +16,17 @@ import subprocess
 
 import pytest
 
-import harness
-from harness import Conversation
+from kvptest.chat import Conversation
 from kvptest.checks import ok
 from kvptest.identity import sid_factory
+from kvptest.paths import REPO_ROOT
 from kvptest.units import directive, parse_unit
 
 pytestmark = pytest.mark.fake_only
 
 KEY = "llama-k3y-from-a-file"
 TOKEN = "admin-t0ken"
-UNIT = os.path.join(harness.REPO_ROOT, "systemd", "kvpersist.service")
+UNIT = os.path.join(REPO_ROOT, "systemd", "kvpersist.service")
 
 sid = sid_factory("sec", 10)
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from admin_client import idle, scrape
-from harness import Conversation, cached_tokens, manifest_for, reported, wait_until
+from kvptest.admin_client import idle, scrape
+from kvptest.chat import Conversation, cached_tokens, reported
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for
 from kvptest.prometheus import value
 
 SYSTEM_WORDS = 1150  # the shared prefix: a system prompt of over 4K tokens, as agent harnesses send

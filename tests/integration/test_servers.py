@@ -15,12 +15,13 @@ import os
 
 import pytest
 
-import fake_llama
-import harness
-from harness import Async, http_request, wait_until
-from kvptest.config import to_yaml
+from kvptest import fake_llama
+from kvptest.config import deep_merge, to_yaml
+from kvptest.http_client import http_request
 from kvptest.identity import abbrev, session_hash
-from multislot_helpers import FakeWorld, admin_json, start_proxy
+from kvptest.multislot_helpers import FakeWorld, admin_json, start_proxy
+from kvptest.paths import kvpersist_bin
+from kvptest.waiting import Async, now, wait_until
 
 pytestmark = pytest.mark.fake_only
 
@@ -52,7 +53,7 @@ class Two(FakeWorld):
                 {"model": "model-a", "server": "alpha"},
             ],
         }
-        cfg = harness.deep_merge(cfg, config_extra)
+        cfg = deep_merge(cfg, config_extra)
         # --runtime-key would only set the top-level key, which `servers:` replaces.
         self.proxy = start_proxy(self.fakes["alpha"].url, self.state_dir, self.tmp, cfg, runtime_key=None)
         assert wait_until(lambda: len(self.proxy.events("kv.backend.ready")) == 2, 5), self.proxy.log_text()
@@ -175,11 +176,11 @@ def test_no_lock_is_shared_between_servers(two):
     slow = Async(ask, two.port, "slow-A", "model-a", "slow one", stream=True, timeout=20)
     assert wait_until(lambda: two.fakes["alpha"].inference_requests(), 5)
     queued = Async(ask, two.port, "slow-B", "model-a", "queued behind", stream=True, timeout=20)
-    t0 = harness.now()
+    t0 = now()
     for i in range(3):
         r = ask(two.port, "fast-%d" % i, "model-b", "fast %d" % i)
         assert r.status == 200
-    fast = harness.now() - t0
+    fast = now() - t0
     assert not slow.done(), "alpha's slow request finished first: the test proves nothing"
     assert fast < 1.5, "beta's requests took %.2f s while alpha was busy" % fast
     assert slow.result(20).status == 200 and queued.result(20).status == 200
@@ -187,7 +188,7 @@ def test_no_lock_is_shared_between_servers(two):
 
 def test_unknown_route_target_is_a_config_error(tmp_path):
     """A route naming a server that does not exist: exit code 2 with the key in the message."""
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("no kvpersist binary")
     path = os.path.join(str(tmp_path), "bad.yaml")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation, cache_n
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
-from harness import Conversation, cache_n
-from messages_client import MessagesConversation
+from kvptest.messages_client import MessagesConversation
 
 pytestmark = pytest.mark.fake_only  # the fake's exact reuse counts
 

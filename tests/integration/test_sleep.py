@@ -14,10 +14,11 @@ import time
 
 import pytest
 
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation, cached_tokens
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
-from harness import Conversation, cached_tokens, http_request, wait_until
 
 SLEEP_S = 3
 

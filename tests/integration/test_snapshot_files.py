@@ -17,10 +17,11 @@ import shutil
 
 import pytest
 
-from fake_llama import FakeLlamaServer
-from harness import Conversation, manifest_for
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.fake_llama import FakeLlamaServer
 from kvptest.identity import sid
+from kvptest.manifests import manifest_for
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and the fake's files
 

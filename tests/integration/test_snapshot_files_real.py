@@ -18,11 +18,13 @@ import struct
 
 import pytest
 
-from harness import Chat, chat_body, http_request, manifest_for
+from kvptest.chat import Chat, chat_body
 from kvptest.checks import acts, assert_cold, ok
-from kvptest.reply import parse_reply
+from kvptest.http_client import http_request
+from kvptest.manifests import manifest_for
 # llama (a module-scoped llama-server) and world (a Stack on it) are fixtures
-from real_world import llama, settled_calls, world  # noqa: F401
+from kvptest.real_world import llama, settled_calls, world  # noqa: F401
+from kvptest.reply import parse_reply
 
 pytestmark = pytest.mark.real_only
 

@@ -13,11 +13,12 @@ import os
 
 import pytest
 
-import harness
-from admin_client import idle
+from kvptest.admin_client import idle
+from kvptest.chat import Conversation
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
-from harness import Conversation, manifest_for
+from kvptest.manifests import manifest_for
+from kvptest.waiting import wait_until
 
 pytestmark = pytest.mark.fake_only  # exact management-call records and fault controls
 
@@ -65,7 +66,7 @@ def test_restore_verify_on_invalidates_a_miscounted_restore(stack):
     assert acts(calls) == ["save", "restore", "erase"], calls
     m = manifest_for(stack.state_dir, A.session)
     assert m["state"] == "invalid" and m["invalidReason"] == "KV_SNAPSHOT_CORRUPT", m
-    assert harness.wait_until(lambda: stack.proxy.events("kv.snapshot.invalidated"), 3)
+    assert wait_until(lambda: stack.proxy.events("kv.snapshot.invalidated"), 3)
     ev = stack.proxy.events("kv.snapshot.invalidated")
     assert [(e.fields["session"], e.fields["reason"]) for e in ev] == \
         [(m["sessionHash"][:8], "KV_SNAPSHOT_CORRUPT")], [e.raw for e in ev]

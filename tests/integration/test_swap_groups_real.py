@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness import RealUpstream, Stack, chat_body, http_request
-from real_world import PROMPT, make_text, need_real_model
+from kvptest.chat import chat_body
+from kvptest.http_client import http_request
+from kvptest.real_world import PROMPT, make_text, need_real_model
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstream
 
 pytestmark = pytest.mark.real_only
 

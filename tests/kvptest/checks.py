@@ -11,7 +11,7 @@ def acts(calls) -> list[str]:
 
 
 def ok(r, what: str = ""):
-    """Asserts that a response (harness.Response) is a complete 200, or that a Reply has no
+    """Asserts that a response (kvptest.http_client.Response) is a complete 200, or that a Reply has no
     problems; returns it."""
     if isinstance(r, Reply):
         assert r.ok, "%s: %s" % (what, r.describe())
@@ -23,7 +23,7 @@ def ok(r, what: str = ""):
 
 def settled_calls(stack, quiet: float = 0.15, timeout: float | None = None):
     """The management calls since the last take, once the upstream has made none for `quiet`
-    seconds (harness.Stack.upstream.settle; `timeout` None keeps settle's own default)."""
+    seconds (kvptest.stack.Stack.upstream.settle; `timeout` None keeps settle's own default)."""
     if timeout is None:
         stack.upstream.settle(quiet=quiet)
     else:
@@ -35,7 +35,7 @@ REUSE = 0.9   # a resident or restored turn reuses at least this share of the se
 
 
 def assert_reused(rep, chat, what: str, reuse: float = REUSE):
-    """A Reply reused the cache: cache_n >= `reuse` of the chat's first prompt (harness.Chat)."""
+    """A Reply reused the cache: cache_n >= `reuse` of the chat's first prompt (kvptest.chat.Chat)."""
     need = reuse * chat.first_prompt
     assert rep.cache_n is not None and rep.cache_n >= need, \
         "%s: cache_n=%s < %.0f (%.0f%% of the session's first prompt, %d tokens); %s" % (

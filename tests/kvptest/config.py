@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -20,3 +21,30 @@ def write_config(obj: dict, directory: str, name: str | None = None) -> str:
     with open(path, "w") as f:
         f.write(to_yaml(obj))
     return path
+
+
+def env_config() -> dict:
+    """Config merged under every kvpersist KvPersist starts (a test's own config wins), for
+    whole-suite runs such as scripts/sanitize.sh: KVP_EXTRA_CONFIG is a JSON object
+    (e.g. '{"threads": 4}'), KVP_THREADS=N is short for {"threads": N}."""
+    extra: dict = {}
+    raw = os.environ.get("KVP_EXTRA_CONFIG", "").strip()
+    if raw:
+        extra = json.loads(raw)
+        if not isinstance(extra, dict):
+            raise ValueError("KVP_EXTRA_CONFIG must be a JSON object: %r" % raw)
+    threads = os.environ.get("KVP_THREADS", "").strip()
+    if threads:
+        extra["threads"] = int(threads)
+    return extra
+
+
+def deep_merge(base: dict, over: dict | None) -> dict:
+    """A copy of `base` with `over` merged in (nested maps merged, everything else replaced)."""
+    out = dict(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -13,7 +13,7 @@ FIELD_RE = re.compile(r'([A-Za-z_][\w.\-]*)=("(?:[^"\\]|\\.)*"|\S*)')
 @dataclass
 class LogLine:
     raw: str
-    time: float            # monotonic time the harness read it
+    time: float            # monotonic time KvPersist read it
     level: str = ""
     event: str = ""
     fields: dict = field(default_factory=dict)

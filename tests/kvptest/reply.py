@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Reply:
     """A chat completion response, streamed or not, parsed by parse_reply()."""
-    resp: object                                 # harness.Response
+    resp: object                                 # kvptest.http_client.Response
     stream: bool = False
     content: str = ""
     deltas: list = field(default_factory=list)   # content of each streamed delta, in order
@@ -51,7 +51,7 @@ def chunk_content(chunk: dict) -> str:
 
 
 def parse_reply(r, stream: bool, strict: bool = True) -> Reply:
-    """Parses a harness.Response to a chat completion; rep.problems lists what is wrong.
+    """Parses a kvptest.http_client.Response to a chat completion; rep.problems lists what is wrong.
 
     Always: status 200 and complete, content not empty, usage and timings.cache_n present, no
     error event, a stream ends with `data: [DONE]`. `strict` (the acceptance tests) also checks

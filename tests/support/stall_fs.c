@@ -1,4 +1,4 @@
-/* A filesystem that hangs, for tests (tests/integration/stall.py builds and preloads it):
+/* A filesystem that hangs, for tests (tests/kvptest/stall_fs.py builds and preloads it):
  * while the file named by KVP_STALL_WHILE exists, every fsync(2) of a file whose path
  * contains KVP_STALL_MATCH blocks, as it would on a hung NFS mount or a dying disk. Entering
  * the stall creates KVP_STALL_WHILE.hit, so a test knows the operation is stuck. A stall

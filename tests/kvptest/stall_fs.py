@@ -21,8 +21,9 @@ import time
 
 import pytest
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCE = os.path.join(_HERE, "..", "support", "stall_fs.c")
+from kvptest.paths import REPO_ROOT
+
+_SOURCE = os.path.join(REPO_ROOT, "tests", "support", "stall_fs.c")
 _BUILT: dict[str, str] = {}
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import zlib
 
+from kvptest.chat import words
 from kvptest.checks import ok
-from harness import http_request, words
+from kvptest.http_client import http_request
 
 
 def billing_block(conversation: str) -> str:

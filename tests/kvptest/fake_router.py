@@ -16,7 +16,7 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fake_llama import FakeLlamaServer, err_body
+from kvptest.fake_llama import FakeLlamaServer, err_body
 
 
 class FakeRouter:

@@ -13,9 +13,10 @@ Tokens are whitespace-split words. A chat prompt is rendered as
 so a client that echoes the assistant's reply back gets full prefix reuse on
 the next turn, as with a real template.
 
-Use it in-process (FakeLlamaServer(...).start()/stop()/restart()) or as a script:
+Use it in-process (FakeLlamaServer(...).start()/stop()/restart()) or as a script, from the
+repository root:
 
-    /usr/bin/python3 fake_llama.py --port 8080 --slot-save-path /tmp/slots
+    PYTHONPATH=tests /usr/bin/python3 -m kvptest.fake_llama --port 8080 --slot-save-path /tmp/slots
 
 Everything is recorded (requests, management calls, stream events with their
 send times, aborted streams) under a lock, for tests to assert on.

@@ -1,11 +1,11 @@
 """Helpers for the admin API, CLI, doctor and packaging tests (test_admin*.py, test_cli*.py,
-test_doctor*.py, test_packaging*.py). Imports harness and fake_llama as they are.
+test_doctor*.py, test_packaging*.py).
 
 * scrape(): GET /metrics from the admin API, parsed by kvptest.prometheus.parse_prometheus()
   (strict: fails on anything a scraper would reject or misread).
 * idle(), admin_addr(): waiting until no slot is leased, the admin API's address.
 * run_cli(): runs `kvpersist ARGS...` with a timeout and returns the CompletedProcess.
-* JsonKvPersist: harness.KvPersist that also finds the listening address in a JSON log line.
+* JsonKvPersist: KvPersist (kvptest.kvpersist_process) that also finds the listening address in a JSON log line.
 * raw_exchange(): sends raw bytes to a port and returns what comes back (malformed requests).
 """
 
@@ -17,20 +17,23 @@ import re
 import socket
 import subprocess
 
-import harness
+from kvptest.kvpersist_process import KvPersist
+from kvptest.logs import parse_log_line
+from kvptest.net import HOST
+from kvptest.paths import kvpersist_bin
 from kvptest.prometheus import parse_prometheus
+from kvptest.waiting import now, wait_until
 
-HOST = harness.HOST
 
 
-def idle(proxy: harness.KvPersist, timeout: float = 5.0, token: str | None = None):
+def idle(proxy: KvPersist, timeout: float = 5.0, token: str | None = None):
     """Waits until no slot is leased: a client can read its whole response a moment before the
     coordinator releases the lease and marks the slot dirty (GET routes take no lease)."""
     def quiet():
         r = proxy.admin("GET", "/kv/status", token=token)
         return r.status == 200 and all(not sl["leased"] and sl["state"] != "inference"
                                        for s in r.json["servers"] for sl in s["slots"])
-    assert harness.wait_until(quiet, timeout, 0.02), proxy.admin("GET", "/kv/status", token=token).text
+    assert wait_until(quiet, timeout, 0.02), proxy.admin("GET", "/kv/status", token=token).text
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -40,11 +43,11 @@ def run_cli(args: list[str], env: dict | None = None, timeout: float = 30.0,
     environment unless `env` sets it, so a developer's shell cannot change the outcome."""
     e = {k: v for k, v in os.environ.items() if k != "KVP_ADMIN_TOKEN"}
     e.update(env or {})
-    return subprocess.run([binary or harness.kvpersist_bin()] + list(args), stdin=subprocess.DEVNULL,
+    return subprocess.run([binary or kvpersist_bin()] + list(args), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout, env=e)
 
 
-def admin_addr(proxy: harness.KvPersist) -> str:
+def admin_addr(proxy: KvPersist) -> str:
     port = proxy.admin_port
     assert port, "kvpersist reported no admin address:\n" + proxy.log_text()
     return "%s:%d" % (HOST, port)
@@ -69,18 +72,18 @@ def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 
 
 # ----------------------------------------------------------------------------- JSON logs
-class JsonKvPersist(harness.KvPersist):
-    """harness.KvPersist's reader finds the port in `address=HOST:PORT` (the plain format);
+class JsonKvPersist(KvPersist):
+    """KvPersist's reader finds the port in `address=HOST:PORT` (the plain format);
     this one also reads it from a JSON line {"event":"kv.proxy.listening","address":...}."""
 
     def _reader(self, stream, sink):
         for raw in iter(stream.readline, b""):
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            t = harness.now()
+            t = now()
             with self._lock:
                 if sink is not None:
                     sink.append(text)
-                line = harness.parse_log_line(text, t)
+                line = parse_log_line(text, t)
                 self.lines.append(line)
             if line.event == "kv.proxy.listening" and not self._listening.is_set():
                 m = re.search(r":(\d+)$", line.fields.get("address", ""))
@@ -91,7 +94,7 @@ class JsonKvPersist(harness.KvPersist):
 
 
 # ----------------------------------------------------------------------------- Prometheus
-def scrape(proxy: harness.KvPersist, token: str | None = None) -> dict:
+def scrape(proxy: KvPersist, token: str | None = None) -> dict:
     r = proxy.admin("GET", "/metrics", token=token)
     assert r.status == 200, (r.status, r.body[:300])
     ctype = r.header("content-type") or ""

@@ -15,17 +15,18 @@ import subprocess
 
 import pytest
 
-import harness
-from harness import RealUpstream, RealUpstreamView, Stack, wait_until
-from kvptest import checks
+from kvptest import chat, checks
 from kvptest.checks import REUSE  # noqa: F401  (a restored turn reuses at least this share)
+from kvptest.paths import REPO_ROOT
 from kvptest.procs import tail
+from kvptest.stack import Stack
+from kvptest.upstreams import RealUpstream, RealUpstreamView
+from kvptest.waiting import wait_until
 
 N_CTX = 16384            # room for the long prefill on a fast machine (the KV cache is only ~32 MB)
 MAX_TOKENS = 8
 PROMPT = 2000            # tokens of a session's first prompt (the ci model prefills it in ~0.15-0.4 s)
-HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_DIR = os.path.join(HERE, "openai_client")
+NODE_DIR = os.path.join(REPO_ROOT, "tests", "integration", "openai_client")
 
 settled_calls = functools.partial(checks.settled_calls, quiet=0.2)   # the real tests' quiet period
 
@@ -33,7 +34,7 @@ settled_calls = functools.partial(checks.settled_calls, quiet=0.2)   # the real 
 # ============================================================================ prompts and requests
 def make_text(server: RealUpstream, seed: str, target: int) -> str:
     """About `target` tokens (by llama-server's tokenizer) of text for `seed`."""
-    return harness.make_text(server.port, seed, target)
+    return chat.make_text(server.port, seed, target)
 
 
 # ============================================================================ fixtures
@@ -44,11 +45,11 @@ def need_real_model():
 
 def other_seed_model() -> str:
     """scripts/make-test-model.py --seed 1: the ci preset's geometry with other weights (cached)."""
-    src = subprocess.run([os.path.join(harness.REPO_ROOT, "scripts", "llama-server.sh"), "--src"], capture_output=True,
+    src = subprocess.run([os.path.join(REPO_ROOT, "scripts", "llama-server.sh"), "--src"], capture_output=True,
                          text=True, timeout=600)
     if src.returncode != 0:
         pytest.skip("no llama.cpp source tree for make-test-model.py: %s" % src.stderr[-300:])
-    r = subprocess.run(["/usr/bin/python3", os.path.join(harness.REPO_ROOT, "scripts", "make-test-model.py"),
+    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO_ROOT, "scripts", "make-test-model.py"),
                         "--preset", "ci", "--seed", "1", "--llama-src", src.stdout.strip()],
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
@@ -57,7 +58,7 @@ def other_seed_model() -> str:
 
 
 def module_llama(tmp_path_factory, name: str, n_ctx: int, extra_args: list[str] | None = None):
-    """A module's own llama-server (harness.RealUpstream, -np 1) for a module-scoped fixture to
+    """A module's own llama-server (RealUpstream, -np 1) for a module-scoped fixture to
     `yield from`; skips the tests without KVP_MODEL."""
     need_real_model()
     server = RealUpstream(str(tmp_path_factory.mktemp(name)), n_ctx=n_ctx, extra_args=extra_args)
@@ -128,7 +129,7 @@ def npm_ready(node_dir: str = NODE_DIR, packages=("openai",)) -> str | None:
         return None
     npm = shutil.which("npm")
     if not npm:
-        return "npm is not available (needed to install %s)" % os.path.relpath(node_dir, harness.REPO_ROOT)
+        return "npm is not available (needed to install %s)" % os.path.relpath(node_dir, REPO_ROOT)
     r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=node_dir, stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=75)
     assert r.returncode == 0, "npm ci failed in %s:\n%s" % (node_dir, (r.stdout + r.stderr).decode()[-2000:])

@@ -1,15 +1,15 @@
 """Helpers shared by test_multislot_*.py, test_servers*.py and test_scaleout*.py.
 
 * Llama: a real llama-server started by the test itself with any -np / -c / --slot-save-path
-  (harness.RealUpstream always uses -np 1), skipped when KVP_LLAMA_SERVER / KVP_MODEL are unset.
-* start_proxy(): a kvpersist (harness.KvPersist) with a config written by kvptest.config
+  (kvptest.upstreams.RealUpstream always uses -np 1), skipped when KVP_LLAMA_SERVER / KVP_MODEL are unset.
+* start_proxy(): a kvpersist (kvptest.kvpersist_process.KvPersist) with a config written by kvptest.config
   (lists of maps too: `routes:`).
 * Calls: the management calls a kvpersist made, parsed from its debug log, with their slot
   and the session they were for (the first 8 hex digits of the session hash, which is what
   kvpersist logs), so a test can say "save of B on slot 1".
 * kvptest.identity.session_hash() gives kvpersist's snapshot identity (core/identity.cpp), to
   know a session's abbreviation and snapshot names before kvpersist logs them.
-* harness.Chat is the agent-style session the real-llama-server tests use.
+* kvptest.chat.Chat is the agent-style session the real-llama-server tests use.
 * Nginx: nginx (Debian's nginx-light) in the foreground with a config in a temp dir.
 """
 
@@ -24,20 +24,21 @@ from dataclasses import dataclass
 
 import pytest
 
-import harness
-from harness import HOST, KvPersist, http_request, wait_until
 from kvptest.config import write_config
+from kvptest.http_client import http_request
+from kvptest.kvpersist_process import KvPersist
 from kvptest.llama import llama_server_cmd
+from kvptest.net import HOST, free_port
+from kvptest.paths import REPO_ROOT, kvpersist_bin
 from kvptest.procs import stop_process, tail
-
-REPO_ROOT = harness.REPO_ROOT
+from kvptest.waiting import wait_quiet, wait_until
 
 
 def start_proxy(upstream_url: str, state_dir: str, workdir: str, config: dict | None = None,
                 runtime_key: str | None = "test-runtime", extra_args: list[str] | None = None,
                 **kw) -> KvPersist:
     """A kvpersist on a free loopback port (and admin port), debug log, config from to_yaml()."""
-    binary = harness.kvpersist_bin()
+    binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
         pytest.skip("kvpersist binary not found at %s (set KVPERSIST_BIN)" % binary)
     args = list(extra_args or [])
@@ -114,11 +115,11 @@ def calls_of(proxy: KvPersist, since: float = 0.0) -> list[MCall]:
 
 def settle(proxy: KvPersist, quiet: float = 0.25, timeout: float = 5.0):
     """Waits until kvpersist's log has been quiet for `quiet` seconds."""
-    harness.wait_quiet(lambda: len(proxy.log_lines()), quiet, timeout)
+    wait_quiet(lambda: len(proxy.log_lines()), quiet, timeout)
 
 
 class CallTaker:
-    """take(): the calls since the previous take (like harness.Upstream.take_calls)."""
+    """take(): the calls since the previous take (like kvptest.upstreams.Upstream.take_calls)."""
 
     def __init__(self, proxy: KvPersist):
         self.proxy = proxy
@@ -169,7 +170,7 @@ class Llama:
         self.n_ctx = n_parallel * ctx_per_slot
         self.save_dir = save_dir or os.path.join(workdir, "slots")
         os.makedirs(self.save_dir, exist_ok=True)
-        self.port = port or harness.free_port()
+        self.port = port or free_port()
         self.threads = threads
         self.extra_args = extra_args or []
         self.log_path = os.path.join(workdir, "%s-%d.log" % (name, self.port))

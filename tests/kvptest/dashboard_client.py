@@ -18,15 +18,15 @@ import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 
-from harness import HOST
+from kvptest.net import HOST
+from kvptest.paths import REPO_ROOT
 from kvptest.procs import stop_process
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def artifacts_dir() -> str:
     """$KVP_ARTIFACTS, else tests/integration/artifacts/ (ignored by git)."""
-    d = os.environ.get("KVP_ARTIFACTS") or os.path.join(REPO, "tests", "integration", "artifacts")
+    d = os.environ.get("KVP_ARTIFACTS") or os.path.join(REPO_ROOT, "tests", "integration", "artifacts")
     os.makedirs(d, exist_ok=True)
     return d
 
