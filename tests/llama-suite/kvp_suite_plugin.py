@@ -23,12 +23,12 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.getcwd())  # the copied tools/server/tests directory
-import utils  # noqa: E402  (the suite's own module, the one its conftest.py imports)
+# The suite's own module, the one its conftest.py imports: the copied tools/server/tests
+# directory is the working directory and on PYTHONPATH (scripts/llama-suite.sh).
+import utils
 
 VARIANT = os.environ.get("KVP_SUITE_VARIANT", "direct")
 KVPERSIST_BIN = os.environ.get("KVP_SUITE_KVPERSIST", "")
