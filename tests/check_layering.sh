@@ -33,5 +33,17 @@ if grep -rnE '/slots' "$root/core" "$root/proxy" --include='*.cpp' --include='*.
   echo "layering: only backends/ may know a /slots URL" >&2
   fail=1
 fi
+# Python (docs/conventions.md §5): helpers live in tests/kvptest/, tests/integration/ holds test
+# modules and conftest.py only, and no import of our own code edits sys.path (make-test-model.py
+# loads gguf-py from the llama.cpp tree its --llama-src names).
+if ls "$root"/tests/integration/*.py | grep -vE '/(test_[a-z0-9_]+|conftest)\.py$'; then
+  echo "layering: tests/integration/ holds only test_*.py and conftest.py; helpers go to tests/kvptest/" >&2
+  fail=1
+fi
+if grep -rnE 'sys\.path\.(insert|append)' "$root/tests" "$root/bench" "$root/scripts" --include='*.py' \
+    | grep -v '/scripts/make-test-model\.py:'; then
+  echo "layering: no sys.path edits: tests/integration/pytest.ini's pythonpath, PYTHONPATH=<repo>/tests in scripts" >&2
+  fail=1
+fi
 ((fail == 0)) && echo "layering: ok"
 exit $fail
