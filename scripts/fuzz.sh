@@ -2,9 +2,10 @@
 # Builds the libFuzzer targets (tests/fuzz, clang++ with ASan+UBSan) into build-fuzz and runs
 # each for N seconds from its seed corpus (tests/fuzz/corpus/<target>) with its dictionary.
 #
-# Usage: scripts/fuzz.sh [--seconds N] [--no-build] [--merge] [TARGET...]
+# Usage: scripts/fuzz.sh [--seconds N] [--no-build|--build-only] [--merge] [TARGET...]
 #   --seconds N  per target (default 60; CI runs 20)
 #   --no-build   reuse build-fuzz as it is
+#   --build-only build the targets, run none
 #   --merge      afterwards, minimize what was found into tests/fuzz/corpus/<target> (-merge=1)
 #   TARGET       one of tests/fuzz/targets.cmake's KVP_FUZZ_TARGETS (default: all of them)
 # Env:   KVP_FUZZ_STRICT=1  also check the properties of known, reported bugs (they fail at once)
@@ -18,12 +19,14 @@ cd "$(dirname "$0")/.."
 
 seconds=60
 build_it=1
+run_it=1
 merge=0
 targets=()
 while (($#)); do
   case "$1" in
     --seconds) seconds=$2; shift ;;
     --no-build) build_it=0 ;;
+    --build-only) run_it=0 ;;
     --merge) merge=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -44,6 +47,7 @@ if ((build_it)); then
         -DKVP_FUZZ=ON -DKVP_SANITIZE=address,undefined -DKVP_BUILD_TESTS=OFF -DKVP_WERROR=OFF >/dev/null
   ninja -C "$build" -j "${KVP_FUZZ_JOBS:-$(nproc)}" $(printf 'fuzz_%s ' "${targets[@]}")
 fi
+((run_it)) || exit 0
 
 dict_for() {
   case $1 in

@@ -2,13 +2,14 @@
 # Builds kvpersist and its tests under sanitizers and runs the unit and fake-integration suites,
 # failing on any sanitizer report.
 #
-# Usage: scripts/sanitize.sh [asan|tsan] [--no-build] [-- PYTEST_ARGS...]
+# Usage: scripts/sanitize.sh [asan|tsan] [--no-build|--build-only] [-- PYTEST_ARGS...]
 #   asan  (default) build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer
 #         at exit); kvpersist runs with its default single io_context thread.
 #   tsan  build-tsan: ThreadSanitizer; every kvpersist the integration harness starts runs
 #         with `threads: 4` (KVP_THREADS=4), so the coordinator strand, client sessions and
 #         timers really run on several threads. Suppressions: tests/tsan.supp.
 #   --no-build   reuse the build directory as it is
+#   --build-only build, run nothing (.ci/run builds while other suites run, then tests)
 #   PYTEST_ARGS  replace the default pytest selection `tests/integration` (e.g.
 #                -- tests/integration/test_faults.py -k breaker)
 # Env:   KVP_SAN_JOBS  parallel compile jobs (default: nproc)
@@ -23,11 +24,13 @@ cd "$(dirname "$0")/.."
 
 kind=asan
 build_it=1
+test_it=1
 pytest_args=()
 while (($#)); do
   case "$1" in
     asan|tsan) kind=$1 ;;
     --no-build) build_it=0 ;;
+    --build-only) test_it=0 ;;
     --) shift; pytest_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "sanitize.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -46,6 +49,7 @@ if ((build_it)); then
         -DKVP_SANITIZE="$sanitize" >/dev/null
   ninja -C "$build" -j "${KVP_SAN_JOBS:-$(nproc)}"
 fi
+((test_it)) || exit 0
 
 logs="$PWD/$build/sanitizer-logs"
 rm -rf "$logs"
