@@ -22,6 +22,7 @@
 #include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
+#include "core/reuse_stats.hpp"
 #include "core/session_rate.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
@@ -53,20 +54,10 @@ struct coordinator_options {
 std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
                                                   std::chrono::seconds sleep_idle);
 
-// Whose snapshot a restore loaded: a header session's own, a content session's own
-// (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
-// §3). Labels kvpersist_reused_prompt_tokens_total.
-enum class restore_source { own, content, seed };
-std::string_view to_string(restore_source s);
-
+using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
 
-// What the session's last restore paid: tokens restored, and how many of them the next
-// response reused (llama-server's cache_n; -1 until that response is read).
-struct restore_reuse {
-  std::uint64_t restored = 0;
-  std::int64_t reused = -1;
-};
+using core::restore_reuse;
 
 // What a finished request's response said about its prompt, and how the request was prepared.
 struct reply_report {
@@ -359,7 +350,6 @@ class coordinator {
   }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  restore_source note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::slot_pool::session_view v) const;
   // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
   net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
@@ -530,19 +520,7 @@ class coordinator {
   core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
   core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
-  struct restored_content {
-    std::string hash;
-    std::uint64_t tokens = 0;
-    restore_source source = restore_source::own;
-  };
-  std::map<int, restored_content> restored_on_;  // slot -> what its last restore loaded
-  std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
-  std::uint64_t unpaid_restores_ = 0;
-  // Sum of cache_n on requests right after a restore, by restore_source.
-  std::array<std::uint64_t, 3> reused_tokens_{};
-  std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
-  double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
-  double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  core::reuse_stats reuse_;  // what restores and cold starts earned
   // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
   std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
   std::array<std::string, core::hint_count> hint_first_seen_;

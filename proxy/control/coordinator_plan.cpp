@@ -224,7 +224,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   if (d.restored) {
     restored_at_[rs.hash] = detail::unix_now();
     const auto source = source_of(rs);
-    restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
+    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source);
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
          {"source", std::string(to_string(source))}, {"from", from},

@@ -27,7 +27,7 @@ struct files_removed {
 
 net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
   pool_.forget(hash);
-  last_restore_.erase(hash);
+  reuse_.forget(hash);
   restored_at_.erase(hash);
   const auto store = store_;
   const auto files = snapshots_;
