@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <algorithm>
 #include <cerrno>

@@ -33,7 +33,7 @@ TEST_CASE("a restore reused by its next response counts by source, once", "[reus
   CHECK(s.reused_tokens_total() == 1000);
 }
 
-TEST_CASE("a restore reused below half did not pay; a seed only when nothing was reused",
+TEST_CASE("a restore reused below half did not pay and a seed only when nothing was reused",
           "[reuse_stats]") {
   reuse_stats s;
   s.note_restore(1, "A", 1000, restore_source::own);
