@@ -350,7 +350,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
-    const bool written = co_await write_manifest(m);
+    const auto written = co_await write_manifest(m);
     (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
@@ -370,8 +370,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 
   const auto done = co_await execute(plan, opts_.pool.strict);
   if (done.failure)
-    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->what + " (strict mode)"
-                                                         : done.failure->what);
+    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
+                                                         : done.failure->message);
   log_circuit_changes();
   out.kind = pool_.start_inference(who, slot);
   if (plan.kept)
@@ -551,7 +551,7 @@ net::awaitable<void> coordinator::idle_loop() {
 
 // The lease for kvpersist's own work (flush, shutdown, admin): the same FIFO as requests,
 // without the bound, since these must not be refused.
-net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
+net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
   auto t = std::make_shared<lease_ticket>(strand_);
   t->id = next_id_++;
   t->exclusive = true;
@@ -564,11 +564,11 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
   }
   // Flush, shutdown, admin and gc see every save's manifest on disk.
   co_await wait_all_commits();
-  co_return t;
+  co_return exclusive_hold(*this, std::move(t));
 }
 
 net::awaitable<bool> coordinator::checkpoint() {
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   bool ok = true;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
@@ -576,7 +576,6 @@ net::awaitable<bool> coordinator::checkpoint() {
       ok = ok && saved.ok();
     }
   }
-  release_and_wake(t);
   co_return ok;
 }
 

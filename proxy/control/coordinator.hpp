@@ -356,12 +356,8 @@ class coordinator {
   // The core's decision on the restore, its manifest write already done.
   net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
   restore_source source_of(const core::restore_step& rs) const;
-  struct plan_failure {
-    core::errc code = core::errc::invariant;
-    std::string what;
-  };
   struct plan_result {
-    std::optional<plan_failure> failure;   // only when stopped on it
+    std::optional<core::error> failure;   // only when stopped on it: what failed, and why
     std::optional<core::restore_decision> restore;  // when the plan had a restore
   };
   net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
@@ -381,15 +377,34 @@ class coordinator {
   net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
                                    std::shared_ptr<pending_commit> pc);
   net::awaitable<void> wait_all_commits();
-  // Stores the manifest durably and makes it current; false (logged) if the write failed.
-  net::awaitable<bool> write_manifest(core::manifest m);
+  // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
+  net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
   // Runs a file operation on the file pool; a timeout is reported to the breaker.
   template <class T>
   net::awaitable<core::result<T>> on_file_pool(std::string_view what,
                                                std::function<core::result<T>()> work);
   // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
   net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
-  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
+  // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
+  // the strand after every commit in flight has landed. Released, on the strand, when it
+  // goes out of scope: no path out of an operation leaves the server leased.
+  class exclusive_hold {
+   public:
+    exclusive_hold(coordinator& c, std::shared_ptr<lease_ticket> t) : c_(&c), t_(std::move(t)) {}
+    exclusive_hold(exclusive_hold&& o) noexcept
+        : c_(std::exchange(o.c_, nullptr)), t_(std::move(o.t_)) {}
+    exclusive_hold& operator=(exclusive_hold&&) = delete;
+    exclusive_hold(const exclusive_hold&) = delete;
+    exclusive_hold& operator=(const exclusive_hold&) = delete;
+    ~exclusive_hold() {
+      if (c_) c_->release_and_wake(t_);
+    }
+
+   private:
+    coordinator* c_;
+    std::shared_ptr<lease_ticket> t_;
+  };
+  net::awaitable<exclusive_hold> acquire_internal();
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
   struct session_ref {
     std::string hash;
