@@ -174,7 +174,6 @@ class coordinator {
   coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
               manifest_store store, coordinator_options opts);
 
-  net::strand<net::io_context::executor_type>& strand() { return strand_; }
   // Runs one of this coordinator's coroutines on its strand: how code outside the
   // coordinator (server, admin) calls it. Client sessions use proxy/control/lease.hpp.
   template <class T>
@@ -189,7 +188,7 @@ class coordinator {
   // problems are logged once and persistence stays off until a probe succeeds.
   net::awaitable<void> start();
 
-  // Lease protocol, each step co_spawned on strand():
+  // Lease protocol, each step run on the strand (on_strand):
   //   enqueue -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
   // enqueue returns false when the queue is full (answer 503). settle returns whether the
   // ticket holds the lease; if not, the ticket has left the queue. One lease per slot:

@@ -100,11 +100,11 @@ struct harness {
 
   template <class T>
   T run(kvp::net::awaitable<T> a) {
-    return kvp::testing::run_on(ioc, coord->strand(), std::move(a));
+    return kvp::testing::run_on(ioc, ioc.get_executor(), coord->on_strand(std::move(a)));
   }
   template <class T>
   std::future<T> spawn(kvp::net::awaitable<T> a) {
-    return kvp::testing::spawn(coord->strand(), std::move(a));
+    return kvp::testing::spawn(ioc.get_executor(), coord->on_strand(std::move(a)));
   }
 
   void start() { run(coord->start()); }
@@ -189,22 +189,20 @@ kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
   auto t = std::make_shared<lease_ticket>(ex);
   t->wakeup.expires_after(10s);
   auto enqueue = c->enqueue(t);
-  const bool queued =
-      co_await kvp::net::co_spawn(c->strand(), std::move(enqueue), kvp::net::use_awaitable);
+  const bool queued = co_await c->on_strand(std::move(enqueue));
   if (!queued) co_return;
   auto [ec] = co_await t->wakeup.async_wait();
   (void)ec;  // aborted (woken) or expired: settle decides
   auto settle = c->settle(t);
-  const bool granted =
-      co_await kvp::net::co_spawn(c->strand(), std::move(settle), kvp::net::use_awaitable);
+  const bool granted = co_await c->on_strand(std::move(settle));
   if (!granted) co_return;
   order->push_back(id);
   kvp::core::request_identity who{"S" + std::to_string(id), "", {}, ""};
   auto prepare = c->prepare(t, who, false);
-  auto pr = co_await kvp::net::co_spawn(c->strand(), std::move(prepare), kvp::net::use_awaitable);
+  auto pr = co_await c->on_strand(std::move(prepare));
   if (pr.ok) fake->run_inference(100 * static_cast<std::uint64_t>(id));
   auto finish = c->finish(t, true);
-  co_await kvp::net::co_spawn(c->strand(), std::move(finish), kvp::net::use_awaitable);
+  co_await c->on_strand(std::move(finish));
 }
 
 }  // namespace
