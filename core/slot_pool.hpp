@@ -223,9 +223,6 @@ class slot_pool {
   // returning, so no other decision can race it while the calls are in flight.
   prepare_plan prepare(const request_identity& who, int slot, steady_time now,
                        std::string_view wall_now);
-  prepare_plan prepare(const request_identity& who, steady_time now, std::string_view wall_now) {
-    return prepare(who, first_slot(), now, wall_now);
-  }
 
   // Outcomes of the plan's steps, in order. `wall_now` stamps manifests (RFC 3339).
   save_decision on_save(const save_step& step, const result<slot_saved>& r, steady_time now,
@@ -233,7 +230,6 @@ class slot_pool {
   restore_decision on_restore(const restore_step& step, const result<slot_restored>& r,
                               steady_time now, std::string_view wall_now);
   bool on_erase(int slot, const result<slot_erased>& r, steady_time now);
-  bool on_erase(const result<slot_erased>& r, steady_time now) { return on_erase(first_slot(), r, now); }
 
   // A manifest was durably written (or an invalidation decided): make it current.
   void store_manifest(const manifest& m);
@@ -248,16 +244,12 @@ class slot_pool {
   // REQUIRES: lease of `slot` held. The prepared request is about to be forwarded.
   // Returns what kind of preparation it got (for logs and metrics).
   prepare_kind start_inference(const request_identity& who, int slot);
-  prepare_kind start_inference(const request_identity& who) { return start_inference(who, first_slot()); }
   // REQUIRES: lease of `slot` held. The forwarded request finished or was cancelled.
   // `reached_slot`: llama-server received it (its KV may have changed). `turn_end`: its reply
   // handed the conversation back to the user (core/reply_end.hpp). Returns a save to run
   // before the lease is released with checkpoint.onStepEnd, or onTurnEnd at a turn end.
   std::optional<save_step> end_inference(int slot, bool reached_slot, steady_time now,
                                          bool turn_end = false);
-  std::optional<save_step> end_inference(bool reached_slot, steady_time now, bool turn_end = false) {
-    return end_inference(first_slot(), reached_slot, now, turn_end);
-  }
   // What a response of the session `hash` reported: `reused` prompt tokens (cache_n) on a
   // request prepared as `kind`; after a restore they also count as `reused / tokens_per_s`
   // seconds of prefill saved (0 while the server's prompt speed is unknown). Unknown sessions,
@@ -266,7 +258,6 @@ class slot_pool {
                   double tokens_per_s);
   // A strict-mode failure, or a lease released without end_inference.
   void abort_prepare(int slot);
-  void abort_prepare() { abort_prepare(first_slot()); }
 
   // The slot's content is unknown (an unpinnable request may have run on it): nobody owns it.
   void forget_slot(int slot);
@@ -275,11 +266,9 @@ class slot_pool {
   // re-checks that the same owner is still dirty at the same revision before asking for a save.
   std::optional<steady_time> idle_deadline() const;  // earliest over the pool
   std::optional<save_step> idle_checkpoint(int slot, steady_time now);
-  std::optional<save_step> idle_checkpoint(steady_time now) { return idle_checkpoint(first_slot(), now); }
 
   // Flush/shutdown/admin: a save of the slot's owner if it is dirty (nothing if clean: coalesced).
   std::optional<save_step> checkpoint_slot(int slot, steady_time now);
-  std::optional<save_step> checkpoint_owner(steady_time now) { return checkpoint_slot(first_slot(), now); }
 
   // Admin operations. REQUIRES: lease of the session's slot held (if it owns one).
   // Marks the session's snapshot invalid (reason: an errc name; note: the operator's words,
@@ -321,11 +310,8 @@ class slot_pool {
   std::optional<session_view> session(const std::string& hash) const;
   const std::string& owner(int slot) const;
   slot_state state(int slot) const;
-  const std::string& owner() const { return owner(first_slot()); }
-  slot_state state() const { return state(first_slot()); }
   int slot_of(const std::string& hash) const;  // the slot the session owns, or -1
   bool owner_dirty(int slot) const;
-  bool owner_dirty() const { return owner_dirty(first_slot()); }
   const manifest* find_manifest(const std::string& hash) const;
   std::vector<manifest> manifests() const;
   const core_stats& stats() const { return stats_; }
@@ -368,7 +354,6 @@ class slot_pool {
     slot_content content;
   };
 
-  int first_slot() const { return slots_.front().id; }
   bool scoped_by_credential() const {
     return opts_.seed_within_credential || !opts_.seed_across_sessions;
   }

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <algorithm>
 #include <cerrno>
@@ -351,7 +350,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
-    const bool written = co_await write_manifest(m);
+    const auto written = co_await write_manifest(m);
     (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
@@ -371,8 +370,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 
   const auto done = co_await execute(plan, opts_.pool.strict);
   if (done.failure)
-    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->what + " (strict mode)"
-                                                         : done.failure->what);
+    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
+                                                         : done.failure->message);
   log_circuit_changes();
   out.kind = pool_.start_inference(who, slot);
   if (plan.kept)
@@ -391,7 +390,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 // What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
 void coordinator::forget_records_dropped_by_pool() {
   for (const auto& hash : pool_.take_forgotten_records()) {
-    last_restore_.erase(hash);
+    reuse_.forget(hash);
     restored_at_.erase(hash);
     log(log_level::debug, "kv.session.record_forgotten",
         {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
@@ -552,7 +551,7 @@ net::awaitable<void> coordinator::idle_loop() {
 
 // The lease for kvpersist's own work (flush, shutdown, admin): the same FIFO as requests,
 // without the bound, since these must not be refused.
-net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
+net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
   auto t = std::make_shared<lease_ticket>(strand_);
   t->id = next_id_++;
   t->exclusive = true;
@@ -565,11 +564,11 @@ net::awaitable<std::shared_ptr<lease_ticket>> coordinator::acquire_internal() {
   }
   // Flush, shutdown, admin and gc see every save's manifest on disk.
   co_await wait_all_commits();
-  co_return t;
+  co_return exclusive_hold(*this, std::move(t));
 }
 
 net::awaitable<bool> coordinator::checkpoint() {
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   bool ok = true;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
@@ -577,56 +576,19 @@ net::awaitable<bool> coordinator::checkpoint() {
       ok = ok && saved.ok();
     }
   }
-  release_and_wake(t);
   co_return ok;
-}
-
-std::string_view to_string(restore_source s) {
-  switch (s) {
-    case restore_source::own: return "own";
-    case restore_source::content: return "content";
-    case restore_source::seed: return "seed";
-  }
-  return "?";
 }
 
 void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
   pool_.note_reuse(pool_.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
-                   prompt_tokens_per_s_);
-  // The aggregate metrics count only restores and cold starts (README "Metrics").
-  if (kind == core::prepare_kind::resident) return;
-  if (t.prompt_n > 0) prefilled_tokens_ += static_cast<std::uint64_t>(t.prompt_n);
-  if (kind == core::prepare_kind::restored) {
-    const auto source = note_restore_reuse(slot, t.cache_n);
-    reused_tokens_[static_cast<std::size_t>(source)] += static_cast<std::uint64_t>(t.cache_n);
-    if (prompt_tokens_per_s_ > 0) prefill_seconds_saved_ += t.cache_n / prompt_tokens_per_s_;
-  } else if ((kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback) &&
-             t.prompt_n >= 64 && t.prompt_ms > 0) {
-    const double speed = t.prompt_n / (t.prompt_ms / 1000.0);
-    prompt_tokens_per_s_ =
-        prompt_tokens_per_s_ > 0 ? 0.7 * prompt_tokens_per_s_ + 0.3 * speed : speed;
-  }
-}
-
-// docs/design.md §9: a restore that the next response reuses less than half of did not pay
-// for itself (a prompt that diverged early, a model kind that reprocesses after a restore).
-// A seed is expected to share only a prefix: it did not pay when nothing was reused.
-// Returns whose snapshot the slot's last restore loaded.
-restore_source coordinator::note_restore_reuse(int slot, std::int64_t cache_n) {
-  auto it = restored_on_.find(slot);
-  if (it == restored_on_.end()) return restore_source::own;
-  const auto [hash, restored, source] = std::move(it->second);
-  restored_on_.erase(it);
-  last_restore_[hash] = restore_reuse{restored, cache_n};
-  const bool seed = source == restore_source::seed;
-  if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return source;
-  ++unpaid_restores_;
+                   reuse_.prompt_tokens_per_s());
+  const auto unpaid = reuse_.record_response(slot, kind, t);
+  if (!unpaid) return;
   log(log_level::info, "kv.session.restore.unpaid",
-      {{"session", std::string(core::abbrev(hash))}, {"slot", std::to_string(slot)},
-       {"restored", std::to_string(restored)}, {"reused", std::to_string(cache_n)},
+      {{"session", std::string(core::abbrev(unpaid->hash))}, {"slot", std::to_string(slot)},
+       {"restored", std::to_string(unpaid->restored)}, {"reused", std::to_string(unpaid->reused)},
        {"effect", "the prompt was reprocessed after the restore"}});
-  return source;
 }
 
 }  // namespace kvp::proxy

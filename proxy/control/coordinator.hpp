@@ -22,6 +22,7 @@
 #include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
+#include "core/reuse_stats.hpp"
 #include "core/session_rate.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
@@ -53,20 +54,10 @@ struct coordinator_options {
 std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
                                                   std::chrono::seconds sleep_idle);
 
-// Whose snapshot a restore loaded: a header session's own, a content session's own
-// (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
-// §3). Labels kvpersist_reused_prompt_tokens_total.
-enum class restore_source { own, content, seed };
-std::string_view to_string(restore_source s);
-
+using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
 
-// What the session's last restore paid: tokens restored, and how many of them the next
-// response reused (llama-server's cache_n; -1 until that response is read).
-struct restore_reuse {
-  std::uint64_t restored = 0;
-  std::int64_t reused = -1;
-};
+using core::restore_reuse;
 
 // What a finished request's response said about its prompt, and how the request was prepared.
 struct reply_report {
@@ -183,7 +174,6 @@ class coordinator {
   coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
               manifest_store store, coordinator_options opts);
 
-  net::strand<net::io_context::executor_type>& strand() { return strand_; }
   // Runs one of this coordinator's coroutines on its strand: how code outside the
   // coordinator (server, admin) calls it. Client sessions use proxy/control/lease.hpp.
   template <class T>
@@ -198,7 +188,7 @@ class coordinator {
   // problems are logged once and persistence stays off until a probe succeeds.
   net::awaitable<void> start();
 
-  // Lease protocol, each step co_spawned on strand():
+  // Lease protocol, each step run on the strand (on_strand):
   //   enqueue -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
   // enqueue returns false when the queue is full (answer 503). settle returns whether the
   // ticket holds the lease; if not, the ticket has left the queue. One lease per slot:
@@ -359,19 +349,14 @@ class coordinator {
   }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  restore_source note_restore_reuse(int slot, std::int64_t cache_n);
   session_row row_with_reuse(core::slot_pool::session_view v) const;
   // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
   net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
   // The core's decision on the restore, its manifest write already done.
   net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
   restore_source source_of(const core::restore_step& rs) const;
-  struct plan_failure {
-    core::errc code = core::errc::invariant;
-    std::string what;
-  };
   struct plan_result {
-    std::optional<plan_failure> failure;   // only when stopped on it
+    std::optional<core::error> failure;   // only when stopped on it: what failed, and why
     std::optional<core::restore_decision> restore;  // when the plan had a restore
   };
   net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
@@ -391,15 +376,34 @@ class coordinator {
   net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
                                    std::shared_ptr<pending_commit> pc);
   net::awaitable<void> wait_all_commits();
-  // Stores the manifest durably and makes it current; false (logged) if the write failed.
-  net::awaitable<bool> write_manifest(core::manifest m);
+  // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
+  net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
   // Runs a file operation on the file pool; a timeout is reported to the breaker.
   template <class T>
   net::awaitable<core::result<T>> on_file_pool(std::string_view what,
                                                std::function<core::result<T>()> work);
   // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
   net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
-  net::awaitable<std::shared_ptr<lease_ticket>> acquire_internal();  // exclusive
+  // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
+  // the strand after every commit in flight has landed. Released, on the strand, when it
+  // goes out of scope: no path out of an operation leaves the server leased.
+  class exclusive_hold {
+   public:
+    exclusive_hold(coordinator& c, std::shared_ptr<lease_ticket> t) : c_(&c), t_(std::move(t)) {}
+    exclusive_hold(exclusive_hold&& o) noexcept
+        : c_(std::exchange(o.c_, nullptr)), t_(std::move(o.t_)) {}
+    exclusive_hold& operator=(exclusive_hold&&) = delete;
+    exclusive_hold(const exclusive_hold&) = delete;
+    exclusive_hold& operator=(const exclusive_hold&) = delete;
+    ~exclusive_hold() {
+      if (c_) c_->release_and_wake(t_);
+    }
+
+   private:
+    coordinator* c_;
+    std::shared_ptr<lease_ticket> t_;
+  };
+  net::awaitable<exclusive_hold> acquire_internal();
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
   struct session_ref {
     std::string hash;
@@ -530,19 +534,7 @@ class coordinator {
   core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
   core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
-  struct restored_content {
-    std::string hash;
-    std::uint64_t tokens = 0;
-    restore_source source = restore_source::own;
-  };
-  std::map<int, restored_content> restored_on_;  // slot -> what its last restore loaded
-  std::map<std::string, restore_reuse> last_restore_;  // session hash -> its last restore
-  std::uint64_t unpaid_restores_ = 0;
-  // Sum of cache_n on requests right after a restore, by restore_source.
-  std::array<std::uint64_t, 3> reused_tokens_{};
-  std::uint64_t prefilled_tokens_ = 0;    // sum of prompt_n: tokens llama-server had to prefill
-  double prefill_seconds_saved_ = 0;      // reused tokens / the server's measured prompt speed
-  double prompt_tokens_per_s_ = 0;        // EWMA over cold requests' prompt processing
+  core::reuse_stats reuse_;  // what restores and cold starts earned
   // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
   std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
   std::array<std::string, core::hint_count> hint_first_seen_;

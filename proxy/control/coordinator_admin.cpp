@@ -27,7 +27,7 @@ coordinator::session_ref coordinator::resolve_session(const std::string& hash_or
 
 net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
   if (!pool_.session(hash)) {
@@ -40,18 +40,14 @@ net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
   } else {
     out.result = admin_result::clean;
   }
-  release_and_wake(t);
   co_return out;
 }
 
 net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   co_await refresh_runtime(pool_.slot_ids().front());  // a plan needs the current fingerprint
-  if (!pool_.persistence_enabled()) {
-    release_and_wake(t);
-    co_return admin_outcome{admin_result::persistence_off};
-  }
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   core::request_identity who;
@@ -59,7 +55,7 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
   auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) {
-    const bool written = co_await write_manifest(m);
+    const auto written = co_await write_manifest(m);
     (void)written;  // logged
   }
   admin_outcome out = admin_outcome{admin_result::resident};
@@ -79,17 +75,16 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
     pool_.start_inference(who, slot);
     pool_.end_inference(slot, false, steady_clock::now());
   }
-  release_and_wake(t);
   co_return out;
 }
 
 net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_id, std::string note) {
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
   if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     const auto invalid = *m;
-    const bool written = co_await write_manifest(invalid);
+    const auto written = co_await write_manifest(invalid);
     (void)written;  // logged
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
@@ -97,13 +92,12 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
   } else {
     out.result = admin_result::no_snapshot;
   }
-  release_and_wake(t);
   co_return out;
 }
 
 net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
-  auto t = co_await acquire_internal();
+  const auto hold = co_await acquire_internal();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out = admin_outcome{admin_result::disposed};
   if (!pool_.session(hash)) {
@@ -118,7 +112,6 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
       log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
     }
   }
-  release_and_wake(t);
   co_return out;
 }
 
@@ -175,14 +168,13 @@ net::awaitable<std::optional<std::string>> coordinator::overwrite_generations(in
 }
 
 net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
-  auto t = co_await acquire_internal();  // every commit has landed: none can bring it back
+  const auto hold = co_await acquire_internal();  // every commit has landed: none can bring it back
   const auto hash = resolve_session(hash_or_id).hash;
   const bool known = pool_.session(hash).has_value();
   std::optional<std::string> kept;  // why the session's files still hold its KV
   if (known && !snapshots_.shared() && pool_.find_manifest(hash))
     kept = co_await overwrite_snapshots(hash);
   const auto freed = co_await drop_session(hash);
-  release_and_wake(t);
   if (!known) co_return admin_outcome{admin_result::unknown_session};
   const auto sess = std::string(core::abbrev(hash));
   if (kept) {

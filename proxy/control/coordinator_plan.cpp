@@ -24,7 +24,7 @@ std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 }  // namespace
 
-net::awaitable<bool> coordinator::write_manifest(core::manifest m) {
+net::awaitable<core::result<core::unit>> coordinator::write_manifest(core::manifest m) {
   const auto store = store_;
   std::function<core::result<core::unit>()> work = [store, m] { return store.write(m); };
   const auto r = co_await on_file_pool<core::unit>("manifest write", std::move(work));
@@ -32,12 +32,12 @@ net::awaitable<bool> coordinator::write_manifest(core::manifest m) {
     log(log_level::warn, "kv.manifest.write_failed",
         {{"session", std::string(core::abbrev(m.session_hash))},
          {"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
-    co_return false;
+    co_return r;
   }
   const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
   pool_.store_manifest(m);
   if (new_session) co_await enforce_session_budget();
-  co_return true;
+  co_return core::unit{};
 }
 
 net::awaitable<std::optional<core::manifest>> coordinator::read_manifest(std::string hash) {
@@ -112,7 +112,7 @@ net::awaitable<void> coordinator::commit_save(core::save_step step, core::manife
     else out = sealed.err();
   }
   if (out) {
-    const bool written = co_await write_manifest(m);
+    const auto written = co_await write_manifest(m);
     // The snapshot is on disk but nothing points at it: not a checkpoint. The session stays
     // dirty and its previous manifest (if any) stays the one a restore uses.
     if (!written) out = core::error{core::errc::metadata_io, 0, "the manifest could not be written"};
@@ -216,7 +216,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
   if (d.write) {
     const auto invalid = *d.write;
-    const bool written = co_await write_manifest(invalid);
+    const auto written = co_await write_manifest(invalid);
     (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", from}, {"reason", d.write->invalid_reason}});
@@ -224,7 +224,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
   if (d.restored) {
     restored_at_[rs.hash] = detail::unix_now();
     const auto source = source_of(rs);
-    restored_on_[rs.slot] = {seed ? rs.seed_for : rs.hash, r->n_restored, source};
+    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source);
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
          {"source", std::string(to_string(source))}, {"from", from},
@@ -259,7 +259,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
     auto saved = co_await start_save(step);
     if (!saved && stop_on_failure) {
       if (restoring != restoring_.end()) restoring_.erase(restoring);
-      out.failure = plan_failure{saved.err().code, "saving the previous session failed"};
+      out.failure = core::error{saved.err().code, 0, "saving the previous session failed"};
       co_return out;
     }
     if (saved) commit = std::move(saved.value());
@@ -273,7 +273,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
     out.restore = co_await run_restore(*plan.restore);
     restoring_.erase(restoring);
     if (!out.restore->restored && stop_on_failure) {
-      out.failure = plan_failure{out.restore->err.code, "restoring the session's snapshot failed"};
+      out.failure = core::error{out.restore->err.code, 0, "restoring the session's snapshot failed"};
       co_return out;
     }
     if (!out.restore->restored) {
@@ -284,14 +284,14 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
   if (need_erase) {
     const auto code = co_await run_erase(plan.slot);
     if (code && erase_required)
-      out.failure = plan_failure{*code, "the slot holds another scope's KV and could not be erased"};
+      out.failure = core::error{*code, 0, "the slot holds another scope's KV and could not be erased"};
     else if (code && stop_on_failure)
-      out.failure = plan_failure{*code, "erasing the slot failed"};
+      out.failure = core::error{*code, 0, "erasing the slot failed"};
   }
   if (commit) {
     const auto committed = co_await await_commit(std::move(commit));
     if (!committed && stop_on_failure && !out.failure)
-      out.failure = plan_failure{committed.err().code, "saving the previous session failed"};
+      out.failure = core::error{committed.err().code, 0, "saving the previous session failed"};
   }
   co_return out;
 }

@@ -343,13 +343,12 @@ std::string coordinator::status_json() const {
   w.Key("stats");
   w.StartObject();
   write_core_stats(w, pool_.stats());
-  core::write_json_count(w, "reusedTokens",
-                         reused_tokens_[0] + reused_tokens_[1] + reused_tokens_[2]);
-  core::write_json_count(w, "reusedTokensContent", reused_tokens_[1]);
-  core::write_json_count(w, "reusedTokensSeed", reused_tokens_[2]);
-  core::write_json_count(w, "prefilledTokens", prefilled_tokens_);
+  core::write_json_count(w, "reusedTokens", reuse_.reused_tokens_total());
+  core::write_json_count(w, "reusedTokensContent", reuse_.reused_tokens(restore_source::content));
+  core::write_json_count(w, "reusedTokensSeed", reuse_.reused_tokens(restore_source::seed));
+  core::write_json_count(w, "prefilledTokens", reuse_.prefilled_tokens());
   w.Key("prefillSecondsSaved");
-  w.Double(prefill_seconds_saved_);
+  w.Double(reuse_.prefill_seconds_saved());
   w.EndObject();
   w.Key("hints");
   write_hints(w, hints_seen_, hint_first_seen_);
@@ -389,8 +388,7 @@ std::string sessions_page_json(const session_page& page) {
 
 session_row coordinator::row_with_reuse(core::slot_pool::session_view v) const {
   auto row = row_of(std::move(v));
-  if (auto it = last_restore_.find(row.hash); it != last_restore_.end())
-    row.last_restore = it->second;
+  row.last_restore = reuse_.last_restore(row.hash);
   return row;
 }
 
@@ -410,7 +408,7 @@ std::string session_json(const session_row& row) {
 void coordinator::write_metrics(core::prom_writer& w) const {
   const auto& st = pool_.stats();
   const metric_sink m{w, fmt::format("server=\"{}\"", core::escape_label(opts_.server_name))};
-  write_restore_counters(m, st, unpaid_restores_);
+  write_restore_counters(m, st, reuse_.unpaid_restores());
   write_save_counters(m, st);
   w.family("kvpersist_reused_prompt_tokens_total", "counter",
            "Prompt tokens llama-server reused (timings.cache_n, or the API's cached-token count: "
@@ -420,10 +418,10 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   for (auto source : {restore_source::own, restore_source::content, restore_source::seed})
     w.sample("kvpersist_reused_prompt_tokens_total",
              fmt::format("{},source=\"{}\"", m.labels, to_string(source)),
-             static_cast<double>(reused_tokens_[static_cast<std::size_t>(source)]));
+             static_cast<double>(reuse_.reused_tokens(source)));
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
-            prefill_seconds_saved_);
+            reuse_.prefill_seconds_saved());
   write_hint_counters(m, hints_seen_);
   m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
   m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);

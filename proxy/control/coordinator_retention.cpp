@@ -27,7 +27,7 @@ struct files_removed {
 
 net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
   pool_.forget(hash);
-  last_restore_.erase(hash);
+  reuse_.forget(hash);
   restored_at_.erase(hash);
   const auto store = store_;
   const auto files = snapshots_;
@@ -225,10 +225,8 @@ net::awaitable<gc_report> coordinator::run_gc_overwriting() {
 }
 
 net::awaitable<gc_report> coordinator::admin_gc() {
-  auto t = co_await acquire_internal();
-  const auto report = co_await run_gc();
-  release_and_wake(t);
-  co_return report;
+  const auto hold = co_await acquire_internal();
+  co_return co_await run_gc();
 }
 
 net::awaitable<void> coordinator::gc_loop() {
@@ -236,10 +234,9 @@ net::awaitable<void> coordinator::gc_loop() {
     gc_timer_.expires_after(opts_.retention_interval);
     auto [ec] = co_await gc_timer_.async_wait(token);
     if (ec || stopped_) co_return;
-    auto t = co_await acquire_internal();
+    const auto hold = co_await acquire_internal();
     const auto report = co_await run_gc();
     (void)report;
-    release_and_wake(t);
   }
 }
 

@@ -34,8 +34,6 @@ class file_io {
   file_io(const file_io&) = delete;
   file_io& operator=(const file_io&) = delete;
 
-  std::chrono::milliseconds timeout() const { return timeout_; }
-
   // Runs `work` on a pool thread and resumes the caller on its own executor (a strand) with
   // work's result; with file_io_timeout when the deadline passed first, or metadata_io when
   // the queue is full. `what` names the operation in the error. `work` must own everything

@@ -15,6 +15,9 @@
 
 namespace {
 
+// Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
+constexpr int only_slot = 0;
+
 using namespace std::chrono_literals;
 using namespace kvp::core;
 
@@ -38,7 +41,7 @@ slot_pool make_pool() {
 
 // One request of `w`, every planned call succeeding; returns how it was prepared.
 prepare_kind request(slot_pool& p, const request_identity& w) {
-  return kvp::testing::run_plan(p, w, p.prepare(w, t0, wall), t0, wall);
+  return kvp::testing::run_plan(p, w, p.prepare(w, only_slot, t0, wall), t0, wall);
 }
 
 session_reuse reuse_of(const slot_pool& p, const std::string& id) {

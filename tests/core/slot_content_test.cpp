@@ -14,6 +14,9 @@
 
 namespace {
 
+// Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
+constexpr int only_slot = 0;
+
 using namespace std::chrono_literals;
 using namespace kvp::core;
 
@@ -51,7 +54,7 @@ void run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
 
 prepare_plan request(slot_pool& p, request_identity w) {
   p.resolve_session(w);
-  auto plan = p.prepare(w, t0, wall);
+  auto plan = p.prepare(w, only_slot, t0, wall);
   run(p, w, plan);
   return plan;
 }
@@ -83,26 +86,26 @@ TEST_CASE("under credential scope another credential never runs on the slot un-e
     CHECK_FALSE(plan.erase);
   }
   SECTION("an auxiliary call of another credential: the erase is required") {
-    const auto plan = p.prepare(auxiliary("k2"), t0, wall);
+    const auto plan = p.prepare(auxiliary("k2"), only_slot, t0, wall);
     CHECK(plan.save);
     CHECK(plan.erase);
     CHECK(plan.erase_required);
   }
   SECTION("a new session of another credential: no keep, no seed, a required erase") {
-    const auto plan = p.prepare(session("B", "k2"), t0, wall);
+    const auto plan = p.prepare(session("B", "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.kept);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase);
     CHECK(plan.erase_required);
   }
   SECTION("a new session of the same credential keeps the slot's content") {
-    const auto plan = p.prepare(session("B", "k1", chain({7, 8})), t0, wall);
+    const auto plan = p.prepare(session("B", "k1", chain({7, 8})), only_slot, t0, wall);
     CHECK(plan.kept);
     CHECK_FALSE(plan.erase);
   }
   SECTION("another credential sending A's session id names another session") {
     CHECK(p.hash_for(session("A", "k2")) != p.hash_for(session("A", "k1")));
-    const auto plan = p.prepare(session("A", "k2"), t0, wall);
+    const auto plan = p.prepare(session("A", "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.resident);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase_required);
@@ -116,7 +119,7 @@ TEST_CASE("unknown content needs a required erase only once several credentials 
   request(p, session("B", "k2"));  // a second credential
   p.forget_slot(0);                 // something kvpersist did not plan ran there
   REQUIRE(p.content(0).whose == content_whose::unknown);
-  const auto plan = p.prepare(session("C", "k1", chain({7, 8})), t0, wall);
+  const auto plan = p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
   CHECK(plan.erase_required);
@@ -125,10 +128,10 @@ TEST_CASE("unknown content needs a required erase only once several credentials 
 TEST_CASE("a failed scope erase leaves the content unknown", "[core][slot_content]") {
   auto p = make_pool(scope::credential);
   request(p, session("A", "k1"));
-  const auto plan = p.prepare(auxiliary("k2"), t0, wall);
+  const auto plan = p.prepare(auxiliary("k2"), only_slot, t0, wall);
   REQUIRE(plan.erase_required);
   if (plan.save) p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
-  CHECK_FALSE(p.on_erase(error{errc::erase_failed, 500, "no"}, t0));
+  CHECK_FALSE(p.on_erase(only_slot, error{errc::erase_failed, 500, "no"}, t0));
   CHECK(p.content(0).whose == content_whose::unknown);
 }
 
@@ -137,12 +140,12 @@ TEST_CASE("under instance scope any known content is shared; under session only 
   SECTION("instance") {
     auto p = make_pool(scope::instance);
     request(p, session("A", "k1"));
-    CHECK_FALSE(p.prepare(auxiliary("k2"), t0, wall).erase);
+    CHECK_FALSE(p.prepare(auxiliary("k2"), only_slot, t0, wall).erase);
   }
   SECTION("session: another session of the same credential is erased, not required") {
     auto p = make_pool(scope::session);
     request(p, session("A", "k1"));
-    const auto plan = p.prepare(session("B", "k1", chain({7})), t0, wall);
+    const auto plan = p.prepare(session("B", "k1", chain({7})), only_slot, t0, wall);
     CHECK(plan.erase);
     CHECK_FALSE(plan.erase_required);
     CHECK_FALSE(plan.kept);
@@ -158,7 +161,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto next = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(next);
     CHECK(next.session_id == "X");
-    CHECK(p.prepare(next, t0, wall).resident);
+    CHECK(p.prepare(next, only_slot, t0, wall).resident);
   }
   SECTION("another first user message with the same preamble: still the header's session") {
     auto other = session("X", "k1", chain({1, 9}));
@@ -169,7 +172,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto title = session("X", "k1", chain({9, 2}));
     p.resolve_session(title);
     CHECK(title.session_id == sub_session_id("X", to_hex(title.chain[0]).substr(0, 16)));
-    const auto plan = p.prepare(title, t0, wall);
+    const auto plan = p.prepare(title, only_slot, t0, wall);
     CHECK_FALSE(plan.resident);  // never silently on X's KV while X is thought resident
     CHECK(plan.save);            // X is saved first
     run(p, title, plan);
@@ -177,7 +180,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto back = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(back);
     CHECK(back.session_id == "X");
-    const auto again = p.prepare(back, t0, wall);
+    const auto again = p.prepare(back, only_slot, t0, wall);
     REQUIRE(again.restore);
     CHECK(again.restore->hash == p.hash_for(back));
   }

@@ -14,6 +14,9 @@
 
 namespace {
 
+// Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
+constexpr int only_slot = 0;
+
 using namespace std::chrono_literals;
 using namespace kvp::core;
 
@@ -44,13 +47,13 @@ prepare_kind run(slot_pool& p, const request_identity& w, const prepare_plan& pl
 }
 
 prepare_kind request(slot_pool& p, const request_identity& w) {
-  return run(p, w, p.prepare(w, t0, wall));
+  return run(p, w, p.prepare(w, only_slot, t0, wall));
 }
 
 // A's turn, then a checkpoint: A has a ready snapshot of `c` and still owns the slot.
 void saved(slot_pool& p, const request_identity& a) {
   request(p, a);
-  auto s = p.checkpoint_owner(t0);
+  auto s = p.checkpoint_slot(only_slot, t0);
   REQUIRE(s);
   auto d = p.on_save(*s, slot_saved{100, 4096, 1.0}, t0, wall);
   REQUIRE(d.ok);
@@ -70,7 +73,7 @@ TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core
   saved(p, C);
   evict(p);
   const auto B = who("B", chain({1, 2, 7}));
-  const auto plan = p.prepare(B, t0, wall);
+  const auto plan = p.prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for("A"));
   CHECK(plan.restore->filename == p.find_manifest(p.hash_for("A"))->snapshot_file());
@@ -78,9 +81,9 @@ TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core
   CHECK(plan.restore->common_links == 2);
   CHECK_FALSE(plan.erase);
   CHECK(run(p, B, plan) == prepare_kind::restored);
-  CHECK(p.owner() == p.hash_for("B"));
+  CHECK(p.owner(only_slot) == p.hash_for("B"));
   // B's first save is its own file, with its own chain.
-  auto s = p.checkpoint_owner(t0);
+  auto s = p.checkpoint_slot(only_slot, t0);
   REQUIRE(s);
   CHECK(s->hash == p.hash_for("B"));
   auto d = p.on_save(*s, slot_saved{120, 4096, 1.0}, t0, wall);
@@ -93,7 +96,7 @@ TEST_CASE("no seed without the first link in common", "[core][seeding]") {
   auto p = make_pool();
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
-  const auto plan = p.prepare(who("B", chain({4, 2, 3})), t0, wall);
+  const auto plan = p.prepare(who("B", chain({4, 2, 3})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   // The slot's content is kept all the same (docs/design.md §20): nothing the chain can see
   // is shared, and llama-server reuses whatever tokens are.
@@ -110,13 +113,13 @@ TEST_CASE("an empty preamble needs a message in common too", "[core][seeding]") 
     return w;
   };
   request(p, bare("A", chain({0, 1})));
-  auto plan = p.prepare(bare("B", chain({0, 2})), t0, wall);
+  auto plan = p.prepare(bare("B", chain({0, 2})), only_slot, t0, wall);
   CHECK(plan.kept);  // the slot shares only the empty link 0, which counts as nothing
   CHECK(plan.kept_links == 0);
   run(p, bare("B", chain({0, 2})), plan);  // A was saved first
   evict(p);                                // and B now
-  CHECK_FALSE(p.prepare(bare("E", chain({0, 9})), t0, wall).restore);
-  plan = p.prepare(bare("D", chain({0, 2, 5})), t0, wall);
+  CHECK_FALSE(p.prepare(bare("E", chain({0, 9})), only_slot, t0, wall).restore);
+  plan = p.prepare(bare("D", chain({0, 2, 5})), only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for("B"));
 }
@@ -128,19 +131,19 @@ TEST_CASE("a session's own snapshot wins unless another shares more", "[core][se
   saved(p, who("B", chain({1, 2})));
   evict(p);
   SECTION("own shares as much: own") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 8})), t0, wall);
+    const auto plan = p.prepare(who("B", chain({1, 2, 8})), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("B"));
     CHECK(plan.restore->seed_for.empty());
   }
   SECTION("another shares more (B was compacted into A's prefix): the other") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 9})), t0, wall);
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 9})), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("A"));
     CHECK(plan.restore->common_links == 3);
   }
   SECTION("a request without a chain: own, as before seeding") {
-    const auto plan = p.prepare(who("B", {}), t0, wall);
+    const auto plan = p.prepare(who("B", {}), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("B"));
   }
@@ -150,25 +153,25 @@ TEST_CASE("the slot's content is kept when it shares the most", "[core][seeding]
   auto p = make_pool();
   request(p, who("A", chain({1, 2, 3})));  // A owns the slot, dirty, no snapshot yet
   const auto B = who("B", chain({1, 2, 9}));
-  const auto plan = p.prepare(B, t0, wall);
+  const auto plan = p.prepare(B, only_slot, t0, wall);
   REQUIRE(plan.save);  // A is saved first, as on any switch
   CHECK(plan.save->hash == p.hash_for("A"));
   CHECK_FALSE(plan.restore);  // A's new snapshot would share as much: no reload needed
   CHECK_FALSE(plan.erase);
   CHECK(plan.kept_links == 2);
   CHECK(run(p, B, plan) == prepare_kind::cold);
-  CHECK(p.owner() == p.hash_for("B"));
+  CHECK(p.owner(only_slot) == p.hash_for("B"));
 }
 
 TEST_CASE("sharing: session never seeds nor keeps", "[core][seeding]") {
   auto p = make_pool(false);
   request(p, who("A", chain({1, 2, 3})));
-  auto plan = p.prepare(who("B", chain({1, 2, 9})), t0, wall);
+  auto plan = p.prepare(who("B", chain({1, 2, 9})), only_slot, t0, wall);
   CHECK(plan.erase);
   CHECK(plan.kept_links == 0);
   run(p, who("B", chain({1, 2, 9})), plan);
   evict(p);
-  plan = p.prepare(who("C", chain({1, 2, 3})), t0, wall);
+  plan = p.prepare(who("C", chain({1, 2, 3})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
 }
@@ -177,14 +180,14 @@ TEST_CASE("sharing: credential seeds only within one credential", "[core][seedin
   auto p = make_pool(true, true);
   saved(p, who("A", chain({1, 2, 3}), "k1"));
   SECTION("another key: the slot is not kept either") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k2"), t0, wall);
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase);
     CHECK(plan.erase_required);  // docs/design.md §20: a failed erase fails the request
   }
   SECTION("the same key") {
     request(p, who("other", chain({99, 98}), "k1"));
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k1"), t0, wall);
+    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k1"), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for(who("A", {}, "k1")));
   }
@@ -197,7 +200,7 @@ TEST_CASE("no seeding where a restored prefix is not reused", "[core][seeding]")
   p.set_compatibility("experimental");
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
-  const auto plan = p.prepare(who("B", chain({1, 2, 3, 4})), t0, wall);
+  const auto plan = p.prepare(who("B", chain({1, 2, 3, 4})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
 }
@@ -209,17 +212,17 @@ TEST_CASE("seeds are ready snapshots of this runtime that are still known", "[co
   const auto B = who("B", chain({1, 2, 3, 4}));
   SECTION("invalidated") {
     REQUIRE(p.invalidate(p.hash_for("A"), errc::snapshot_corrupt, wall));
-    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
   }
   SECTION("forgotten (purge, retention)") {
     REQUIRE(p.forget(p.hash_for("A")));
-    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
   }
   SECTION("another runtime") {
     auto rt = kvp::testing::qwen7b_runtime();
     rt.build_info = "b7000-other";
     p.set_runtime(rt);
-    CHECK_FALSE(p.prepare(B, t0, wall).restore);
+    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
   }
 }
 
@@ -229,14 +232,14 @@ TEST_CASE("a seed that fails verification is invalidated, the requester runs col
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
   const auto B = who("B", chain({1, 2, 9}));
-  const auto plan = p.prepare(B, t0, wall);
+  const auto plan = p.prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
   const auto d = p.on_restore(*plan.restore, slot_restored{3, 10, 1.0}, t0, wall);
   CHECK_FALSE(d.restored);
   CHECK(d.need_erase);
   REQUIRE(d.write);
   CHECK(d.write->session_hash == p.hash_for("A"));  // the donor's snapshot, not B's
-  REQUIRE(p.on_erase(slot_erased{0}, t0));
-  CHECK(p.start_inference(B) == prepare_kind::cold_fallback);
-  CHECK(p.owner() == p.hash_for("B"));
+  REQUIRE(p.on_erase(only_slot, slot_erased{0}, t0));
+  CHECK(p.start_inference(B, only_slot) == prepare_kind::cold_fallback);
+  CHECK(p.owner(only_slot) == p.hash_for("B"));
 }

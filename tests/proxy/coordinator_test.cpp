@@ -100,11 +100,11 @@ struct harness {
 
   template <class T>
   T run(kvp::net::awaitable<T> a) {
-    return kvp::testing::run_on(ioc, coord->strand(), std::move(a));
+    return kvp::testing::run_on(ioc, ioc.get_executor(), coord->on_strand(std::move(a)));
   }
   template <class T>
   std::future<T> spawn(kvp::net::awaitable<T> a) {
-    return kvp::testing::spawn(coord->strand(), std::move(a));
+    return kvp::testing::spawn(ioc.get_executor(), coord->on_strand(std::move(a)));
   }
 
   void start() { run(coord->start()); }
@@ -189,22 +189,20 @@ kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
   auto t = std::make_shared<lease_ticket>(ex);
   t->wakeup.expires_after(10s);
   auto enqueue = c->enqueue(t);
-  const bool queued =
-      co_await kvp::net::co_spawn(c->strand(), std::move(enqueue), kvp::net::use_awaitable);
+  const bool queued = co_await c->on_strand(std::move(enqueue));
   if (!queued) co_return;
   auto [ec] = co_await t->wakeup.async_wait();
   (void)ec;  // aborted (woken) or expired: settle decides
   auto settle = c->settle(t);
-  const bool granted =
-      co_await kvp::net::co_spawn(c->strand(), std::move(settle), kvp::net::use_awaitable);
+  const bool granted = co_await c->on_strand(std::move(settle));
   if (!granted) co_return;
   order->push_back(id);
   kvp::core::request_identity who{"S" + std::to_string(id), "", {}, ""};
   auto prepare = c->prepare(t, who, false);
-  auto pr = co_await kvp::net::co_spawn(c->strand(), std::move(prepare), kvp::net::use_awaitable);
+  auto pr = co_await c->on_strand(std::move(prepare));
   if (pr.ok) fake->run_inference(100 * static_cast<std::uint64_t>(id));
   auto finish = c->finish(t, true);
-  co_await kvp::net::co_spawn(c->strand(), std::move(finish), kvp::net::use_awaitable);
+  co_await c->on_strand(std::move(finish));
 }
 
 }  // namespace
@@ -252,7 +250,7 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   auto mb = h.manifest_on_disk("B");
   REQUIRE(mb);
   CHECK(mb->tokens == 500);
-  CHECK(h.coord->pool().owner() == h.hash("A"));
+  CHECK(h.coord->pool().owner(0) == h.hash("A"));
 }
 
 TEST_CASE("A, A, B, A under the default scope: B keeps the slot's content (docs/design.md §20)",
@@ -280,7 +278,7 @@ TEST_CASE("resident requests cost no management call and no disk write (docs/des
   for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
   CHECK(h.fake->calls() == calls{erase_call()});
   CHECK_FALSE(h.manifest_on_disk("A"));
-  CHECK(h.coord->pool().owner_dirty());
+  CHECK(h.coord->pool().owner_dirty(0));
 }
 
 TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (docs/design.md §19)",
@@ -508,7 +506,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     CHECK(r.kind == prepare_kind::cold);
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});  // B keeps A's unsaved KV
     CHECK_FALSE(h.manifest_on_disk("A"));
-    CHECK(h.coord->pool().owner() == h.hash("B"));
+    CHECK(h.coord->pool().owner(0) == h.hash("B"));
   }
 
   SECTION("strict: prepare fails and releases the lease to the next waiter") {
@@ -547,7 +545,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   CHECK_FALSE(pr.ok);
   CHECK_FALSE(h.coord->busy());
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner().empty());  // the failed restore cleared the slot
+  CHECK(h.coord->pool().owner(0).empty());  // the failed restore cleared the slot
 }
 
 TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design.md §19)",
@@ -567,7 +565,7 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
   CHECK(r.ok);
   CHECK(r.kind == prepare_kind::auxiliary);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner().empty());
+  CHECK(h.coord->pool().owner(0).empty());
 
   auto r2 = h.request("A", 1100);
   CHECK(r2.kind == prepare_kind::restored);
@@ -589,7 +587,7 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
   auto m = h.manifest_on_disk("A");
   REQUIRE(m);
   CHECK(m->tokens == 1000);
-  CHECK_FALSE(h.coord->pool().owner_dirty());
+  CHECK_FALSE(h.coord->pool().owner_dirty(0));
 
   kvp::testing::run_for(h.ioc, 200ms);
   CHECK(h.fake->calls().size() == 2);  // not again
@@ -922,7 +920,7 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   CHECK(r.result == admin_result::restored);
   CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner() == h.hash("A"));
+  CHECK(h.coord->pool().owner(0) == h.hash("A"));
   auto page = h.coord->sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());
@@ -960,7 +958,7 @@ TEST_CASE("purge in server-owned mode overwrites both generations with an empty 
   CHECK(h.fake->snapshot_tokens(h.file("A", 'b')) == 0u);
   CHECK(h.fake->snapshot_tokens(h.file("B", 'a')) == 500u);
   CHECK_FALSE(h.coord->pool().session(h.hash("A")).has_value());
-  CHECK(h.coord->pool().owner().empty());  // B let go: its next request restores
+  CHECK(h.coord->pool().owner(0).empty());  // B let go: its next request restores
 }
 
 TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets the session",
@@ -1110,7 +1108,7 @@ TEST_CASE("a new session over its credential's rate is refused with Retry-After,
   CHECK(refused.retry_after == 30s);
   CHECK(h.fake->slot_calls().empty());
   CHECK_FALSE(h.coord->session("B2"));
-  CHECK(h.coord->pool().owner() == h.hash("B1"));
+  CHECK(h.coord->pool().owner(0) == h.hash("B1"));
   CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
   CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
 }
@@ -1295,7 +1293,7 @@ TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the s
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                  save_call(kvp::core::snapshot_filename(old, 'b')),
                                  save_call(kvp::core::snapshot_filename(old, 'a'))});
-  CHECK(h.coord->pool().owner().empty());  // its KV is gone from the slot: A restores next
+  CHECK(h.coord->pool().owner(0).empty());  // its KV is gone from the slot: A restores next
   h.fake->clear_calls();
   CHECK(h.request("A", 150).ok);
   CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});

@@ -26,9 +26,9 @@ inline kvp::core::prepare_kind run_plan(kvp::core::slot_pool& p,
     REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
                          now, wall)
                 .restored);
-  if (plan.erase) REQUIRE(p.on_erase(slot_erased{0}, now));
-  const auto kind = p.start_inference(w);
-  (void)p.end_inference(true, now);
+  if (plan.erase) REQUIRE(p.on_erase(plan.slot, slot_erased{0}, now));
+  const auto kind = p.start_inference(w, plan.slot);
+  (void)p.end_inference(plan.slot, true, now);
   return kind;
 }
 

@@ -1,0 +1,88 @@
+// What restores and cold starts earned (README "Metrics", docs/design.md §9): the prompt
+// tokens the response right after a restore reused, by whose snapshot it was; the tokens
+// prefilled; the prefill time restores saved, from the server's prompt speed measured on cold
+// requests (a moving average); and restores that did not pay for themselves. Pure: the
+// coordinator feeds it what a restore loaded and what the next response said, and logs what
+// it returns. Thread safety: none (one per coordinator, used on its strand).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/response_timings.hpp"
+#include "core/slot_pool.hpp"
+
+namespace kvp::core {
+
+// Whose snapshot a restore loaded: a header session's own, a content session's own
+// (core/prefix_chain.hpp), or another session's that shares a prefix (a seed, docs/design.md
+// §3). Labels kvpersist_reused_prompt_tokens_total.
+enum class restore_source { own, content, seed };
+std::string_view to_string(restore_source s);
+
+// What the session's last restore paid: tokens restored, and how many of them the next
+// response reused (llama-server's cache_n; -1 until that response is read).
+struct restore_reuse {
+  std::uint64_t restored = 0;
+  std::int64_t reused = -1;
+};
+
+// A restore whose next response reused less than half of it (a seed: nothing).
+struct unpaid_restore {
+  std::string hash;  // whose snapshot it loaded
+  std::uint64_t restored = 0;
+  std::int64_t reused = 0;
+};
+
+class reuse_stats {
+ public:
+  // A restore loaded `tokens` of `hash`'s snapshot onto `slot`; the slot's next response
+  // tells what it paid.
+  void note_restore(int slot, std::string hash, std::uint64_t tokens, restore_source source);
+
+  // The response of a request prepared as `kind` on `slot`. Only restores and cold starts
+  // count toward the aggregates; a cold request of at least 64 prompt tokens updates the
+  // prompt speed. Returns the restore that did not pay, for the caller to log.
+  std::optional<unpaid_restore> record_response(int slot, prepare_kind kind,
+                                                const response_timings& t);
+
+  // The session is forgotten: its last restore goes with it.
+  void forget(const std::string& hash) { last_restore_.erase(hash); }
+
+  std::optional<restore_reuse> last_restore(const std::string& hash) const;
+  // Prompt tokens a second, measured on cold requests (0 until one was measured).
+  double prompt_tokens_per_s() const { return prompt_tokens_per_s_; }
+  std::uint64_t reused_tokens(restore_source s) const {
+    return reused_tokens_[static_cast<std::size_t>(s)];
+  }
+  std::uint64_t reused_tokens_total() const;
+  std::uint64_t prefilled_tokens() const { return prefilled_tokens_; }
+  double prefill_seconds_saved() const { return prefill_seconds_saved_; }
+  std::uint64_t unpaid_restores() const { return unpaid_restores_; }
+
+ private:
+  struct restored_content {
+    std::string hash;
+    std::uint64_t tokens = 0;
+    restore_source source = restore_source::own;
+  };
+  // Whose snapshot the slot's last restore loaded (own when none is pending), and the
+  // unpaid restore if it did not pay.
+  restore_source settle_restore(int slot, std::int64_t cache_n,
+                                std::optional<unpaid_restore>& unpaid);
+  void measure_prompt_speed(const response_timings& t);
+
+  std::map<int, restored_content> restored_on_;         // slot -> its last restore, unread
+  std::map<std::string, restore_reuse> last_restore_;   // session hash -> its last restore
+  std::uint64_t unpaid_restores_ = 0;
+  std::array<std::uint64_t, 3> reused_tokens_{};  // by restore_source
+  std::uint64_t prefilled_tokens_ = 0;             // sum of prompt_n
+  double prefill_seconds_saved_ = 0;               // reused tokens / the prompt speed
+  double prompt_tokens_per_s_ = 0;                 // EWMA over cold requests
+};
+
+}  // namespace kvp::core

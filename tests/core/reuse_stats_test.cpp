@@ -1,0 +1,97 @@
+// Tests for core/reuse_stats.hpp: what restores and cold starts earned, fed the way the
+// coordinator feeds it (a restore, then the slot's next response).
+#include "core/reuse_stats.hpp"
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+using kvp::core::prepare_kind;
+using kvp::core::response_timings;
+using kvp::core::restore_source;
+using kvp::core::reuse_stats;
+
+response_timings timings(std::int64_t cache_n, std::int64_t prompt_n = -1, double prompt_ms = -1) {
+  return response_timings{cache_n, prompt_n, prompt_ms};
+}
+
+}  // namespace
+
+TEST_CASE("a restore reused by its next response counts by source, once", "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "A", 1000, restore_source::content);
+  CHECK_FALSE(s.record_response(0, prepare_kind::restored, timings(900, 20)));
+  CHECK(s.reused_tokens(restore_source::content) == 900);
+  CHECK(s.reused_tokens(restore_source::own) == 0);
+  CHECK(s.prefilled_tokens() == 20);
+  REQUIRE(s.last_restore("A"));
+  CHECK(s.last_restore("A")->restored == 1000);
+  CHECK(s.last_restore("A")->reused == 900);
+  // The slot's restore is settled: a second restored response counts as the own source.
+  CHECK_FALSE(s.record_response(0, prepare_kind::restored, timings(100)));
+  CHECK(s.reused_tokens(restore_source::own) == 100);
+  CHECK(s.reused_tokens_total() == 1000);
+}
+
+TEST_CASE("a restore reused below half did not pay and a seed only when nothing was reused",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(1, "A", 1000, restore_source::own);
+  const auto unpaid = s.record_response(1, prepare_kind::restored, timings(499));
+  REQUIRE(unpaid);
+  CHECK(unpaid->hash == "A");
+  CHECK(unpaid->restored == 1000);
+  CHECK(unpaid->reused == 499);
+  CHECK(s.unpaid_restores() == 1);
+
+  s.note_restore(1, "A", 1000, restore_source::own);
+  CHECK_FALSE(s.record_response(1, prepare_kind::restored, timings(500)));  // exactly half pays
+
+  s.note_restore(2, "S", 1000, restore_source::seed);
+  CHECK_FALSE(s.record_response(2, prepare_kind::restored, timings(1)));
+  s.note_restore(2, "S", 1000, restore_source::seed);
+  CHECK(s.record_response(2, prepare_kind::restored, timings(0)));
+  CHECK(s.unpaid_restores() == 2);
+  CHECK(s.reused_tokens(restore_source::seed) == 1);
+}
+
+TEST_CASE("the prompt speed is a moving average over cold requests of 64 tokens and more",
+          "[reuse_stats]") {
+  reuse_stats s;
+  (void)s.record_response(0, prepare_kind::cold, timings(0, 63, 10));  // too short to tell
+  CHECK(s.prompt_tokens_per_s() == 0);
+  (void)s.record_response(0, prepare_kind::cold, timings(0, 1000, 1000));
+  CHECK(s.prompt_tokens_per_s() == Approx(1000));
+  (void)s.record_response(0, prepare_kind::cold_fallback, timings(0, 2000, 1000));
+  CHECK(s.prompt_tokens_per_s() == Approx(0.7 * 1000 + 0.3 * 2000));
+  (void)s.record_response(0, prepare_kind::restored, timings(0, 4000, 100));  // not cold
+  CHECK(s.prompt_tokens_per_s() == Approx(1300));
+  CHECK(s.prefilled_tokens() == 63 + 1000 + 2000 + 4000);
+}
+
+TEST_CASE("prefill seconds saved: reused tokens at the measured speed, none before one",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "A", 1000, restore_source::own);
+  (void)s.record_response(0, prepare_kind::restored, timings(1000));
+  CHECK(s.prefill_seconds_saved() == 0);  // no speed measured yet
+  (void)s.record_response(1, prepare_kind::cold, timings(0, 500, 1000));  // 500 tokens/s
+  s.note_restore(0, "A", 1000, restore_source::own);
+  (void)s.record_response(0, prepare_kind::restored, timings(1000));
+  CHECK(s.prefill_seconds_saved() == Approx(2.0));
+}
+
+TEST_CASE("resident responses and unreported reuse leave the aggregates alone",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "A", 1000, restore_source::own);
+  (void)s.record_response(0, prepare_kind::resident, timings(900, 100, 10));
+  (void)s.record_response(0, prepare_kind::restored, timings(-1, 100, 10));
+  CHECK(s.prefilled_tokens() == 0);
+  CHECK(s.reused_tokens_total() == 0);
+  CHECK_FALSE(s.last_restore("A"));  // the restore still waits for its response
+  (void)s.record_response(0, prepare_kind::restored, timings(800));
+  REQUIRE(s.last_restore("A"));
+  s.forget("A");
+  CHECK_FALSE(s.last_restore("A"));
+}
