@@ -44,7 +44,8 @@ response json(unsigned status, std::string body, unsigned version) {
 }
 
 response err(unsigned status, std::string_view message, unsigned version) {
-  auto res = error_response(static_cast<http::status>(status), message, version, true);
+  auto res = error_answer(refused(static_cast<http::status>(status), std::string(message)), version,
+                          true);
   res.set(http::field::cache_control, "no-store");
   return res;
 }
@@ -402,11 +403,12 @@ core::result<std::string> admin_server::start() {
   // Over the cap a client is answered at once instead of waiting in the backlog: an operator
   // or a health check learns that the port is busy, and the connection costs one descriptor
   // for a moment (reserved for it: reserved_descriptors in proxy/data/server.hpp).
-  auto busy = busy_response(fmt::format("the admin API has {} connections open "
-                                        "(admin.maxConnections); retry later",
-                                        max_connections_),
-                            1, 11);
-  busy.keep_alive(false);
+  const core::error full{core::errc::over_capacity, 0,
+                         fmt::format("the admin API has {} connections open "
+                                     "(admin.maxConnections); retry later",
+                                     max_connections_),
+                         1};
+  auto busy = error_response(full, 11, false);
   busy.set(http::field::cache_control, "no-store");
   std::ostringstream wire;
   wire << busy;
@@ -502,22 +504,24 @@ std::optional<response> admin_server::credential_refusal(
 net::awaitable<void> admin_server::serve_events(tcp_stream& s,
                                                 const http::request<http::string_body>& req) {
   const unsigned v = req.version();
-  std::optional<response> refused;
+  std::optional<response> refusal;
   if (auto why = cross_site_refusal(req)) {
-    refused = err(403, *why, v);
+    refusal = err(403, *why, v);
   } else if (auto denied = credential_refusal(req)) {
-    refused = std::move(denied);
+    refusal = std::move(denied);
   } else if (req.method() != http::verb::get) {
-    refused = err(405, "use GET", v);
+    refusal = err(405, "use GET", v);
   } else if (event_streams_.fetch_add(1) >= max_event_streams) {
     --event_streams_;
-    refused = err(503, fmt::format("at most {} event streams at once", max_event_streams), v);
-    refused->set(http::field::retry_after, "5");
+    const core::error full{core::errc::over_capacity, 0,
+                           fmt::format("at most {} event streams at once", max_event_streams), 5};
+    refusal = error_answer(full, v, true);
+    refusal->set(http::field::cache_control, "no-store");
   }
-  if (refused) {
-    refused->keep_alive(false);
+  if (refusal) {
+    refusal->keep_alive(false);
     s.expires_after(event_write_timeout);
-    co_await http::async_write(s, *refused);
+    co_await http::async_write(s, *refusal);
     co_return;
   }
   co_await stream_events(s, resume_point(req));
