@@ -113,17 +113,11 @@ bool token_matches(std::string_view header, const std::string& token) {
   return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 // "application/json", with or without parameters ("; charset=utf-8").
 bool is_json_media_type(std::string_view content_type) {
   auto type = content_type.substr(0, content_type.find(';'));
   while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
-  return iequals(type, "application/json");
+  return beast::iequals(type, "application/json");
 }
 
 // The percent-decoded value of `name` in the target's query, if present.
@@ -461,8 +455,8 @@ bool admin_server::host_is_ours(std::string_view host_header) const {
     return false;
   boost::system::error_code not_an_address;
   net::ip::make_address(host, not_an_address);
-  if (!not_an_address || iequals(host, "localhost")) return true;
-  return iequals(host, listen_host_) && port == bound_port_;
+  if (!not_an_address || beast::iequals(host, "localhost")) return true;
+  return beast::iequals(host, listen_host_) && port == bound_port_;
 }
 
 // A browser names the page that sent a request in Origin (on every POST, and on cross-origin
@@ -476,7 +470,7 @@ std::optional<std::string_view> admin_server::cross_site_refusal(
     return "the Host header names neither localhost, an IP address nor admin.listen's host "
            "(DNS rebinding guard)";
   if (req.find(http::field::origin) != req.end() &&
-      !iequals(req[http::field::origin], fmt::format("http://{}", host)))
+      !beast::iequals(req[http::field::origin], fmt::format("http://{}", host)))
     return "cross-origin requests are refused";
   return std::nullopt;
 }
