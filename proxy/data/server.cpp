@@ -555,14 +555,14 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
         // Closing the upstream connection is the only portable cancel: llama-server notices
         // within about a second and frees the slot (docs/llama-server.md §6). A response
         // already read whole needs no cancel.
-        st.client_failed = true;
+        end_with(st, relay_end::client_gone);
         give_back_or_close(*up.pool, *conn, st);
         co_return false;
       }
     }
     // A pooled connection the server had already closed: retry once on a new one. The
     // server never saw the request, so nothing ran twice.
-    if (!st.header_received && !st.upstream_timeout && !conn->fresh && attempt == 0) {
+    if (!st.header_received && st.end != relay_end::upstream_timed_out && !conn->fresh && attempt == 0) {
       up.coord->note_upstream_trouble();
       conn.reset();
       continue;
@@ -570,12 +570,12 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
     break;
   }
   give_back_or_close(*up.pool, *conn, st);
-  if (st.done) co_return st.client_keep_alive;
-  if (st.client_failed) co_return false;
+  if (st.end == relay_end::delivered) co_return st.client_keep_alive;
+  if (st.end == relay_end::client_gone) co_return false;
   up.coord->note_upstream_trouble();
   if (!st.header_sent) {
     const core::error failed =
-        st.upstream_timeout
+        st.end == relay_end::upstream_timed_out
             ? core::error{core::errc::upstream_timeout, 0, "upstream llama-server timed out"}
             : core::error{core::errc::upstream_closed, 0,
                           "upstream llama-server closed the connection"};
@@ -839,7 +839,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
         {{"prepare", std::string(core::to_string(pr.kind))},
          {"status", std::to_string(st.status)},
          {"ms", fmt::format("{:.1f}", ms)},
-         {"client_gone", st.client_failed ? "1" : "0"}});
+         {"client_gone", st.end == relay_end::client_gone ? "1" : "0"}});
   }
   co_return keep_after;
 }
