@@ -11,7 +11,9 @@
 namespace kvp::config {
 
 // Why a configuration could not be loaded. `line` and `column` are 1-based; 0 when unknown
-// (e.g. the file could not be read, or only the line is known).
+// (e.g. the file could not be read, or only the line is known). The config edge's error
+// (docs/conventions.md §2): it is read once, at startup, by a person fixing a file, so it
+// carries a position where core::error carries an errc for logs and HTTP answers.
 struct config_error {
   std::string file;
   int line = 0;

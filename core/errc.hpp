@@ -29,6 +29,11 @@ enum class errc {
   file_io_timeout,        // a file operation exceeded failure.fileTimeoutMs (a stuck filesystem)
   session_rate,           // a credential started new sessions faster than limits.newSessionsPerMinute
   runtime_change_pending, // a POST /lora-adapters while another waits or runs
+  request_refused,        // the client's request broke an HTTP rule (its status in error::http_status)
+  over_capacity,          // retry later: a full body budget or connection cap, a held stream
+  upstream_unreachable,   // the forwarded request found no connection to llama-server
+  upstream_timeout,       // llama-server did not connect or answer in time (upstream.idleTimeoutMs)
+  upstream_closed,        // llama-server closed the connection before a response header
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -55,6 +60,11 @@ constexpr std::string_view to_string(errc e) {
     case errc::file_io_timeout: return "KV_FILE_IO_TIMEOUT";
     case errc::session_rate: return "KV_SESSION_RATE";
     case errc::runtime_change_pending: return "KV_RUNTIME_CHANGE_PENDING";
+    case errc::request_refused: return "KV_REQUEST_REFUSED";
+    case errc::over_capacity: return "KV_OVER_CAPACITY";
+    case errc::upstream_unreachable: return "KV_UPSTREAM_UNREACHABLE";
+    case errc::upstream_timeout: return "KV_UPSTREAM_TIMEOUT";
+    case errc::upstream_closed: return "KV_UPSTREAM_CLOSED";
   }
   return "KV_INVARIANT";
 }

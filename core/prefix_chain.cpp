@@ -55,12 +55,14 @@ const layout* layout_of(std::string_view target) {
   static const layout responses{
       "responses", "input", true, false, {"instructions", "tools"}, {"id", "status"}};
   static const layout raw{"prompt", "prompt", false, true, {}, {}};
-  const std::string path = routed_path(target);
-  if (path == "/completion" || path == "/completions" || path == "/v1/completions") return &raw;
-  if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/api/chat")
-    return &chat;
-  if (path == "/v1/messages") return &messages;
-  if (path == "/v1/responses" || path == "/responses") return &responses;
+  const auto* route = inference_route_of(target);
+  switch (route ? route->format : body_format::none) {
+    case body_format::prompt: return &raw;
+    case body_format::chat: return &chat;
+    case body_format::messages: return &messages;
+    case body_format::responses: return &responses;
+    case body_format::none: break;
+  }
   return nullptr;
 }
 

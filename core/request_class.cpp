@@ -11,14 +11,29 @@ namespace kvp::core {
 
 namespace {
 
-// Every llama-server route that creates a slot task (tools/server/server.cpp routes).
-constexpr std::array<std::string_view, 21> inference_paths = {
-    "/completion",     "/completions",     "/v1/completions",  "/chat/completions",
-    "/v1/chat/completions", "/responses",   "/v1/responses",    "/infill",
-    "/v1/messages",    "/embedding",       "/embeddings",      "/v1/embeddings",
-    "/rerank",         "/reranking",       "/v1/rerank",       "/v1/reranking",
-    "/api/chat",       "/api/generate",    "/v1/audio/transcriptions",
-    "/audio/transcriptions", "/v1/infill"};
+constexpr std::array<inference_route, 21> inference_routes = {{
+    {"/completion", true, body_format::prompt},
+    {"/completions", true, body_format::prompt},
+    {"/v1/completions", true, body_format::prompt},
+    {"/chat/completions", true, body_format::chat},
+    {"/v1/chat/completions", true, body_format::chat},
+    {"/api/chat", false, body_format::chat},
+    {"/responses", true, body_format::responses},
+    {"/v1/responses", true, body_format::responses},
+    {"/v1/messages", false, body_format::messages},
+    {"/infill", true, body_format::none},
+    {"/v1/infill", true, body_format::none},
+    {"/api/generate", false, body_format::none},
+    {"/embedding", false, body_format::none},
+    {"/embeddings", false, body_format::none},
+    {"/v1/embeddings", false, body_format::none},
+    {"/rerank", false, body_format::none},
+    {"/reranking", false, body_format::none},
+    {"/v1/rerank", false, body_format::none},
+    {"/v1/reranking", false, body_format::none},
+    {"/v1/audio/transcriptions", false, body_format::none},
+    {"/audio/transcriptions", false, body_format::none},
+}};
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -94,11 +109,24 @@ std::string routed_path(std::string_view target) {
   return path;
 }
 
+namespace {
+
+const inference_route* route_for_path(std::string_view path) {
+  for (const auto& r : inference_routes)
+    if (path == r.path) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+const inference_route* inference_route_of(std::string_view target) {
+  return route_for_path(routed_path(target));
+}
+
 endpoint_kind classify_target(std::string_view target) {
   const std::string path = routed_path(target);
   if (path == "/slots" || path.starts_with("/slots/")) return endpoint_kind::slots;
-  for (auto p : inference_paths)
-    if (path == p) return endpoint_kind::inference;
+  if (route_for_path(path)) return endpoint_kind::inference;
   return endpoint_kind::passthrough;
 }
 
@@ -124,13 +152,8 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
 }
 
 bool is_unpinnable(std::string_view target) {
-  const std::string path = routed_path(target);
-  for (std::string_view p : {"/v1/messages", "/embedding", "/embeddings", "/v1/embeddings",
-                             "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
-                             "/v1/audio/transcriptions", "/audio/transcriptions", "/api/chat",
-                             "/api/generate"})
-    if (path == p) return true;
-  return false;
+  const auto* route = inference_route_of(target);
+  return route && !route->pinnable;
 }
 
 std::string harness_header_value(std::string_view header_value, std::string_view field,

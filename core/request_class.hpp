@@ -16,6 +16,27 @@ enum class endpoint_kind {
   passthrough,  // /health, /props, /v1/models, /tokenize, ...: forwarded without a lease
 };
 
+// How an inference route's body carries its conversation (core/prefix_chain.cpp reads it).
+enum class body_format {
+  none,       // no conversation kvpersist reads (infill, embeddings, rerank, audio, /api/generate)
+  prompt,     // "prompt": /completion and its aliases
+  chat,       // OpenAI chat "messages"
+  messages,   // Anthropic Messages "messages"
+  responses,  // OpenAI Responses "input"
+};
+
+// One row of the route table: every llama-server route that creates a slot task
+// (tools/server/server.cpp routes), the one list request_class and prefix_chain read.
+struct inference_route {
+  std::string_view path;
+  bool pinnable;  // llama-server honours "id_slot" there (docs/llama-server.md §4)
+  body_format format;
+};
+
+// The route table's row for the decoded path of `target`, nullptr when it is no inference
+// route (exact paths only).
+const inference_route* inference_route_of(std::string_view target);
+
 // Percent-decodes a URL path the way llama-server's cpp-httplib does before routing
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);

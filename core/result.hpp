@@ -1,5 +1,8 @@
 // A value or an error, for fallible operations whose failure is an expected outcome
 // (a management call that failed, a manifest that does not parse). No exceptions.
+// The one error shape at every edge (docs/conventions.md §2). Not boost::system::result:
+// core/ includes no Boost (docs/conventions.md §1), and its error is a core::errc with a
+// message and the HTTP status involved, which a std::error_code cannot carry.
 #pragma once
 
 #include <cassert>
@@ -11,12 +14,14 @@
 
 namespace kvp::core {
 
-// An error as a value: a stable code, the HTTP status if one was involved, and a message
-// for logs (never shown to the model).
+// An error as a value: a stable code, the HTTP status if one was involved, a message
+// for logs and error bodies (never shown to the model), and, for an error that passes,
+// the seconds after which a retry may succeed (an answer's Retry-After).
 struct error {
   errc code = errc::invariant;
   int http_status = 0;
   std::string message;
+  unsigned retry_after_s = 0;
 };
 
 template <class T>

@@ -44,7 +44,8 @@ response json(unsigned status, std::string body, unsigned version) {
 }
 
 response err(unsigned status, std::string_view message, unsigned version) {
-  auto res = error_response(static_cast<http::status>(status), message, version, true);
+  auto res = error_answer(refused(static_cast<http::status>(status), std::string(message)), version,
+                          true);
   res.set(http::field::cache_control, "no-store");
   return res;
 }
@@ -112,17 +113,11 @@ bool token_matches(std::string_view header, const std::string& token) {
   return CRYPTO_memcmp(header.data() + prefix.size(), token.data(), token.size()) == 0;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 // "application/json", with or without parameters ("; charset=utf-8").
 bool is_json_media_type(std::string_view content_type) {
   auto type = content_type.substr(0, content_type.find(';'));
   while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
-  return iequals(type, "application/json");
+  return beast::iequals(type, "application/json");
 }
 
 // The percent-decoded value of `name` in the target's query, if present.
@@ -402,11 +397,12 @@ core::result<std::string> admin_server::start() {
   // Over the cap a client is answered at once instead of waiting in the backlog: an operator
   // or a health check learns that the port is busy, and the connection costs one descriptor
   // for a moment (reserved for it: reserved_descriptors in proxy/data/server.hpp).
-  auto busy = busy_response(fmt::format("the admin API has {} connections open "
-                                        "(admin.maxConnections); retry later",
-                                        max_connections_),
-                            1, 11);
-  busy.keep_alive(false);
+  const core::error full{core::errc::over_capacity, 0,
+                         fmt::format("the admin API has {} connections open "
+                                     "(admin.maxConnections); retry later",
+                                     max_connections_),
+                         1};
+  auto busy = error_response(full, 11, false);
   busy.set(http::field::cache_control, "no-store");
   std::ostringstream wire;
   wire << busy;
@@ -459,8 +455,8 @@ bool admin_server::host_is_ours(std::string_view host_header) const {
     return false;
   boost::system::error_code not_an_address;
   net::ip::make_address(host, not_an_address);
-  if (!not_an_address || iequals(host, "localhost")) return true;
-  return iequals(host, listen_host_) && port == bound_port_;
+  if (!not_an_address || beast::iequals(host, "localhost")) return true;
+  return beast::iequals(host, listen_host_) && port == bound_port_;
 }
 
 // A browser names the page that sent a request in Origin (on every POST, and on cross-origin
@@ -474,7 +470,7 @@ std::optional<std::string_view> admin_server::cross_site_refusal(
     return "the Host header names neither localhost, an IP address nor admin.listen's host "
            "(DNS rebinding guard)";
   if (req.find(http::field::origin) != req.end() &&
-      !iequals(req[http::field::origin], fmt::format("http://{}", host)))
+      !beast::iequals(req[http::field::origin], fmt::format("http://{}", host)))
     return "cross-origin requests are refused";
   return std::nullopt;
 }
@@ -502,22 +498,24 @@ std::optional<response> admin_server::credential_refusal(
 net::awaitable<void> admin_server::serve_events(tcp_stream& s,
                                                 const http::request<http::string_body>& req) {
   const unsigned v = req.version();
-  std::optional<response> refused;
+  std::optional<response> refusal;
   if (auto why = cross_site_refusal(req)) {
-    refused = err(403, *why, v);
+    refusal = err(403, *why, v);
   } else if (auto denied = credential_refusal(req)) {
-    refused = std::move(denied);
+    refusal = std::move(denied);
   } else if (req.method() != http::verb::get) {
-    refused = err(405, "use GET", v);
+    refusal = err(405, "use GET", v);
   } else if (event_streams_.fetch_add(1) >= max_event_streams) {
     --event_streams_;
-    refused = err(503, fmt::format("at most {} event streams at once", max_event_streams), v);
-    refused->set(http::field::retry_after, "5");
+    const core::error full{core::errc::over_capacity, 0,
+                           fmt::format("at most {} event streams at once", max_event_streams), 5};
+    refusal = error_answer(full, v, true);
+    refusal->set(http::field::cache_control, "no-store");
   }
-  if (refused) {
-    refused->keep_alive(false);
+  if (refusal) {
+    refusal->keep_alive(false);
     s.expires_after(event_write_timeout);
-    co_await http::async_write(s, *refused);
+    co_await http::async_write(s, *refusal);
     co_return;
   }
   co_await stream_events(s, resume_point(req));

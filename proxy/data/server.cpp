@@ -92,6 +92,15 @@ read_limits client_read_limits(const config::config& cfg) {
   return r;
 }
 
+// A slot that could not be leased in time, or a queue that is full.
+core::error slot_busy(acquisition::outcome what) {
+  return core::error{core::errc::slot_busy, 0,
+                     what == acquisition::outcome::rejected
+                         ? "too many requests are waiting for the slot"
+                         : "timed out waiting for the slot",
+                     2};
+}
+
 net::awaitable<void> stop_coordinator(coordinator* co) {
   co->stop();
   co_return;
@@ -475,19 +484,13 @@ net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_c
   using outcome = acquisition::outcome;
   if (acq.what == outcome::client_gone) co_return false;
   if (acq.what == outcome::runtime_change_pending) {
-    auto res = retry_later_response(
-        http::status::too_many_requests,
-        "another runtime change (POST /lora-adapters) is waiting or running; retry after it",
-        1, req.version(), req.keep_alive(), core::to_string(core::errc::runtime_change_pending));
-    co_return co_await send(c, std::move(res));
+    const core::error pending{
+        core::errc::runtime_change_pending, 0,
+        "another runtime change (POST /lora-adapters) is waiting or running; retry after it", 1};
+    co_return co_await send(c, error_answer(pending, req.version(), req.keep_alive()));
   }
-  if (acq.what != outcome::granted) {
-    auto res = busy_response(acq.what == outcome::rejected
-                                 ? "too many requests are waiting for the slot"
-                                 : "timed out waiting for the slot",
-                             2, req.version(), core::to_string(core::errc::slot_busy));
-    co_return co_await send(c, std::move(res));
-  }
+  if (acq.what != outcome::granted)
+    co_return co_await send(c, error_answer(slot_busy(acq.what), req.version(), true));
   // The saves before it took time: a client that left meanwhile has its change dropped, never
   // forwarded (its lease goes back with `acq.held`).
   if (client_hung_up(c.stream.socket())) co_return false;
@@ -522,13 +525,8 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
       auto r = co_await up.pool->acquire(ex);
       if (!r) {
         up.coord->note_upstream_trouble();
-        log(log_level::warn, "kv.upstream.unavailable", {{"reason", r.err().message}});
-        auto res = error_response(r.err().code == core::errc::operation_timeout
-                                                      ? http::status::gateway_timeout
-                                                      : http::status::bad_gateway,
-                                                  "upstream llama-server is unreachable",
-                                                  version, client_keep);
-        co_return co_await send(c, std::move(res));
+        co_return co_await send(c, error_answer(unreachable_upstream(r.err()), version,
+                                                client_keep, r.err().message));
       }
       conn = std::move(r.value());
       // A new connection may mean a new llama-server process (a restart closes the old
@@ -557,14 +555,14 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
         // Closing the upstream connection is the only portable cancel: llama-server notices
         // within about a second and frees the slot (docs/llama-server.md §6). A response
         // already read whole needs no cancel.
-        st.client_failed = true;
+        end_with(st, relay_end::client_gone);
         give_back_or_close(*up.pool, *conn, st);
         co_return false;
       }
     }
     // A pooled connection the server had already closed: retry once on a new one. The
     // server never saw the request, so nothing ran twice.
-    if (!st.header_received && !st.upstream_timeout && !conn->fresh && attempt == 0) {
+    if (!st.header_received && st.end != relay_end::upstream_timed_out && !conn->fresh && attempt == 0) {
       up.coord->note_upstream_trouble();
       conn.reset();
       continue;
@@ -572,16 +570,16 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
     break;
   }
   give_back_or_close(*up.pool, *conn, st);
-  if (st.done) co_return st.client_keep_alive;
-  if (st.client_failed) co_return false;
+  if (st.end == relay_end::delivered) co_return st.client_keep_alive;
+  if (st.end == relay_end::client_gone) co_return false;
   up.coord->note_upstream_trouble();
   if (!st.header_sent) {
-    auto res = error_response(st.upstream_timeout ? http::status::gateway_timeout
-                                                  : http::status::bad_gateway,
-                              st.upstream_timeout ? "upstream llama-server timed out"
-                                                  : "upstream llama-server closed the connection",
-                              version, client_keep);
-    co_return co_await send(c, std::move(res));
+    const core::error failed =
+        st.end == relay_end::upstream_timed_out
+            ? core::error{core::errc::upstream_timeout, 0, "upstream llama-server timed out"}
+            : core::error{core::errc::upstream_closed, 0,
+                          "upstream llama-server closed the connection"};
+    co_return co_await send(c, error_answer(failed, version, client_keep));
   }
   log(log_level::warn, "kv.upstream.broken_stream",
       {{"status", std::to_string(st.status)}, {"bytes", std::to_string(st.body_bytes)}});
@@ -594,17 +592,17 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
   if (core::json_nesting_exceeds(req.body())) {
-    auto res = error_response(http::status::bad_request,
-                              fmt::format("request body: JSON nested deeper than {} levels",
-                                          core::json_max_depth),
-                              version, keep);
+    auto res = error_answer(refused(http::status::bad_request,
+                                    fmt::format("request body: JSON nested deeper than {} levels",
+                                                core::json_max_depth)),
+                            version, keep);
     co_return co_await send(c, std::move(res));
   }
   const auto kind = core::classify_target(req.target());
   if (kind == core::endpoint_kind::slots) {
-    auto res = error_response(http::status::forbidden,
-                              "kvpersist manages llama-server's slots; /slots is not forwarded",
-                              version, keep);
+    auto res = error_answer(refused(http::status::forbidden,
+                                    "kvpersist manages llama-server's slots; /slots is not forwarded"),
+                            version, keep);
     co_return co_await send(c, std::move(res));
   }
   // Resumable-stream routes are passthrough paths: an inference request is not decoded again.
@@ -622,10 +620,10 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // exclusive would still let an instance rewrite the slot while kvpersist's manifests
   // vouch for it, so it is refused like /slots.
   if (core::is_prediction_route(req.target(), up.cfg.upstream.predict_route)) {
-    auto res = error_response(http::status::forbidden,
-                              "kvpersist manages llama-server's slots; the prediction route "
-                              "(upstream.predictRoute) is not forwarded",
-                              version, keep);
+    auto res = error_answer(refused(http::status::forbidden,
+                                    "kvpersist manages llama-server's slots; the prediction route "
+                                    "(upstream.predictRoute) is not forwarded"),
+                            version, keep);
     co_return co_await send(c, std::move(res));
   }
   relay_state st;
@@ -647,7 +645,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // it: a client without the key costs no parse and cannot make kvpersist save or evict the
   // resident session.
   if (needs_slot && !client_may_use(up, req)) {
-    auto res = error_response(http::status::unauthorized, "Invalid API Key", version, keep);
+    auto res = error_answer(refused(http::status::unauthorized, "Invalid API Key"), version, keep);
     co_return co_await send(c, std::move(res));
   }
   if (needs_slot) {
@@ -684,10 +682,10 @@ net::awaitable<bool> server::answer_abandoned(client_conn& c,
                                               const http::request<http::string_body>& req) {
   if (!c.pending.stopped()) co_return false;
   log(log_level::info, "kv.stream.stopped_before_forward", {});
-  co_return co_await send(c, error_response(http::status::bad_request,
-                                            "request cancelled by a stop (DELETE /v1/stream) "
-                                            "before it reached llama-server",
-                                            req.version(), req.keep_alive()));
+  const auto cancelled = refused(http::status::bad_request,
+                                 "request cancelled by a stop (DELETE /v1/stream) before it "
+                                 "reached llama-server");
+  co_return co_await send(c, error_answer(cancelled, req.version(), req.keep_alive()));
 }
 
 bool server::client_may_use(const upstream_entry& up,
@@ -714,13 +712,8 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
                               [this, &c] { return departed(c); }, give_back_idle);
   using outcome = acquisition::outcome;
   if (acq.what == outcome::client_gone) co_return co_await answer_abandoned(c, req);
-  if (acq.what == outcome::rejected || acq.what == outcome::timed_out) {
-    auto res = busy_response(acq.what == outcome::rejected
-                                 ? "too many requests are waiting for the slot"
-                                 : "timed out waiting for the slot",
-                             2, req.version(), core::to_string(core::errc::slot_busy));
-    co_return co_await send(c, std::move(res));
-  }
+  if (acq.what == outcome::rejected || acq.what == outcome::timed_out)
+    co_return co_await send(c, error_answer(slot_busy(acq.what), req.version(), true));
   if (acq.what == outcome::pass_through) {
     std::optional<upstream_conn> pooled;
     if (idle) pooled = upstream_conn{std::move(idle), false};
@@ -739,9 +732,8 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   if (!conn) {
     up.coord->note_upstream_trouble();
     co_await acq.held.release();
-    co_return co_await send(c, error_response(http::status::bad_gateway,
-                                              "upstream llama-server is unreachable",
-                                              req.version(), req.keep_alive()));
+    co_return co_await send(c, error_answer(unreachable_upstream(conn.err()), req.version(),
+                                            req.keep_alive(), conn.err().message));
   }
   if (acq.held.exclusive())
     co_return co_await run_exclusive(up, c, req, std::move(acq.held), std::move(conn.value()));
@@ -768,13 +760,13 @@ net::awaitable<bool> server::pass_through(upstream_entry& up, client_conn& c,
 
 response server::prepare_failure(const prepare_result& pr,
                                 const http::request<http::string_body>& req) const {
-  if (pr.retry_after.count() > 0)
-    return retry_later_response(http::status::too_many_requests, pr.message,
-                                static_cast<unsigned>(pr.retry_after.count()), req.version(),
-                                req.keep_alive(), core::to_string(pr.code));
-  return error_response(http::status::service_unavailable,
-                        fmt::format("kvpersist could not prepare the slot: {}", pr.message),
-                        req.version(), req.keep_alive(), core::to_string(pr.code));
+  const auto retry_after_s = static_cast<unsigned>(pr.retry_after.count());
+  const core::error failed{pr.code, 0,
+                           retry_after_s > 0
+                               ? pr.message
+                               : fmt::format("kvpersist could not prepare the slot: {}", pr.message),
+                           retry_after_s};
+  return error_answer(failed, req.version(), req.keep_alive());
 }
 
 // Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
@@ -810,11 +802,11 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
     if (!pinned) {
       co_await held.finish(false);
       up.pool->release(std::move(conn.stream));
-      co_return co_await send(c, error_response(http::status::bad_request,
-                                                fmt::format("managed-slots mode needs the request "
-                                                            "body to be one JSON object: {}",
-                                                            pinned.err().message),
-                                                req.version(), req.keep_alive()));
+      const auto unpinnable = refused(http::status::bad_request,
+                                      fmt::format("managed-slots mode needs the request body to "
+                                                  "be one JSON object: {}",
+                                                  pinned.err().message));
+      co_return co_await send(c, error_answer(unpinnable, req.version(), req.keep_alive()));
     }
     req.body() = std::move(pinned.value());
   }
@@ -847,7 +839,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
         {{"prepare", std::string(core::to_string(pr.kind))},
          {"status", std::to_string(st.status)},
          {"ms", fmt::format("{:.1f}", ms)},
-         {"client_gone", st.client_failed ? "1" : "0"}});
+         {"client_gone", st.end == relay_end::client_gone ? "1" : "0"}});
   }
   co_return keep_after;
 }

@@ -39,10 +39,10 @@ net::awaitable<bool> server::forward_stream_route(core::stream_route kind, clien
   if (kind == core::stream_route::lookup) {
     lookup = core::namespace_lookup(req.body(), credential);
     if (!lookup) {
-      co_return co_await send(c, error_response(http::status::bad_request,
-                                                "lookup body: {\"conversation_ids\": [...]} with at "
-                                                "most 256 string ids",
-                                                req.version(), req.keep_alive()));
+      const auto malformed = refused(http::status::bad_request,
+                                     "lookup body: {\"conversation_ids\": [...]} with at most 256 "
+                                     "string ids");
+      co_return co_await send(c, error_answer(malformed, req.version(), req.keep_alive()));
     }
     if (!lookup->upstream_to_client.empty()) conversation = lookup->upstream_to_client.front().first;
   } else {
@@ -54,10 +54,11 @@ net::awaitable<bool> server::forward_stream_route(core::stream_route kind, clien
   // does not know it yet. A replay is told to retry, as a router tells it while the model
   // loads; a stop cancels the held request (docs/design.md §21).
   if (kind == core::stream_route::replay && streams_.held(conversation)) {
-    co_return co_await send(c, retry_later_response(http::status::service_unavailable,
-                                                    "the stream has not started yet: kvpersist is "
-                                                    "preparing its slot; retry later",
-                                                    1, req.version(), req.keep_alive()));
+    const core::error not_started{core::errc::over_capacity, 0,
+                                  "the stream has not started yet: kvpersist is preparing its "
+                                  "slot; retry later",
+                                  1};
+    co_return co_await send(c, error_answer(not_started, req.version(), req.keep_alive()));
   }
   if (kind == core::stream_route::stop && streams_.stop_held(conversation)) {
     log(log_level::info, "kv.stream.stop_held", {});
@@ -86,9 +87,8 @@ net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_co
   prepare_upstream_request(up, req);
   auto acquired = co_await up.pool->acquire(co_await net::this_coro::executor);
   if (!acquired) {
-    log(log_level::warn, "kv.upstream.unavailable", {{"reason", acquired.err().message}});
-    co_return co_await send(c, error_response(http::status::bad_gateway,
-                                              "upstream llama-server is unreachable", version, keep));
+    co_return co_await send(c, error_answer(unreachable_upstream(acquired.err()), version, keep,
+                                            acquired.err().message));
   }
   auto conn = std::move(acquired.value());
   conn.stream->expires_after(up.relay.upstream_idle);
@@ -100,9 +100,9 @@ net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_co
   if (!rec) std::tie(rec, std::ignore) = co_await http::async_read(*conn.stream, buf, parser, token);
   if (rec) {
     conn.stream->close();
-    co_return co_await send(c, error_response(http::status::bad_gateway,
-                                              "upstream llama-server did not answer the lookup",
-                                              version, keep));
+    const core::error unanswered{core::errc::upstream_closed, 0,
+                                 "upstream llama-server did not answer the lookup"};
+    co_return co_await send(c, error_answer(unanswered, version, keep, rec.message()));
   }
   auto upstream_res = parser.release();
   if (upstream_res.keep_alive()) up.pool->release(std::move(conn.stream));
@@ -115,9 +115,9 @@ net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_co
   } else if (auto back = core::client_lookup_reply(upstream_res.body(), lookup)) {
     res.body() = std::move(*back);
   } else {
-    co_return co_await send(c, error_response(http::status::bad_gateway,
-                                              "upstream llama-server's lookup reply is not a list",
-                                              version, keep));
+    const core::error garbled{core::errc::upstream_closed, 0,
+                                "upstream llama-server's lookup reply is not a list"};
+    co_return co_await send(c, error_answer(garbled, version, keep));
   }
   res.prepare_payload();
   co_return co_await send(c, std::move(res));

@@ -1,11 +1,42 @@
 #include "proxy/http/http_status.hpp"
 
+#include <string>
+
 #include "core/json_writer.hpp"
 #include "core/version.hpp"
 
 namespace kvp::proxy {
 
 namespace {
+
+using core::errc;
+using core::log_level;
+
+constexpr std::string_view refused_event = "kv.request.refused";
+constexpr std::string_view upstream_event = "kv.upstream.unavailable";
+
+// The one place a status is chosen for an errc. Persistence failures answer 503 (the
+// coordinator already logged their cause); upstream transport failures 502/504 with a
+// warning, since the next coordinated request re-reads llama-server's state.
+answer_rule rule_for_code(errc code) {
+  switch (code) {
+    case errc::session_rate:
+    case errc::runtime_change_pending:
+      return {http::status::too_many_requests, true, log_level::debug, refused_event};
+    case errc::over_capacity:
+      return {http::status::service_unavailable, false, log_level::debug, refused_event};
+    case errc::upstream_unreachable:
+    case errc::upstream_closed:
+      return {http::status::bad_gateway, false, log_level::warn, upstream_event};
+    case errc::upstream_timeout:
+      return {http::status::gateway_timeout, false, log_level::warn, upstream_event};
+    case errc::request_refused:
+      return {http::status::bad_request, false, log_level::debug, refused_event};
+    default:
+      break;
+  }
+  return {http::status::service_unavailable, true, log_level::debug, refused_event};
+}
 
 std::string_view type_for(http::status s) {
   switch (s) {
@@ -20,10 +51,7 @@ std::string_view type_for(http::status s) {
   return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
 }
 
-}  // namespace
-
-response error_response(http::status status, std::string_view message, unsigned version,
-                        bool keep_alive, std::string_view kv_code) {
+std::string error_body(http::status status, std::string_view message, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
   w.StartObject();
@@ -36,27 +64,54 @@ response error_response(http::status status, std::string_view message, unsigned 
   if (!kv_code.empty()) core::write_json_member(w, "kv_code", kv_code);
   w.EndObject();
   w.EndObject();
-  response res{status, version};
+  return sb.GetString();
+}
+
+}  // namespace
+
+answer_rule answer_rule_for(const core::error& e) {
+  answer_rule rule = rule_for_code(e.code);
+  if (e.code == errc::request_refused && e.http_status >= 400 && e.http_status < 500)
+    rule.status = static_cast<http::status>(e.http_status);
+  return rule;
+}
+
+response error_response(const core::error& e, unsigned version, bool keep_alive) {
+  const answer_rule rule = answer_rule_for(e);
+  response res{rule.status, version};
   res.set(http::field::server, std::string("kvpersist/") + kvp::version);
   res.set(http::field::content_type, "application/json");
+  if (e.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(e.retry_after_s));
   res.keep_alive(keep_alive);
-  res.body() = sb.GetString();
+  res.body() = error_body(rule.status, e.message,
+                          rule.names_kv_code ? core::to_string(e.code) : std::string_view{});
   res.prepare_payload();
   return res;
 }
 
-response retry_later_response(http::status status, std::string_view message,
-                              unsigned retry_after_s, unsigned version, bool keep_alive,
-                              std::string_view kv_code) {
-  auto res = error_response(status, message, version, keep_alive, kv_code);
-  res.set(http::field::retry_after, std::to_string(retry_after_s));
-  return res;
+response error_answer(const core::error& e, unsigned version, bool keep_alive,
+                      std::string_view detail) {
+  const answer_rule rule = answer_rule_for(e);
+  std::string status = std::to_string(static_cast<unsigned>(rule.status));
+  std::string code(core::to_string(e.code));
+  if (detail.empty())
+    core::log(rule.level, rule.event,
+              {{"status", std::move(status)}, {"code", std::move(code)}, {"reason", e.message}});
+  else
+    core::log(rule.level, rule.event,
+              {{"status", std::move(status)}, {"code", std::move(code)}, {"reason", e.message},
+               {"detail", std::string(detail)}});
+  return error_response(e, version, keep_alive);
 }
 
-response busy_response(std::string_view message, unsigned retry_after_s, unsigned version,
-                       std::string_view kv_code) {
-  return retry_later_response(http::status::service_unavailable, message, retry_after_s, version,
-                              true, kv_code);
+core::error refused(http::status status, std::string message) {
+  return core::error{errc::request_refused, static_cast<int>(status), std::move(message)};
+}
+
+core::error unreachable_upstream(const core::error& cause) {
+  return core::error{cause.code == errc::operation_timeout ? errc::upstream_timeout
+                                                           : errc::upstream_unreachable,
+                     0, "upstream llama-server is unreachable"};
 }
 
 }  // namespace kvp::proxy

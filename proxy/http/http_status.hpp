@@ -1,32 +1,50 @@
-// Every error kvpersist itself answers is built here: a status, and a JSON body in the
-// OpenAI/llama-server error shape so harnesses parse it like any upstream error.
+// Every error kvpersist itself answers is built here (docs/conventions.md §2): one table in
+// http_status.cpp says, for each core::errc, the status, whether the body names the code,
+// and the log line. The body is in the OpenAI/llama-server error shape so harnesses parse it
+// like any upstream error.
 #pragma once
 
 #include <string_view>
 
 #include "backends/net.hpp"
+#include "core/log.hpp"
+#include "core/result.hpp"
 
 namespace kvp::proxy {
 
 using response = http::response<http::string_body>;
 
-// {"error":{"code":<status>,"message":<message>,"type":<type>[,"kv_code":<KV_*>]}}; `type` is
-// derived from the status (invalid_request_error, authentication_error, permission_error,
-// not_found_error, rate_limit_error, unavailable_error, server_error). `code` stays the
-// numeric status, as llama-server sends it; `kv_code` (core/errc.hpp's name) says which
-// persistence rule answered.
-response error_response(http::status status, std::string_view message, unsigned version,
-                        bool keep_alive, std::string_view kv_code = {});
+// What error_answer does for an error: its status, whether the body carries `kv_code`
+// (core/errc.hpp's name: a persistence rule answered, not an HTTP rule or llama-server's
+// transport), and the level and event of its log line.
+struct answer_rule {
+  http::status status;
+  bool names_kv_code;
+  core::log_level level;
+  std::string_view event;
+};
 
-// `status` with Retry-After (seconds): 429 for a credential over limits.newSessionsPerMinute
-// (kv_code KV_SESSION_RATE).
-response retry_later_response(http::status status, std::string_view message,
-                              unsigned retry_after_s, unsigned version, bool keep_alive,
-                              std::string_view kv_code = {});
+// The table's row for `e`. errc::request_refused takes its status from e.http_status (the
+// HTTP rule the request broke: 400, 401, 403, 404, 405, 413, 414, 415, 431).
+answer_rule answer_rule_for(const core::error& e);
 
-// 503 with Retry-After (seconds): a full or timed-out slot queue (kv_code KV_SLOT_BUSY), a
-// full body budget.
-response busy_response(std::string_view message, unsigned retry_after_s, unsigned version,
-                       std::string_view kv_code = {});
+// {"error":{"code":<status>,"message":<e.message>,"type":<type>[,"kv_code":<KV_*>]}} with
+// Retry-After when e.retry_after_s is set; `type` is derived from the status
+// (invalid_request_error, authentication_error, permission_error, not_found_error,
+// rate_limit_error, unavailable_error, timeout_error, server_error). `code` stays the
+// numeric status, as llama-server sends it. Logs nothing: for an answer built ahead of time.
+response error_response(const core::error& e, unsigned version, bool keep_alive);
+
+// error_response, and the rule's log line (status, kv_code, message, and `detail` when the
+// cause has more to say than the client is told).
+response error_answer(const core::error& e, unsigned version, bool keep_alive,
+                      std::string_view detail = {});
+
+// A request that broke an HTTP rule: errc::request_refused with `status`.
+core::error refused(http::status status, std::string message);
+
+// A forwarded request that found no connection to llama-server (`cause`: the pool's error):
+// errc::upstream_timeout when connecting timed out, errc::upstream_unreachable otherwise.
+core::error unreachable_upstream(const core::error& cause);
 
 }  // namespace kvp::proxy

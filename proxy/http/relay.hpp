@@ -29,17 +29,24 @@ struct relay_options {
   bool outlives_client = false;
 };
 
+// How a relay ended. The first ending counts: a client that left while upstream then broke
+// (a generation read on after its client, relay_options::outlives_client) ended client_gone.
+enum class relay_end {
+  none,                // not ended (or the request never reached upstream)
+  delivered,           // the whole body reached the client
+  upstream_broke,      // upstream closed or sent what cannot be relayed (a 101, endless 1xx)
+  upstream_timed_out,  // an upstream read exceeded relay_options::upstream_idle
+  client_gone,         // writing to the client failed, or the client hung up
+};
+
 // What happened, for the caller to turn into a log line or a status. Filled in as the relay
 // progresses, so it stays meaningful when the relay is cancelled part-way.
 struct relay_state {
+  relay_end end = relay_end::none;
   bool request_sent = false;     // the request reached upstream (set by the caller)
   bool header_received = false;  // upstream answered (its status is `status`)
   bool header_sent = false;      // the client has seen the status line
-  bool done = false;             // the whole body reached the client
   bool upstream_done = false;    // upstream's whole response was read (the slot's work is over)
-  bool upstream_failed = false;  // upstream broke mid-body or timed out
-  bool upstream_timeout = false;
-  bool client_failed = false;    // writing to the client failed
   bool upstream_reusable = false;  // upstream complete and keep-alive: may go back to the pool,
                                    // whatever became of the client
   bool client_keep_alive = false;  // what the client was told (HTTP/1.0 streams must close)
@@ -60,6 +67,11 @@ void strip_hop_by_hop(Fields& f) {
   for (auto tok : http::token_list{f[http::field::connection]}) named.emplace_back(tok);
   for (const auto& n : named) f.erase(n);
   for (auto fld : hop_by_hop_fields) f.erase(fld);
+}
+
+// Records how the relay ended, unless it already had.
+inline void end_with(relay_state& st, relay_end how) {
+  if (st.end == relay_end::none) st.end = how;
 }
 
 namespace detail {
@@ -84,8 +96,8 @@ inline void keep_tail(std::string* tail, const char* data, std::size_t n) {
 inline constexpr int max_interim_responses = 8;
 
 inline void upstream_error(relay_state& st, const beast::error_code& ec) {
-  st.upstream_failed = true;
-  st.upstream_timeout = ec == beast::error::timeout;
+  end_with(st, ec == beast::error::timeout ? relay_end::upstream_timed_out
+                                           : relay_end::upstream_broke);
 }
 
 // Reads what is left of the response `p` parses into `buf`, keeping the tail; returns whether
@@ -147,7 +159,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     st.status = parser->get().result_int();
     if (st.status >= 200) break;
     if (st.status == 101 || n == detail::max_interim_responses) {
-      st.upstream_failed = true;
+      end_with(st, relay_end::upstream_broke);
       co_return;
     }
     interim = true;
@@ -215,7 +227,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     detail::expire(client, opts.client_write);
     auto [whe, whn] = co_await http::async_write_header(client, sr, token);
     if (whe) {
-      st.client_failed = true;
+      end_with(st, relay_end::client_gone);
       if (opts.outlives_client && co_await detail::drain_body(upstream, ubuf, p, buf, opts, st, tail))
         upstream_finished();
       co_return;
@@ -250,7 +262,7 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     auto [wec, wn] = co_await http::async_write(client, sr, token);
     if (wec == http::error::need_buffer) wec = {};
     if (wec) {
-      st.client_failed = true;
+      end_with(st, relay_end::client_gone);
       if (opts.outlives_client && co_await detail::drain_body(upstream, ubuf, p, buf, opts, st, tail))
         upstream_finished();
       co_return;
@@ -265,13 +277,13 @@ net::awaitable<void> relay_response(Upstream& upstream, beast::flat_buffer& ubuf
     detail::expire(client, opts.client_write);
     auto [fec, fn] = co_await http::async_write(client, sr, token);
     if (fec && fec != http::error::need_buffer) {
-      st.client_failed = true;
+      end_with(st, relay_end::client_gone);
       co_return;
     }
   }
   st.header_sent = true;
   upstream_finished();
-  st.done = true;
+  end_with(st, relay_end::delivered);
 }
 
 }  // namespace kvp::proxy

@@ -11,8 +11,8 @@ namespace kvp::proxy {
 
 namespace {
 
-response refusal(http::status status, std::string_view message) {
-  return error_response(status, message, 11, false);
+response refusal(http::status status, std::string message) {
+  return error_answer(refused(status, std::move(message)), 11, false);
 }
 
 bool routed_by_llama_server(http::verb v) {
@@ -100,10 +100,9 @@ std::optional<response> read_error_response(const beast::error_code& ec) {
 }
 
 response body_budget_exhausted(unsigned version) {
-  auto res = busy_response("too many request bodies are buffered (limits.maxBufferedBodyBytes)",
-                           2, version);
-  res.keep_alive(false);
-  return res;
+  return error_answer({core::errc::over_capacity, 0,
+                       "too many request bodies are buffered (limits.maxBufferedBodyBytes)", 2},
+                      version, false);
 }
 
 }  // namespace kvp::proxy

@@ -98,8 +98,8 @@ class basic_request_reader {
     // RFC 9112 §6.3: a Transfer-Encoding that does not end in chunked cannot frame a request
     // body; reading on would take the body for the next request (request smuggling).
     if (h.count(http::field::transfer_encoding) > 0 && !parser_.chunked())
-      co_return co_await refuse(error_response(http::status::bad_request,
-                                               "Transfer-Encoding must end in chunked", 11, false));
+      co_return co_await refuse(error_answer(
+          refused(http::status::bad_request, "Transfer-Encoding must end in chunked"), 11, false));
     co_return true;
   }
 

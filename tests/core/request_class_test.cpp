@@ -130,3 +130,33 @@ TEST_CASE("client API keys are checked as llama-server checks them", "[core][req
   CHECK_FALSE(client_key_matches("Bearer wrong", "k3y", key));  // Authorization wins
   CHECK_FALSE(client_key_matches("Bearer ", "", key));
 }
+
+TEST_CASE("one route table: kind, pinning and body format of each inference route",
+          "[core][request_class]") {
+  using kvp::core::body_format;
+  using kvp::core::inference_route_of;
+  const auto* chat = inference_route_of("/v1/chat/%63ompletions?x=1");
+  REQUIRE(chat != nullptr);
+  CHECK(chat->path == "/v1/chat/completions");
+  CHECK(chat->pinnable);
+  CHECK(chat->format == body_format::chat);
+  CHECK(inference_route_of("/v1/messages")->format == body_format::messages);
+  CHECK_FALSE(inference_route_of("/v1/messages")->pinnable);
+  CHECK(inference_route_of("/completions/")->format == body_format::prompt);
+  CHECK(inference_route_of("/responses")->format == body_format::responses);
+  CHECK(inference_route_of("/api/chat")->format == body_format::chat);
+  CHECK_FALSE(inference_route_of("/api/chat")->pinnable);
+  CHECK(inference_route_of("/v1/infill")->format == body_format::none);
+  CHECK(inference_route_of("/health") == nullptr);
+  CHECK(inference_route_of("/slots/0") == nullptr);
+  // The three predicates read the table: an inference route is exactly one classify_target
+  // calls inference, and is_unpinnable is its pinnable column.
+  for (std::string_view path : {"/completion", "/v1/chat/completions", "/v1/embeddings",
+                                "/v1/rerank", "/audio/transcriptions", "/api/generate", "/props"}) {
+    CAPTURE(path);
+    const auto* route = inference_route_of(path);
+    CHECK((kvp::core::classify_target(path) == kvp::core::endpoint_kind::inference) ==
+          (route != nullptr));
+    CHECK(kvp::core::is_unpinnable(path) == (route && !route->pinnable));
+  }
+}

@@ -27,6 +27,7 @@ using namespace std::chrono_literals;
 using kvp::beast::flat_buffer;
 using kvp::proxy::relay_options;
 using kvp::proxy::relay_response;
+using kvp::proxy::relay_end;
 using kvp::proxy::relay_state;
 using kvp::testing::run_on;
 
@@ -203,9 +204,7 @@ TEST_CASE("a chunked SSE stream reaches the client byte for byte, terminated onc
 
   CHECK(r.st.header_received);
   CHECK(r.st.header_sent);
-  CHECK(r.st.done);
-  CHECK_FALSE(r.st.upstream_failed);
-  CHECK_FALSE(r.st.client_failed);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.st.upstream_reusable);
   CHECK(r.st.status == 200);
   CHECK(r.st.body_bytes == sse_body().size());
@@ -256,7 +255,7 @@ TEST_CASE("a Content-Length response keeps its length and its bytes", "[proxy][r
   SECTION("in one piece") {}
   auto r = relay(upstream, s);
   INFO(r.wire);
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.st.status == 400);
   CHECK(r.st.body_bytes == body.size());
   CHECK(r.head().rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
@@ -288,7 +287,7 @@ TEST_CASE("hop-by-hop headers are not forwarded", "[proxy][relay]") {
   auto r = relay(upstream, s);
   const auto head = r.head();
   INFO(head);
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   for (const char* h : {"X-Hop", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade",
                         "Proxy-Authenticate"}) {
     CAPTURE(h);
@@ -313,7 +312,7 @@ TEST_CASE("an HTTP/1.0 client gets the stream unchunked and the connection close
   auto r = relay(sse_upstream(), s);
   const auto head = r.head();
   INFO(r.wire);
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(head.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
   CHECK_FALSE(has_header(head, "Transfer-Encoding"));
   CHECK_FALSE(has_header(head, "Content-Length"));
@@ -354,8 +353,7 @@ TEST_CASE("a close-delimited upstream body is re-framed as chunks for HTTP/1.1",
       "streamed until the connection closes",
       s);
   INFO(r.wire);
-  CHECK(r.st.done);
-  CHECK_FALSE(r.st.upstream_failed);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK_FALSE(r.st.upstream_reusable);
   CHECK(r.head().find("\r\nTransfer-Encoding: chunked\r\n") != std::string::npos);
   const auto c = decode_chunked(r.body());
@@ -377,9 +375,7 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (docs/design.md §
       auto r = relay(partial, s);
       INFO(r.wire);
       CHECK(r.st.header_sent);
-      CHECK(r.st.upstream_failed);
-      CHECK_FALSE(r.st.upstream_timeout);
-      CHECK_FALSE(r.st.done);
+      CHECK(r.st.end == relay_end::upstream_broke);
       CHECK_FALSE(r.st.upstream_reusable);
       const auto c = decode_chunked(r.body());
       CHECK(c.well_formed);
@@ -399,8 +395,7 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (docs/design.md §
         chunk("data: {\"error\":{\"code\":500,\"message\":\"failed to decode\"}}\n\n");
     auto r = relay(partial, s);
     INFO(r.wire);
-    CHECK(r.st.upstream_failed);
-    CHECK_FALSE(r.st.done);
+    CHECK(r.st.end == relay_end::upstream_broke);
     const auto c = decode_chunked(r.body());
     CHECK_FALSE(c.terminated);
     CHECK(c.data.find("failed to decode") != std::string::npos);
@@ -408,9 +403,8 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (docs/design.md §
 
   SECTION("Content-Length cut short, body larger than the relay buffer: streamed, then cut") {
     auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n0123456789", s);
-    CHECK(r.st.upstream_failed);
+    CHECK(r.st.end == relay_end::upstream_broke);
     CHECK(r.st.header_sent);
-    CHECK_FALSE(r.st.done);
     CHECK(r.head().find("\r\nContent-Length: 100000\r\n") != std::string::npos);
     CHECK(r.body() == "0123456789");
   }
@@ -418,16 +412,15 @@ TEST_CASE("upstream EOF mid-body: no clean end for the client (docs/design.md §
   SECTION("Content-Length cut short, small body: read whole first, so the client saw nothing") {
     // The caller can still answer 502 instead of a truncated body.
     auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789", s);
-    CHECK(r.st.upstream_failed);
+    CHECK(r.st.end == relay_end::upstream_broke);
     CHECK(r.st.header_received);
     CHECK_FALSE(r.st.header_sent);
-    CHECK_FALSE(r.st.done);
     CHECK(r.wire.empty());
   }
 
   SECTION("no header at all") {
     auto r = relay("HTTP/1.1 200 OK\r\nContent-Ty", s);
-    CHECK(r.st.upstream_failed);
+    CHECK(r.st.end == relay_end::upstream_broke);
     CHECK_FALSE(r.st.header_received);
     CHECK_FALSE(r.st.header_sent);
     CHECK(r.wire.empty());
@@ -451,7 +444,7 @@ TEST_CASE("1xx interim responses are read past, dropped, and the connection not 
   SECTION("in one piece") {}
   auto r = relay(interim + final_response, s);
   INFO(r.wire);
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.st.status == 200);
   CHECK(r.wire.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   CHECK(r.wire.find("HTTP/1.1 1") == std::string::npos);
@@ -465,14 +458,14 @@ TEST_CASE("a 400 with Connection: close is relayed and its connection not pooled
           "[proxy][relay]") {
   auto r = relay(
       "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.st.status == 400);
   CHECK_FALSE(r.st.upstream_reusable);
 }
 
 TEST_CASE("a response without 1xx before it may still be pooled", "[proxy][relay]") {
   auto r = relay("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.st.upstream_reusable);
 }
 
@@ -489,9 +482,8 @@ TEST_CASE("101 or an endless 1xx sequence fails the exchange, nothing relayed",
   }
   auto r = relay(upstream);
   INFO(r.wire);
-  CHECK(r.st.upstream_failed);
+  CHECK(r.st.end == relay_end::upstream_broke);
   CHECK(r.st.header_received);  // the request reached upstream: never retried
-  CHECK_FALSE(r.st.done);
   CHECK_FALSE(r.st.header_sent);
   CHECK_FALSE(r.st.upstream_reusable);
   CHECK(r.wire.empty());
@@ -502,9 +494,8 @@ TEST_CASE("a client that hung up is reported, not retried", "[proxy][relay]") {
   s.client_gone = true;
   auto r = relay(sse_upstream(), s);
   CHECK(r.st.header_received);
-  CHECK(r.st.client_failed);
+  CHECK(r.st.end == relay_end::client_gone);
   CHECK_FALSE(r.st.header_sent);
-  CHECK_FALSE(r.st.done);
 }
 
 // A resumable stream (X-Conversation-Id): llama-server keeps generating after the client
@@ -518,17 +509,15 @@ TEST_CASE("a generation that outlives its client is read to its end, wherever th
     s.upstream_read_size = 7;  // many reads: the client fails mid-body
     s.outlives_client = true;
     auto r = relay(upstream, s);
-    if (!r.st.client_failed) break;
-    CHECK_FALSE(r.st.done);
+    if (r.st.end != relay_end::client_gone) break;
     CHECK(r.st.upstream_done);
     CHECK(r.st.upstream_reusable);
-    CHECK_FALSE(r.st.upstream_failed);
   }
   relay_setup gone;
   gone.client_gone = true;
   gone.outlives_client = true;
   auto r = relay(upstream, gone);
-  CHECK(r.st.client_failed);
+  CHECK(r.st.end == relay_end::client_gone);
   CHECK(r.st.upstream_done);
   // without it the relay stops reading at the first failed write
   gone.outlives_client = false;
@@ -544,11 +533,10 @@ TEST_CASE("upstream_done and upstream reuse survive a client write that fails la
     relay_setup s;
     s.client_fails_at = n;
     auto r = relay(upstream, s);
-    if (!r.st.client_failed) {
-      CHECK(r.st.done);
+    if (r.st.end != relay_end::client_gone) {
+      CHECK(r.st.end == relay_end::delivered);
       break;
     }
-    CHECK_FALSE(r.st.done);
     // The upstream connection is clean once its response was read whole: it may be pooled.
     CHECK(r.st.upstream_reusable == r.st.upstream_done);
     if (r.st.upstream_done) failed_after_upstream_end = true;
@@ -563,7 +551,7 @@ TEST_CASE("a HEAD response carries headers only", "[proxy][relay]") {
   auto r =
       relay("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n", s);
   INFO(r.wire);
-  CHECK(r.st.done);
+  CHECK(r.st.end == relay_end::delivered);
   CHECK(r.head().find("\r\nContent-Length: 15\r\n") != std::string::npos);
   CHECK(r.body().empty());
 }
@@ -610,7 +598,7 @@ TEST_CASE("every SSE event reaches the client before upstream sends the next", "
   kvp::testing::drive_until(
       ioc, [&] { return kvp::testing::is_ready(done); }, 2s);
   done.get();
-  CHECK(st.done);
+  CHECK(st.end == relay_end::delivered);
   const auto c = client_body();
   CHECK(c.terminated);
   CHECK(c.data == sse_body());
