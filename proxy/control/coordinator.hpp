@@ -23,6 +23,7 @@
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/reuse_stats.hpp"
+#include "core/runtime_watch.hpp"
 #include "core/session_rate.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
@@ -312,18 +313,14 @@ class coordinator {
   void suspect_behaviour(const std::string& why);
   net::awaitable<bool> slots_lost_kv(int own_slot);
   void note_restart_behind_marker();
-  // The full probe and, when it failed, whether /props still answers (docs/design.md §4: a
-  // probe that fails after /props is retried on a back-off, not before every request).
-  struct full_probe {
-    core::result<core::server_probe> probe;
-    std::optional<std::string> answering_marker;  // /props answered (awake): its media_marker
-  };
+  using full_probe = core::full_probe;
   net::awaitable<full_probe> run_full_probe();
+  // Applies core::runtime_watch's decision on the probe to the pool, and logs it.
   void apply_probe(const full_probe& fp);
   bool apply_slot_layout(const core::result<core::server_probe>& p);
+  void note_unavailable(const core::probe_decision& d);
   // A probe failed while the server answers: persistence pauses until the back-off ends.
-  void back_off_probe(const std::string& marker);
-  bool probe_backing_off() const { return probe_failures_ > 0 && !pool_.persistence_enabled(); }
+  bool probe_backing_off() const { return watch_.backing_off(pool_.persistence_enabled()); }
   // While backing off: whether the probe may run now (the back-off ended, or a hint showed a
   // new process behind /props).
   net::awaitable<bool> probe_retry_due();
@@ -335,18 +332,13 @@ class coordinator {
   void note_slots_readable(bool readable);
   // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
   void note_sleeping(bool sleeping);
-  // Without upstream.sleepIdleSeconds: the period a sleep just seen implies, at the least (0
-  // when it cannot tell), becomes the period the idle checkpoint comes before.
-  std::chrono::seconds measure_sleep_period(std::chrono::steady_clock::time_point now) const;
   std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
   void adopt_sleep_period(std::chrono::seconds period);
   net::awaitable<void> record_learned_sleep(std::chrono::seconds period);
   // A period an earlier process learned (sleep.json), unless upstream.sleepIdleSeconds is set.
   net::awaitable<void> load_learned_sleep();
   // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
-  std::chrono::seconds sleep_period() const {
-    return opts_.sleep_idle.count() > 0 ? opts_.sleep_idle : learned_sleep_;
-  }
+  std::chrono::seconds sleep_period() const { return watch_.sleep_period(); }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   session_row row_with_reuse(core::slot_pool::session_view v) const;
@@ -507,23 +499,10 @@ class coordinator {
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
-  bool server_sleeping_ = false;   // /props said is_sleeping
-  // The longest idle time (since last_server_use) at which /props said llama-server was awake.
-  std::chrono::steady_clock::duration longest_awake_idle_{};
   std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
-  std::chrono::seconds learned_sleep_{0};  // the sleep period seen (no sleepIdleSeconds set)
   manifest_store::compatibility_record compatibility_;  // as last read
-  std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
-  std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
-  std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for
-  std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
-  // Probes that failed in a row while /props answered (the full probe after /props, or the
-  // behaviour probe): persistence is off until probe_retry_at_, 1 s doubling up to 30 s.
-  int probe_failures_ = 0;
-  std::chrono::steady_clock::time_point probe_retry_at_{};
-  std::string probe_retry_marker_;  // the process they failed on: a new one is probed at once
-  static constexpr std::chrono::seconds probe_retry_first{1};
-  static constexpr std::chrono::seconds probe_retry_cap{30};
+  // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
+  core::runtime_watch watch_{opts_.sleep_idle};
   bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
