@@ -25,6 +25,7 @@
 #include "core/reuse_stats.hpp"
 #include "core/runtime_watch.hpp"
 #include "core/session_rate.hpp"
+#include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/snapshot_files.hpp"
@@ -356,18 +357,14 @@ class coordinator {
   // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
   // the snapshot file; when that succeeds it starts the commit (the file made durable, then
   // the manifest pointing at it), which runs on the file pool while the slot serves its next
-  // session. wait_commit awaits a session's commit in flight; run_save is both, awaited.
-  // Each returns the error, with its code, when the snapshot did not become the session's
-  // checkpoint.
-  struct pending_commit;
-  using commit_handle = std::shared_ptr<pending_commit>;
+  // session. commits_ keeps the commits in flight and their waiters; run_save is both halves,
+  // awaited. Each returns the error, with its code, when the snapshot did not become the
+  // session's checkpoint.
+  using commit_handle = commit_pipeline::handle;
   net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
-  net::awaitable<core::result<core::unit>> await_commit(commit_handle pc);
-  net::awaitable<core::result<core::unit>> wait_commit(std::string hash);
   net::awaitable<core::result<core::unit>> run_save(core::save_step s);
   net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
-                                   std::shared_ptr<pending_commit> pc);
-  net::awaitable<void> wait_all_commits();
+                                   commit_handle pc);
   // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
   net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
   // Runs a file operation on the file pool; a timeout is reported to the breaker.
@@ -463,15 +460,9 @@ class coordinator {
   core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
   snapshot_files snapshots_{opts_.snapshot_dir};
   file_io files_{2, 64, opts_.file_timeout};
-  // A save's commit in flight, by session hash: its snapshot is written, not yet durable and
-  // named by the manifest. Planning for that session, or its slot, waits for it.
-  struct pending_commit {
-    explicit pending_commit(net::any_io_executor ex) : settled(std::move(ex)) {}
-    steady_timer settled;  // cancelled when the commit is done
-    bool done = false;
-    core::result<core::unit> outcome = core::unit{};
-  };
-  std::map<std::string, std::shared_ptr<pending_commit>> commits_;
+  // A save's commit in flight, by session hash: planning for that session, or its slot,
+  // waits for it.
+  commit_pipeline commits_{strand_};
   // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
   // disk budget never overwrites them.
   std::multiset<std::string> restoring_;

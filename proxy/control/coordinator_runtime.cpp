@@ -387,7 +387,7 @@ void coordinator::note_slots_readable(bool readable) {
 // adapters change, and every dirty session saved under the runtime it was computed with.
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!holds(t)) co_return;
-  co_await wait_all_commits();
+  co_await commits_.wait_all();
   for (int id : pool_.slot_ids())
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
   auto before = co_await backend_->read_lora_adapters();
