@@ -329,7 +329,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
     // sharing the snapshot and state directories saved it). One small read, never on the
     // resident path. Its own commit may still be in flight (it left a slot moments ago).
-    const auto committed = co_await wait_commit(own);
+    const auto committed = co_await commits_.wait(own);
     (void)committed;
     auto m = co_await read_manifest(own);
     if (m) pool_.add_manifest(std::move(*m));
@@ -341,7 +341,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
     // owner is clean and needs no second save. The owner itself never waits for it.
-    const auto committed = co_await wait_commit(owner);
+    const auto committed = co_await commits_.wait(owner);
     (void)committed;
   }
   const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
@@ -563,7 +563,7 @@ net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
     (void)ec;
   }
   // Flush, shutdown, admin and gc see every save's manifest on disk.
-  co_await wait_all_commits();
+  co_await commits_.wait_all();
   co_return exclusive_hold(*this, std::move(t));
 }
 

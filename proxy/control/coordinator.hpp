@@ -23,7 +23,9 @@
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/reuse_stats.hpp"
+#include "core/runtime_watch.hpp"
 #include "core/session_rate.hpp"
+#include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/snapshot_files.hpp"
@@ -312,18 +314,14 @@ class coordinator {
   void suspect_behaviour(const std::string& why);
   net::awaitable<bool> slots_lost_kv(int own_slot);
   void note_restart_behind_marker();
-  // The full probe and, when it failed, whether /props still answers (docs/design.md §4: a
-  // probe that fails after /props is retried on a back-off, not before every request).
-  struct full_probe {
-    core::result<core::server_probe> probe;
-    std::optional<std::string> answering_marker;  // /props answered (awake): its media_marker
-  };
+  using full_probe = core::full_probe;
   net::awaitable<full_probe> run_full_probe();
+  // Applies core::runtime_watch's decision on the probe to the pool, and logs it.
   void apply_probe(const full_probe& fp);
   bool apply_slot_layout(const core::result<core::server_probe>& p);
+  void note_unavailable(const core::probe_decision& d);
   // A probe failed while the server answers: persistence pauses until the back-off ends.
-  void back_off_probe(const std::string& marker);
-  bool probe_backing_off() const { return probe_failures_ > 0 && !pool_.persistence_enabled(); }
+  bool probe_backing_off() const { return watch_.backing_off(pool_.persistence_enabled()); }
   // While backing off: whether the probe may run now (the back-off ended, or a hint showed a
   // new process behind /props).
   net::awaitable<bool> probe_retry_due();
@@ -335,18 +333,13 @@ class coordinator {
   void note_slots_readable(bool readable);
   // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
   void note_sleeping(bool sleeping);
-  // Without upstream.sleepIdleSeconds: the period a sleep just seen implies, at the least (0
-  // when it cannot tell), becomes the period the idle checkpoint comes before.
-  std::chrono::seconds measure_sleep_period(std::chrono::steady_clock::time_point now) const;
   std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
   void adopt_sleep_period(std::chrono::seconds period);
   net::awaitable<void> record_learned_sleep(std::chrono::seconds period);
   // A period an earlier process learned (sleep.json), unless upstream.sleepIdleSeconds is set.
   net::awaitable<void> load_learned_sleep();
   // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
-  std::chrono::seconds sleep_period() const {
-    return opts_.sleep_idle.count() > 0 ? opts_.sleep_idle : learned_sleep_;
-  }
+  std::chrono::seconds sleep_period() const { return watch_.sleep_period(); }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   session_row row_with_reuse(core::slot_pool::session_view v) const;
@@ -364,18 +357,14 @@ class coordinator {
   // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
   // the snapshot file; when that succeeds it starts the commit (the file made durable, then
   // the manifest pointing at it), which runs on the file pool while the slot serves its next
-  // session. wait_commit awaits a session's commit in flight; run_save is both, awaited.
-  // Each returns the error, with its code, when the snapshot did not become the session's
-  // checkpoint.
-  struct pending_commit;
-  using commit_handle = std::shared_ptr<pending_commit>;
+  // session. commits_ keeps the commits in flight and their waiters; run_save is both halves,
+  // awaited. Each returns the error, with its code, when the snapshot did not become the
+  // session's checkpoint.
+  using commit_handle = commit_pipeline::handle;
   net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
-  net::awaitable<core::result<core::unit>> await_commit(commit_handle pc);
-  net::awaitable<core::result<core::unit>> wait_commit(std::string hash);
   net::awaitable<core::result<core::unit>> run_save(core::save_step s);
   net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
-                                   std::shared_ptr<pending_commit> pc);
-  net::awaitable<void> wait_all_commits();
+                                   commit_handle pc);
   // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
   net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
   // Runs a file operation on the file pool; a timeout is reported to the breaker.
@@ -471,15 +460,9 @@ class coordinator {
   core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
   snapshot_files snapshots_{opts_.snapshot_dir};
   file_io files_{2, 64, opts_.file_timeout};
-  // A save's commit in flight, by session hash: its snapshot is written, not yet durable and
-  // named by the manifest. Planning for that session, or its slot, waits for it.
-  struct pending_commit {
-    explicit pending_commit(net::any_io_executor ex) : settled(std::move(ex)) {}
-    steady_timer settled;  // cancelled when the commit is done
-    bool done = false;
-    core::result<core::unit> outcome = core::unit{};
-  };
-  std::map<std::string, std::shared_ptr<pending_commit>> commits_;
+  // A save's commit in flight, by session hash: planning for that session, or its slot,
+  // waits for it.
+  commit_pipeline commits_{strand_};
   // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
   // disk budget never overwrites them.
   std::multiset<std::string> restoring_;
@@ -507,23 +490,10 @@ class coordinator {
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
-  bool server_sleeping_ = false;   // /props said is_sleeping
-  // The longest idle time (since last_server_use) at which /props said llama-server was awake.
-  std::chrono::steady_clock::duration longest_awake_idle_{};
   std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
-  std::chrono::seconds learned_sleep_{0};  // the sleep period seen (no sleepIdleSeconds set)
   manifest_store::compatibility_record compatibility_;  // as last read
-  std::string meta_fingerprint_;   // the runtime's fingerprint without its behaviour class
-  std::string runtime_epoch_;      // media_marker "|" meta_fingerprint_, set with the runtime
-  std::string behaviour_epoch_;    // the runtime_epoch_ the behaviour class was established for
-  std::string behaviour_class_;    // core/behaviour.hpp class id ("": the server cannot tell)
-  // Probes that failed in a row while /props answered (the full probe after /props, or the
-  // behaviour probe): persistence is off until probe_retry_at_, 1 s doubling up to 30 s.
-  int probe_failures_ = 0;
-  std::chrono::steady_clock::time_point probe_retry_at_{};
-  std::string probe_retry_marker_;  // the process they failed on: a new one is probed at once
-  static constexpr std::chrono::seconds probe_retry_first{1};
-  static constexpr std::chrono::seconds probe_retry_cap{30};
+  // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
+  core::runtime_watch watch_{opts_.sleep_idle};
   bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end

@@ -54,7 +54,7 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
     core::save_step step) {
   // Never two saves of one session in flight: the generation chosen below must be the one
   // the manifest on disk does not name, and a commit in flight is about to change that.
-  const auto before = co_await wait_commit(step.hash);
+  const auto before = co_await commits_.wait(step.hash);
   (void)before;  // a failed commit left the previous manifest current: that is what counts
   const auto sess = std::string(core::abbrev(step.hash));
   // Another kvpersist sharing the state directory may have saved this session since we
@@ -79,9 +79,7 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
          {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
     co_return d.err;
   }
-  auto pc = std::make_shared<pending_commit>(strand_);
-  pc->settled.expires_at(steady_timer::time_point::max());
-  commits_[step.hash] = pc;
+  auto pc = commits_.begin(step.hash);
   const std::uint64_t bytes = r->n_written;
   const auto saved = *d.write;
   net::co_spawn(strand_, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
@@ -96,7 +94,7 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
 // (or a restarted kvpersist) uses, so a crash anywhere in between loses only this save.
 net::awaitable<void> coordinator::commit_save(core::save_step step, core::manifest m,
                                               std::uint64_t bytes,
-                                              std::shared_ptr<pending_commit> pc) {
+                                              commit_handle pc) {
   const auto sess = std::string(core::abbrev(step.hash));
   core::result<core::unit> out = core::unit{};
   m.checksum.clear();  // server-owned: kvpersist cannot read the file (docs/design.md §9)
@@ -129,41 +127,14 @@ net::awaitable<void> coordinator::commit_save(core::save_step step, core::manife
          {"status", "0"}, {"reason", out.err().message}});
   }
   log_circuit_changes();
-  pc->outcome = std::move(out);
-  pc->done = true;
-  pc->settled.cancel();
-  if (auto it = commits_.find(step.hash); it != commits_.end() && it->second == pc)
-    commits_.erase(it);
-}
-
-net::awaitable<core::result<core::unit>> coordinator::await_commit(commit_handle pc) {
-  while (!pc->done) {
-    auto [ec] = co_await pc->settled.async_wait(token);
-    (void)ec;
-  }
-  co_return pc->outcome;
-}
-
-net::awaitable<core::result<core::unit>> coordinator::wait_commit(std::string hash) {
-  auto it = commits_.find(hash);
-  if (it == commits_.end()) co_return core::unit{};
-  auto pc = it->second;
-  co_return co_await await_commit(std::move(pc));
-}
-
-net::awaitable<void> coordinator::wait_all_commits() {
-  while (!commits_.empty()) {
-    const auto hash = commits_.begin()->first;
-    const auto r = co_await wait_commit(hash);
-    (void)r;
-  }
+  commits_.settle(step.hash, pc, std::move(out));
 }
 
 net::awaitable<core::result<core::unit>> coordinator::run_save(core::save_step s) {
   auto saved = co_await start_save(std::move(s));
   if (!saved) co_return saved.err();
   auto pc = std::move(saved.value());
-  co_return co_await await_commit(std::move(pc));
+  co_return co_await commit_pipeline::await(std::move(pc));
 }
 
 // The plan's restore, checked against the file first in shared-filesystem mode.
@@ -289,7 +260,7 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
       out.failure = core::error{*code, 0, "erasing the slot failed"};
   }
   if (commit) {
-    const auto committed = co_await await_commit(std::move(commit));
+    const auto committed = co_await commit_pipeline::await(std::move(commit));
     if (!committed && stop_on_failure && !out.failure)
       out.failure = core::error{committed.err().code, 0, "saving the previous session failed"};
   }

@@ -49,7 +49,7 @@ net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
 // in server-owned mode the files are llama-server's, and kvpersist names them once in the log
 // for the operator, see README "Retention").
 net::awaitable<std::uint64_t> coordinator::forget_session(core::retention_eviction e) {
-  if (commits_.contains(e.hash)) co_return 0;  // being saved: the next run decides again
+  if (commits_.in_flight(e.hash)) co_return 0;  // being saved: the next run decides again
   const auto freed = co_await drop_session(e.hash);
   const auto sess = std::string(core::abbrev(e.hash));
   if (!snapshots_.shared()) {
@@ -149,7 +149,7 @@ net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest save
   entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
                      saved.credential});
   for (auto& e : entries)
-    e.in_use = e.in_use || commits_.contains(e.hash) || restoring_.contains(e.hash);
+    e.in_use = e.in_use || commits_.in_flight(e.hash) || restoring_.contains(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
   const bool over = plan.remaining_bytes > opts_.retention_max_bytes;
   if (over && !warned_over_budget_)
@@ -175,7 +175,7 @@ net::awaitable<gc_report> coordinator::overwrite_evicted(
     co_return out;
   }
   for (const auto& e : evict) {
-    if (commits_.contains(e.hash)) continue;  // saved again meanwhile: the next run decides
+    if (commits_.in_flight(e.hash)) continue;  // saved again meanwhile: the next run decides
     const auto sess = std::string(core::abbrev(e.hash));
     if (const auto kept = co_await overwrite_generations(slot, e.hash)) {
       log(log_level::warn, "kv.gc.overwrite_failed",
@@ -217,7 +217,7 @@ net::awaitable<gc_report> coordinator::run_gc_overwriting() {
     co_return report({});
   }
   auto entries = retention_by_use();
-  for (auto& e : entries) e.in_use = e.in_use || commits_.contains(e.hash);
+  for (auto& e : entries) e.in_use = e.in_use || commits_.in_flight(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
   gc_report done;
   if (!plan.evict.empty()) done = co_await overwrite_evicted(slot, std::move(plan.evict));

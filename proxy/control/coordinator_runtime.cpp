@@ -32,84 +32,44 @@ net::awaitable<coordinator::full_probe> coordinator::run_full_probe() {
 }
 
 void coordinator::apply_probe(const full_probe& fp) {
-  const auto& p = fp.probe;
-  if (!p && p.err().code == core::errc::backend_unsupported) {
-    // It answered, with something unusable (a /props too deep, without or with too many
-    // slots): persistence stays off until a later probe reads a usable answer.
-    disable_persistence(p.err().message);
-    return;
-  }
-  if (!p && fp.answering_marker) {
-    // The server answers /props but the probe failed after it (a proxy that refuses
-    // /v1/models, a slot probe that errs): requests run cold, the probe waits for its back-off.
-    disable_persistence("the runtime probe failed: " + p.err().message,
-                        core::errc::backend_unavailable);
-    back_off_probe(*fp.answering_marker);
-    return;
-  }
-  if (!p) {
-    if (pool_.persistence_enabled())
-      pool_.on_epoch_change();
-    else
-      pool_.disable_persistence(core::errc::backend_unavailable);
-    if (!warned_disabled_)
-      log(log_level::warn, "kv.backend.unavailable",
-          {{"code", std::string(core::to_string(p.err().code))}, {"reason", p.err().message},
-           {"effect", "requests are forwarded; persistence resumes when the server answers"}});
-    warned_disabled_ = true;
-    upstream_trouble_.store(true);  // look again before the next request
-    return;
-  }
-  const auto& rt = p->runtime;
-  const bool was_enabled = pool_.persistence_enabled();
-  const bool restarted = was_enabled && rt.media_marker != pool_.runtime().media_marker;
-  if (!opts_.single_slot && !apply_slot_layout(p)) return;
-  std::string why;
-  if (!p->slot_actions)
-    why = "slot actions are disabled: start llama-server with --slot-save-path DIR";
-  else if (opts_.single_slot && rt.total_slots != 1)
-    why = fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots);
-  if (!why.empty()) {
-    disable_persistence(why);
-    return;
-  }
-  if (opts_.single_slot && opts_.pool.slot_id >= rt.total_slots) {
-    // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
-    disable_persistence(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",
-                                    opts_.pool.slot_id, rt.total_slots),
-                        core::errc::slot_not_found);
-    return;
-  }
-  auto identity = rt;
-  identity.runtime_key = opts_.pool.runtime_key;
-  const auto meta_fp = identity.fingerprint();  // no behaviour yet: the metadata fingerprint
-  const auto verdict = compatibility_.fingerprint == meta_fp ? compatibility_.verdict : "unknown";
-  if (verdict == "broken") {
-    // docs/design.md §9: saves and restores would cost time and reuse nothing here.
-    disable_persistence("doctor --verify found this runtime broken: llama-server reprocesses "
-                        "the whole prompt after a restore (hybrid or sliding-window model?)");
-    return;
-  }
-  // The behaviour class holds as long as the epoch and the metadata do (establish_behaviour).
-  meta_fingerprint_ = meta_fp;
-  runtime_epoch_ = identity.media_marker + "|" + meta_fp;
-  if (runtime_epoch_ == behaviour_epoch_) {
-    identity.behaviour = behaviour_class_;
-    probe_failures_ = 0;  // nothing left to probe for this epoch
-  }
-  pool_.set_runtime(identity);
-  pool_.set_compatibility(verdict);
+  const core::probe_context ctx{pool_.persistence_enabled(), pool_.runtime().media_marker,
+                                opts_.single_slot,           opts_.pool.slot_id,
+                                opts_.pool.runtime_key,      compatibility_.fingerprint,
+                                compatibility_.verdict};
+  // Managed mode: the layout first; it waits for the leases to go, persistence off meanwhile.
+  if (fp.probe && !opts_.single_slot && !apply_slot_layout(fp.probe)) return;
+  auto d = watch_.judge_probe(fp, ctx, steady_clock::now());
+  using action = core::probe_decision::action;
+  if (d.what == action::disable) return disable_persistence(d.why, d.code);
+  if (d.what == action::unavailable) return note_unavailable(d);
+  pool_.set_runtime(d.identity);
+  pool_.set_compatibility(d.verdict);
   disabled_why_.clear();
-  if (restarted) {
+  if (d.restarted) {
     pool_.on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
   }
-  if (!was_enabled) {
+  if (d.newly_ready) {
     warned_disabled_ = false;
+    const auto& rt = d.identity;
     log(log_level::info, "kv.backend.ready",
         {{"model", rt.model_path}, {"build", rt.build_info}, {"n_ctx", std::to_string(rt.n_ctx)},
          {"slots", std::to_string(rt.total_slots)}});
   }
+}
+
+// The server did not answer the probe: requests are forwarded, and the next one looks again.
+void coordinator::note_unavailable(const core::probe_decision& d) {
+  if (pool_.persistence_enabled())
+    pool_.on_epoch_change();
+  else
+    pool_.disable_persistence(core::errc::backend_unavailable);
+  if (!warned_disabled_)
+    log(log_level::warn, "kv.backend.unavailable",
+        {{"code", std::string(core::to_string(d.code))}, {"reason", d.why},
+         {"effect", "requests are forwarded; persistence resumes when the server answers"}});
+  warned_disabled_ = true;
+  upstream_trouble_.store(true);  // look again before the next request
 }
 
 // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never wraps
@@ -187,20 +147,12 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
 
 // docs/design.md §4: a failed probe is tried again after 1 s, 2 s, 4 s ... at most 30 s, not
 // before every request; a new process (another media_marker) is probed at once.
-void coordinator::back_off_probe(const std::string& marker) {
-  ++probe_failures_;
-  const int doublings = std::min(probe_failures_ - 1, 5);
-  probe_retry_at_ = steady_clock::now() + std::min<std::chrono::seconds>(
-                                              probe_retry_first * (1 << doublings), probe_retry_cap);
-  probe_retry_marker_ = marker;
-}
-
 net::awaitable<bool> coordinator::probe_retry_due() {
   const bool hinted = upstream_trouble_.exchange(false);
-  if (steady_clock::now() >= probe_retry_at_) co_return true;
+  if (watch_.retry_time_reached(steady_clock::now())) co_return true;
   if (!hinted) co_return false;
   auto rt = co_await backend_->read_runtime();
-  co_return rt && rt->media_marker != probe_retry_marker_;
+  co_return rt && rt->media_marker != watch_.retry_marker();
 }
 
 net::awaitable<void> coordinator::reload_compatibility() {
@@ -219,11 +171,11 @@ net::awaitable<void> coordinator::reload_compatibility() {
 // instead (nothing is invalidated; requests run cold).
 net::awaitable<void> coordinator::establish_behaviour(int slot) {
   // Every prepare asks: two string compares, the hashing was done when the runtime was read.
-  if (!pool_.persistence_enabled() || slot < 0 || runtime_epoch_ == behaviour_epoch_) co_return;
-  const auto key = runtime_epoch_;
+  if (!pool_.persistence_enabled() || slot < 0 || watch_.behaviour_known()) co_return;
+  const auto key = watch_.runtime_epoch();
   auto first = co_await backend_->probe_behaviour(slot);
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
-  const auto meta_fp = meta_fingerprint_;
+  const auto meta_fp = watch_.meta_fingerprint();
   const auto store = store_;
   std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
     return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
@@ -232,14 +184,10 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
       "reading the behaviour classes", std::move(read));
   if (!read_back) co_return suspect_behaviour(read_back.err().message);
   auto known = std::move(read_back.value());
-  if (first->top.empty()) {
-    // A server that cannot tell keeps the metadata fingerprint; one that told before, for
-    // this metadata, failed this probe: invalidating every snapshot on it would be wrong.
-    if (known.empty()) co_return adopt_behaviour(key, "");
-    co_return suspect_behaviour("the probe answered without token probabilities, which this "
-                                "model's server gave before");
-  }
-  if (auto id = core::match_behaviour(known, first.value())) co_return adopt_behaviour(key, *id);
+  const auto judged = core::runtime_watch::judge_first_behaviour(known, first.value());
+  using action = core::behaviour_judgement::action;
+  if (judged.what == action::adopt) co_return adopt_behaviour(key, judged.class_id);
+  if (judged.what == action::suspect) co_return suspect_behaviour(judged.why);
   for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
     auto again = co_await backend_->probe_behaviour(slot);
     if (!again || !core::same_behaviour(first.value(), again.value()))
@@ -266,9 +214,7 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
 }
 
 void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
-  behaviour_epoch_ = key;
-  behaviour_class_ = id;
-  probe_failures_ = 0;
+  watch_.adopt_behaviour(key, id);
   auto rt = pool_.runtime();
   rt.behaviour = id;
   pool_.set_runtime(rt);
@@ -277,7 +223,7 @@ void coordinator::adopt_behaviour(const std::string& key, const std::string& id)
 void coordinator::suspect_behaviour(const std::string& why) {
   disable_persistence("the behavioural fingerprint is unknown: " + why,
                       core::errc::backend_unavailable);
-  back_off_probe(pool_.runtime().media_marker);
+  watch_.back_off(pool_.runtime().media_marker, steady_clock::now());
 }
 
 // LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
@@ -309,7 +255,7 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
 
 void coordinator::note_restart_behind_marker() {
   pool_.on_epoch_change();
-  behaviour_epoch_.clear();  // the process may run another model now
+  watch_.forget_behaviour();  // the process may run another model now
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
 }
@@ -335,7 +281,7 @@ net::awaitable<void> coordinator::probe_loop() {
         continue;
       }
     }
-    if (probe_backing_off() && steady_clock::now() < probe_retry_at_) continue;
+    if (probe_backing_off() && !watch_.retry_time_reached(steady_clock::now())) continue;
     auto p = co_await run_full_probe();
     if (leased_.empty()) {
       apply_probe(p);
@@ -346,12 +292,10 @@ net::awaitable<void> coordinator::probe_loop() {
 }
 
 void coordinator::note_sleeping(bool sleeping) {
-  const auto now = steady_clock::now();
-  if (const auto last_use = last_server_use(); !sleeping && last_use && now > *last_use)
-    longest_awake_idle_ = std::max(longest_awake_idle_, now - *last_use);
-  if (sleeping == server_sleeping_) return;
-  server_sleeping_ = sleeping;
-  if (!sleeping) {
+  const auto change = watch_.note_sleeping(sleeping, steady_clock::now(), last_server_use());
+  using action = core::sleep_change::action;
+  if (change.what == action::none) return;
+  if (change.what == action::woke) {
     log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
     return;
   }
@@ -361,11 +305,9 @@ void coordinator::note_sleeping(bool sleeping) {
   log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
       {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
-  if (opts_.sleep_idle.count() > 0) return;
-  const auto period = measure_sleep_period(now);
-  if (period.count() > 0 && (learned_sleep_.count() == 0 || period < learned_sleep_)) {
-    adopt_sleep_period(period);
-    spawn(record_learned_sleep(period));
+  if (change.learn.count() > 0) {
+    adopt_sleep_period(change.learn);
+    spawn(record_learned_sleep(change.learn));
   }
 }
 
@@ -379,22 +321,8 @@ std::optional<steady_clock::time_point> coordinator::last_server_use() const {
   return out;
 }
 
-// docs/design.md §4 "Learning the sleep period": every look that found llama-server awake
-// proves its period longer than the idle time then, and a look that finds it asleep bounds
-// the period by the idle time now. The largest lower bound is adopted when it is at least a
-// second (a checkpoint too early costs a save, one too late loses the session); else only
-// the upper bound is known. 0: nothing to measure from.
-std::chrono::seconds coordinator::measure_sleep_period(steady_clock::time_point now) const {
-  using std::chrono::duration_cast;
-  using std::chrono::seconds;
-  const auto lower = duration_cast<seconds>(longest_awake_idle_);
-  if (lower.count() >= 1) return lower;
-  const auto last_use = last_server_use();
-  return last_use ? duration_cast<seconds>(now - *last_use) : seconds(0);
-}
-
 void coordinator::adopt_sleep_period(std::chrono::seconds period) {
-  learned_sleep_ = period;
+  watch_.learn_sleep_period(period);
   pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.pool.idle_checkpoint, period));
   log(log_level::warn, "kv.backend.sleep_learned",
       {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
@@ -459,7 +387,7 @@ void coordinator::note_slots_readable(bool readable) {
 // adapters change, and every dirty session saved under the runtime it was computed with.
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!holds(t)) co_return;
-  co_await wait_all_commits();
+  co_await commits_.wait_all();
   for (int id : pool_.slot_ids())
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
   auto before = co_await backend_->read_lora_adapters();
