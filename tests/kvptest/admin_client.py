@@ -18,11 +18,10 @@ import socket
 import subprocess
 
 from kvptest.kvpersist_process import KvPersist
-from kvptest.logs import parse_log_line
 from kvptest.net import HOST
 from kvptest.paths import kvpersist_bin
 from kvptest.prometheus import parse_prometheus
-from kvptest.waiting import now, wait_until
+from kvptest.waiting import wait_until
 
 
 
@@ -76,21 +75,11 @@ class JsonKvPersist(KvPersist):
     """KvPersist's reader finds the port in `address=HOST:PORT` (the plain format);
     this one also reads it from a JSON line {"event":"kv.proxy.listening","address":...}."""
 
-    def _reader(self, stream, sink):
-        for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            t = now()
-            with self._lock:
-                if sink is not None:
-                    sink.append(text)
-                line = parse_log_line(text, t)
-                self.lines.append(line)
-            if line.event == "kv.proxy.listening" and not self._listening.is_set():
-                m = re.search(r":(\d+)$", line.fields.get("address", ""))
-                if m:
-                    self.port = int(m.group(1))
-                    self._listening.set()
-        stream.close()
+    def _listening_port(self, line, text: str) -> int | None:
+        if line.event != "kv.proxy.listening":
+            return None
+        m = re.search(r":(\d+)$", line.fields.get("address", ""))
+        return int(m.group(1)) if m else None
 
 
 # ----------------------------------------------------------------------------- Prometheus

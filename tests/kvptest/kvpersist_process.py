@@ -116,12 +116,19 @@ class KvPersist:
                     sink.append(text)
                 line = parse_log_line(text, t)
                 self.lines.append(line)
-            if "kv.proxy.listening" in text and not self._listening.is_set():
-                m = re.search(r'address="?(?:\[[^\]]*\]|[\d.]+|[\w.\-]+):(\d+)', text)
-                if m:
-                    self.port = int(m.group(1))
+            if not self._listening.is_set():
+                port = self._listening_port(line, text)
+                if port is not None:
+                    self.port = port
                     self._listening.set()
         stream.close()
+
+    def _listening_port(self, line, text: str) -> int | None:
+        """The proxy's port from its kv.proxy.listening line (`address=HOST:PORT`), else None."""
+        if "kv.proxy.listening" not in text:
+            return None
+        m = re.search(r'address="?(?:\[[^\]]*\]|[\d.]+|[\w.\-]+):(\d+)', text)
+        return int(m.group(1)) if m else None
 
     def send_signal(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:
