@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/strand.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -279,7 +280,10 @@ int serve(const std::vector<std::string>& args) {
   net::signal_set hup(ioc, SIGHUP);
   net::co_spawn(ioc, ignore_sighup(hup),
                 [](std::exception_ptr) {});  // nothing in it throws; a failed wait just ends it
-  net::co_spawn(ioc, run_until_signalled(srv, ioc, cfg, exit_code, signals),
+  // On a strand: with `threads: N` the startup and shutdown calls (the router discovery's
+  // management calls among them) would otherwise see their streams' timer and socket handlers
+  // run on two threads at once (a data race TSan found in test_upstream_silent_from_start).
+  net::co_spawn(net::make_strand(ioc), run_until_signalled(srv, ioc, cfg, exit_code, signals),
                 proxy::log_exception);
   std::vector<std::thread> extra;
   for (int i = 1; i < cfg.threads; ++i) extra.emplace_back([&ioc] { ioc.run(); });
