@@ -19,6 +19,7 @@
 #include "proxy/admin/admin.hpp"
 #include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
+#include "tests/support/coordinator_on_fake.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -76,27 +77,11 @@ coordinator_options idle_checkpoint_options(std::chrono::milliseconds idle) {
 }
 
 // One coordinator with a FakeBackend and a state directory, driven from the test thread.
-struct harness {
-  io_context ioc;
+struct harness : kvp::testing::coordinator_on_fake {
   std::string state_dir;
-  FakeBackend* fake = nullptr;  // owned by coord
-  std::unique_ptr<coordinator> coord;
 
   explicit harness(const std::string& dir, coordinator_options o = test_options())
-      : state_dir(dir) {
-    auto fb = std::make_unique<FakeBackend>();
-    fake = fb.get();
-    coord = std::make_unique<coordinator>(ioc, std::move(fb), kvp::proxy::manifest_store(dir),
-                                          std::move(o));
-  }
-  ~harness() {
-    // Stop the timers and let every coroutine that waits on them finish before the
-    // coordinator goes away.
-    coord->stop();
-    kvp::testing::run_for(ioc, 50ms);
-  }
-  harness(const harness&) = delete;
-  harness& operator=(const harness&) = delete;
+      : coordinator_on_fake(dir, std::move(o)), state_dir(dir) {}
 
   template <class T>
   T run(kvp::net::awaitable<T> a) {

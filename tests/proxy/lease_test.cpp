@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/coordinator_on_fake.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -51,24 +52,11 @@ std::function<awaitable<bool>()> client_leaves_after(std::chrono::milliseconds a
 }
 const auto client_stays = [] { return client_leaves_after(1h); };
 
-struct harness {
-  kvp::net::io_context ioc;
-  FakeBackend* fake = nullptr;  // owned by coord
-  std::unique_ptr<coordinator> coord;
+struct harness : kvp::testing::coordinator_on_fake {
   int waits = 0;  // on_wait calls: requests that gave their pooled connection back
 
-  explicit harness(const std::string& dir, coordinator_options o = lease_options()) {
-    auto fb = std::make_unique<FakeBackend>();
-    fake = fb.get();
-    coord = std::make_unique<coordinator>(ioc, std::move(fb), kvp::proxy::manifest_store(dir),
-                                          std::move(o));
-  }
-  ~harness() {
-    coord->stop();
-    kvp::testing::run_for(ioc, 50ms);
-  }
-  harness(const harness&) = delete;
-  harness& operator=(const harness&) = delete;
+  explicit harness(const std::string& dir, coordinator_options o = lease_options())
+      : coordinator_on_fake(dir, std::move(o)) {}
 
   template <class T>
   T run(awaitable<T> a) {
