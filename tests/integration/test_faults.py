@@ -439,7 +439,9 @@ def test_state_dir_unwritable_from_start(stack):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv")
     stack.start_upstream()
-    work = tempfile.mkdtemp(prefix="kvp-ro-")
+    # Under /tmp, not $TMPDIR: a private TMPDIR (mode 0700, as .ci/run gives each suite) would keep
+    # nobody from reaching even the directory it is meant to find read-only.
+    work = tempfile.mkdtemp(prefix="kvp-ro-", dir="/tmp")
     try:
         os.chmod(work, 0o755)
         state = os.path.join(work, "state")
