@@ -39,7 +39,7 @@ struct layout {
   std::vector<std::string_view> unrendered;
 };
 
-const layout* layout_of(std::string_view target) {
+const layout* layout_of(const inference_route* route) {
   static const layout chat{"chat",
                            "messages",
                            false,
@@ -55,7 +55,6 @@ const layout* layout_of(std::string_view target) {
   static const layout responses{
       "responses", "input", true, false, {"instructions", "tools"}, {"id", "status"}};
   static const layout raw{"prompt", "prompt", false, true, {}, {}};
-  const auto* route = inference_route_of(target);
   switch (route ? route->format : body_format::none) {
     case body_format::prompt: return &raw;
     case body_format::chat: return &chat;
@@ -197,7 +196,11 @@ std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::V
 }  // namespace
 
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body) {
-  const layout* l = layout_of(target);
+  return prefix_chain_of(inference_route_of(target), body);
+}
+
+std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const std::string& body) {
+  const layout* l = layout_of(route);
   if (!l || body.size() > max_chained_body_bytes) return std::nullopt;
   rapidjson::Document doc;
   if (!parse_json_bounded(body, doc) || !doc.IsObject()) return std::nullopt;

@@ -70,6 +70,10 @@ inline constexpr std::size_t max_chain_links = 256;
 // embeddings, rerank), for a body over max_chained_body_bytes, and for a body that is not a
 // JSON object of that route's shape.
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body);
+// The same for a request already classified (request_class.hpp): `route` is its row of the
+// route table, nullptr for a path that is no inference route.
+struct inference_route;
+std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const std::string& body);
 
 // The session id a request without a session header gets (`sessions.unmanaged: content`):
 // a hash of its conversation's identity links and the caller's credential (the
