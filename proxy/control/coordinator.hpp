@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +26,7 @@
 #include "core/session_rate.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
+#include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
@@ -125,25 +125,6 @@ struct gc_report {
   std::size_t remaining_sessions = 0;
   std::uint64_t remaining_bytes = 0;
   bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
-};
-
-// A place in the lease queue. Created by the client session with its own executor; the
-// coordinator wakes it by moving its timer's expiry to the past, which also completes a wait
-// that has not started yet. Whether the lease was granted is decided only on the strand.
-struct lease_ticket {
-  explicit lease_ticket(net::any_io_executor client_ex) : wakeup(client_ex) {}
-  steady_timer wakeup;
-  std::uint64_t id = 0;
-  core::request_identity who;  // set before enqueue: decides which slot it may take
-  bool unpinnable = false;     // set before enqueue: llama-server ignores id_slot for it
-  bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
-  bool pinned = false;         // strand-only until granted: the body must carry id_slot
-  bool granted = false;        // strand-only
-  bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
-  bool rejected = false;       // strand-only: the queue was full
-  bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
-  bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
-  int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
 };
 
 // How a request was prepared, for the client session and its logs.
@@ -287,20 +268,15 @@ class coordinator {
 
   // Snapshot of state for status/logs. Strand-only.
   const core::slot_pool& pool() const { return pool_; }
-  std::size_t waiting() const { return queue_.size(); }
-  bool busy() const { return !leased_.empty(); }
-  std::size_t passing_through() const { return passing_through_; }
+  std::size_t waiting() const { return leases_.waiting(); }
+  bool busy() const { return !leases_.nothing_leased(); }
+  std::size_t passing_through() const { return leases_.passing_through(); }
 
  private:
   // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
   bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
-  bool try_grant(const std::shared_ptr<lease_ticket>& t);
-  void grant(const std::shared_ptr<lease_ticket>& t);
-  void pump();
-  bool holds(const std::shared_ptr<lease_ticket>& t) const;
-  std::vector<int> free_slots() const;
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
   void log_circuit_changes();
   void log_switch(const std::string& from, const core::request_identity& who, int slot);
@@ -472,13 +448,8 @@ class coordinator {
   std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
   bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
 
-  std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
-  // Requests admitted as pass-through and not finished: they may run on any slot, so no
-  // lease is granted (no slot managed) while there is one (docs/design.md §5).
-  std::size_t passing_through_ = 0;
+  lease_queue leases_;  // who holds which slot, who waits (proxy/control/lease_queue.hpp)
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
-  std::deque<std::shared_ptr<lease_ticket>> queue_;
-  std::uint64_t next_id_ = 1;
 
   net::steady_timer idle_timer_;
   net::steady_timer probe_timer_;
@@ -494,7 +465,6 @@ class coordinator {
   manifest_store::compatibility_record compatibility_;  // as last read
   // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
   core::runtime_watch watch_{opts_.sleep_idle};
-  bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
   net::steady_timer gc_timer_;
