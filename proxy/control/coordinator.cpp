@@ -131,10 +131,6 @@ void coordinator::stop() {
   gc_timer_.cancel();
 }
 
-net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
-  co_return leases_.enqueue(t);
-}
-
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
                                              core::request_identity who, bool upstream_ready) {
   admission out;
