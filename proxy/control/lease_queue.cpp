@@ -28,7 +28,6 @@ bool lease_queue::enqueue(const ticket& t) {
   grant_waiting(t.get());
   if (!t->granted && queue_.size() > max_waiting_) {
     std::erase(queue_, t);
-    t->rejected = true;
     if (t->runtime_change) runtime_change_pending_ = false;
     return false;
   }

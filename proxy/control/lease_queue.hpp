@@ -42,7 +42,6 @@ struct lease_ticket {
   bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
   bool pinned = false;         // strand-only until granted: the body must carry id_slot
   bool granted = false;        // strand-only
-  bool rejected = false;       // strand-only: the queue was full
   bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
   bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
   int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
