@@ -547,8 +547,9 @@ SLOW_SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "s
 
 def test_streaming_matches_direct(world1, llama1):
     """SSE through kvpersist: the same events as straight from llama-server (count, framing,
-    JSON keys, content deltas, [DONE]), each relayed as it is produced: >= 80% of events arrive
-    more than 1 ms apart from their neighbours, on both paths (64 tokens, ~3 ms apart)."""
+    JSON keys, content deltas, [DONE]), each relayed as it is produced: as many events arrive
+    more than 1 ms apart from their neighbours as straight from llama-server (>= 80% on a quiet
+    machine; 64 tokens, ~3 ms apart)."""
     direct, via = _stream_pair(world1, llama1, SLOW_SAMPLING)
     de, ve = direct.resp.events, via.resp.events
     assert len(ve) == len(de), (len(ve), len(de))
@@ -559,8 +560,13 @@ def test_streaming_matches_direct(world1, llama1):
     sd, sv = _separate_share(de), _separate_share(ve)
     print("streaming: %d events (~%d B); arrived separately: direct %.0f%%, kvpersist %.0f%%"
           % (len(de), len(de[len(de) // 2].data), sd * 100, sv * 100))
-    assert sd >= 0.8, "direct: only %.0f%% of events arrived separately (the machine is too fast?)" % (sd * 100)
-    assert sv >= 0.8, "kvpersist batched events: only %.0f%% arrived separately (direct: %.0f%%)" % (sv * 100, sd * 100)
+    # Direct is the yardstick: on a quiet machine >= 90% arrive apart, and kvpersist must keep
+    # 80%; under load both paths bunch events alike (a CI run beside a compile: direct 76%,
+    # kvpersist 74%), so kvpersist must then stay within 10 points of direct. Relaying in
+    # batches, the fault this guards against, costs far more (26-46%, see the next test).
+    assert sd >= 0.5, "direct: only %.0f%% of events arrived separately: too little to compare" % (sd * 100)
+    assert sv >= min(0.8, sd - 0.10), \
+        "kvpersist batched events: only %.0f%% arrived separately (direct: %.0f%%)" % (sv * 100, sd * 100)
 
 
 def test_streaming_large_events_forwarded_in_large_pieces(world1, llama1):
