@@ -45,8 +45,11 @@ esac
 
 if ((build_it)); then
   scripts/setup.sh
+  # -O1 -g1 (line tables: a report still names file and line) as the sanitizers' own docs
+  # advise: compiling proxy/data/server.cpp under ASan+UBSan took 118 s of CPU instead of 277 s
+  # with RelWithDebInfo's -O2 -g (g++ 12), and the sanitizer builds are most of a fresh CI's.
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_WERROR=OFF \
-        -DKVP_SANITIZE="$sanitize" >/dev/null
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DKVP_SANITIZE="$sanitize" >/dev/null
   ninja -C "$build" -j "${KVP_SAN_JOBS:-$(nproc)}"
 fi
 ((test_it)) || exit 0
