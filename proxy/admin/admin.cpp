@@ -357,23 +357,15 @@ std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
 
 admin_answer answer_admin_outcome(const admin_outcome& o) {
   const auto [status, text] = text_for(o.result);
+  if (status != 200) return admin_answer{status, error_json(static_cast<http::status>(status), text)};
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
   w.StartObject();
-  if (status != 200) {
-    w.Key("error");
-    w.StartObject();
-    w.Key("code");
-    w.Uint(status);
-    core::write_json_member(w, "message", text);
-    w.EndObject();
-  } else {
-    core::write_json_member(w, "result", text);
-    if (o.result == admin_result::purged) {
-      core::write_json_count(w, "freedBytes", o.freed_bytes);
-      w.Key("filesDeleted");
-      w.Bool(o.files_deleted);
-    }
+  core::write_json_member(w, "result", text);
+  if (o.result == admin_result::purged) {
+    core::write_json_count(w, "freedBytes", o.freed_bytes);
+    w.Key("filesDeleted");
+    w.Bool(o.files_deleted);
   }
   w.EndObject();
   return admin_answer{status, sb.GetString()};

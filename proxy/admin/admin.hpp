@@ -29,8 +29,8 @@
 namespace kvp::proxy {
 
 // An admin operation's answer: its HTTP status and JSON body, {"result": "..."} (a purge adds
-// freedBytes and filesDeleted), or {"error": {"code": <status>, "message": "..."}} when it was
-// refused or failed.
+// freedBytes and filesDeleted), or, when it was refused or failed, the body of every error
+// answer (proxy/http/http_status.hpp's error_json).
 struct admin_answer {
   unsigned status = 200;
   std::string body;

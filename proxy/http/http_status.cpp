@@ -51,7 +51,10 @@ std::string_view type_for(http::status s) {
   return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
 }
 
-std::string error_body(http::status status, std::string_view message, std::string_view kv_code) {
+
+}  // namespace
+
+std::string error_json(http::status status, std::string_view message, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
   w.StartObject();
@@ -67,8 +70,6 @@ std::string error_body(http::status status, std::string_view message, std::strin
   return sb.GetString();
 }
 
-}  // namespace
-
 answer_rule answer_rule_for(const core::error& e) {
   answer_rule rule = rule_for_code(e.code);
   if (e.code == errc::request_refused && e.http_status >= 400 && e.http_status < 500)
@@ -83,7 +84,7 @@ response error_response(const core::error& e, unsigned version, bool keep_alive)
   res.set(http::field::content_type, "application/json");
   if (e.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(e.retry_after_s));
   res.keep_alive(keep_alive);
-  res.body() = error_body(rule.status, e.message,
+  res.body() = error_json(rule.status, e.message,
                           rule.names_kv_code ? core::to_string(e.code) : std::string_view{});
   res.prepare_payload();
   return res;

@@ -985,10 +985,12 @@ TEST_CASE("admin outcomes answer with their status and body", "[proxy][admin]") 
   CHECK(saved.body == R"({"result":"saved"})");
   const auto unknown = answer_admin_outcome({admin_result::unknown_session});
   CHECK(unknown.status == 404);
-  CHECK(unknown.body == R"({"error":{"code":404,"message":"unknown session"}})");
+  CHECK(unknown.body ==
+        R"({"error":{"code":404,"message":"unknown session","type":"not_found_error"}})");
   const auto kept = answer_admin_outcome({admin_result::save_failed_kept_slot});
   CHECK(kept.status == 502);
-  CHECK(kept.body == R"({"error":{"code":502,"message":"save failed: the session keeps its slot"}})");
+  CHECK(kept.body == R"({"error":{"code":502,"message":"save failed: the session keeps its slot",)"
+                     R"("type":"server_error"}})");
   const auto purged = answer_admin_outcome(admin_outcome{admin_result::purged, 1234, true});
   CHECK(purged.status == 200);
   CHECK(purged.body == R"({"result":"purged","freedBytes":1234,"filesDeleted":true})");
