@@ -44,7 +44,19 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       pool_(pool_options(opts_)),
       idle_timer_(strand_),
       probe_timer_(strand_),
-      gc_timer_(strand_) {}
+      gc_timer_(strand_),
+      actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
+               slot_action_hooks{
+                   .slot_error = [this](const core::error& e) { note_slot_error(e); },
+                   .commit_ended = [this] { log_circuit_changes(); },
+                   .session_added = [this] { return enforce_session_budget(); },
+                   .saved = [this](int slot, core::manifest saved) -> net::awaitable<void> {
+                     if (disk_budget_on()) co_await keep_disk_budget(slot, std::move(saved));
+                   },
+                   .restored = [this](const std::string& hash) {
+                     restored_at_[hash] = detail::unix_now();
+                   },
+               }) {}
 
 // What start reads from the state directory, on the file pool.
 struct loaded_state {
@@ -66,7 +78,8 @@ net::awaitable<void> coordinator::load_state() {
       st.snapshot_dir_problem = std::strerror(errno);
     return core::result<loaded_state>(std::move(st));
   };
-  auto loaded = co_await on_file_pool<loaded_state>("reading the state directory", std::move(work));
+  auto loaded =
+      co_await actions_.on_file_pool<loaded_state>("reading the state directory", std::move(work));
   if (!loaded || loaded->unavailable) {
     log(log_level::warn, "kv.state.unavailable",
         {{"reason", loaded ? loaded->unavailable->message : loaded.err().message},
@@ -331,7 +344,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     // resident path. Its own commit may still be in flight (it left a slot moments ago).
     const auto committed = co_await commits_.wait(own);
     (void)committed;
-    auto m = co_await read_manifest(own);
+    auto m = co_await actions_.read_manifest(own);
     if (m) pool_.add_manifest(std::move(*m));
   }
   if (auto refused = refuse_new_session(own, who.credential)) {
@@ -350,7 +363,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await write_manifest(m);
+    const auto written = co_await actions_.write_manifest(m);
     (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
@@ -368,7 +381,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        ? "persistence unavailable (circuit open) and strict mode is on"
                                        : "persistence is off and strict mode is on");
 
-  const auto done = co_await execute(plan, opts_.pool.strict);
+  const auto done = co_await actions_.execute(plan, opts_.pool.strict);
   if (done.failure)
     co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
                                                          : done.failure->message);
@@ -430,7 +443,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).
-    const auto saved = co_await start_save(*s);
+    const auto saved = co_await actions_.start_save(*s);
     (void)saved;
   }
   release_and_wake(t);
@@ -455,7 +468,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   if (!pool_.persistence_enabled()) co_return out;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await run_save(*s);
+      const auto saved = co_await actions_.run_save(*s);
       if (!saved && opts_.pool.strict) {
         release_and_wake(t);
         out.ok = false;
@@ -532,7 +545,7 @@ net::awaitable<void> coordinator::idle_loop() {
       log(log_level::debug, "kv.checkpoint.idle",
           {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
       // Only llama-server's write holds the slot; the commit runs after the release.
-      const auto saved = co_await start_save(*s);
+      const auto saved = co_await actions_.start_save(*s);
       (void)saved;
       log_circuit_changes();
       std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
@@ -572,7 +585,7 @@ net::awaitable<bool> coordinator::checkpoint() {
   bool ok = true;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await run_save(*s);
+      const auto saved = co_await actions_.run_save(*s);
       ok = ok && saved.ok();
     }
   }

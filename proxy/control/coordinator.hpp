@@ -28,6 +28,7 @@
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
 namespace kvp::proxy {
@@ -343,36 +344,6 @@ class coordinator {
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   session_row row_with_reuse(core::slot_pool::session_view v) const;
-  // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
-  net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
-  // The core's decision on the restore, its manifest write already done.
-  net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
-  restore_source source_of(const core::restore_step& rs) const;
-  struct plan_result {
-    std::optional<core::error> failure;   // only when stopped on it: what failed, and why
-    std::optional<core::restore_decision> restore;  // when the plan had a restore
-  };
-  net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
-  net::awaitable<std::optional<core::errc>> run_erase(int slot);
-  // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
-  // the snapshot file; when that succeeds it starts the commit (the file made durable, then
-  // the manifest pointing at it), which runs on the file pool while the slot serves its next
-  // session. commits_ keeps the commits in flight and their waiters; run_save is both halves,
-  // awaited. Each returns the error, with its code, when the snapshot did not become the
-  // session's checkpoint.
-  using commit_handle = commit_pipeline::handle;
-  net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
-  net::awaitable<core::result<core::unit>> run_save(core::save_step s);
-  net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
-                                   commit_handle pc);
-  // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
-  net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
-  // Runs a file operation on the file pool; a timeout is reported to the breaker.
-  template <class T>
-  net::awaitable<core::result<T>> on_file_pool(std::string_view what,
-                                               std::function<core::result<T>()> work);
-  // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
-  net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
   // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
   // the strand after every commit in flight has landed. Released, on the strand, when it
   // goes out of scope: no path out of an operation leaves the server leased.
@@ -463,9 +434,6 @@ class coordinator {
   // A save's commit in flight, by session hash: planning for that session, or its slot,
   // waits for it.
   commit_pipeline commits_{strand_};
-  // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
-  // disk budget never overwrites them.
-  std::multiset<std::string> restoring_;
   // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
   // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
   std::map<std::string, std::int64_t> restored_at_;
@@ -500,10 +468,6 @@ class coordinator {
   net::steady_timer gc_timer_;
 
   // Metrics not kept by the core.
-  core::histogram save_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
-  core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
-  core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
-  core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::reuse_stats reuse_;  // what restores and cold starts earned
   // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
   std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
@@ -512,6 +476,9 @@ class coordinator {
   std::uint64_t gc_evicted_ = 0;
   std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
   std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
+  // The plans' save, restore and erase calls and the manifest and file-pool work; declared
+  // last, after everything it refers to.
+  slot_actions actions_;
 };
 
 }  // namespace kvp::proxy

@@ -35,7 +35,7 @@ net::awaitable<admin_outcome> coordinator::admin_save(std::string hash_or_id) {
   } else if (pool_.slot_of(hash) < 0) {
     out.result = admin_result::not_resident;
   } else if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
-    const auto saved = co_await run_save(*s);
+    const auto saved = co_await actions_.run_save(*s);
     out.result = saved ? admin_result::saved : admin_result::save_failed;
   } else {
     out.result = admin_result::clean;
@@ -55,7 +55,7 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
   auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await write_manifest(m);
+    const auto written = co_await actions_.write_manifest(m);
     (void)written;  // logged
   }
   admin_outcome out = admin_outcome{admin_result::resident};
@@ -65,7 +65,7 @@ net::awaitable<admin_outcome> coordinator::admin_restore(std::string hash_or_id)
   } else if (!plan.resident) {
     // The request path's calls, checks, logs and metrics; an operator's restore is never
     // refused by strict mode (that policy is about answering clients).
-    const auto done = co_await execute(plan, false);
+    const auto done = co_await actions_.execute(plan, false);
     out.result = !done.restore           ? admin_result::cold
                  : done.restore->restored ? admin_result::restored
                                           : admin_result::restore_failed_cold;
@@ -84,7 +84,7 @@ net::awaitable<admin_outcome> coordinator::admin_invalidate(std::string hash_or_
   admin_outcome out;
   if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     const auto invalid = *m;
-    const auto written = co_await write_manifest(invalid);
+    const auto written = co_await actions_.write_manifest(invalid);
     (void)written;  // logged
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
@@ -105,7 +105,7 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
   } else if (pool_.slot_of(hash) < 0) {
     out.result = admin_result::nothing_to_dispose;
   } else {
-    if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) co_await run_save(*s);
+    if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) co_await actions_.run_save(*s);
     if (!pool_.release_session(hash)) {
       out.result = admin_result::save_failed_kept_slot;
     } else {
@@ -134,7 +134,7 @@ net::awaitable<std::optional<std::string>> coordinator::overwrite_snapshots(std:
   const int slot = purge_slot(hash);
   if (auto why = co_await save_owner_before_overwrite(slot, hash)) co_return why;
   pool_.forget_slot(slot);
-  if (const auto code = co_await run_erase(slot))
+  if (const auto code = co_await actions_.run_erase(slot))
     co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
   co_return co_await overwrite_generations(slot, hash);
 }
@@ -144,7 +144,7 @@ net::awaitable<std::optional<std::string>> coordinator::save_owner_before_overwr
   const auto& holder = pool_.owner(slot);
   if (holder.empty() || holder == hash) co_return std::nullopt;
   if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
-    const auto saved = co_await run_save(*s);
+    const auto saved = co_await actions_.run_save(*s);
     if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
   }
   co_return std::nullopt;

@@ -433,13 +433,13 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             "Requests for a new session refused by limits.newSessionsPerMinute (429).",
             sessions_rate_limited_);
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
-  w.histo("kvpersist_save_duration_ms", m.labels, save_ms_);
+  w.histo("kvpersist_save_duration_ms", m.labels, actions_.metrics().save_ms);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");
-  w.histo("kvpersist_restore_duration_ms", m.labels, restore_ms_);
+  w.histo("kvpersist_restore_duration_ms", m.labels, actions_.metrics().restore_ms);
   w.family("kvpersist_save_bytes", "histogram", "Snapshot size per save.");
-  w.histo("kvpersist_save_bytes", m.labels, save_bytes_);
+  w.histo("kvpersist_save_bytes", m.labels, actions_.metrics().save_bytes);
   w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
-  w.histo("kvpersist_restore_bytes", m.labels, restore_bytes_);
+  w.histo("kvpersist_restore_bytes", m.labels, actions_.metrics().restore_bytes);
   write_snapshot_gauges(m, pool_);
   m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
   write_state_gauges(m, pool_);

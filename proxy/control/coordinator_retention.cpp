@@ -37,7 +37,7 @@ net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
     out.snapshot_bytes = files.remove(hash);
     return core::result<files_removed>(out);
   };
-  const auto removed = co_await on_file_pool<files_removed>("deleting a session's files",
+  const auto removed = co_await actions_.on_file_pool<files_removed>("deleting a session's files",
                                                            std::move(work));
   if (!removed || removed->manifest_problem)
     log(log_level::warn, "kv.manifest.remove_failed",
@@ -79,7 +79,7 @@ net::awaitable<gc_report> coordinator::run_gc() {
       for (const auto& h : hashes) sizes.push_back(files.bytes(h));
       return core::result<std::vector<std::uint64_t>>(std::move(sizes));
     };
-    const auto sizes = co_await on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
+    const auto sizes = co_await actions_.on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
                                                                         std::move(work));
     if (!sizes) {
       // Without the sizes the byte budget cannot be judged: nothing is evicted this time.
@@ -149,7 +149,7 @@ net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest save
   entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
                      saved.credential});
   for (auto& e : entries)
-    e.in_use = e.in_use || commits_.in_flight(e.hash) || restoring_.contains(e.hash);
+    e.in_use = e.in_use || commits_.in_flight(e.hash) || actions_.restoring(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
   const bool over = plan.remaining_bytes > opts_.retention_max_bytes;
   if (over && !warned_over_budget_)
@@ -168,7 +168,7 @@ net::awaitable<gc_report> coordinator::overwrite_evicted(
   gc_report out;
   // The slot's content goes: whoever owned it (saved) restores on its next request.
   pool_.forget_slot(slot);
-  if (const auto code = co_await run_erase(slot)) {
+  if (const auto code = co_await actions_.run_erase(slot)) {
     log(log_level::warn, "kv.gc.overwrite_failed",
         {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(*code))},
          {"effect", "nothing evicted until the next save"}});
