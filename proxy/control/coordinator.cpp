@@ -44,19 +44,26 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       pool_(pool_options(opts_)),
       idle_timer_(strand_),
       probe_timer_(strand_),
-      gc_timer_(strand_),
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
                    .slot_error = [this](const core::error& e) { note_slot_error(e); },
                    .commit_ended = [this] { log_circuit_changes(); },
-                   .session_added = [this] { return enforce_session_budget(); },
-                   .saved = [this](int slot, core::manifest saved) -> net::awaitable<void> {
-                     if (disk_budget_on()) co_await keep_disk_budget(slot, std::move(saved));
+                   .session_added = [this] { return retention_.enforce_session_budget(); },
+                   .saved = [this](int slot, core::manifest saved) {
+                     return retention_.keep_disk_budget(slot, std::move(saved));
                    },
-                   .restored = [this](const std::string& hash) {
-                     restored_at_[hash] = detail::unix_now();
-                   },
-               }) {}
+                   .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
+               }),
+      retention_(strand_,
+                 core::retention_limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
+                                        opts_.retention_max_age_days,
+                                        opts_.retention_max_sessions_per_credential},
+                 opts_.retention_interval, *backend_, pool_, actions_, commits_, store_,
+                 snapshots_, reuse_,
+                 [this](net::awaitable<gc_report> work) -> net::awaitable<gc_report> {
+                   const auto hold = co_await acquire_internal();
+                   co_return co_await std::move(work);
+                 }) {}
 
 // What start reads from the state directory, on the file pool.
 struct loaded_state {
@@ -92,7 +99,7 @@ net::awaitable<void> coordinator::load_state() {
     for (auto& m : loaded->manifests) pool_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(count)}});
-    co_await enforce_session_budget();
+    co_await retention_.enforce_session_budget();
   }
   if (loaded && loaded->snapshot_dir_problem) {
     // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
@@ -110,7 +117,7 @@ net::awaitable<void> coordinator::start() {
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
-  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, gc_loop(), log_exception);
+  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, retention_.gc_loop(), log_exception);
 }
 
 void coordinator::spawn(net::awaitable<void> work) {
@@ -121,7 +128,7 @@ void coordinator::stop() {
   stopped_ = true;
   idle_timer_.cancel();
   probe_timer_.cancel();
-  gc_timer_.cancel();
+  retention_.stop();
 }
 
 std::vector<int> coordinator::free_slots() const {
@@ -404,7 +411,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 void coordinator::forget_records_dropped_by_pool() {
   for (const auto& hash : pool_.take_forgotten_records()) {
     reuse_.forget(hash);
-    restored_at_.erase(hash);
+    retention_.forget(hash);
     log(log_level::debug, "kv.session.record_forgotten",
         {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
   }

@@ -28,6 +28,7 @@
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
@@ -117,15 +118,6 @@ struct admin_outcome {
   admin_result result = admin_result::saved;
   std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
   bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
-};
-
-// What a retention run did (POST /kv/gc).
-struct gc_report {
-  std::size_t evicted = 0;
-  std::uint64_t freed_bytes = 0;
-  std::size_t remaining_sessions = 0;
-  std::uint64_t remaining_bytes = 0;
-  bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
 };
 
 // A place in the lease queue. Created by the client session with its own executor; the
@@ -378,44 +370,6 @@ class coordinator {
                                                    const std::string& credential);
   // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
   void forget_records_dropped_by_pool();
-  net::awaitable<void> gc_loop();
-  net::awaitable<gc_report> run_gc();
-  net::awaitable<void> enforce_session_budget();
-  // Forgets an evicted session and deletes its files; the bytes freed. A session whose
-  // commit is in flight is kept for the next run.
-  net::awaitable<std::uint64_t> forget_session(core::retention_eviction e);
-  // Forgets the session and deletes its manifest and, in shared-filesystem mode, its snapshot
-  // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
-  net::awaitable<std::uint64_t> drop_session(std::string hash);
-  // Purge in server-owned mode: both generation files overwritten with an empty slot.
-  int purge_slot(const std::string& hash) const;
-  net::awaitable<std::optional<std::string>> overwrite_snapshots(std::string hash);
-  // Saves the dirty owner of `slot` (other than `hash`) before its content is erased for an
-  // overwrite; why not, or nullopt. REQUIRES: the exclusive lease.
-  net::awaitable<std::optional<std::string>> save_owner_before_overwrite(int slot,
-                                                                         const std::string& hash);
-  // llama-server saves the erased `slot` over both generation files of `hash`, the one the
-  // manifest does not name first. Why a file still holds the session's KV, or nullopt.
-  // REQUIRES: the slot's lease, the slot erased by the caller.
-  net::awaitable<std::optional<std::string>> overwrite_generations(int slot, std::string hash);
-  // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
-  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
-  // nothing is forgotten without its files overwritten (gc waits while persistence is off).
-  bool disk_budget_on() const;
-  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
-  // a snapshot that seeds new sessions stays while it is used.
-  std::vector<core::retention_entry> retention_by_use() const;
-  core::retention_limits disk_budget_limits() const;
-  // After a save that wrote `saved` on `slot`: forgets, by overwriting their files from that
-  // slot, the sessions that leave no room for one more snapshot under the budget. The saved
-  // session, the sessions in use, with a commit in flight or being restored are kept.
-  // REQUIRES: the slot's lease; its content is saved (the slot is erased when it evicts).
-  net::awaitable<void> keep_disk_budget(int slot, core::manifest saved);
-  // Erases `slot` once and overwrites each evicted session's files from it; stops at the
-  // first failure (that session is kept). Returns how many were forgotten and their bytes.
-  net::awaitable<gc_report> overwrite_evicted(int slot, std::vector<core::retention_eviction> evict);
-  // run_gc in server-owned mode with a disk budget: every eviction overwrites its files.
-  net::awaitable<gc_report> run_gc_overwriting();
   net::awaitable<void> load_state();
   // The first sighting of `h` in this process: its time, its log line and hints.json.
   net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
@@ -434,11 +388,6 @@ class coordinator {
   // A save's commit in flight, by session hash: planning for that session, or its slot,
   // waits for it.
   commit_pipeline commits_{strand_};
-  // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
-  // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
-  std::map<std::string, std::int64_t> restored_at_;
-  std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
-  bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
 
   std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
   // Requests admitted as pass-through and not finished: they may run on any slot, so no
@@ -465,20 +414,18 @@ class coordinator {
   bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
-  net::steady_timer gc_timer_;
 
   // Metrics not kept by the core.
   core::reuse_stats reuse_;  // what restores and cold starts earned
   // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
   std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
   std::array<std::string, core::hint_count> hint_first_seen_;
-  std::uint64_t gc_freed_bytes_ = 0;
-  std::uint64_t gc_evicted_ = 0;
-  std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
   std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
   // The plans' save, restore and erase calls and the manifest and file-pool work; declared
   // last, after everything it refers to.
   slot_actions actions_;
+  // Retention: gc, the session budget, the disk budget and server-owned overwrites.
+  retention_keeper retention_;
 };
 
 }  // namespace kvp::proxy

@@ -1,5 +1,5 @@
-// The admin API's session operations and flush (docs/design.md §18, §10): each takes the
-// exclusive lease, so no request runs while it changes a session's state.
+// The admin API's session operations, flush and gc (docs/design.md §18, §10, §12): each takes
+// the exclusive lease, so no request runs while it changes a session's state.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -115,66 +115,14 @@ net::awaitable<admin_outcome> coordinator::admin_dispose(std::string hash_or_id)
   co_return out;
 }
 
-// The slot a server-owned purge overwrites the files from: the session's own, else an empty
-// one, else the first. REQUIRES: the exclusive lease.
-int coordinator::purge_slot(const std::string& hash) const {
-  if (const int own = pool_.slot_of(hash); own >= 0) return own;
-  for (int id : pool_.slot_ids())
-    if (pool_.content(id).whose == core::content_whose::empty) return id;
-  return pool_.slot_ids().front();
-}
-
-// Server-owned mode (docs/design.md §12, "Purge"): kvpersist cannot delete llama-server's
-// files, so it erases a slot and saves that empty slot over both generations of the session:
-// what was the prompt's KV becomes an empty-slot header. A dirty owner of the slot used is
-// saved first and then let go (its next request restores). Returns why a file still holds the
-// session's KV, or nullopt when both were overwritten. REQUIRES: the exclusive lease.
-net::awaitable<std::optional<std::string>> coordinator::overwrite_snapshots(std::string hash) {
-  if (!pool_.persistence_enabled()) co_return "persistence is off: no slot action is possible";
-  const int slot = purge_slot(hash);
-  if (auto why = co_await save_owner_before_overwrite(slot, hash)) co_return why;
-  pool_.forget_slot(slot);
-  if (const auto code = co_await actions_.run_erase(slot))
-    co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
-  co_return co_await overwrite_generations(slot, hash);
-}
-
-net::awaitable<std::optional<std::string>> coordinator::save_owner_before_overwrite(
-    int slot, const std::string& hash) {
-  const auto& holder = pool_.owner(slot);
-  if (holder.empty() || holder == hash) co_return std::nullopt;
-  if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
-    const auto saved = co_await actions_.run_save(*s);
-    if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
-  }
-  co_return std::nullopt;
-}
-
-net::awaitable<std::optional<std::string>> coordinator::overwrite_generations(int slot,
-                                                                               std::string hash) {
-  const auto* m = pool_.find_manifest(hash);
-  const char current = m ? m->generation : 'b';
-  for (char g : {current == 'a' ? 'b' : 'a', current}) {
-    const auto file = core::snapshot_filename(hash, g);
-    const auto r = co_await backend_->save(slot, file);
-    if (!r) co_return file + ": " + r.err().message;
-    if (r->n_saved != 0) {
-      pool_.forget_slot(slot);  // something kvpersist did not plan ran there
-      co_return fmt::format("{}: llama-server saved {} tokens, not an empty slot", file,
-                            r->n_saved);
-    }
-  }
-  co_return std::nullopt;
-}
-
 net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
   const auto hold = co_await acquire_internal();  // every commit has landed: none can bring it back
   const auto hash = resolve_session(hash_or_id).hash;
   const bool known = pool_.session(hash).has_value();
   std::optional<std::string> kept;  // why the session's files still hold its KV
   if (known && !snapshots_.shared() && pool_.find_manifest(hash))
-    kept = co_await overwrite_snapshots(hash);
-  const auto freed = co_await drop_session(hash);
+    kept = co_await retention_.overwrite_snapshots(hash);
+  const auto freed = co_await retention_.drop_session(hash);
   if (!known) co_return admin_outcome{admin_result::unknown_session};
   const auto sess = std::string(core::abbrev(hash));
   if (kept) {
@@ -187,6 +135,11 @@ net::awaitable<admin_outcome> coordinator::admin_purge(std::string hash_or_id) {
   log(log_level::info, "kv.session.purged",
       {{"session", sess}, {"freed_bytes", std::to_string(freed)}});
   co_return admin_outcome{admin_result::purged, freed, snapshots_.shared()};
+}
+
+net::awaitable<gc_report> coordinator::admin_gc() {
+  const auto hold = co_await acquire_internal();
+  co_return co_await retention_.run_gc();
 }
 
 net::awaitable<admin_outcome> coordinator::admin_flush() {

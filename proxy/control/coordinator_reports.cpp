@@ -423,12 +423,14 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());
   write_hint_counters(m, hints_seen_);
-  m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
-  m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
+  m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.",
+            retention_.counters().gc_evicted);
+  m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.",
+            retention_.counters().gc_freed_bytes);
   m.counter("kvpersist_session_forgotten_total",
             "Sessions retention forgot in server-owned mode (their snapshot files stay with "
             "llama-server).",
-            sessions_forgotten_);
+            retention_.counters().sessions_forgotten);
   m.counter("kvpersist_session_rate_limited_total",
             "Requests for a new session refused by limits.newSessionsPerMinute (429).",
             sessions_rate_limited_);
