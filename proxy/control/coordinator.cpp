@@ -63,7 +63,15 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                  [this](net::awaitable<gc_report> work) -> net::awaitable<gc_report> {
                    const auto hold = co_await acquire_internal();
                    co_return co_await std::move(work);
-                 }) {}
+                 }),
+      admin_(opts_.server_name, pool_, actions_, retention_, snapshots_, reuse_,
+             session_admin_hooks{
+                 .hold_server = [this]() -> net::awaitable<std::shared_ptr<void>> {
+                   auto hold = co_await acquire_internal();
+                   co_return std::make_shared<exclusive_hold>(std::move(hold));
+                 },
+                 .refresh_runtime = [this](int slot) { return refresh_runtime(slot); },
+             }) {}
 
 // What start reads from the state directory, on the file pool.
 struct loaded_state {

@@ -29,6 +29,7 @@
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/retention_keeper.hpp"
+#include "proxy/control/session_admin.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
@@ -69,56 +70,11 @@ struct reply_report {
   response_timings timings;
 };
 
-// One session as the admin API lists it: a copy, so that it can be formatted off the strand.
-struct session_row {
-  std::string hash;
-  std::string session_id;
-  bool resident = false;
-  bool dirty = false;
-  std::optional<core::manifest> snapshot;
-  std::optional<restore_reuse> last_restore;
-  core::session_reuse reuse;
-};
-
-// A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
-struct session_page {
-  std::string server;
-  std::vector<session_row> sessions;
-  std::string next;
-};
+// A page of GET /kv/sessions as JSON.
 std::string sessions_page_json(const session_page& page);
 
 // One session as GET /kv/sessions/{id} shows it.
 std::string session_json(const session_row& row);
-
-// What an admin operation did; proxy/admin/admin.cpp answers it with an HTTP status and JSON.
-enum class admin_result {
-  saved,
-  clean,                // save: the session owns a slot with nothing unsaved
-  not_resident,         // save: no slot, so its last snapshot is current
-  restored,
-  resident,             // restore: it already owns a slot
-  cold,                 // restore: no usable snapshot
-  restore_failed_cold,  // restore: the snapshot did not load; the slot starts cold
-  invalidated,
-  disposed,
-  nothing_to_dispose,   // dispose: it owns no slot
-  purged,
-  flushed,
-  persistence_off,
-  circuit_open,
-  unknown_session,
-  no_snapshot,            // invalidate: the session has no snapshot
-  save_failed,
-  save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
-  purged_files_kept,      // purge: forgotten, but llama-server could not overwrite its files
-};
-
-struct admin_outcome {
-  admin_result result = admin_result::saved;
-  std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
-  bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
-};
 
 // A place in the lease queue. Created by the client session with its own executor; the
 // coordinator wakes it by moving its timer's expiry to the past, which also completes a wait
@@ -242,20 +198,11 @@ class coordinator {
   // response reused with what was restored and logs kv.session.restore.unpaid below half.
   void record_response(int slot, core::prepare_kind kind, response_timings t);
 
-  // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
-  // session id or a known session's 64-hex hash (resolve_session).
+  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
+  // are admin()'s (proxy/control/session_admin.hpp).
   std::string status_json() const;
-  // Up to `limit` sessions with a hash greater than `after`, in hash order.
-  session_page sessions_page(const std::string& after, std::size_t limit) const;
-  std::optional<session_row> session(const std::string& hash_or_id) const;
-  net::awaitable<admin_outcome> admin_save(std::string hash_or_id);
-  net::awaitable<admin_outcome> admin_restore(std::string hash_or_id);
-  // `note`: the operator's reason, recorded in the manifest (invalidNote).
-  net::awaitable<admin_outcome> admin_invalidate(std::string hash_or_id, std::string note);
-  // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
-  // session stays known and restores on its next request. Purge forgets it and its manifest.
-  net::awaitable<admin_outcome> admin_dispose(std::string hash_or_id);
-  net::awaitable<admin_outcome> admin_purge(std::string hash_or_id);
+  session_admin& admin() { return admin_; }
+  const session_admin& admin() const { return admin_; }
   net::awaitable<admin_outcome> admin_flush();
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
@@ -335,7 +282,6 @@ class coordinator {
   std::chrono::seconds sleep_period() const { return watch_.sleep_period(); }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  session_row row_with_reuse(core::slot_pool::session_view v) const;
   // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
   // the strand after every commit in flight has landed. Released, on the strand, when it
   // goes out of scope: no path out of an operation leaves the server leased.
@@ -357,13 +303,6 @@ class coordinator {
   };
   net::awaitable<exclusive_hold> acquire_internal();
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
-  struct session_ref {
-    std::string hash;
-    std::string session_id;
-  };
-  // The one rule of every admin session route: the hash of a known session names it,
-  // anything else is a harness's session id.
-  session_ref resolve_session(const std::string& hash_or_id) const;
   // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
   // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
   std::optional<prepare_result> refuse_new_session(const std::string& hash,
@@ -426,6 +365,8 @@ class coordinator {
   slot_actions actions_;
   // Retention: gc, the session budget, the disk budget and server-owned overwrites.
   retention_keeper retention_;
+  // The admin API's session operations and reads.
+  session_admin admin_;
 };
 
 }  // namespace kvp::proxy

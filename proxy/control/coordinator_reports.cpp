@@ -33,13 +33,6 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
   return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
 }
 
-session_row row_of(core::slot_pool::session_view v) {
-  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
-                std::nullopt, v.reuse};
-  if (v.snapshot) r.snapshot = *v.snapshot;
-  return r;
-}
-
 void write_snapshot(json_writer& w, const core::manifest& m) {
   w.StartObject();
   w.Key("state");
@@ -356,18 +349,6 @@ std::string coordinator::status_json() const {
   return sb.GetString();
 }
 
-session_page coordinator::sessions_page(const std::string& after, std::size_t limit) const {
-  session_page page{opts_.server_name, {}, {}};
-  auto views = pool_.sessions_after(after, limit + 1);
-  if (views.size() > limit) {
-    views.resize(limit);
-    page.next = views.back().hash;
-  }
-  page.sessions.reserve(views.size());
-  for (auto& v : views) page.sessions.push_back(row_with_reuse(std::move(v)));
-  return page;
-}
-
 std::string sessions_page_json(const session_page& page) {
   rapidjson::StringBuffer sb;
   json_writer w(sb);
@@ -384,18 +365,6 @@ std::string sessions_page_json(const session_page& page) {
   }
   w.EndObject();
   return sb.GetString();
-}
-
-session_row coordinator::row_with_reuse(core::slot_pool::session_view v) const {
-  auto row = row_of(std::move(v));
-  row.last_restore = reuse_.last_restore(row.hash);
-  return row;
-}
-
-std::optional<session_row> coordinator::session(const std::string& hash_or_id) const {
-  auto v = pool_.session(resolve_session(hash_or_id).hash);
-  if (!v) return std::nullopt;
-  return row_with_reuse(std::move(*v));
 }
 
 std::string session_json(const session_row& row) {

@@ -7,11 +7,11 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "core/identity.hpp"
 #include "core/log.hpp"
 #include "core/retention.hpp"
-#include <fmt/format.h>
-
 #include "proxy/control/coordinator_internal.hpp"
 
 namespace kvp::proxy {
