@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "backends/kv_backend.hpp"
@@ -61,8 +60,6 @@ std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle
 
 using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
-
-using core::restore_reuse;
 
 // What a finished request's response said about its prompt, and how the request was prepared.
 struct reply_report {
