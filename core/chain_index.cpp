@@ -16,7 +16,7 @@ void chain_index::put(const std::string& hash, const std::vector<chain_link>& ch
   if (chain.empty()) return;
   auto& mine = chains_[hash];
   mine.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(
-                                                  std::min(chain.size(), max_links)));
+                                                  std::min(chain.size(), max_chain_links)));
   for (const auto& l : mine) holders_[l].push_back(hash);
 }
 
@@ -35,7 +35,7 @@ void chain_index::erase(const std::string& hash) {
 std::optional<chain_index::match> chain_index::longest(
     const std::vector<chain_link>& chain, std::size_t min_common,
     const std::function<bool(const std::string&)>& accept) const {
-  const std::size_t n = std::min(chain.size(), max_links);
+  const std::size_t n = std::min(chain.size(), max_chain_links);
   for (std::size_t i = n; i > 0 && i >= min_common; --i) {
     const auto it = holders_.find(chain[i - 1]);
     if (it == holders_.end()) continue;

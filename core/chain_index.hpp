@@ -19,11 +19,7 @@ namespace kvp::core {
 
 class chain_index {
  public:
-  // A chain keeps at most this many links (the first ones): manifests come from disk and
-  // conversations grow without bound.
-  static constexpr std::size_t max_links = manifest::max_chain_links;
-
-  // Indexes `chain` (its first max_links links) as session `hash`'s, replacing what it had.
+  // Indexes `chain` (its first max_chain_links links) as session `hash`'s, replacing what it had.
   void put(const std::string& hash, const std::vector<chain_link>& chain);
   void erase(const std::string& hash);
 

@@ -82,7 +82,7 @@ std::string to_json(const manifest& m) {
   if (!m.chain.empty()) {
     w.Key("prefixChain");
     w.StartArray();
-    for (std::size_t i = 0; i < m.chain.size() && i < manifest::max_chain_links; ++i) {
+    for (std::size_t i = 0; i < m.chain.size() && i < max_chain_links; ++i) {
       const std::string hex = to_hex(m.chain[i]);
       w.String(hex.data(), static_cast<rapidjson::SizeType>(hex.size()));
     }
@@ -119,7 +119,7 @@ void read_chain(const rapidjson::Document& d, std::vector<chain_link>& out) {
   const auto it = d.FindMember("prefixChain");
   if (it == d.MemberEnd() || !it->value.IsArray()) return;
   for (const auto& v : it->value.GetArray()) {
-    if (out.size() == manifest::max_chain_links) break;
+    if (out.size() == max_chain_links) break;
     const auto link = v.IsString() ? parse_link({v.GetString(), v.GetStringLength()})
                                    : std::nullopt;
     if (!link) {

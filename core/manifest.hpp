@@ -41,7 +41,6 @@ struct manifest {
   // The prefix chain of the saved content (core/prefix_chain.hpp), its first max_chain_links
   // links; empty when the requests had none. What seeding ranks snapshots by.
   std::vector<chain_link> chain;
-  static constexpr std::size_t max_chain_links = manifest_chain_cap;
   std::string credential;  // credential_key() of the requests that made it ("" without one)
   // The snapshot file's checksum when it was saved, checked before each restore: "xxh3-128:"
   // and 32 hex digits (proxy/control/snapshot_files.hpp); "" where kvpersist cannot read the file

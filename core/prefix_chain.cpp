@@ -39,7 +39,7 @@ struct layout {
   std::vector<std::string_view> unrendered;
 };
 
-const layout* layout_of(std::string_view target) {
+const layout* layout_of(const inference_route* route) {
   static const layout chat{"chat",
                            "messages",
                            false,
@@ -55,7 +55,6 @@ const layout* layout_of(std::string_view target) {
   static const layout responses{
       "responses", "input", true, false, {"instructions", "tools"}, {"id", "status"}};
   static const layout raw{"prompt", "prompt", false, true, {}, {}};
-  const auto* route = inference_route_of(target);
   switch (route ? route->format : body_format::none) {
     case body_format::prompt: return &raw;
     case body_format::chat: return &chat;
@@ -130,14 +129,14 @@ class chain_builder {
     EVP_DigestUpdate(ctx_.get(), s.data(), s.size());
   }
   // Ends the element begun with begin(): its link, kept in `chain` while the chain has room
-  // (manifest_chain_cap); later ones only chain on to the next.
+  // (max_chain_links); later ones only chain on to the next.
   chain_link link(prefix_chain& chain) {
     std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx_.get(), md.data(), &len);
     chain_link l;
     std::copy_n(md.begin(), l.size(), l.begin());
-    if (chain.links.size() < manifest_chain_cap) chain.links.push_back(l);
+    if (chain.links.size() < max_chain_links) chain.links.push_back(l);
     previous_.assign(reinterpret_cast<const char*>(l.data()), l.size());
     return l;
   }
@@ -180,12 +179,12 @@ std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::V
   const std::string_view text(prompt.GetString(), prompt.GetStringLength());
   prefix_chain chain;
   chain.links.reserve(std::min(1 + (text.size() + raw_chunk_bytes - 1) / raw_chunk_bytes,
-                               manifest_chain_cap));
+                               max_chain_links));
   chain_builder b(l);
   b.begin();
   b.link(chain);
   chain.empty_preamble = true;
-  for (std::size_t off = 0; off < text.size() && chain.links.size() < manifest_chain_cap;
+  for (std::size_t off = 0; off < text.size() && chain.links.size() < max_chain_links;
        off += raw_chunk_bytes) {
     b.begin();
     b.feed_text(text.substr(off, raw_chunk_bytes));
@@ -197,7 +196,11 @@ std::optional<prefix_chain> raw_prompt_chain(const layout& l, const rapidjson::V
 }  // namespace
 
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body) {
-  const layout* l = layout_of(target);
+  return prefix_chain_of(inference_route_of(target), body);
+}
+
+std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const std::string& body) {
+  const layout* l = layout_of(route);
   if (!l || body.size() > max_chained_body_bytes) return std::nullopt;
   rapidjson::Document doc;
   if (!parse_json_bounded(body, doc) || !doc.IsObject()) return std::nullopt;
@@ -215,7 +218,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   std::size_t members = 0;
   const std::size_t leading = feed_preamble(b, *l, doc, messages, members);
   const std::size_t elements = single ? 1 : messages.Size() - leading;
-  chain.links.reserve(std::min(1 + elements, manifest_chain_cap));
+  chain.links.reserve(std::min(1 + elements, max_chain_links));
   chain_link last = b.link(chain);
   chain.empty_preamble = members == 0 && leading == 0;
   chain.attribution_block = l->family == "messages" && opens_with_attribution_block(doc);
@@ -229,7 +232,7 @@ std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::
   std::size_t made = 1;
   for (std::size_t i = leading; i < messages.Size(); ++i) {
     // Past the cap a link is needed only to find the conversation's name.
-    if (made >= manifest_chain_cap && chain.identity_links > 0) break;
+    if (made >= max_chain_links && chain.identity_links > 0) break;
     b.begin();
     b.feed(messages[i]);
     last = b.link(chain);

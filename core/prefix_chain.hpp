@@ -36,7 +36,7 @@ std::optional<chain_link> parse_link(std::string_view hex);
 std::size_t common_links(const std::vector<chain_link>& a, const std::vector<chain_link>& b);
 
 struct prefix_chain {
-  // The first manifest_chain_cap links: nothing compares a later one (manifests and the
+  // The first max_chain_links links: nothing compares a later one (manifests and the
   // chain index keep as many), so a longer conversation is not kept in memory.
   std::vector<chain_link> links;
   // Links that name the conversation: the preamble and every message up to and including
@@ -62,7 +62,7 @@ inline constexpr std::size_t max_chained_body_bytes = std::size_t{8} << 20;
 // chained in pieces of this many bytes.
 inline constexpr std::size_t raw_chunk_bytes = 4096;
 // The links a chain keeps, in a request, a session's record, a manifest and the chain index.
-inline constexpr std::size_t manifest_chain_cap = 256;
+inline constexpr std::size_t max_chain_links = 256;
 
 // The chain of a POST to an inference route (`target` as the client sent it) with `body`:
 // chat completions, /v1/messages, /v1/responses (identity_links > 0), and raw prompts
@@ -70,6 +70,10 @@ inline constexpr std::size_t manifest_chain_cap = 256;
 // embeddings, rerank), for a body over max_chained_body_bytes, and for a body that is not a
 // JSON object of that route's shape.
 std::optional<prefix_chain> prefix_chain_of(std::string_view target, const std::string& body);
+// The same for a request already classified (request_class.hpp): `route` is its row of the
+// route table, nullptr for a path that is no inference route.
+struct inference_route;
+std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const std::string& body);
 
 // The session id a request without a session header gets (`sessions.unmanaged: content`):
 // a hash of its conversation's identity links and the caller's credential (the

@@ -123,24 +123,16 @@ const inference_route* inference_route_of(std::string_view target) {
   return route_for_path(routed_path(target));
 }
 
-endpoint_kind classify_target(std::string_view target) {
-  const std::string path = routed_path(target);
-  if (path == "/slots" || path.starts_with("/slots/")) return endpoint_kind::slots;
-  if (route_for_path(path)) return endpoint_kind::inference;
-  return endpoint_kind::passthrough;
-}
-
-bool needs_slot(std::string_view method, std::string_view target) {
-  // Methods are case-sensitive (RFC 9110 §9.1); cpp-httplib matches "POST" exactly.
-  return method == "POST" && classify_target(target) == endpoint_kind::inference;
-}
-
-bool changes_runtime(std::string_view method, std::string_view target) {
-  return method == "POST" && routed_path(target) == "/lora-adapters";
-}
-
-bool is_prediction_route(std::string_view target, std::string_view route) {
-  return !route.empty() && routed_path(target) == route;
+request_class classify(std::string_view method, std::string_view target) {
+  request_class rc;
+  rc.path = routed_path(target);
+  rc.route = route_for_path(rc.path);
+  if (rc.path == "/slots" || rc.path.starts_with("/slots/")) rc.kind = endpoint_kind::slots;
+  else if (rc.route) rc.kind = endpoint_kind::inference;
+  rc.needs_slot = method == "POST" && rc.route;
+  rc.changes_runtime = method == "POST" && rc.path == "/lora-adapters";
+  rc.stream = stream_route_of(method, rc.path);
+  return rc;
 }
 
 bool client_key_matches(std::string_view authorization, std::string_view x_api_key,
@@ -149,11 +141,6 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
   if (given.starts_with("Bearer ")) given.remove_prefix(7);
   const std::string a = sha256_hex(given), b = sha256_hex(api_key);
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-bool is_unpinnable(std::string_view target) {
-  const auto* route = inference_route_of(target);
-  return route && !route->pinnable;
 }
 
 std::string harness_header_value(std::string_view header_value, std::string_view field,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/prefix_chain.hpp"
+#include "core/resumable_stream.hpp"
 
 namespace kvp::core {
 
@@ -50,23 +51,36 @@ std::optional<std::string> query_param(std::string_view target, std::string_view
 // and a trailing slash collapsed, so "/v1/chat/completions/" is not a way around the lease.
 std::string routed_path(std::string_view target);
 
-// Classifies by the decoded path (query string ignored). Exact paths only, so "/v1/chat/completions/x"
-// is passthrough (llama-server answers 404 to it anyway).
-endpoint_kind classify_target(std::string_view target);
+// A request as kvpersist routes it, decided once from its method and target and carried
+// through the request path (proxy/data/server.cpp), so that the target is decoded once.
+// Exact paths only: "/v1/chat/completions/x" is passthrough (llama-server answers 404 to it).
+struct request_class {
+  std::string path;  // routed_path(target)
+  endpoint_kind kind = endpoint_kind::passthrough;
+  const inference_route* route = nullptr;  // the route table's row (inference paths only)
+  // POST on an inference path: the request runs on a slot, so it goes through the
+  // coordinator. llama-server registers its inference routes for POST only; an OPTIONS (a
+  // browser's CORS preflight), GET or HEAD there never creates a slot task (llama-server
+  // answers the preflight itself, the rest with 404), so it passes straight through.
+  bool needs_slot = false;
+  // POST /lora-adapters: it changes the runtime's identity while the process stays (the
+  // adapters' scales), so the fingerprint must be read again afterwards.
+  bool changes_runtime = false;
+  stream_route stream = stream_route::none;  // a resumable-stream route (resumable_stream.hpp)
 
-// True when the request runs on a slot and so goes through the coordinator: POST on an
-// inference path. llama-server registers its inference routes for POST only; an OPTIONS (a
-// browser's CORS preflight), GET or HEAD there never creates a slot task (llama-server
-// answers the preflight itself, the rest with 404), so it passes straight through.
-bool needs_slot(std::string_view method, std::string_view target);
-// A request that changes the runtime's identity while the process stays (POST /lora-adapters
-// sets the adapters' scales): the fingerprint must be read again afterwards.
-bool changes_runtime(std::string_view method, std::string_view target);
+  // An inference route whose requests llama-server cannot pin to a slot: it ignores
+  // "id_slot" there (docs/llama-server.md §4), so in managed multi-slot mode they need the
+  // whole server.
+  bool unpinnable() const { return route && !route->pinnable; }
+  // llama-server's Vertex AI prediction route `predict_route` (AIP_PREDICT_ROUTE, "/predict"
+  // by default; "" = none). See proxy/data/server.cpp for why kvpersist refuses it.
+  bool is_prediction(std::string_view predict_route) const {
+    return !predict_route.empty() && path == predict_route;
+  }
+};
 
-// True when the decoded path of `target` is llama-server's Vertex AI prediction route
-// `route` (AIP_PREDICT_ROUTE, "/predict" by default; "" = none). See proxy/data/server.cpp for
-// why kvpersist refuses it.
-bool is_prediction_route(std::string_view target, std::string_view route);
+// Methods are case-sensitive (RFC 9110 §9.1); cpp-httplib matches "POST" exactly.
+request_class classify(std::string_view method, std::string_view target);
 
 // llama-server's API-key check (tools/server/server-http.cpp, middleware_validate_api_key),
 // mirrored: the key is the Authorization header's value, or X-Api-Key's when Authorization
@@ -74,11 +88,6 @@ bool is_prediction_route(std::string_view target, std::string_view route);
 // time (SHA-256 of both sides), so a wrong key's prefix length cannot be timed.
 bool client_key_matches(std::string_view authorization, std::string_view x_api_key,
                         std::string_view api_key);
-
-// Inference endpoints whose requests llama-server cannot pin to a slot: it ignores
-// "id_slot" for them (docs/llama-server.md §4), so in managed multi-slot mode they need the
-// whole server.
-bool is_unpinnable(std::string_view target);
 
 // What a harness's own header says (docs/design.md §20, README "Harnesses"): the value that
 // decides, or "" when the header does not match. `field` names a string member of a JSON

@@ -22,8 +22,7 @@ std::string decode_query_value(std::string_view v) {
 
 }  // namespace
 
-stream_route classify_stream_route(std::string_view method, std::string_view target) {
-  const std::string path = routed_path(target);
+stream_route stream_route_of(std::string_view method, std::string_view path) {
   if (path == "/v1/stream") {
     if (method == "GET") return stream_route::replay;
     if (method == "DELETE") return stream_route::stop;

@@ -24,9 +24,9 @@ enum class stream_route {
   lookup,  // POST /v1/streams/lookup
 };
 
-// Which of llama-server's resumable-stream routes `target` reaches (by its routed path, as
-// request_class.hpp's routed_path decodes it), for `method`.
-stream_route classify_stream_route(std::string_view method, std::string_view target);
+// Which of llama-server's resumable-stream routes a `method` request to the routed `path`
+// (request_class.hpp's routed_path) reaches; request_class.hpp's classify calls it.
+stream_route stream_route_of(std::string_view method, std::string_view path);
 
 // The conversation id llama-server sees for a client's `conversation_id` under
 // `credential` (a credential_key(): "" for none): "kvp-" and 32 hex digits.

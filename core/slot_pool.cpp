@@ -768,7 +768,7 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
     if (!who.chain.empty())
       r.chain.assign(who.chain.begin(),
                      who.chain.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                             who.chain.size(), manifest::max_chain_links)));
+                                             who.chain.size(), max_chain_links)));
     else if (k == prepare_kind::restored && r.snapshot)
       r.chain = r.snapshot->chain;
     else

@@ -33,6 +33,25 @@ core::slot_pool_options pool_options(const coordinator_options& o) {
   return pool;
 }
 
+// What the lease queue asks of the pool: the pool itself, and the mode.
+slot_chooser chooser_of(const core::slot_pool& pool, const coordinator_options& o) {
+  slot_chooser c;
+  c.slot_ids = [&pool] { return pool.slot_ids(); };
+  c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
+    return pool.choose_slot(who, free);
+  };
+  c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
+  c.pins_requests = [&pool, &o] { return !o.single_slot && pool.slot_ids().size() > 1; };
+  return c;
+}
+
+// A ticket granted after it had to wait: expiry in the past completes the wait whether or not
+// it has started yet.
+void wake(const std::shared_ptr<lease_ticket>& t) {
+  net::post(t->wakeup.get_executor(),
+            [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
+}
+
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -42,6 +61,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       store_(std::move(store)),
       opts_(std::move(opts)),
       pool_(pool_options(opts_)),
+      leases_(opts_.max_waiting, chooser_of(pool_, opts_), wake),
       idle_timer_(strand_),
       probe_timer_(strand_),
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
@@ -139,100 +159,14 @@ void coordinator::stop() {
   retention_.stop();
 }
 
-std::vector<int> coordinator::free_slots() const {
-  std::vector<int> out;
-  for (int id : pool_.slot_ids())
-    if (!leased_.contains(id)) out.push_back(id);
-  return out;
-}
-
-bool coordinator::holds(const std::shared_ptr<lease_ticket>& t) const {
-  for (const auto& [slot, h] : leased_)
-    if (h == t) return true;
-  return false;
-}
-
-bool coordinator::try_grant(const std::shared_ptr<lease_ticket>& t) {
-  // A pass-through request may run on any slot: none is managed until it has finished.
-  if (passing_through_ > 0) return false;
-  // In managed mode a request llama-server cannot pin could land on any slot: it needs them all.
-  if (t->unpinnable && pins_requests()) t->exclusive = true;
-  if (t->exclusive) {
-    if (!leased_.empty()) return false;
-    for (int id : pool_.slot_ids()) leased_[id] = t;
-    t->slot = -1;
-  } else {
-    // A session holding a lease (even one still preparing, not yet the slot's owner) must
-    // wait for it: its requests stay in order on one slot.
-    if (!t->who.session_id.empty() && t->who.purpose.empty()) {
-      for (const auto& [id, h] : leased_)
-        if (h->who.session_id == t->who.session_id && h->who.purpose.empty()) return false;
-    }
-    auto slot = pool_.choose_slot(t->who, free_slots());
-    if (!slot) return false;
-    leased_[*slot] = t;
-    t->slot = *slot;
-    t->pinned = pins_requests();
-  }
-  grant(t);
-  return true;
-}
-
-void coordinator::grant(const std::shared_ptr<lease_ticket>& t) {
-  t->granted = true;
-  log(log_level::debug, "kv.slot.acquire",
-      {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
-       {"ticket", std::to_string(t->id)}});
-  if (t->admitting) return;  // admit reports the grant itself; nobody waits on the timer
-  // Expiry in the past completes the wait whether or not it has started yet.
-  net::post(t->wakeup.get_executor(),
-            [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
-}
-
-// Grants what can be granted, in FIFO order, without letting a request overtake an earlier
-// one of the same session or anything overtake an exclusive waiter.
-void coordinator::pump() {
-  std::vector<std::string> blocked_sessions;
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    const auto& t = *it;
-    const std::string key = t->who.session_id.empty() || !t->who.purpose.empty()
-                                ? std::string()
-                                : pool_.hash_for(t->who);
-    const bool blocked = !key.empty() && std::find(blocked_sessions.begin(),
-                                                   blocked_sessions.end(),
-                                                   key) != blocked_sessions.end();
-    if (!blocked && try_grant(t)) {
-      it = queue_.erase(it);
-      continue;
-    }
-    if (t->exclusive) break;
-    if (!key.empty()) blocked_sessions.push_back(key);
-    ++it;
-  }
-}
-
-net::awaitable<bool> coordinator::enqueue(std::shared_ptr<lease_ticket> t) {
-  t->id = next_id_++;
-  queue_.push_back(t);
-  pump();
-  if (!t->granted && queue_.size() > opts_.max_waiting) {
-    std::erase(queue_, t);
-    t->rejected = true;
-    if (t->runtime_change) runtime_change_pending_ = false;
-    co_return false;
-  }
-  co_return true;
-}
-
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
                                              core::request_identity who, bool upstream_ready) {
   admission out;
   // docs/design.md §5: one runtime change at a time; another while it waits or runs is refused.
-  if (t->runtime_change && runtime_change_pending_) {
+  if (!leases_.admit_runtime_change(t)) {
     out.what = admission::outcome::runtime_change_pending;
     co_return out;
   }
-  if (t->runtime_change) runtime_change_pending_ = true;
   // A probe that is due (a fresh connection, this request's own included; a back-off that
   // ended) runs before the request passes through: persistence may be back.
   if (may_pass_through(*t)) {
@@ -240,17 +174,14 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     co_await look_for_changes(-1);
   }
   if (may_pass_through(*t)) {
-    t->pass_through = true;
-    ++passing_through_;
+    leases_.begin_pass_through(t);
     out.what = admission::outcome::pass_through;
     co_return out;
   }
   // Which session the request belongs to may depend on its content (docs/design.md §20):
   // resolved once for the queue and the slot choice, and again when it is planned.
   pool_.resolve_session(t->who);
-  t->admitting = true;
-  const bool queued = co_await enqueue(t);
-  t->admitting = false;
+  const bool queued = leases_.enqueue(t);
   if (!queued) {
     out.what = admission::outcome::rejected;
   } else if (!t->granted) {
@@ -268,22 +199,15 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
 // refusal to make, and nothing leased or queued that the request could overtake.
 bool coordinator::may_pass_through(const lease_ticket& t) const {
   return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
-         !t.runtime_change && leased_.empty() && queue_.empty() && !pending_probe_;
+         !t.runtime_change && leases_.idle() && !pending_probe_;
 }
 
 void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
-  if (!std::exchange(t->pass_through, false)) return;
-  if (--passing_through_ > 0) return;
-  pump();  // leases asked for since persistence came back
-  arm_idle_timer();
+  if (leases_.end_pass_through(t)) arm_idle_timer();
 }
 
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
-  if (t->granted) co_return true;
-  std::erase(queue_, t);
-  if (t->runtime_change) runtime_change_pending_ = false;
-  pump();  // an exclusive waiter leaving may unblock others
-  co_return false;
+  co_return leases_.settle(t);
 }
 
 // The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
@@ -317,20 +241,19 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
   log(log_level::debug, "kv.slot.release",
       {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
        {"ticket", std::to_string(t->id)}});
-  std::erase_if(leased_, [&](const auto& kv) { return kv.second == t; });
-  if (t->runtime_change) runtime_change_pending_ = false;
-  if (leased_.empty() && pending_probe_) {
+  leases_.release(t);
+  if (leases_.nothing_leased() && pending_probe_) {
     auto p = std::move(*pending_probe_);
     pending_probe_.reset();
     apply_probe(p);
   }
-  pump();
+  leases_.grant_waiting();
   arm_idle_timer();
 }
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   end_pass_through(t);
-  if (holds(t)) {
+  if (leases_.holds(t)) {
     if (t->slot >= 0) pool_.abort_prepare(t->slot);
     release_and_wake(t);
   }
@@ -341,7 +264,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                                     core::request_identity who,
                                                     bool fresh_upstream) {
   prepare_result out;
-  if (!holds(t) || t->slot < 0) {
+  if (!leases_.holds(t) || t->slot < 0) {
     out.ok = false;
     out.message = "lease not held";
     co_return out;
@@ -452,7 +375,7 @@ std::optional<prepare_result> coordinator::refuse_new_session(const std::string&
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
-  if (!holds(t) || t->slot < 0) co_return;
+  if (!leases_.holds(t) || t->slot < 0) co_return;
   if (reply) record_response(t->slot, reply->kind, reply->timings);
   finished_at_[t->slot] = steady_clock::now();  // the sleep period is measured from it
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
@@ -474,7 +397,7 @@ net::awaitable<std::optional<std::map<int, std::int64_t>>> coordinator::last_tas
 
 net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
   prepare_result out;
-  if (!holds(t) || !t->exclusive) {
+  if (!leases_.holds(t) || !t->exclusive) {
     out.ok = false;
     out.message = "exclusive lease not held";
     co_return out;
@@ -501,7 +424,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot) {
-  if (!holds(t) || !t->exclusive) co_return;
+  if (!leases_.holds(t) || !t->exclusive) co_return;
   if (reached_slot && pool_.persistence_enabled()) {
     auto after = co_await last_tasks();
     note_slots_readable(after.has_value() && !tasks_before_.empty());
@@ -550,21 +473,20 @@ net::awaitable<void> coordinator::idle_loop() {
     const auto now = steady_clock::now();
     for (int id : pool_.slot_ids()) {
       // A request is running there (or may be: a pass-through); its end re-arms.
-      if (leased_.contains(id) || passing_through_ > 0) continue;
+      if (leases_.is_leased(id) || leases_.passing_through() > 0) continue;
       auto s = pool_.idle_checkpoint(id, now);
       if (!s) continue;
       // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
       auto self = std::make_shared<lease_ticket>(strand_);
-      self->slot = id;
-      leased_[id] = self;
+      leases_.hold_slot(id, self);
       log(log_level::debug, "kv.checkpoint.idle",
           {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
       // Only llama-server's write holds the slot; the commit runs after the release.
       const auto saved = co_await actions_.start_save(*s);
       (void)saved;
       log_circuit_changes();
-      std::erase_if(leased_, [&](const auto& kv) { return kv.second == self; });
-      pump();
+      leases_.release(self);
+      leases_.grant_waiting();
     }
     auto next = pool_.idle_deadline();
     if (!next) break;
@@ -581,11 +503,9 @@ net::awaitable<void> coordinator::idle_loop() {
 // without the bound, since these must not be refused.
 net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
   auto t = std::make_shared<lease_ticket>(strand_);
-  t->id = next_id_++;
   t->exclusive = true;
   t->wakeup.expires_at(steady_timer::time_point::max());
-  queue_.push_back(t);
-  pump();
+  leases_.enqueue_unbounded(t);
   while (!t->granted) {
     auto [ec] = co_await t->wakeup.async_wait(token);
     (void)ec;

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +25,7 @@
 #include "core/session_rate.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
+#include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/session_admin.hpp"
@@ -73,25 +73,6 @@ std::string sessions_page_json(const session_page& page);
 // One session as GET /kv/sessions/{id} shows it.
 std::string session_json(const session_row& row);
 
-// A place in the lease queue. Created by the client session with its own executor; the
-// coordinator wakes it by moving its timer's expiry to the past, which also completes a wait
-// that has not started yet. Whether the lease was granted is decided only on the strand.
-struct lease_ticket {
-  explicit lease_ticket(net::any_io_executor client_ex) : wakeup(client_ex) {}
-  steady_timer wakeup;
-  std::uint64_t id = 0;
-  core::request_identity who;  // set before enqueue: decides which slot it may take
-  bool unpinnable = false;     // set before enqueue: llama-server ignores id_slot for it
-  bool exclusive = false;      // needs every slot (flush, admin; unpinnable in managed mode)
-  bool pinned = false;         // strand-only until granted: the body must carry id_slot
-  bool granted = false;        // strand-only
-  bool admitting = false;      // strand-only: inside admit, the client is not waiting yet
-  bool rejected = false;       // strand-only: the queue was full
-  bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
-  bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
-  int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
-};
-
 // How a request was prepared, for the client session and its logs.
 struct prepare_result {
   // false: strict mode, or a scope erase that failed: answer 503; a new session over its
@@ -117,6 +98,9 @@ struct admission {
   prepare_result prepared;
 };
 
+class lease;  // proxy/control/lease.hpp: a request's only way onto the strand
+struct acquisition;
+
 class coordinator {
  public:
   coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -136,14 +120,52 @@ class coordinator {
   // problems are logged once and persistence stays off until a probe succeeds.
   net::awaitable<void> start();
 
-  // Lease protocol, each step run on the strand (on_strand):
-  //   enqueue -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
-  // enqueue returns false when the queue is full (answer 503). settle returns whether the
-  // ticket holds the lease; if not, the ticket has left the queue. One lease per slot:
-  // different sessions run at once on different slots (managed mode); a session's own
-  // requests, and everything behind an exclusive waiter, stay in FIFO order.
-  net::awaitable<bool> enqueue(std::shared_ptr<lease_ticket> t);
-  // The common case in one trip to the strand: enqueue, and if the lease is granted at once
+  // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
+  bool watches_turn_end() const {
+    return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
+           !opts_.pool.save_on_step_end;
+  }
+
+  // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
+  // and by flush. Returns false if a save was needed and failed.
+  net::awaitable<bool> checkpoint();
+
+  // Stops timers (idle checkpoint, background probe). Call on shutdown.
+  void stop();
+
+  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
+  // are admin()'s (proxy/control/session_admin.hpp).
+  std::string status_json() const;
+  session_admin& admin() { return admin_; }
+  const session_admin& admin() const { return admin_; }
+  net::awaitable<admin_outcome> admin_flush();
+  net::awaitable<gc_report> admin_gc();
+  void write_metrics(core::prom_writer& w) const;
+
+  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
+  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
+  // directory for `kvpersist doctor`. Thread-safe.
+  void note_hint(core::hint_id h);
+
+  // Tell the coordinator that an upstream connection failed to connect or died: the next
+  // prepare re-reads the runtime. Thread-safe.
+  void note_upstream_trouble() { upstream_trouble_.store(true); }
+
+  const std::string& name() const { return opts_.server_name; }
+
+ private:
+  friend class lease;
+  friend net::awaitable<acquisition> begin_runtime_change(
+      coordinator& c, std::chrono::milliseconds queue_timeout,
+      std::function<net::awaitable<bool>()> gone);
+  friend net::awaitable<void> end_runtime_change(lease l, bool reached_server);
+
+  // The lease protocol, each step run on the strand (on_strand), reached only through
+  // proxy/control/lease.hpp (the friends above):
+  //   admit -> (client waits on ticket.wakeup) -> settle -> prepare -> [relay] -> finish.
+  // The queue's rules are proxy/control/lease_queue.hpp's. settle returns whether the ticket
+  // holds the lease; if not, the ticket has left the queue.
+  // admit: the common case in one trip to the strand: enqueue, and if the lease is granted at once
   // (nobody ahead), also prepare when `upstream_ready` (the request has a pooled, not fresh,
   // upstream connection) and the ticket is not exclusive. A resident request then needs one
   // round trip before it is forwarded instead of three. While persistence is off and no
@@ -164,54 +186,15 @@ class coordinator {
   // `reply`: what the response said about reuse (record_response), recorded first.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false, std::optional<reply_report> reply = {});
-  // Whether finish needs to know if a reply ended the user's turn (checkpoint.onTurnEnd).
-  bool watches_turn_end() const {
-    return (opts_.pool.save_on_turn_end || opts_.pool.early_checkpoint.count() > 0) &&
-           !opts_.pool.save_on_step_end;
-  }
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
   // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
   // task, so that finish_exclusive can tell which slot the server used and forget only its
   // owner (all owners if the server cannot be asked).
   net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
-  // Managed multi-slot mode with more than one slot: requests are pinned with id_slot.
-  bool pins_requests() const { return !opts_.single_slot && pool_.slot_ids().size() > 1; }
   // Releases a lease without running `finish` (the request never reached the slot), or ends
   // a pass-through ticket.
   net::awaitable<void> release(std::shared_ptr<lease_ticket> t);
-
-  // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
-  // and by flush. Returns false if a save was needed and failed.
-  net::awaitable<bool> checkpoint();
-
-  // Stops timers (idle checkpoint, background probe). Call on shutdown.
-  void stop();
-
-  // After a prepared request completed: what its response said about cache reuse. Feeds
-  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
-  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
-  // request ran, whose owner is the request's session; after a restore, compares what the
-  // response reused with what was restored and logs kv.session.restore.unpaid below half.
-  void record_response(int slot, core::prepare_kind kind, response_timings t);
-
-  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
-  // are admin()'s (proxy/control/session_admin.hpp).
-  std::string status_json() const;
-  session_admin& admin() { return admin_; }
-  const session_admin& admin() const { return admin_; }
-  net::awaitable<admin_outcome> admin_flush();
-  net::awaitable<gc_report> admin_gc();
-  void write_metrics(core::prom_writer& w) const;
-
-  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
-  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
-  // directory for `kvpersist doctor`. Thread-safe.
-  void note_hint(core::hint_id h);
-
-  // Tell the coordinator that an upstream connection failed to connect or died: the next
-  // prepare re-reads the runtime. Thread-safe.
-  void note_upstream_trouble() { upstream_trouble_.store(true); }
   // A request that changes the runtime (POST /lora-adapters) runs between these two, under
   // an exclusive lease acquired like any request's (proxy/control/lease.hpp: bounded, client watched,
   // at most one pending). REQUIRES: t holds it. The first saves dirty sessions and reads the
@@ -219,25 +202,17 @@ class coordinator {
   // drops residency and has the next prepare read the whole fingerprint again.
   net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
+  // After a prepared request completed: what its response said about cache reuse. Feeds
+  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
+  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
+  // request ran, whose owner is the request's session; after a restore, compares what the
+  // response reused with what was restored and logs kv.session.restore.unpaid below half.
+  void record_response(int slot, core::prepare_kind kind, response_timings t);
 
-  const std::string& name() const { return opts_.server_name; }
-
-  // Snapshot of state for status/logs. Strand-only.
-  const core::slot_pool& pool() const { return pool_; }
-  std::size_t waiting() const { return queue_.size(); }
-  bool busy() const { return !leased_.empty(); }
-  std::size_t passing_through() const { return passing_through_; }
-
- private:
   // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
   bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
-  bool try_grant(const std::shared_ptr<lease_ticket>& t);
-  void grant(const std::shared_ptr<lease_ticket>& t);
-  void pump();
-  bool holds(const std::shared_ptr<lease_ticket>& t) const;
-  std::vector<int> free_slots() const;
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
   void log_circuit_changes();
   void log_switch(const std::string& from, const core::request_identity& who, int slot);
@@ -325,13 +300,8 @@ class coordinator {
   // waits for it.
   commit_pipeline commits_{strand_};
 
-  std::map<int, std::shared_ptr<lease_ticket>> leased_;  // slot -> holder
-  // Requests admitted as pass-through and not finished: they may run on any slot, so no
-  // lease is granted (no slot managed) while there is one (docs/design.md §5).
-  std::size_t passing_through_ = 0;
+  lease_queue leases_;  // who holds which slot, who waits (proxy/control/lease_queue.hpp)
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
-  std::deque<std::shared_ptr<lease_ticket>> queue_;
-  std::uint64_t next_id_ = 1;
 
   net::steady_timer idle_timer_;
   net::steady_timer probe_timer_;
@@ -347,7 +317,6 @@ class coordinator {
   manifest_store::compatibility_record compatibility_;  // as last read
   // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
   core::runtime_watch watch_{opts_.sleep_idle};
-  bool runtime_change_pending_ = false;  // a POST /lora-adapters ticket waits or holds the lease
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
 

@@ -321,11 +321,11 @@ std::string coordinator::status_json() const {
   w.Key("mode");
   jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
   w.Key("slots");
-  write_slots(w, pool_, leased_);
+  write_slots(w, pool_, leases_.leased());
   w.Key("queue");
   w.StartObject();
-  core::write_json_count(w, "waiting", queue_.size());
-  core::write_json_count(w, "passThrough", passing_through_);  // running without a lease
+  core::write_json_count(w, "waiting", leases_.waiting());
+  core::write_json_count(w, "passThrough", leases_.passing_through());  // running without a lease
   w.EndObject();
   w.Key("snapshots");
   write_snapshot_totals(w, pool_);
@@ -412,7 +412,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
   w.histo("kvpersist_restore_bytes", m.labels, actions_.metrics().restore_bytes);
   write_snapshot_gauges(m, pool_);
-  m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", queue_.size());
+  m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", leases_.waiting());
   write_state_gauges(m, pool_);
 }
 

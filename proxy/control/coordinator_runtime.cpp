@@ -79,7 +79,7 @@ bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
   std::vector<int> ids;
   for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
   if (ids == pool_.slot_ids()) return true;
-  if (!leased_.empty()) {
+  if (!leases_.nothing_leased()) {
     pool_.disable_persistence();
     pending_probe_ = full_probe{p, std::nullopt};  // apply when the leases are gone
     return false;
@@ -235,7 +235,7 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
     for (int id : pool_.slot_ids())
-      if (!pool_.owner(id).empty() && (id == own_slot || !leased_.contains(id)))
+      if (!pool_.owner(id).empty() && (id == own_slot || !leases_.is_leased(id)))
         out[id] = pool_.owner(id);
     return out;
   };
@@ -272,19 +272,19 @@ net::awaitable<void> coordinator::probe_loop() {
       // GET /props never wakes a sleeping server; the full probe (a slot action) would.
       auto rt = co_await backend_->read_runtime();
       if (rt && rt->media_marker == pool_.runtime().media_marker) {
-        if (leased_.empty()) note_sleeping(rt->sleeping);
+        if (leases_.nothing_leased()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // One co_await per statement (docs/conventions.md §3).
-        if (leased_.empty() && !rt->sleeping && sleep_period().count() <= 0) {
+        if (leases_.nothing_leased() && !rt->sleeping && sleep_period().count() <= 0) {
           const bool lost = co_await slots_lost_kv(-1);
-          if (lost && leased_.empty()) note_restart_behind_marker();
+          if (lost && leases_.nothing_leased()) note_restart_behind_marker();
         }
         continue;
       }
     }
     if (probe_backing_off() && !watch_.retry_time_reached(steady_clock::now())) continue;
     auto p = co_await run_full_probe();
-    if (leased_.empty()) {
+    if (leases_.nothing_leased()) {
       apply_probe(p);
     } else {
       pending_probe_ = std::move(p);
@@ -388,7 +388,7 @@ void coordinator::note_slots_readable(bool readable) {
 // POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
 // adapters change, and every dirty session saved under the runtime it was computed with.
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
-  if (!holds(t)) co_return;
+  if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
   for (int id : pool_.slot_ids())
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await actions_.run_save(*s);

@@ -48,14 +48,11 @@ net::awaitable<void> lease::release() {
   co_await c->on_strand(c->release(t_));
 }
 
-namespace {
-
-// The ticket `t` through admission and, when it has to queue, its wait: woken by a grant, its
-// timeout or its client hanging up, whichever comes first.
-net::awaitable<acquisition> await_admission(coordinator& c, std::shared_ptr<lease_ticket> t,
-                                            core::request_identity who, bool pooled,
-                                            std::function<net::awaitable<bool>()> gone,
-                                            std::function<void()> on_wait) {
+net::awaitable<acquisition> lease::await_admission(coordinator& c,
+                                                  std::shared_ptr<lease_ticket> t,
+                                                  core::request_identity who, bool pooled,
+                                                  std::function<net::awaitable<bool>()> gone,
+                                                  std::function<void()> on_wait) {
   const auto adm = co_await c.on_strand(c.admit(t, std::move(who), pooled));
   acquisition out;
   switch (adm.what) {
@@ -95,8 +92,6 @@ net::awaitable<acquisition> await_admission(coordinator& c, std::shared_ptr<leas
   co_return out;
 }
 
-}  // namespace
-
 net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,
                                     bool pooled, std::chrono::milliseconds queue_timeout,
                                     std::function<net::awaitable<bool>()> gone,
@@ -105,8 +100,8 @@ net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, 
   t->who = who;
   t->unpinnable = unpinnable;
   t->wakeup.expires_after(queue_timeout);
-  co_return co_await await_admission(c, std::move(t), std::move(who), pooled, std::move(gone),
-                                     std::move(on_wait));
+  co_return co_await lease::await_admission(c, std::move(t), std::move(who), pooled,
+                                            std::move(gone), std::move(on_wait));
 }
 
 net::awaitable<acquisition> begin_runtime_change(coordinator& c,
@@ -117,7 +112,7 @@ net::awaitable<acquisition> begin_runtime_change(coordinator& c,
   t->runtime_change = true;
   t->wakeup.expires_after(queue_timeout);
   const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
-  auto out = co_await await_admission(c, t, nobody, false, std::move(gone), [] {});
+  auto out = co_await lease::await_admission(c, t, nobody, false, std::move(gone), [] {});
   if (out.what == acquisition::outcome::granted) co_await c.on_strand(c.begin_runtime_change(t));
   co_return out;
 }

@@ -14,6 +14,8 @@
 
 namespace kvp::proxy {
 
+struct acquisition;
+
 class lease {
  public:
   lease() = default;
@@ -46,7 +48,22 @@ class lease {
   net::awaitable<void> release();
 
  private:
+  friend net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who,
+                                             bool unpinnable, bool pooled,
+                                             std::chrono::milliseconds queue_timeout,
+                                             std::function<net::awaitable<bool>()> gone,
+                                             std::function<void()> on_wait);
+  friend net::awaitable<acquisition> begin_runtime_change(
+      coordinator& c, std::chrono::milliseconds queue_timeout,
+      std::function<net::awaitable<bool>()> gone);
   friend net::awaitable<void> end_runtime_change(lease l, bool reached_server);
+  // The ticket `t` through admission and, when it has to queue, its wait: woken by a grant,
+  // its timeout or its client hanging up, whichever comes first.
+  static net::awaitable<acquisition> await_admission(coordinator& c,
+                                                     std::shared_ptr<lease_ticket> t,
+                                                     core::request_identity who, bool pooled,
+                                                     std::function<net::awaitable<bool>()> gone,
+                                                     std::function<void()> on_wait);
   coordinator* c_ = nullptr;
   std::shared_ptr<lease_ticket> t_;
 };

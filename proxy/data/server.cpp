@@ -279,10 +279,9 @@ server::upstream_entry& server::model_entry(upstream_entry& up,
 // model's sessions first, a load the running models' when one must make room; any other
 // request naming the model may make the router start it.
 net::awaitable<void> server::before_router_request(upstream_entry& up, client_conn& c,
-                                                   const http::request<http::string_body>& req) {
+                                                   std::string_view path) {
   const auto& m = *up.of_router->find(up.router_model);
   const std::function<bool()> wanted = [this, &c] { return !abandoned(c); };
-  const std::string path = core::routed_path(req.target());
   if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
   if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
   if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
@@ -439,6 +438,7 @@ void server::apply_harness_headers(const http::request<http::string_body>& req,
 // without a session header belongs to (none when it has no conversation: raw prompts and
 // embeddings stay auxiliary). The body is parsed only when something will use the chain.
 std::optional<bool> server::describe_content(const http::request<http::string_body>& req,
+                                             const core::request_class& rc,
                                              core::request_identity& who) const {
   // Every request on a slot carries its credential: the sharing scope decides on it whether
   // the request may run on what the slot holds (docs/design.md §20).
@@ -448,7 +448,7 @@ std::optional<bool> server::describe_content(const http::request<http::string_bo
   const bool names_session =
       who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
   if (who.session_id.empty() && !names_session) return std::nullopt;  // auxiliary or passthrough
-  auto chain = core::prefix_chain_of(req.target(), req.body());
+  auto chain = core::prefix_chain_of(rc.route, req.body());
   if (!chain) return std::nullopt;
   const bool attribution = chain->attribution_block;
   if (names_session) who.session_id = core::content_session_id(*chain, credential);
@@ -598,19 +598,16 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
                             version, keep);
     co_return co_await send(c, std::move(res));
   }
-  const auto kind = core::classify_target(req.target());
-  if (kind == core::endpoint_kind::slots) {
+  const auto rc = core::classify(req.method_string(), req.target());
+  if (rc.kind == core::endpoint_kind::slots) {
     auto res = error_answer(refused(http::status::forbidden,
                                     "kvpersist manages llama-server's slots; /slots is not forwarded"),
                             version, keep);
     co_return co_await send(c, std::move(res));
   }
   // Resumable-stream routes are passthrough paths: an inference request is not decoded again.
-  if (const auto stream = kind == core::endpoint_kind::passthrough
-                              ? core::classify_stream_route(req.method_string(), req.target())
-                              : core::stream_route::none;
-      stream != core::stream_route::none)
-    co_return co_await forward_stream_route(stream, c, req);
+  if (rc.stream != core::stream_route::none)
+    co_return co_await forward_stream_route(rc.stream, c, req);
   auto who = identity_of(req);
   auto& up = model_entry(route(req), req);
   if (auto id = namespace_conversation(up, req)) c.pending = stream_hold(streams_, std::move(*id));
@@ -619,7 +616,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // save, restore, erase behind kvpersist's back) as well as inference. Treating it as
   // exclusive would still let an instance rewrite the slot while kvpersist's manifests
   // vouch for it, so it is refused like /slots.
-  if (core::is_prediction_route(req.target(), up.cfg.upstream.predict_route)) {
+  if (rc.is_prediction(up.cfg.upstream.predict_route)) {
     auto res = error_answer(refused(http::status::forbidden,
                                     "kvpersist manages llama-server's slots; the prediction route "
                                     "(upstream.predictRoute) is not forwarded"),
@@ -632,15 +629,14 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // A router starts the model a request names, and may unload another to do so; a client
   // without the key makes nothing move (the router answers it 401).
   if (up.of_router && client_may_use(up, req)) {
-    co_await before_router_request(up, c, req);
+    co_await before_router_request(up, c, rc.path);
     // A client that left meanwhile is not served: the router drops a queued request whose
     // client left, and forwarding it would make the router load its model after all. A
     // conversation request is served unless stopped, as the router serves it.
     if (abandoned(c)) co_return co_await answer_abandoned(c, req);
   }
-  if (core::changes_runtime(req.method_string(), req.target()))
-    co_return co_await forward_runtime_change(up, c, req, st);
-  const bool needs_slot = core::needs_slot(req.method_string(), req.target());
+  if (rc.changes_runtime) co_return co_await forward_runtime_change(up, c, req, st);
+  const bool needs_slot = rc.needs_slot;
   // Checked before the body is parsed or the request admitted, as llama-server would check
   // it: a client without the key costs no parse and cannot make kvpersist save or evict the
   // resident session.
@@ -651,7 +647,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (needs_slot) {
     // README "Harnesses": what keeps this harness's new conversations cold, told, not
     // rewritten; read from the chain when the body was chained (parsed once).
-    const auto chained = describe_content(req, who);
+    const auto chained = describe_content(req, rc, who);
     if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
       up.coord->note_hint(core::hint_id::attribution_header);
   }
@@ -661,7 +657,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
   if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
-  co_return co_await handle_under_lease(up, c, req, who);
+  co_return co_await handle_under_lease(up, c, req, rc, who);
 }
 
 // A request nobody waits for any more: its client hung up, or, for a conversation request
@@ -700,6 +696,7 @@ bool server::client_may_use(const upstream_entry& up,
 // says the server has not restarted under it); it goes back unused if the request waits.
 net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn& c,
                                                 http::request<http::string_body>& req,
+                                                const core::request_class& rc,
                                                 const core::request_identity& who) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ex = c.stream.get_executor();
@@ -707,7 +704,7 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   auto give_back_idle = [&] {
     if (idle) up.pool->release(std::move(idle));
   };
-  auto acq = co_await acquire(*up.coord, who, core::is_unpinnable(req.target()), idle != nullptr,
+  auto acq = co_await acquire(*up.coord, who, rc.unpinnable(), idle != nullptr,
                               cfg_.queue.timeout,
                               [this, &c] { return departed(c); }, give_back_idle);
   using outcome = acquisition::outcome;

@@ -79,7 +79,7 @@ class server {
   net::awaitable<void> discover_routers();
   void add_router_models(upstream_entry& front, backends::router_info info);
   net::awaitable<void> before_router_request(upstream_entry& up, client_conn& c,
-                                             const http::request<http::string_body>& req);
+                                             std::string_view path);
   upstream_entry& route(const http::request<http::string_body>& req);
   // A router's entry for the model `req` names (body "model", or ?model= on a GET), else `up`.
   upstream_entry& model_entry(upstream_entry& up, const http::request<http::string_body>& req);
@@ -95,10 +95,12 @@ class server {
   // Fills the request's credential, chain and content session; returns whether the body
   // opens with Claude Code's attribution block when it was chained (nullopt: not chained).
   std::optional<bool> describe_content(const http::request<http::string_body>& req,
+                                       const core::request_class& rc,
                                        core::request_identity& who) const;
   bool client_may_use(const upstream_entry& up, const http::request<http::string_body>& req) const;
   net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
                                           http::request<http::string_body>& req,
+                                          const core::request_class& rc,
                                           const core::request_identity& who);
   // Persistence off: forwarded untouched; `ticket` (no slot) ends with the response.
   net::awaitable<bool> pass_through(upstream_entry& up, client_conn& c,

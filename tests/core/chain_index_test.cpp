@@ -64,9 +64,9 @@ TEST_CASE("put replaces and erase removes a session's links", "[core][chain_inde
   CHECK(ix.sessions() == 0);
 }
 
-TEST_CASE("a chain keeps its first max_links links", "[core][chain_index]") {
+TEST_CASE("a chain keeps its first max_chain_links links", "[core][chain_index]") {
   std::vector<chain_link> long_chain;
-  for (std::size_t i = 0; i < chain_index::max_links + 50; ++i) {
+  for (std::size_t i = 0; i < max_chain_links + 50; ++i) {
     chain_link l{};
     l[0] = static_cast<std::uint8_t>(i);
     l[1] = static_cast<std::uint8_t>(i >> 8);
@@ -76,7 +76,7 @@ TEST_CASE("a chain keeps its first max_links links", "[core][chain_index]") {
   ix.put("A", long_chain);
   const auto m = ix.longest(long_chain, 1, any);
   REQUIRE(m);
-  CHECK(m->common == chain_index::max_links);
+  CHECK(m->common == max_chain_links);
 }
 
 // Not a timed assertion: prints the lookup cost with 10,000 indexed sessions of 40 links

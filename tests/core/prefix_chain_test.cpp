@@ -129,19 +129,19 @@ TEST_CASE("a chain keeps its first 256 links however long the conversation, and 
   };
   // Link 0, the first user message, then 1000 more messages: a chain of 1002 links before.
   const auto long_talk = chain(body(sys + "," + u1 + repeated(a1, 1000)));
-  CHECK(long_talk.links.size() == manifest_chain_cap);
-  CHECK(long_talk.links.capacity() == manifest_chain_cap);  // never built longer, then cut
+  CHECK(long_talk.links.size() == max_chain_links);
+  CHECK(long_talk.links.capacity() == max_chain_links);  // never built longer, then cut
   CHECK(long_talk.identity_links == 2);
   // Its kept links are those of every conversation that starts the same way.
   const auto shorter = chain(body(sys + "," + u1 + repeated(a1, 254)));
-  CHECK(shorter.links.size() == manifest_chain_cap);
+  CHECK(shorter.links.size() == max_chain_links);
   CHECK(shorter.links == long_talk.links);
   CHECK(content_session_id(shorter, "") == content_session_id(long_talk, ""));
 
   // The first user message after 600 others: past the kept links, it still names the session.
   const std::string before_user = repeated(a1, 600);
   const auto late = chain(body(sys + before_user + "," + u1 + "," + a1));
-  CHECK(late.links.size() == manifest_chain_cap);
+  CHECK(late.links.size() == max_chain_links);
   CHECK(late.identity_links == 602);
   const auto other_user = chain(body(sys + before_user + "," + u2 + "," + a1));
   CHECK(other_user.links == late.links);

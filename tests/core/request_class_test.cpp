@@ -6,18 +6,21 @@
 
 #include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "tests/support/core_strings.hpp"
 
 namespace {
-using kvp::core::classify_target;
 using kind = kvp::core::endpoint_kind;
+
+// The kind a POST to `target` is classified as.
+kind kind_of(std::string_view target) { return kvp::core::classify("POST", target).kind; }
 
 // Requires every one of `paths` to be classified as `expected`.
 void check_class(kind expected, std::initializer_list<const char*> paths) {
   for (const char* path : paths) {
     CAPTURE(path);
-    CHECK(classify_target(path) == expected);
+    CHECK(kind_of(path) == expected);
   }
 }
 }  // namespace
@@ -80,12 +83,14 @@ TEST_CASE("decode_path decodes every valid escape once", "[core][request_class]"
 TEST_CASE("%uXXXX escapes are decoded as llama-server's HTTP library does",
           "[core][request_class]") {
   CHECK(kvp::core::decode_path("/%u0073lots") == "/slots");
-  CHECK(classify_target("/%u0073lots/0?action=erase") == kind::slots);
-  CHECK(classify_target("/v1/chat/%u0063ompletions") == kind::inference);
+  CHECK(kind_of("/%u0073lots/0?action=erase") == kind::slots);
+  CHECK(kind_of("/v1/chat/%u0063ompletions") == kind::inference);
 }
 
 TEST_CASE("only POST on an inference path needs the slot", "[core][request_class]") {
-  using kvp::core::needs_slot;
+  const auto needs_slot = [](std::string_view method, std::string_view target) {
+    return kvp::core::classify(method, target).needs_slot;
+  };
   CHECK(needs_slot("POST", "/v1/chat/completions"));
   CHECK(needs_slot("POST", "/v1/chat/%63ompletions/"));
   // llama-server answers a CORS preflight itself and has no GET/HEAD route there.
@@ -96,6 +101,15 @@ TEST_CASE("only POST on an inference path needs the slot", "[core][request_class
   CHECK_FALSE(needs_slot("post", "/completion"));  // methods are case-sensitive
   CHECK_FALSE(needs_slot("POST", "/tokenize"));
   CHECK_FALSE(needs_slot("POST", "/slots/0?action=save"));
+}
+
+TEST_CASE("only POST /lora-adapters changes the runtime, however it is spelled",
+          "[core][request_class]") {
+  CHECK(kvp::core::classify("POST", "/lora-adapters").changes_runtime);
+  CHECK(kvp::core::classify("POST", "/%6Cora-adapters/?x=1").changes_runtime);
+  CHECK_FALSE(kvp::core::classify("GET", "/lora-adapters").changes_runtime);
+  CHECK_FALSE(kvp::core::classify("POST", "/lora-adapters/0").changes_runtime);
+  CHECK_FALSE(kvp::core::classify("POST", "/v1/chat/completions").changes_runtime);
 }
 
 TEST_CASE("the prediction route is matched as llama-server routes it", "[core][request_class]") {
@@ -110,7 +124,7 @@ TEST_CASE("the prediction route is matched as llama-server routes it", "[core][r
                         row{"/predictions", "/predict", false}, row{"/", "", false},
                         row{"", "", false}}) {
     INFO(r.target << " vs " << r.route);
-    CHECK(kvp::core::is_prediction_route(r.target, r.route) == r.match);
+    CHECK(kvp::core::classify("POST", r.target).is_prediction(r.route) == r.match);
   }
 }
 
@@ -149,14 +163,15 @@ TEST_CASE("one route table: kind, pinning and body format of each inference rout
   CHECK(inference_route_of("/v1/infill")->format == body_format::none);
   CHECK(inference_route_of("/health") == nullptr);
   CHECK(inference_route_of("/slots/0") == nullptr);
-  // The three predicates read the table: an inference route is exactly one classify_target
-  // calls inference, and is_unpinnable is its pinnable column.
+  // classify reads the table: an inference route is exactly one it calls inference, and
+  // unpinnable() is its pinnable column.
   for (std::string_view path : {"/completion", "/v1/chat/completions", "/v1/embeddings",
                                 "/v1/rerank", "/audio/transcriptions", "/api/generate", "/props"}) {
     CAPTURE(path);
     const auto* route = inference_route_of(path);
-    CHECK((kvp::core::classify_target(path) == kvp::core::endpoint_kind::inference) ==
-          (route != nullptr));
-    CHECK(kvp::core::is_unpinnable(path) == (route && !route->pinnable));
+    const auto rc = kvp::core::classify("POST", path);
+    CHECK((rc.kind == kvp::core::endpoint_kind::inference) == (route != nullptr));
+    CHECK(rc.route == route);
+    CHECK(rc.unpinnable() == (route && !route->pinnable));
   }
 }

@@ -5,10 +5,18 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <string_view>
+
+#include "core/request_class.hpp"
 
 namespace {
 
 using namespace kvp::core;
+
+// The stream route of a request as the request path classifies it (request_class.hpp).
+stream_route classify_stream_route(std::string_view method, std::string_view target) {
+  return classify(method, target).stream;
+}
 
 TEST_CASE("resumable-stream routes are told apart by method and routed path", "[stream]") {
   CHECK(classify_stream_route("GET", "/v1/stream?conv_id=a") == stream_route::replay);

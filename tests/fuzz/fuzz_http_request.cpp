@@ -1,5 +1,5 @@
 // Fuzz target: raw client bytes through the request path kvpersist runs before forwarding:
-// Beast's request_parser with kvpersist's limits, classify_target, session extraction and the
+// Beast's request_parser with kvpersist's limits, classify, session extraction and the
 // upstream rewrite (proxy/data/server.cpp: server::identity_of and server::prepare_upstream_request,
 // mirrored here because they are private members; keep them in step).
 //
@@ -78,8 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     }
   }
-  const auto kind = core::classify_target(req.target());
-  (void)kind;
+  (void)core::classify(req.method_string(), req.target());
 
   const std::string method(req.method_string());
   const std::string target(req.target());

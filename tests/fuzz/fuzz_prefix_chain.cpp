@@ -4,7 +4,7 @@
 // Properties, for any body: no crash or unbounded work; a chain has link 0 and names at most
 // all of its links; a raw prompt names no session; the same body gives the same chain; a
 // content session id is "content:" and 64 hex digits, and only when the chain names one; an
-// index holding the chain finds all of its first max_links links again.
+// index holding the chain finds all of its first max_chain_links links again.
 #include <string>
 #include <string_view>
 
@@ -21,9 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto chain = kvp::core::prefix_chain_of(target, body);
   if (!chain) return 0;
   KVP_FUZZ_CHECK(!chain->links.empty());
-  KVP_FUZZ_CHECK(chain->links.size() <= kvp::core::manifest_chain_cap);
+  KVP_FUZZ_CHECK(chain->links.size() <= kvp::core::max_chain_links);
   KVP_FUZZ_CHECK(chain->identity_links <= chain->links.size() ||
-                 chain->links.size() == kvp::core::manifest_chain_cap);
+                 chain->links.size() == kvp::core::max_chain_links);
   if (target == "/completion") KVP_FUZZ_CHECK(chain->identity_links == 0);
   const auto again = kvp::core::prefix_chain_of(target, body);
   KVP_FUZZ_CHECK(again && again->links == chain->links &&
@@ -35,6 +35,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ix.put("s", chain->links);
   const auto m = ix.longest(chain->links, 1, [](const std::string&) { return true; });
   KVP_FUZZ_CHECK(m && m->hash == "s" &&
-                 m->common == std::min(chain->links.size(), kvp::core::chain_index::max_links));
+                 m->common == std::min(chain->links.size(), kvp::core::max_chain_links));
   return 0;
 }

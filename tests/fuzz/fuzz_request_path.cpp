@@ -1,4 +1,4 @@
-// Fuzz target: the request target -> endpoint classification (core::classify_target,
+// Fuzz target: the request target -> endpoint classification (core::classify,
 // core::decode_path), differentially against llama-server's own path decoding.
 //
 // llama-server routes on cpp-httplib's decode_path_component() of the path. Whatever it would
@@ -98,7 +98,8 @@ constexpr std::array<std::string_view, 21> kInference = {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view target(reinterpret_cast<const char*>(data), size);
-  const auto kind = kvp::core::classify_target(target);
+  const auto rc = kvp::core::classify("POST", target);
+  const auto kind = rc.kind;
   const std::string routed = llama_route_path(target);
 
   // decode_path agrees with llama-server's decoder (a %uD800 mismatch was a /slots bypass)
@@ -110,6 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // whatever llama-server would run on a slot takes the lease
   for (auto p : kInference)
     if (routed == p) KVP_FUZZ_CHECK(kind == kvp::core::endpoint_kind::inference);
-  (void)kvp::core::is_unpinnable(target);
+  // the request path and the chain read the same row of the route table
+  KVP_FUZZ_CHECK(rc.route == kvp::core::inference_route_of(target));
+  KVP_FUZZ_CHECK(rc.needs_slot == (kind == kvp::core::endpoint_kind::inference));
   return 0;
 }

@@ -414,7 +414,9 @@ def test_hostile_session_id(stack, tmp_path, name):
     m = json.loads(raw.decode("utf-8", "surrogateescape"))
     assert m["sessionHash"] == h and m["state"] == "ready"
 
-    # logs: the id never appears (nor any 12+ byte piece of it)
+    # logs: the id never appears (nor any 12+ byte piece of it). The log is read by a thread:
+    # wait for the restore's line, the last this test caused, before reading all of it.
+    assert stack.proxy.wait_for_log(r"kv\.session\.restore\.success session=" + h[:8], timeout=30)
     log = "\n".join(stack.proxy.log_text().splitlines())
     text = session.decode("latin-1")
     probes = {text, marker} | ({text[:64]} if len(text) > 64 else set())

@@ -4,10 +4,13 @@ reads its stderr/stdout in threads into lists, parses the listening port from
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import re
 import signal
 import subprocess
+import termios
 import threading
 import time
 
@@ -192,8 +195,27 @@ class KvPersist:
 
     # logs
     def log_lines(self) -> list[LogLine]:
+        """Every line kvpersist has written so far: what is still in the pipe is read first."""
+        self._drain_log_pipe()
         with self._lock:
             return list(self.lines)
+
+    def _drain_log_pipe(self, timeout: float = 2.0) -> None:
+        """Waits (bounded) until the reader thread has taken every byte kvpersist wrote to its
+        stderr pipe: under load the thread lags, and a line already written (a request's log
+        line, written before its response) would otherwise be missing from log_lines()."""
+        stream = self.proc.stderr if self.proc else None
+        deadline = now() + timeout
+        while stream is not None and now() < deadline:
+            try:
+                pending = array.array("i", [0])
+                fcntl.ioctl(stream.fileno(), termios.FIONREAD, pending)
+            except (OSError, ValueError):  # the reader reached EOF and closed it
+                return
+            if pending[0] == 0:
+                time.sleep(0.001)  # lets the reader finish the lines it has buffered
+                return
+            time.sleep(0.002)
 
     def log_text(self) -> str:
         return "\n".join(l.raw for l in self.log_lines())

@@ -4,6 +4,8 @@
 // checkpoints, the FIFO queue and its bound. No sockets.
 #include "proxy/control/coordinator.hpp"
 
+#include <rapidjson/document.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "proxy/admin/admin.hpp"
+#include "proxy/control/lease.hpp"
 #include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
 #include "tests/support/coordinator_on_fake.hpp"
@@ -34,7 +37,10 @@ using kvp::proxy::admin_result;
 using kvp::proxy::answer_admin_outcome;
 using kvp::proxy::coordinator;
 using kvp::proxy::coordinator_options;
-using kvp::proxy::lease_ticket;
+using kvp::net::awaitable;
+using kvp::proxy::acquisition;
+using kvp::proxy::lease;
+using outcome = acquisition::outcome;
 using kvp::proxy::prepare_result;
 using kvp::testing::backend_call;
 using kvp::testing::drive_until;
@@ -76,20 +82,50 @@ coordinator_options idle_checkpoint_options(std::chrono::milliseconds idle) {
   return o;
 }
 
+// A client that stays (its watch completes only when the acquire no longer waits on it), or
+// one that hangs up after `after`.
+std::function<awaitable<bool>()> client_leaves_after(std::chrono::milliseconds after) {
+  return [after]() -> awaitable<bool> {
+    kvp::steady_timer t(co_await kvp::net::this_coro::executor, after);
+    co_await t.async_wait(kvp::token);
+    co_return true;
+  };
+}
+const auto client_stays = [] { return client_leaves_after(1h); };
+
+kvp::core::request_identity named(const std::string& session, const std::string& purpose = "") {
+  kvp::core::request_identity who{session, purpose, {}, ""};
+  return who;
+}
+
 // One coordinator with a FakeBackend and a state directory, driven from the test thread.
+// Requests go through proxy/control/lease.hpp as proxy/data/server.cpp sends them; what the
+// tests see of the coordinator is what GET /kv/status, the session rows and the fake
+// backend's recorded calls show.
 struct harness : kvp::testing::coordinator_on_fake {
   std::string state_dir;
+  int waits = 0;  // requests that had to queue (acquire's on_wait)
 
   explicit harness(const std::string& dir, coordinator_options o = test_options())
       : coordinator_on_fake(dir, std::move(o)), state_dir(dir) {}
 
+  // A coroutine of the coordinator's own (start, checkpoint, admin), run on its strand.
   template <class T>
-  T run(kvp::net::awaitable<T> a) {
+  T run(awaitable<T> a) {
     return kvp::testing::run_on(ioc, ioc.get_executor(), coord->on_strand(std::move(a)));
   }
   template <class T>
-  std::future<T> spawn(kvp::net::awaitable<T> a) {
+  std::future<T> spawn(awaitable<T> a) {
     return kvp::testing::spawn(ioc.get_executor(), coord->on_strand(std::move(a)));
+  }
+  // A client's coroutine (acquire and the lease's steps hop onto the strand themselves).
+  template <class T>
+  T run_client(awaitable<T> a) {
+    return kvp::testing::run_on(ioc, ioc.get_executor(), std::move(a));
+  }
+  template <class T>
+  std::future<T> spawn_client(awaitable<T> a) {
+    return kvp::testing::spawn(ioc.get_executor(), std::move(a));
   }
 
   void start() { run(coord->start()); }
@@ -112,43 +148,96 @@ struct harness : kvp::testing::coordinator_on_fake {
     fake->clear_calls();
   }
 
-  std::shared_ptr<lease_ticket> ticket() {
-    auto t = std::make_shared<lease_ticket>(ioc.get_executor());
-    t->wakeup.expires_after(1h);
-    return t;
+  // `pooled`: the request has a pooled upstream connection (false: it opens a fresh one).
+  awaitable<acquisition> acquire_for(kvp::core::request_identity who, bool pooled,
+                                     std::function<awaitable<bool>()> gone = client_stays(),
+                                     std::chrono::milliseconds timeout = 1h) {
+    return kvp::proxy::acquire(*coord, std::move(who), false, pooled, timeout, std::move(gone),
+                               [this] { ++waits; });
   }
-  // A ticket that the queue accepted.
-  std::shared_ptr<lease_ticket> enqueued() {
-    auto t = ticket();
-    REQUIRE(run(coord->enqueue(t)));
-    return t;
+  // The lease for `session`, required at once (the slot is free), not yet prepared.
+  lease acquire(const std::string& session) {
+    auto a = run_client(acquire_for(named(session), false));
+    REQUIRE(a.what == outcome::granted);
+    return std::move(a.held);
   }
-  // Enqueues and requires the lease at once (the slot is free).
-  std::shared_ptr<lease_ticket> acquire() {
-    auto t = enqueued();
-    REQUIRE(t->granted);
-    REQUIRE(run(coord->settle(t)));
-    return t;
+  // A request for `session` that has to wait: its acquire, running, once it is in the queue.
+  std::future<acquisition> enqueued(const std::string& session, bool pooled = true) {
+    const int before = waits;
+    auto f = spawn_client(acquire_for(named(session), pooled));
+    drive_until(ioc, [&] { return waits > before || is_ready(f); });
+    REQUIRE_FALSE(is_ready(f));
+    return f;
+  }
+  // Whether a waiting request has been granted, after every handler ready now has run.
+  bool granted(std::future<acquisition>& f) {
+    kvp::testing::run_for(ioc, 20ms);
+    return is_ready(f);
+  }
+  // The waiting request's lease, once granted.
+  lease lease_of(std::future<acquisition>& f) {
+    drive_until(ioc, [&] { return is_ready(f); });
+    auto a = f.get();
+    REQUIRE(a.what == outcome::granted);
+    return std::move(a.held);
   }
   // One whole request: lease, prepare, inference leaving `tokens` in the slot, finish.
   prepare_result request(const std::string& session, std::uint64_t tokens,
                          const std::string& purpose = "", bool fresh_upstream = false) {
-    return request_as({session, purpose, {}, ""}, tokens, fresh_upstream);
+    return request_as(named(session, purpose), tokens, fresh_upstream);
   }
-  // The same for any identity (a credential, a prefix chain).
+  // The same for any identity (a credential, a prefix chain). A pooled request granted at
+  // once is prepared on the same trip, as proxy/data/server.cpp sends it; one on a fresh
+  // upstream connection prepares on its own.
   prepare_result request_as(kvp::core::request_identity who, std::uint64_t tokens,
                             bool fresh_upstream = false) {
-    auto t = acquire();
-    auto pr = run(coord->prepare(t, std::move(who), fresh_upstream));
+    const int queued_before = waits;
+    auto a = run_client(acquire_for(who, !fresh_upstream));
+    REQUIRE(a.what != outcome::rejected);
+    REQUIRE(waits == queued_before);  // granted at once: nothing held the slot
+    prepare_result pr = a.prepared;  // pass_through: none, and nothing to prepare
+    if (a.what == outcome::granted) pr = run_client(a.held.prepare(who, fresh_upstream));
     if (pr.ok) {
       fake->run_inference(tokens);
-      run(coord->finish(t, true));
+      run_client(a.held.finish(true));
     }
-    CHECK_FALSE(coord->busy());
+    CHECK_FALSE(busy());
     return pr;
   }
 
-  std::string hash(const std::string& session) const { return coord->pool().hash_for(session); }
+  // What GET /kv/status shows.
+  rapidjson::Document status() const {
+    rapidjson::Document d;
+    d.Parse(coord->status_json().c_str());
+    REQUIRE(d.IsObject());
+    return d;
+  }
+  bool persistence_on() const { return status()["enabled"].GetBool(); }
+  std::string backend_state() const { return status()["backend"]["state"].GetString(); }
+  bool busy() const {
+    const auto d = status();
+    for (const auto& slot : d["slots"].GetArray())
+      if (slot["leased"].GetBool()) return true;
+    return false;
+  }
+  std::size_t waiting() const { return status()["queue"]["waiting"].GetUint64(); }
+  std::size_t passing_through() const { return status()["queue"]["passThrough"].GetUint64(); }
+  // Slot 0's owner as the status shows it (an abbreviated hash), "" for none.
+  std::string owner_of_slot0() const {
+    const auto d = status();
+    const auto& owner = d["slots"][rapidjson::SizeType{0}]["owner"];
+    return owner.IsNull() ? std::string() : std::string(owner.GetString());
+  }
+  bool owner_is(const std::string& session) const {
+    return owner_of_slot0() == std::string(kvp::core::abbrev(hash(session)));
+  }
+  std::string slot0_state() const { return status()["slots"][rapidjson::SizeType{0}]["state"].GetString(); }
+  bool known(const std::string& hash_or_id) const { return coord->admin().session(hash_or_id).has_value(); }
+
+  // The session's key under the runtime the server reports (core/slot_pool.hpp: hash_for).
+  std::string hash(const std::string& session) const {
+    return kvp::core::session_hash("test", fake->runtime().model_path, session, "");
+  }
   std::string file(const std::string& session, char gen) const {
     return kvp::core::snapshot_filename(hash(session), gen);
   }
@@ -164,30 +253,22 @@ struct harness : kvp::testing::coordinator_on_fake {
   }
 };
 
-// A client session as proxy/data/server runs it: enqueue, wait for the wakeup, settle, prepare,
+// A client session as proxy/data/server runs it: acquire (waiting in the queue), prepare,
 // inference, finish. Records the order in which clients got the slot.
-kvp::net::awaitable<void> client(coordinator* c, FakeBackend* fake, int id,
-                                 std::vector<int>* order) {
+awaitable<void> client(coordinator* c, FakeBackend* fake, int id, std::vector<int>* order) {
   // (Each awaited operation is built in a named local first: GCC 12 mishandles some
   // temporaries inside co_await full-expressions.)
-  auto ex = co_await kvp::net::this_coro::executor;
-  auto t = std::make_shared<lease_ticket>(ex);
-  t->wakeup.expires_after(10s);
-  auto enqueue = c->enqueue(t);
-  const bool queued = co_await c->on_strand(std::move(enqueue));
-  if (!queued) co_return;
-  auto [ec] = co_await t->wakeup.async_wait();
-  (void)ec;  // aborted (woken) or expired: settle decides
-  auto settle = c->settle(t);
-  const bool granted = co_await c->on_strand(std::move(settle));
-  if (!granted) co_return;
+  const auto who = named("S" + std::to_string(id));
+  auto acquiring = kvp::proxy::acquire(*c, who, false, false, 10s, client_stays(), [] {});
+  auto acq = co_await std::move(acquiring);
+  if (acq.what != outcome::granted) co_return;
   order->push_back(id);
-  kvp::core::request_identity who{"S" + std::to_string(id), "", {}, ""};
-  auto prepare = c->prepare(t, who, false);
-  auto pr = co_await c->on_strand(std::move(prepare));
-  if (pr.ok) fake->run_inference(100 * static_cast<std::uint64_t>(id));
-  auto finish = c->finish(t, true);
-  co_await c->on_strand(std::move(finish));
+  auto preparing = acq.held.prepare(who, false);
+  auto pr = co_await std::move(preparing);
+  if (!pr.ok) co_return;
+  fake->run_inference(100 * static_cast<std::uint64_t>(id));
+  auto finishing = acq.held.finish(true);
+  co_await std::move(finishing);
 }
 
 }  // namespace
@@ -198,7 +279,7 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   harness h(tmp.path(), session_scope_options());
   h.start();
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
-  CHECK(h.coord->pool().persistence_enabled());
+  CHECK(h.persistence_on());
   h.fake->clear_calls();
 
   auto r1 = h.request("A", 1000);
@@ -231,11 +312,18 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   CHECK(ma->tokens == 1200);
   CHECK(ma->bytes == FakeBackend::header_bytes + 1200 * FakeBackend::bytes_per_token);
   CHECK(ma->state == kvp::core::snapshot_state::ready);
-  CHECK(ma->runtime_fingerprint == h.coord->pool().runtime().fingerprint());
+  // The runtime's fingerprint as the coordinator computed it (the probe, runtimeKey and the
+  // behaviour class): its own record of A's snapshot carries it, and a restarted proxy
+  // restores only a manifest whose fingerprint it computes again ("after a proxy restart").
+  const auto row = h.coord->admin().session("A");
+  REQUIRE(row);
+  REQUIRE(row->snapshot);
+  CHECK(ma->runtime_fingerprint == row->snapshot->runtime_fingerprint);
+  CHECK(ma->runtime_fingerprint.size() == 64);
   auto mb = h.manifest_on_disk("B");
   REQUIRE(mb);
   CHECK(mb->tokens == 500);
-  CHECK(h.coord->pool().owner(0) == h.hash("A"));
+  CHECK(h.owner_is("A"));
 }
 
 TEST_CASE("A, A, B, A under the default scope: B keeps the slot's content (docs/design.md §20)",
@@ -263,7 +351,7 @@ TEST_CASE("resident requests cost no management call and no disk write (docs/des
   for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
   CHECK(h.fake->calls() == calls{erase_call()});
   CHECK_FALSE(h.manifest_on_disk("A"));
-  CHECK(h.coord->pool().owner_dirty(0));
+  CHECK(h.slot0_state() == "dirty");
 }
 
 TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (docs/design.md §19)",
@@ -324,7 +412,7 @@ TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'ba
   harness h(tmp.path());
   h.fake->set_unreachable(true);
   h.start();
-  CHECK_FALSE(h.coord->pool().persistence_enabled());
+  CHECK_FALSE(h.persistence_on());
 
   auto r = h.request("A", 1000);
   CHECK(r.ok);
@@ -336,7 +424,7 @@ TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'ba
   h.fake->set_unreachable(false);
   auto r2 = h.request("A", 1000);
   CHECK(r2.kind == prepare_kind::cold);
-  CHECK(h.coord->pool().persistence_enabled());
+  CHECK(h.persistence_on());
   CHECK(h.fake->slot_calls() == calls{erase_call()});
 }
 
@@ -346,7 +434,7 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
   harness h(tmp.path());
   h.fake->slot_actions_disabled = true;
   h.start();
-  CHECK_FALSE(h.coord->pool().persistence_enabled());
+  CHECK_FALSE(h.persistence_on());
   CHECK(h.request("A", 1000).kind == prepare_kind::none);
   CHECK(h.request("B", 1000).kind == prepare_kind::none);
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
@@ -354,25 +442,15 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
 
 namespace {
 
-using kvp::proxy::admission;
-
-// A ticket through admit, as proxy/control/lease.hpp's acquire sends it.
-// `pooled`: the request has a pooled upstream connection (false: it will open a fresh one).
-admission admit(harness& h, const std::shared_ptr<lease_ticket>& t, const std::string& session,
-                bool pooled = true) {
-  t->who = {session, "", {}, ""};
-  return h.run(h.coord->admit(t, t->who, pooled));
-}
-
-// Persistence off (no --slot-save-path): two requests, of A and B, admitted; both pass through.
-std::pair<std::shared_ptr<lease_ticket>, std::shared_ptr<lease_ticket>> two_passing_through(
-    harness& h) {
+// Persistence off (no --slot-save-path): two requests, of A and B, acquired; both pass through.
+std::pair<acquisition, acquisition> two_passing_through(harness& h) {
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
-  auto a = h.ticket(), b = h.ticket();
-  REQUIRE(admit(h, a, "A").what == admission::outcome::pass_through);
-  REQUIRE(admit(h, b, "B").what == admission::outcome::pass_through);
-  return {a, b};
+  auto a = h.run_client(h.acquire_for(named("A"), true));
+  auto b = h.run_client(h.acquire_for(named("B"), true));
+  REQUIRE(a.what == outcome::pass_through);
+  REQUIRE(b.what == outcome::pass_through);
+  return {std::move(a), std::move(b)};
 }
 
 }  // namespace
@@ -382,12 +460,12 @@ TEST_CASE("persistence off: requests pass through without a slot and run at once
   temp_dir tmp;
   harness h(tmp.path());
   auto [a, b] = two_passing_through(h);
-  CHECK_FALSE(h.coord->busy());
-  CHECK(h.coord->passing_through() == 2);
-  h.run(h.coord->finish(a, true));
-  h.run(h.coord->release(b));
-  h.run(h.coord->release(b));  // a second end counts once
-  CHECK(h.coord->passing_through() == 0);
+  CHECK_FALSE(h.busy());
+  CHECK(h.passing_through() == 2);
+  h.run_client(a.held.finish(true));
+  CHECK(h.passing_through() == 1);
+  h.run_client(b.held.release());
+  CHECK(h.passing_through() == 0);
   CHECK(h.fake->calls().empty());
 }
 
@@ -399,24 +477,21 @@ TEST_CASE("persistence back while requests pass through: no slot call until they
   // llama-server restarted with --slot-save-path: the next admission probes and manages.
   h.fake->slot_actions_disabled = false;
   h.coord->note_upstream_trouble();
-  auto c = h.ticket();
-  CHECK(admit(h, c, "C").what == admission::outcome::queued);
-  CHECK(h.coord->pool().persistence_enabled());
-  auto d = h.ticket();
-  CHECK(admit(h, d, "D").what == admission::outcome::queued);  // behind C, not through
-  h.run(h.coord->finish(a, true));
-  CHECK_FALSE(c->granted);
+  auto c = h.enqueued("C");  // queued
+  CHECK(h.persistence_on());
+  auto d = h.enqueued("D");  // behind C, not through
+  h.run_client(a.held.finish(true));
+  CHECK_FALSE(h.granted(c));
   CHECK(h.fake->slot_calls().empty());
-  h.run(h.coord->finish(b, true));
-  REQUIRE(c->granted);
-  REQUIRE(h.run(h.coord->settle(c)));
-  CHECK(h.run(h.coord->prepare(c, c->who, false)).kind == prepare_kind::cold);
+  h.run_client(b.held.finish(true));
+  auto c_lease = h.lease_of(c);
+  CHECK(h.run_client(c_lease.prepare(named("C"), false)).kind == prepare_kind::cold);
   // What ran on the slot meanwhile is unknown: erased before C's turn (docs/design.md §20).
   CHECK(h.fake->slot_calls() == calls{erase_call()});
   CHECK(h.fake->calls().front() == FakeBackend::probe_call());
-  h.run(h.coord->finish(c, true));
-  CHECK(h.run(h.coord->settle(d)));
-  h.run(h.coord->release(d));
+  h.run_client(c_lease.finish(true));
+  auto d_lease = h.lease_of(d);
+  h.run_client(d_lease.release());
 }
 
 TEST_CASE("persistence off: a request without a pooled connection probes before passing through",
@@ -428,15 +503,15 @@ TEST_CASE("persistence off: a request without a pooled connection probes before 
   // llama-server restarted with --slot-save-path: only the new connection can tell.
   h.fake->slot_actions_disabled = false;
   h.fake->restart_server();
-  auto a = h.ticket();
-  CHECK(admit(h, a, "A").what == admission::outcome::pass_through);  // pooled: no reason to look
-  h.run(h.coord->finish(a, true));
+  auto a = h.run_client(h.acquire_for(named("A"), true));
+  CHECK(a.what == outcome::pass_through);  // pooled: no reason to look
+  h.run_client(a.held.finish(true));
   CHECK(h.fake->calls().empty());
-  auto b = h.ticket();
-  CHECK(admit(h, b, "B", false).what == admission::outcome::granted);
-  CHECK(h.coord->pool().persistence_enabled());
+  auto b = h.run_client(h.acquire_for(named("B"), false));
+  CHECK(b.what == outcome::granted);
+  CHECK(h.persistence_on());
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});
-  h.run(h.coord->release(b));
+  h.run_client(b.held.release());
 }
 
 TEST_CASE("persistence off while a lease is held: requests keep taking leases until it ends",
@@ -444,25 +519,23 @@ TEST_CASE("persistence off while a lease is held: requests keep taking leases un
   temp_dir tmp;
   harness h(tmp.path());
   h.start_with_a_dirty();
-  auto a = h.acquire();
-  REQUIRE(h.run(h.coord->prepare(a, {"A", "", {}, ""}, false)).kind == prepare_kind::resident);
-  auto b = h.ticket();
-  REQUIRE(admit(h, b, "B").what == admission::outcome::queued);
+  auto a = h.acquire("A");
+  REQUIRE(h.run_client(a.prepare(named("A"), false)).kind == prepare_kind::resident);
+  auto b = h.enqueued("B");  // queued
   // llama-server restarted without --slot-save-path; B's fresh connection reads it.
   h.fake->slot_actions_disabled = true;
   h.fake->restart_server();
-  h.run(h.coord->finish(a, true));
-  REQUIRE(h.run(h.coord->settle(b)));
-  CHECK(h.run(h.coord->prepare(b, b->who, true)).kind == prepare_kind::none);
-  CHECK_FALSE(h.coord->pool().persistence_enabled());
-  auto c = h.ticket();
-  CHECK(admit(h, c, "C").what == admission::outcome::queued);  // B holds the slot
-  h.run(h.coord->finish(b, true));
-  REQUIRE(h.run(h.coord->settle(c)));
-  h.run(h.coord->finish(c, true));
-  auto d = h.ticket();
-  CHECK(admit(h, d, "D").what == admission::outcome::pass_through);
-  h.run(h.coord->finish(d, true));
+  h.run_client(a.finish(true));
+  auto b_lease = h.lease_of(b);
+  CHECK(h.run_client(b_lease.prepare(named("B"), true)).kind == prepare_kind::none);
+  CHECK_FALSE(h.persistence_on());
+  auto c = h.enqueued("C");  // queued: B holds the slot
+  h.run_client(b_lease.finish(true));
+  auto c_lease = h.lease_of(c);
+  h.run_client(c_lease.finish(true));
+  auto d = h.run_client(h.acquire_for(named("D"), true));
+  CHECK(d.what == outcome::pass_through);
+  h.run_client(d.held.finish(true));
   CHECK(h.fake->slot_calls().empty());  // A's turn was not saved: persistence is off
 }
 
@@ -472,11 +545,10 @@ TEST_CASE("strict mode never passes through: session requests are refused as bef
   harness h(tmp.path(), strict_options());
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
-  auto a = h.ticket();
-  const auto adm = admit(h, a, "A");
-  REQUIRE(adm.what == admission::outcome::prepared);
-  CHECK_FALSE(adm.prepared.ok);
-  CHECK(h.coord->passing_through() == 0);
+  const auto a = h.run_client(h.acquire_for(named("A"), true));
+  REQUIRE(a.what == outcome::prepared);
+  CHECK_FALSE(a.prepared.ok);
+  CHECK(h.passing_through() == 0);
 }
 
 TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failure')", "[proxy][coordinator]") {
@@ -491,7 +563,7 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     CHECK(r.kind == prepare_kind::cold);
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});  // B keeps A's unsaved KV
     CHECK_FALSE(h.manifest_on_disk("A"));
-    CHECK(h.coord->pool().owner(0) == h.hash("B"));
+    CHECK(h.owner_is("B"));
   }
 
   SECTION("strict: prepare fails and releases the lease to the next waiter") {
@@ -499,23 +571,25 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     h.start_with_a_dirty();
     h.fake->fail_next_save(failure::transport());
 
-    auto t1 = h.acquire();
-    auto t2 = h.enqueued();
-    CHECK_FALSE(t2->granted);
-    auto pr = h.run(h.coord->prepare(t1, {"B", "", {}, ""}, false));
+    auto t1 = h.acquire("B");
+    auto t2 = h.enqueued("A");
+    CHECK_FALSE(h.granted(t2));
+    auto pr = h.run_client(t1.prepare(named("B"), false));
     CHECK_FALSE(pr.ok);
     CHECK_FALSE(pr.message.empty());
+    CHECK_FALSE(t1);  // the coordinator released it
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
-    CHECK(t2->granted);  // the lease moved on
-    CHECK(h.coord->waiting() == 0);
+    CHECK(h.granted(t2));  // the lease moved on
+    CHECK(h.waiting() == 0);
 
     // A is still in the slot, dirty: the next A request is resident.
-    auto pr2 = h.run(h.coord->prepare(t2, {"A", "", {}, ""}, false));
+    auto a_lease = h.lease_of(t2);
+    auto pr2 = h.run_client(a_lease.prepare(named("A"), false));
     CHECK(pr2.ok);
     CHECK(pr2.kind == prepare_kind::resident);
-    h.run(h.coord->finish(t2, true));
+    h.run_client(a_lease.finish(true));
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
-    CHECK_FALSE(h.coord->busy());
+    CHECK_FALSE(h.busy());
   }
 }
 
@@ -525,12 +599,12 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   harness h(tmp.path(), strict_options());
   h.start_with_a_saved_b_dirty();
   h.fake->fail_next_restore(failure::http(400));
-  auto t = h.acquire();
-  auto pr = h.run(h.coord->prepare(t, {"A", "", {}, ""}, false));
+  auto t = h.acquire("A");
+  auto pr = h.run_client(t.prepare(named("A"), false));
   CHECK_FALSE(pr.ok);
-  CHECK_FALSE(h.coord->busy());
+  CHECK_FALSE(h.busy());
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner(0).empty());  // the failed restore cleared the slot
+  CHECK(h.owner_of_slot0().empty());  // the failed restore cleared the slot
 }
 
 TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design.md §19)",
@@ -550,7 +624,7 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
   CHECK(r.ok);
   CHECK(r.kind == prepare_kind::auxiliary);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner(0).empty());
+  CHECK(h.owner_of_slot0().empty());
 
   auto r2 = h.request("A", 1100);
   CHECK(r2.kind == prepare_kind::restored);
@@ -572,7 +646,7 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
   auto m = h.manifest_on_disk("A");
   REQUIRE(m);
   CHECK(m->tokens == 1000);
-  CHECK_FALSE(h.coord->pool().owner_dirty(0));
+  CHECK_FALSE(h.slot0_state() == "dirty");
 
   kvp::testing::run_for(h.ioc, 200ms);
   CHECK(h.fake->calls().size() == 2);  // not again
@@ -595,14 +669,12 @@ TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordi
   drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // the idle save started
   REQUIRE(h.fake->calls().back() == save_call(h.file("A", 'a')));
 
-  auto t = h.enqueued();
-  CHECK_FALSE(t->granted);
-  CHECK(h.coord->busy());
-  drive_until(h.ioc, [&] { return t->granted; });
-  REQUIRE(h.run(h.coord->settle(t)));
-  auto pr = h.run(h.coord->prepare(t, {"A", "", {}, ""}, false));
+  auto t = h.enqueued("A", false);
+  CHECK(h.busy());
+  auto a_lease = h.lease_of(t);
+  auto pr = h.run_client(a_lease.prepare(named("A"), false));
   CHECK(pr.kind == prepare_kind::resident);
-  h.run(h.coord->finish(t, false));
+  h.run_client(a_lease.finish(false));
   CHECK(h.fake->calls().size() == 2);
   // The request waited for llama-server's write only; the commit lands on its own.
   drive_until(h.ioc, [&] {
@@ -616,8 +688,8 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   harness h(tmp.path());
   h.start_quiet();
 
-  auto t1 = h.acquire();
-  REQUIRE(h.run(h.coord->prepare(t1, {"S1", "", {}, ""}, false)).ok);
+  auto t1 = h.acquire("S1");
+  REQUIRE(h.run_client(t1.prepare(named("S1"), false)).ok);
   h.fake->run_inference(100);
 
   std::vector<int> order;
@@ -625,10 +697,10 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   for (int id = 2; id <= 4; ++id) {
     clients.push_back(
         kvp::testing::spawn(h.ioc.get_executor(), client(h.coord.get(), h.fake, id, &order)));
-    drive_until(h.ioc, [&] { return h.coord->waiting() == static_cast<std::size_t>(id - 1); });
+    drive_until(h.ioc, [&] { return h.waiting() == static_cast<std::size_t>(id - 1); });
   }
   CHECK(order.empty());
-  h.run(h.coord->finish(t1, true));
+  h.run_client(t1.finish(true));
   // Well before the clients' 10 s wakeup timers would expire on their own.
   auto all_done = [&] {
     return std::all_of(clients.begin(), clients.end(),
@@ -641,7 +713,7 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   // One credential: each session keeps the slot's content of the one before it.
   CHECK(h.fake->calls() == calls{erase_call(), save_call(file_of(1)), save_call(file_of(2)),
                                  save_call(file_of(3))});
-  CHECK_FALSE(h.coord->busy());
+  CHECK_FALSE(h.busy());
 }
 
 TEST_CASE("a full queue refuses new tickets", "[proxy][coordinator]") {
@@ -650,18 +722,21 @@ TEST_CASE("a full queue refuses new tickets", "[proxy][coordinator]") {
   o.max_waiting = 2;
   harness h(tmp.path(), o);
   h.start();
-  auto t1 = h.acquire();
-  auto t2 = h.ticket();
-  auto t3 = h.ticket();
-  auto t4 = h.ticket();
-  CHECK(h.run(h.coord->enqueue(t2)));
-  CHECK(h.run(h.coord->enqueue(t3)));
-  CHECK_FALSE(h.run(h.coord->enqueue(t4)));
-  CHECK(t4->rejected);
-  CHECK_FALSE(t4->granted);
-  CHECK(h.coord->waiting() == 2);
-  CHECK(t1->id < t2->id);
-  CHECK(t2->id < t3->id);
+  auto t1 = h.acquire("S1");
+  auto t2 = h.enqueued("S2");
+  auto t3 = h.enqueued("S3");
+  auto t4 = h.run_client(h.acquire_for(named("S4"), true));
+  CHECK(t4.what == outcome::rejected);
+  CHECK_FALSE(t4.held);
+  CHECK(h.waiting() == 2);
+  // The refused request took no place: the two waiting are granted in their order.
+  h.run_client(t1.release());
+  auto l2 = h.lease_of(t2);
+  CHECK_FALSE(h.granted(t3));
+  h.run_client(l2.release());
+  auto l3 = h.lease_of(t3);
+  h.run_client(l3.release());
+  CHECK(h.waiting() == 0);
 }
 
 TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
@@ -669,33 +744,27 @@ TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
   temp_dir tmp;
   harness h(tmp.path());
   h.start_quiet();
-  auto t1 = h.acquire();
-  auto t2 = h.enqueued();
-  CHECK(h.coord->waiting() == 1);
-  CHECK_FALSE(h.run(h.coord->settle(t2)));  // its timeout fired or its client left
-  CHECK(h.coord->waiting() == 0);
-  h.run(h.coord->release(t1));  // the holder never prepared either
-  CHECK_FALSE(h.coord->busy());
-  CHECK_FALSE(t2->granted);
+  auto t1 = h.acquire("S1");
+  SECTION("its timeout fired") {
+    auto t2 = h.run_client(h.acquire_for(named("S2"), true, client_stays(), 30ms));
+    CHECK(t2.what == outcome::timed_out);
+    CHECK_FALSE(t2.held);
+  }
+  SECTION("its client left") {
+    auto t2 = h.spawn_client(h.acquire_for(named("S2"), true, client_leaves_after(100ms)));
+    drive_until(h.ioc, [&] { return h.waits == 1; });
+    CHECK(h.waiting() == 1);
+    drive_until(h.ioc, [&] { return is_ready(t2); });
+    const auto gone = t2.get();
+    CHECK(gone.what == outcome::client_gone);
+    CHECK_FALSE(gone.held);
+  }
+  CHECK(h.waiting() == 0);
+  h.run_client(t1.release());  // the holder never prepared either
+  CHECK_FALSE(h.busy());  // nobody was left to take it
   CHECK(h.fake->calls().empty());
   // The slot is free for the next one.
   CHECK(h.request("A", 10).kind == prepare_kind::cold);
-}
-
-TEST_CASE("prepare refuses a ticket that does not hold the lease", "[proxy][coordinator]") {
-  temp_dir tmp;
-  harness h(tmp.path());
-  h.start_quiet();
-  auto t1 = h.acquire();
-  auto t2 = h.enqueued();
-  auto pr = h.run(h.coord->prepare(t2, {"B", "", {}, ""}, false));
-  CHECK_FALSE(pr.ok);
-  CHECK(h.fake->calls().empty());
-  h.run(h.coord->finish(t2, true));  // ignored: not the holder
-  CHECK(h.coord->busy());
-  CHECK_FALSE(t2->granted);
-  h.run(h.coord->release(t1));
-  CHECK(t2->granted);
 }
 
 TEST_CASE("management calls are serialized with the lease (docs/design.md §5)", "[proxy][coordinator]") {
@@ -704,20 +773,20 @@ TEST_CASE("management calls are serialized with the lease (docs/design.md §5)",
   h.start_with_a_saved_b_dirty();
   h.fake->delay_restore(100ms);
 
-  auto t1 = h.acquire();
-  auto prep = h.spawn(h.coord->prepare(t1, {"A", "", {}, ""}, false));
+  auto t1 = h.acquire("A");
+  auto prep = h.spawn_client(t1.prepare(named("A"), false));
   drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // save B, restore A started
   CHECK(h.fake->calls().back() == restore_call(h.file("A", 'a')));
   CHECK_FALSE(is_ready(prep));
 
-  auto t2 = h.enqueued();
-  CHECK_FALSE(t2->granted);
+  auto t2 = h.enqueued("B");
+  CHECK_FALSE(h.granted(t2));
   drive_until(h.ioc, [&] { return is_ready(prep); });
   CHECK(prep.get().kind == prepare_kind::restored);
-  CHECK_FALSE(t2->granted);
+  CHECK_FALSE(h.granted(t2));
   h.fake->run_inference(1100);
-  h.run(h.coord->finish(t1, true));
-  CHECK(t2->granted);
+  h.run_client(t1.finish(true));
+  CHECK(h.granted(t2));
   CHECK(h.fake->calls().size() == 2);
 }
 
@@ -741,7 +810,7 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
     CHECK(m->tokens == 1000);
     CHECK(h.run(h.coord->checkpoint()));
     CHECK(h.fake->calls().size() == 2);
-    CHECK_FALSE(h.coord->busy());
+    CHECK_FALSE(h.busy());
   }
 
   SECTION("a failed save is reported") {
@@ -751,19 +820,19 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
   }
 
   SECTION("it waits for the request holding the lease") {
-    auto t = h.acquire();
-    REQUIRE(h.run(h.coord->prepare(t, {"A", "", {}, ""}, false)).ok);
+    auto t = h.acquire("A");
+    REQUIRE(h.run_client(t.prepare(named("A"), false)).ok);
     auto cp = h.spawn(h.coord->checkpoint());
     kvp::testing::run_for(h.ioc, 50ms);
     CHECK_FALSE(is_ready(cp));
     CHECK(h.fake->calls() == calls{erase_call()});
     h.fake->run_inference(1000);
-    h.run(h.coord->finish(t, true));
+    h.run_client(t.finish(true));
     drive_until(h.ioc, [&] { return is_ready(cp); });
     CHECK(cp.get());
     CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
     CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);
-    CHECK_FALSE(h.coord->busy());
+    CHECK_FALSE(h.busy());
   }
 }
 
@@ -843,7 +912,6 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
     CHECK(r.kind == prepare_kind::cold);
     // A new server process holds nothing: no erase (docs/design.md §20).
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call()});
-    CHECK(h.coord->pool().content(0).whose == kvp::core::content_whose::known);
     CHECK(h.hash("A") != old_hash);
     REQUIRE(h.manifest_on_disk("A") == std::nullopt);
   }
@@ -860,7 +928,7 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
 
   CHECK(h.request("A", 1000).ok);  // erase fails (1)
   CHECK(h.request("B", 1000).ok);  // save A fails (2), erase fails (3)
-  CHECK(h.coord->pool().circuit().current() == kvp::core::breaker::state::open);
+  CHECK(h.backend_state() == "open");
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
 
   h.fake->set_unreachable(false);
@@ -873,7 +941,7 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
   CHECK(r2.ok);
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                       save_call(h.file("A", 'a')), erase_call()});
-  CHECK(h.coord->pool().circuit().current() == kvp::core::breaker::state::closed);
+  CHECK(h.backend_state() == "healthy");
 }
 
 // proxy/data/server.cpp's lease_guard releases a lease through coordinator::release when the
@@ -888,10 +956,10 @@ TEST_CASE("a lease released after prepare still lets the shutdown checkpoint sav
   h.start();
   h.request("A", 1000);  // A dirty, never saved
   h.fake->clear_calls();
-  auto t = h.acquire();
-  REQUIRE(h.run(h.coord->prepare(t, {"A", "", {}, ""}, false)).kind == prepare_kind::resident);
-  h.run(h.coord->release(t));
-  CHECK_FALSE(h.coord->busy());
+  auto t = h.acquire("A");
+  REQUIRE(h.run_client(t.prepare(named("A"), false)).kind == prepare_kind::resident);
+  h.run_client(t.release());
+  CHECK_FALSE(h.busy());
   CHECK(h.run(h.coord->checkpoint()));
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
 }
@@ -905,7 +973,7 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   CHECK(r.result == admin_result::restored);
   CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
-  CHECK(h.coord->pool().owner(0) == h.hash("A"));
+  CHECK(h.owner_is("A"));
   auto page = h.coord->admin().sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());
@@ -942,8 +1010,8 @@ TEST_CASE("purge in server-owned mode overwrites both generations with an empty 
   CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 0u);
   CHECK(h.fake->snapshot_tokens(h.file("A", 'b')) == 0u);
   CHECK(h.fake->snapshot_tokens(h.file("B", 'a')) == 500u);
-  CHECK_FALSE(h.coord->pool().session(h.hash("A")).has_value());
-  CHECK(h.coord->pool().owner(0).empty());  // B let go: its next request restores
+  CHECK_FALSE(h.known(h.hash("A")));
+  CHECK(h.owner_of_slot0().empty());  // B let go: its next request restores
 }
 
 TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets the session",
@@ -957,7 +1025,7 @@ TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets
   CHECK(answer_admin_outcome(r).status == 502);
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call()});
   CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);  // kept, and said so
-  CHECK_FALSE(h.coord->pool().session(h.hash("A")).has_value());
+  CHECK_FALSE(h.known(h.hash("A")));
 }
 
 TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coordinator][admin]") {
@@ -1093,7 +1161,7 @@ TEST_CASE("a new session over its credential's rate is refused with Retry-After,
   CHECK(refused.retry_after == 30s);
   CHECK(h.fake->slot_calls().empty());
   CHECK_FALSE(h.coord->admin().session("B2"));
-  CHECK(h.coord->pool().owner(0) == h.hash("B1"));
+  CHECK(h.owner_is("B1"));
   CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
   CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
 }
@@ -1179,7 +1247,7 @@ TEST_CASE("disk budget: a save that leaves no room overwrites the oldest session
   CHECK(h.fake->snapshot_tokens(old_a) == 0u);
   CHECK(h.fake->snapshot_tokens(old_b) == 0u);
   CHECK_FALSE(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
-  CHECK_FALSE(h.coord->pool().session(old).has_value());
+  CHECK_FALSE(h.known(old));
   CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 100u);
   const auto a = h.manifest_on_disk("A");
   REQUIRE(a);
@@ -1278,7 +1346,7 @@ TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the s
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                  save_call(kvp::core::snapshot_filename(old, 'b')),
                                  save_call(kvp::core::snapshot_filename(old, 'a'))});
-  CHECK(h.coord->pool().owner(0).empty());  // its KV is gone from the slot: A restores next
+  CHECK(h.owner_of_slot0().empty());  // its KV is gone from the slot: A restores next
   h.fake->clear_calls();
   CHECK(h.request("A", 150).ok);
   CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});
@@ -1291,7 +1359,7 @@ TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot
   harness h(tmp.path(), disk_budget_options(150'000));
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
-  REQUIRE_FALSE(h.coord->pool().persistence_enabled());
+  REQUIRE_FALSE(h.persistence_on());
   const auto report = h.run(h.coord->admin_gc());
   CHECK(report.evicted == 0);
   CHECK(report.remaining_bytes == 200'000u);
