@@ -52,6 +52,15 @@ void wake(const std::shared_ptr<lease_ticket>& t) {
             [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
 }
 
+// A hold of the whole server as its parts see it: `Hold` (RAII) behind a server_hold.
+template <class Hold>
+server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
+  return [acquire = std::move(acquire)]() -> net::awaitable<server_hold> {
+    auto hold = co_await acquire();
+    co_return std::make_shared<Hold>(std::move(hold));
+  };
+}
+
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -80,16 +89,11 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                                         opts_.retention_max_sessions_per_credential},
                  opts_.retention_interval, *backend_, pool_, actions_, commits_, store_,
                  snapshots_, reuse_,
-                 [this](net::awaitable<gc_report> work) -> net::awaitable<gc_report> {
-                   const auto hold = co_await acquire_internal();
-                   co_return co_await std::move(work);
-                 }),
+                 erased_hold<exclusive_hold>([this] { return acquire_internal(); })),
       admin_(opts_.server_name, pool_, actions_, retention_, snapshots_, reuse_,
              session_admin_hooks{
-                 .hold_server = [this]() -> net::awaitable<std::shared_ptr<void>> {
-                   auto hold = co_await acquire_internal();
-                   co_return std::make_shared<exclusive_hold>(std::move(hold));
-                 },
+                 .hold_server =
+                     erased_hold<exclusive_hold>([this] { return acquire_internal(); }),
                  .refresh_runtime = [this](int slot) { return refresh_runtime(slot); },
              }) {}
 
@@ -145,7 +149,8 @@ net::awaitable<void> coordinator::start() {
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
-  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, retention_.gc_loop(), log_exception);
+  if (opts_.retention_interval.count() > 0)
+    net::co_spawn(strand_, retention_.gc_loop(), log_exception);
 }
 
 void coordinator::spawn(net::awaitable<void> work) {

@@ -25,7 +25,7 @@ retention_keeper::retention_keeper(net::any_io_executor strand, core::retention_
                                    backends::kv_backend& backend, core::slot_pool& pool,
                                    slot_actions& actions, commit_pipeline& commits,
                                    const manifest_store& store, const snapshot_files& snapshots,
-                                   core::reuse_stats& reuse, exclusive_run exclusively)
+                                   core::reuse_stats& reuse, server_holder hold_server)
     : limits_(limits),
       interval_(interval),
       backend_(backend),
@@ -35,7 +35,7 @@ retention_keeper::retention_keeper(net::any_io_executor strand, core::retention_
       store_(store),
       snapshots_(snapshots),
       reuse_(reuse),
-      exclusively_(std::move(exclusively)),
+      hold_server_(std::move(hold_server)),
       gc_timer_(std::move(strand)) {}
 
 void retention_keeper::stop() {
@@ -309,8 +309,8 @@ net::awaitable<void> retention_keeper::gc_loop() {
     gc_timer_.expires_after(interval_);
     auto [ec] = co_await gc_timer_.async_wait(token);
     if (ec || stopped_) co_return;
-    auto gc = run_gc();
-    const auto report = co_await exclusively_(std::move(gc));
+    const auto hold = co_await hold_server_();
+    const auto report = co_await run_gc();
     (void)report;
   }
 }

@@ -5,13 +5,14 @@
 // saves (keep_disk_budget). It also overwrites a purged session's files in server-owned mode.
 //
 // Strand-only: one per coordinator, used on its strand. Its slot work goes through
-// slot_actions; the whole server, when it needs it, through the `exclusively` callback.
+// slot_actions; the whole server, when it needs it, through the owner's `server_holder`.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,12 @@ struct gc_report {
   bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
 };
 
+// The whole server, held by the owner until the last copy is destroyed: every commit landed,
+// no request running (the coordinator's exclusive_hold). What retention_keeper and
+// session_admin get through a server_holder.
+using server_hold = std::shared_ptr<void>;
+using server_holder = std::function<net::awaitable<server_hold>()>;
+
 // Since the process started, for /metrics.
 struct retention_counters {
   std::uint64_t gc_evicted = 0;          // snapshots removed (or overwritten) by retention
@@ -47,18 +54,15 @@ struct retention_counters {
 
 class retention_keeper {
  public:
-  // Runs `work` while the owner holds the whole server (no request, commit or other hold).
-  using exclusive_run = std::function<net::awaitable<gc_report>(net::awaitable<gc_report> work)>;
-
   // Every reference must outlive this object. `strand`: the owner's, for gc's timer.
   // `interval`: retention.intervalMs (0: gc only on demand, no session budget between runs).
   retention_keeper(net::any_io_executor strand, core::retention_limits limits,
                    std::chrono::milliseconds interval, backends::kv_backend& backend,
                    core::slot_pool& pool, slot_actions& actions, commit_pipeline& commits,
                    const manifest_store& store, const snapshot_files& snapshots,
-                   core::reuse_stats& reuse, exclusive_run exclusively);
+                   core::reuse_stats& reuse, server_holder hold_server);
 
-  // Runs gc every interval, each run under `exclusively`, until stop.
+  // Runs gc every interval, each run with the whole server held, until stop.
   net::awaitable<void> gc_loop();
   // Stops gc_loop (its timer cancelled).
   void stop();
@@ -130,7 +134,7 @@ class retention_keeper {
   const manifest_store& store_;
   const snapshot_files& snapshots_;
   core::reuse_stats& reuse_;
-  exclusive_run exclusively_;
+  server_holder hold_server_;
   net::steady_timer gc_timer_;
   bool stopped_ = false;
   // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since

@@ -73,9 +73,8 @@ struct admin_outcome {
 
 // What session_admin needs of its owner.
 struct session_admin_hooks {
-  // The whole server, held until the returned object is destroyed (every commit landed, no
-  // request running).
-  std::function<net::awaitable<std::shared_ptr<void>>()> hold_server;
+  // The whole server, held until the returned object is destroyed.
+  server_holder hold_server;
   // Reads the runtime again if the server may have changed, on `slot` (held), before a plan.
   std::function<net::awaitable<void>(int slot)> refresh_runtime;
 };

@@ -20,7 +20,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using kvp::core::request_identity;
-using kvp::proxy::gc_report;
 using kvp::proxy::retention_keeper;
 using kvp::proxy::slot_action_hooks;
 using kvp::proxy::slot_actions;
@@ -55,13 +54,26 @@ struct harness {
   slot_actions actions;
   retention_keeper keeper;
 
-  explicit harness(kvp::core::retention_limits limits)
+  int holds_taken = 0;
+  int holds_released = 0;
+
+  explicit harness(kvp::core::retention_limits limits,
+                   std::chrono::milliseconds interval = 0ms)
       : actions(fake, store, pool, files, commits, snapshots, reuse, hooks()),
-        keeper(ioc.get_executor(), limits, 0ms, fake, pool, actions, commits, store, snapshots,
-               reuse, [](kvp::net::awaitable<gc_report> work) { return work; }) {
+        keeper(ioc.get_executor(), limits, interval, fake, pool, actions, commits, store,
+               snapshots, reuse, [this] { return hold_server(); }) {
     REQUIRE(store.open().ok());
     pool.set_runtime(kvp::testing::qwen7b_runtime());
     REQUIRE(pool.persistence_enabled());
+  }
+
+  // The test thread is the only user: a hold is only counted, taken and released.
+  kvp::net::awaitable<kvp::proxy::server_hold> hold_server() {
+    ++holds_taken;
+    co_return kvp::proxy::server_hold(new int(0), [this](void* p) {
+      delete static_cast<int*>(p);
+      ++holds_released;
+    });
   }
 
   slot_action_hooks hooks() {
@@ -237,4 +249,19 @@ TEST_CASE("without a disk budget a save evicts nothing", "[proxy][retention_keep
   CHECK(h.fake.slot_calls() == calls{erase_call(0), save_call(h.file("C", 'a'))});
   CHECK(h.known("A"));
   CHECK(h.keeper.counters().gc_evicted == 0);
+}
+
+TEST_CASE("the gc loop runs gc on its interval with the whole server held, until stopped",
+          "[proxy][retention_keeper]") {
+  harness h(max_sessions(1), 20ms);
+  h.add_snapshot("A", 1000, "2026-01-01T00:00:01Z");
+  h.add_snapshot("B", 1000, "2026-01-01T00:00:02Z");
+  auto loop = kvp::testing::spawn(h.ioc.get_executor(), h.keeper.gc_loop());
+  kvp::testing::drive_until(h.ioc, [&] { return h.forgotten("A"); });
+  CHECK(h.known("B"));
+  CHECK(h.holds_taken >= 1);
+  h.keeper.stop();
+  kvp::testing::drive_until(h.ioc, [&] { return kvp::testing::is_ready(loop); });
+  loop.get();
+  CHECK(h.holds_released == h.holds_taken);
 }

@@ -23,7 +23,6 @@ using namespace std::chrono_literals;
 using kvp::core::request_identity;
 using kvp::core::snapshot_state;
 using kvp::proxy::admin_result;
-using kvp::proxy::gc_report;
 using kvp::proxy::session_admin;
 using kvp::proxy::slot_actions;
 using kvp::testing::backend_call;
@@ -57,8 +56,7 @@ struct harness {
   kvp::core::reuse_stats reuse;
   slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::retention_keeper keeper{ioc.get_executor(), {}, 0ms, fake, pool, actions, commits,
-                                      store, snapshots, reuse,
-                                      [](kvp::net::awaitable<gc_report> w) { return w; }};
+                                      store, snapshots, reuse, kvp::proxy::server_holder{}};
   int holds_taken = 0;
   int holds_released = 0;
   std::vector<int> refreshed_while_held;  // the slot of each refresh, if the hold was held
@@ -72,7 +70,7 @@ struct harness {
 
   kvp::proxy::session_admin_hooks hooks() {
     kvp::proxy::session_admin_hooks h;
-    h.hold_server = [this]() -> kvp::net::awaitable<std::shared_ptr<void>> {
+    h.hold_server = [this]() -> kvp::net::awaitable<kvp::proxy::server_hold> {
       ++holds_taken;
       co_return std::shared_ptr<void>(new int(0), [this](void* p) {
         delete static_cast<int*>(p);
