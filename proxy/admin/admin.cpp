@@ -158,10 +158,10 @@ net::awaitable<core::prom_writer> metrics_of(coordinator* c) {
 }
 net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json(); }
 net::awaitable<session_page> page_of(coordinator* c, std::string after, std::size_t limit) {
-  co_return c->sessions_page(after, limit);
+  co_return c->admin().sessions_page(after, limit);
 }
 net::awaitable<std::optional<session_row>> session_of(coordinator* c, std::string id) {
-  co_return c->session(id);
+  co_return c->admin().session(id);
 }
 
 net::awaitable<response> all_metrics(std::vector<coordinator*> coords, unsigned v) {
@@ -259,23 +259,23 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
       if (!row) co_return outcome_response({admin_result::unknown_session}, v);
       co_return json(200, session_json(*row), v);
     } else if (method == http::verb::delete_) {
-      r = co_await coord->on_strand(coord->admin_purge(rest));
+      r = co_await coord->on_strand(coord->admin().purge(rest));
     } else {
       co_return err(405, "use GET or DELETE", v);
     }
   } else {
     if (method != http::verb::post) co_return err(405, "use POST", v);
     if (action == "save" || action == "flush")
-      r = co_await coord->on_strand(coord->admin_save(rest));
+      r = co_await coord->on_strand(coord->admin().save(rest));
     else if (action == "restore")
-      r = co_await coord->on_strand(coord->admin_restore(rest));
+      r = co_await coord->on_strand(coord->admin().restore(rest));
     else if (action == "invalidate") {
       auto note = invalidate_note(body);
       if (!note) co_return err(400, "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
-      r = co_await coord->on_strand(coord->admin_invalidate(rest, std::move(*note)));
+      r = co_await coord->on_strand(coord->admin().invalidate(rest, std::move(*note)));
     }
     else if (action == "dispose")
-      r = co_await coord->on_strand(coord->admin_dispose(rest));
+      r = co_await coord->on_strand(coord->admin().dispose(rest));
     else
       co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
   }

@@ -2,9 +2,9 @@
 // written, not yet durable and named by the manifest. A save's second half runs on the file
 // pool while the slot serves its next session; planning for that session, a second save of it,
 // and whatever needs every save landed (flush, a runtime change, shutdown) wait for it here.
-// The coordinator starts and settles each commit (proxy/control/coordinator_plan.cpp); this
-// type only keeps them and wakes their waiters. Strand-only: one per coordinator, used on its
-// strand, whose executor the commits' timers run on.
+// The coordinator's slot_actions start and settle each commit (proxy/control/slot_actions.cpp);
+// this type only keeps them and wakes their waiters. Strand-only: one per coordinator, used on
+// its strand, whose executor the commits' timers run on.
 #pragma once
 
 #include <map>

@@ -52,6 +52,15 @@ void wake(const std::shared_ptr<lease_ticket>& t) {
             [t] { t->wakeup.expires_at(steady_timer::time_point::min()); });
 }
 
+// A hold of the whole server as its parts see it: `Hold` (RAII) behind a server_hold.
+template <class Hold>
+server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
+  return [acquire = std::move(acquire)]() -> net::awaitable<server_hold> {
+    auto hold = co_await acquire();
+    co_return std::make_shared<Hold>(std::move(hold));
+  };
+}
+
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -64,7 +73,29 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       leases_(opts_.max_waiting, chooser_of(pool_, opts_), wake),
       idle_timer_(strand_),
       probe_timer_(strand_),
-      gc_timer_(strand_) {}
+      actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
+               slot_action_hooks{
+                   .slot_error = [this](const core::error& e) { note_slot_error(e); },
+                   .commit_ended = [this] { log_circuit_changes(); },
+                   .session_added = [this] { return retention_.enforce_session_budget(); },
+                   .saved = [this](int slot, core::manifest saved) {
+                     return retention_.keep_disk_budget(slot, std::move(saved));
+                   },
+                   .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
+               }),
+      retention_(strand_,
+                 core::retention_limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
+                                        opts_.retention_max_age_days,
+                                        opts_.retention_max_sessions_per_credential},
+                 opts_.retention_interval, *backend_, pool_, actions_, commits_, store_,
+                 snapshots_, reuse_,
+                 erased_hold<exclusive_hold>([this] { return acquire_internal(); })),
+      admin_(opts_.server_name, pool_, actions_, retention_, snapshots_, reuse_,
+             session_admin_hooks{
+                 .hold_server =
+                     erased_hold<exclusive_hold>([this] { return acquire_internal(); }),
+                 .refresh_runtime = [this](int slot) { return refresh_runtime(slot); },
+             }) {}
 
 // What start reads from the state directory, on the file pool.
 struct loaded_state {
@@ -86,7 +117,8 @@ net::awaitable<void> coordinator::load_state() {
       st.snapshot_dir_problem = std::strerror(errno);
     return core::result<loaded_state>(std::move(st));
   };
-  auto loaded = co_await on_file_pool<loaded_state>("reading the state directory", std::move(work));
+  auto loaded =
+      co_await actions_.on_file_pool<loaded_state>("reading the state directory", std::move(work));
   if (!loaded || loaded->unavailable) {
     log(log_level::warn, "kv.state.unavailable",
         {{"reason", loaded ? loaded->unavailable->message : loaded.err().message},
@@ -99,7 +131,7 @@ net::awaitable<void> coordinator::load_state() {
     for (auto& m : loaded->manifests) pool_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(count)}});
-    co_await enforce_session_budget();
+    co_await retention_.enforce_session_budget();
   }
   if (loaded && loaded->snapshot_dir_problem) {
     // Shared-filesystem mode checks every snapshot llama-server writes or reads there.
@@ -117,7 +149,8 @@ net::awaitable<void> coordinator::start() {
   apply_probe(p);
   if (opts_.epoch_probe_interval.count() > 0)
     net::co_spawn(strand_, probe_loop(), log_exception);
-  if (opts_.retention_interval.count() > 0) net::co_spawn(strand_, gc_loop(), log_exception);
+  if (opts_.retention_interval.count() > 0)
+    net::co_spawn(strand_, retention_.gc_loop(), log_exception);
 }
 
 void coordinator::spawn(net::awaitable<void> work) {
@@ -128,7 +161,7 @@ void coordinator::stop() {
   stopped_ = true;
   idle_timer_.cancel();
   probe_timer_.cancel();
-  gc_timer_.cancel();
+  retention_.stop();
 }
 
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
@@ -254,7 +287,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     // resident path. Its own commit may still be in flight (it left a slot moments ago).
     const auto committed = co_await commits_.wait(own);
     (void)committed;
-    auto m = co_await read_manifest(own);
+    auto m = co_await actions_.read_manifest(own);
     if (m) pool_.add_manifest(std::move(*m));
   }
   if (auto refused = refuse_new_session(own, who.credential)) {
@@ -273,7 +306,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_switch(before, who, slot);
   for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await write_manifest(m);
+    const auto written = co_await actions_.write_manifest(m);
     (void)written;  // logged; the core already counts the snapshot invalid
     log(log_level::info, "kv.snapshot.invalidated",
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
@@ -291,7 +324,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        ? "persistence unavailable (circuit open) and strict mode is on"
                                        : "persistence is off and strict mode is on");
 
-  const auto done = co_await execute(plan, opts_.pool.strict);
+  const auto done = co_await actions_.execute(plan, opts_.pool.strict);
   if (done.failure)
     co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
                                                          : done.failure->message);
@@ -314,7 +347,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 void coordinator::forget_records_dropped_by_pool() {
   for (const auto& hash : pool_.take_forgotten_records()) {
     reuse_.forget(hash);
-    restored_at_.erase(hash);
+    retention_.forget(hash);
     log(log_level::debug, "kv.session.record_forgotten",
         {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
   }
@@ -353,7 +386,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).
-    const auto saved = co_await start_save(*s);
+    const auto saved = co_await actions_.start_save(*s);
     (void)saved;
   }
   release_and_wake(t);
@@ -378,7 +411,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   if (!pool_.persistence_enabled()) co_return out;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await run_save(*s);
+      const auto saved = co_await actions_.run_save(*s);
       if (!saved && opts_.pool.strict) {
         release_and_wake(t);
         out.ok = false;
@@ -454,7 +487,7 @@ net::awaitable<void> coordinator::idle_loop() {
       log(log_level::debug, "kv.checkpoint.idle",
           {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
       // Only llama-server's write holds the slot; the commit runs after the release.
-      const auto saved = co_await start_save(*s);
+      const auto saved = co_await actions_.start_save(*s);
       (void)saved;
       log_circuit_changes();
       leases_.release(self);
@@ -492,7 +525,7 @@ net::awaitable<bool> coordinator::checkpoint() {
   bool ok = true;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await run_save(*s);
+      const auto saved = co_await actions_.run_save(*s);
       ok = ok && saved.ok();
     }
   }

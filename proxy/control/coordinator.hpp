@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "backends/kv_backend.hpp"
@@ -28,6 +27,9 @@
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/retention_keeper.hpp"
+#include "proxy/control/session_admin.hpp"
+#include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
 namespace kvp::proxy {
@@ -59,73 +61,17 @@ std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle
 using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
 
-using core::restore_reuse;
-
 // What a finished request's response said about its prompt, and how the request was prepared.
 struct reply_report {
   core::prepare_kind kind = core::prepare_kind::none;
   response_timings timings;
 };
 
-// One session as the admin API lists it: a copy, so that it can be formatted off the strand.
-struct session_row {
-  std::string hash;
-  std::string session_id;
-  bool resident = false;
-  bool dirty = false;
-  std::optional<core::manifest> snapshot;
-  std::optional<restore_reuse> last_restore;
-  core::session_reuse reuse;
-};
-
-// A page of GET /kv/sessions: sessions in hash order; `next` is the last hash when more follow.
-struct session_page {
-  std::string server;
-  std::vector<session_row> sessions;
-  std::string next;
-};
+// A page of GET /kv/sessions as JSON.
 std::string sessions_page_json(const session_page& page);
 
 // One session as GET /kv/sessions/{id} shows it.
 std::string session_json(const session_row& row);
-
-// What an admin operation did; proxy/admin/admin.cpp answers it with an HTTP status and JSON.
-enum class admin_result {
-  saved,
-  clean,                // save: the session owns a slot with nothing unsaved
-  not_resident,         // save: no slot, so its last snapshot is current
-  restored,
-  resident,             // restore: it already owns a slot
-  cold,                 // restore: no usable snapshot
-  restore_failed_cold,  // restore: the snapshot did not load; the slot starts cold
-  invalidated,
-  disposed,
-  nothing_to_dispose,   // dispose: it owns no slot
-  purged,
-  flushed,
-  persistence_off,
-  circuit_open,
-  unknown_session,
-  no_snapshot,            // invalidate: the session has no snapshot
-  save_failed,
-  save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
-  purged_files_kept,      // purge: forgotten, but llama-server could not overwrite its files
-};
-
-struct admin_outcome {
-  admin_result result = admin_result::saved;
-  std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
-  bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
-};
-
-// What a retention run did (POST /kv/gc).
-struct gc_report {
-  std::size_t evicted = 0;
-  std::uint64_t freed_bytes = 0;
-  std::size_t remaining_sessions = 0;
-  std::uint64_t remaining_bytes = 0;
-  bool files_kept = false;  // server-owned mode: evicted sessions' files stay with llama-server
-};
 
 // How a request was prepared, for the client session and its logs.
 struct prepare_result {
@@ -187,20 +133,11 @@ class coordinator {
   // Stops timers (idle checkpoint, background probe). Call on shutdown.
   void stop();
 
-  // Admin API (docs/design.md §18, §10), each on the strand. Session operations take the harness's
-  // session id or a known session's 64-hex hash (resolve_session).
+  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
+  // are admin()'s (proxy/control/session_admin.hpp).
   std::string status_json() const;
-  // Up to `limit` sessions with a hash greater than `after`, in hash order.
-  session_page sessions_page(const std::string& after, std::size_t limit) const;
-  std::optional<session_row> session(const std::string& hash_or_id) const;
-  net::awaitable<admin_outcome> admin_save(std::string hash_or_id);
-  net::awaitable<admin_outcome> admin_restore(std::string hash_or_id);
-  // `note`: the operator's reason, recorded in the manifest (invalidNote).
-  net::awaitable<admin_outcome> admin_invalidate(std::string hash_or_id, std::string note);
-  // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
-  // session stays known and restores on its next request. Purge forgets it and its manifest.
-  net::awaitable<admin_outcome> admin_dispose(std::string hash_or_id);
-  net::awaitable<admin_outcome> admin_purge(std::string hash_or_id);
+  session_admin& admin() { return admin_; }
+  const session_admin& admin() const { return admin_; }
   net::awaitable<admin_outcome> admin_flush();
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
@@ -317,37 +254,6 @@ class coordinator {
   std::chrono::seconds sleep_period() const { return watch_.sleep_period(); }
   // The slot's owner has been idle for llama-server's whole sleep period.
   bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  session_row row_with_reuse(core::slot_pool::session_view v) const;
-  // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
-  net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
-  // The core's decision on the restore, its manifest write already done.
-  net::awaitable<core::restore_decision> run_restore(const core::restore_step& rs);
-  restore_source source_of(const core::restore_step& rs) const;
-  struct plan_result {
-    std::optional<core::error> failure;   // only when stopped on it: what failed, and why
-    std::optional<core::restore_decision> restore;  // when the plan had a restore
-  };
-  net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
-  net::awaitable<std::optional<core::errc>> run_erase(int slot);
-  // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
-  // the snapshot file; when that succeeds it starts the commit (the file made durable, then
-  // the manifest pointing at it), which runs on the file pool while the slot serves its next
-  // session. commits_ keeps the commits in flight and their waiters; run_save is both halves,
-  // awaited. Each returns the error, with its code, when the snapshot did not become the
-  // session's checkpoint.
-  using commit_handle = commit_pipeline::handle;
-  net::awaitable<core::result<commit_handle>> start_save(core::save_step s);
-  net::awaitable<core::result<core::unit>> run_save(core::save_step s);
-  net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
-                                   commit_handle pc);
-  // Stores the manifest durably and makes it current; the write's error (logged) if it failed.
-  net::awaitable<core::result<core::unit>> write_manifest(core::manifest m);
-  // Runs a file operation on the file pool; a timeout is reported to the breaker.
-  template <class T>
-  net::awaitable<core::result<T>> on_file_pool(std::string_view what,
-                                               std::function<core::result<T>()> work);
-  // The session's manifest as it is on disk now (nullopt: absent, unreadable or timed out).
-  net::awaitable<std::optional<core::manifest>> read_manifest(std::string hash);
   // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
   // the strand after every commit in flight has landed. Released, on the strand, when it
   // goes out of scope: no path out of an operation leaves the server leased.
@@ -369,57 +275,12 @@ class coordinator {
   };
   net::awaitable<exclusive_hold> acquire_internal();
   net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
-  struct session_ref {
-    std::string hash;
-    std::string session_id;
-  };
-  // The one rule of every admin session route: the hash of a known session names it,
-  // anything else is a harness's session id.
-  session_ref resolve_session(const std::string& hash_or_id) const;
   // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
   // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
   std::optional<prepare_result> refuse_new_session(const std::string& hash,
                                                    const std::string& credential);
   // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
   void forget_records_dropped_by_pool();
-  net::awaitable<void> gc_loop();
-  net::awaitable<gc_report> run_gc();
-  net::awaitable<void> enforce_session_budget();
-  // Forgets an evicted session and deletes its files; the bytes freed. A session whose
-  // commit is in flight is kept for the next run.
-  net::awaitable<std::uint64_t> forget_session(core::retention_eviction e);
-  // Forgets the session and deletes its manifest and, in shared-filesystem mode, its snapshot
-  // files; the snapshot bytes deleted. REQUIRES: the session is not in use.
-  net::awaitable<std::uint64_t> drop_session(std::string hash);
-  // Purge in server-owned mode: both generation files overwritten with an empty slot.
-  int purge_slot(const std::string& hash) const;
-  net::awaitable<std::optional<std::string>> overwrite_snapshots(std::string hash);
-  // Saves the dirty owner of `slot` (other than `hash`) before its content is erased for an
-  // overwrite; why not, or nullopt. REQUIRES: the exclusive lease.
-  net::awaitable<std::optional<std::string>> save_owner_before_overwrite(int slot,
-                                                                         const std::string& hash);
-  // llama-server saves the erased `slot` over both generation files of `hash`, the one the
-  // manifest does not name first. Why a file still holds the session's KV, or nullopt.
-  // REQUIRES: the slot's lease, the slot erased by the caller.
-  net::awaitable<std::optional<std::string>> overwrite_generations(int slot, std::string hash);
-  // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
-  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
-  // nothing is forgotten without its files overwritten (gc waits while persistence is off).
-  bool disk_budget_on() const;
-  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
-  // a snapshot that seeds new sessions stays while it is used.
-  std::vector<core::retention_entry> retention_by_use() const;
-  core::retention_limits disk_budget_limits() const;
-  // After a save that wrote `saved` on `slot`: forgets, by overwriting their files from that
-  // slot, the sessions that leave no room for one more snapshot under the budget. The saved
-  // session, the sessions in use, with a commit in flight or being restored are kept.
-  // REQUIRES: the slot's lease; its content is saved (the slot is erased when it evicts).
-  net::awaitable<void> keep_disk_budget(int slot, core::manifest saved);
-  // Erases `slot` once and overwrites each evicted session's files from it; stops at the
-  // first failure (that session is kept). Returns how many were forgotten and their bytes.
-  net::awaitable<gc_report> overwrite_evicted(int slot, std::vector<core::retention_eviction> evict);
-  // run_gc in server-owned mode with a disk budget: every eviction overwrites its files.
-  net::awaitable<gc_report> run_gc_overwriting();
   net::awaitable<void> load_state();
   // The first sighting of `h` in this process: its time, its log line and hints.json.
   net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
@@ -438,14 +299,6 @@ class coordinator {
   // A save's commit in flight, by session hash: planning for that session, or its slot,
   // waits for it.
   commit_pipeline commits_{strand_};
-  // Snapshots a plan is restoring now, by session hash (a seed is another session's): the
-  // disk budget never overwrites them.
-  std::multiset<std::string> restoring_;
-  // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
-  // the epoch: retention ranks a snapshot by its last save or use (retention_by_use).
-  std::map<std::string, std::int64_t> restored_at_;
-  std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
-  bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
 
   lease_queue leases_;  // who holds which slot, who waits (proxy/control/lease_queue.hpp)
   std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
@@ -466,21 +319,20 @@ class coordinator {
   core::runtime_watch watch_{opts_.sleep_idle};
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
   std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
-  net::steady_timer gc_timer_;
 
   // Metrics not kept by the core.
-  core::histogram save_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
-  core::histogram restore_ms_{{1, 5, 10, 50, 100, 500, 1000, 5000, 15000, 60000}};
-  core::histogram save_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
-  core::histogram restore_bytes_{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
   core::reuse_stats reuse_;  // what restores and cold starts earned
   // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
   std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
   std::array<std::string, core::hint_count> hint_first_seen_;
-  std::uint64_t gc_freed_bytes_ = 0;
-  std::uint64_t gc_evicted_ = 0;
-  std::uint64_t sessions_forgotten_ = 0;  // server-owned mode: manifests dropped, files kept
   std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
+  // The plans' save, restore and erase calls and the manifest and file-pool work; declared
+  // last, after everything it refers to.
+  slot_actions actions_;
+  // Retention: gc, the session budget, the disk budget and server-owned overwrites.
+  retention_keeper retention_;
+  // The admin API's session operations and reads.
+  session_admin admin_;
 };
 
 }  // namespace kvp::proxy

@@ -35,7 +35,7 @@ net::awaitable<void> coordinator::record_hint(core::hint_id h, std::string seen_
   std::function<core::result<core::unit>()> work = [store = store_, seen] {
     return store.write_hints(seen);
   };
-  const auto w = co_await on_file_pool<core::unit>("writing hints.json", std::move(work));
+  const auto w = co_await actions_.on_file_pool<core::unit>("writing hints.json", std::move(work));
   if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
 }
 

@@ -1,5 +1,5 @@
-// Helpers shared by the coordinator's translation units (coordinator.cpp and its
-// coordinator_*.cpp parts); not part of the coordinator's interface.
+// Helpers shared by the coordinator's translation units (coordinator.cpp, its coordinator_*.cpp
+// parts and the types it is made of); not part of the coordinator's interface.
 #pragma once
 
 #include <chrono>
@@ -7,7 +7,6 @@
 #include <string>
 
 #include "core/utc_time.hpp"
-#include "proxy/control/coordinator.hpp"
 
 namespace kvp::proxy::detail {
 
@@ -23,15 +22,3 @@ inline std::int64_t unix_now() {
 }
 
 }  // namespace kvp::proxy::detail
-
-namespace kvp::proxy {
-
-template <class T>
-net::awaitable<core::result<T>> coordinator::on_file_pool(std::string_view what,
-                                                          std::function<core::result<T>()> work) {
-  auto r = co_await files_.run<T>(what, std::move(work));
-  if (!r) pool_.on_file_failure(r.err(), std::chrono::steady_clock::now());
-  co_return r;
-}
-
-}  // namespace kvp::proxy

@@ -33,13 +33,6 @@ std::int64_t snapshot_age_s(const core::manifest& m) {
   return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
 }
 
-session_row row_of(core::slot_pool::session_view v) {
-  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
-                std::nullopt, v.reuse};
-  if (v.snapshot) r.snapshot = *v.snapshot;
-  return r;
-}
-
 void write_snapshot(json_writer& w, const core::manifest& m) {
   w.StartObject();
   w.Key("state");
@@ -356,18 +349,6 @@ std::string coordinator::status_json() const {
   return sb.GetString();
 }
 
-session_page coordinator::sessions_page(const std::string& after, std::size_t limit) const {
-  session_page page{opts_.server_name, {}, {}};
-  auto views = pool_.sessions_after(after, limit + 1);
-  if (views.size() > limit) {
-    views.resize(limit);
-    page.next = views.back().hash;
-  }
-  page.sessions.reserve(views.size());
-  for (auto& v : views) page.sessions.push_back(row_with_reuse(std::move(v)));
-  return page;
-}
-
 std::string sessions_page_json(const session_page& page) {
   rapidjson::StringBuffer sb;
   json_writer w(sb);
@@ -384,18 +365,6 @@ std::string sessions_page_json(const session_page& page) {
   }
   w.EndObject();
   return sb.GetString();
-}
-
-session_row coordinator::row_with_reuse(core::slot_pool::session_view v) const {
-  auto row = row_of(std::move(v));
-  row.last_restore = reuse_.last_restore(row.hash);
-  return row;
-}
-
-std::optional<session_row> coordinator::session(const std::string& hash_or_id) const {
-  auto v = pool_.session(resolve_session(hash_or_id).hash);
-  if (!v) return std::nullopt;
-  return row_with_reuse(std::move(*v));
 }
 
 std::string session_json(const session_row& row) {
@@ -423,23 +392,25 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());
   write_hint_counters(m, hints_seen_);
-  m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.", gc_evicted_);
-  m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.", gc_freed_bytes_);
+  m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.",
+            retention_.counters().gc_evicted);
+  m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.",
+            retention_.counters().gc_freed_bytes);
   m.counter("kvpersist_session_forgotten_total",
             "Sessions retention forgot in server-owned mode (their snapshot files stay with "
             "llama-server).",
-            sessions_forgotten_);
+            retention_.counters().sessions_forgotten);
   m.counter("kvpersist_session_rate_limited_total",
             "Requests for a new session refused by limits.newSessionsPerMinute (429).",
             sessions_rate_limited_);
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
-  w.histo("kvpersist_save_duration_ms", m.labels, save_ms_);
+  w.histo("kvpersist_save_duration_ms", m.labels, actions_.metrics().save_ms);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");
-  w.histo("kvpersist_restore_duration_ms", m.labels, restore_ms_);
+  w.histo("kvpersist_restore_duration_ms", m.labels, actions_.metrics().restore_ms);
   w.family("kvpersist_save_bytes", "histogram", "Snapshot size per save.");
-  w.histo("kvpersist_save_bytes", m.labels, save_bytes_);
+  w.histo("kvpersist_save_bytes", m.labels, actions_.metrics().save_bytes);
   w.family("kvpersist_restore_bytes", "histogram", "Snapshot size per restore.");
-  w.histo("kvpersist_restore_bytes", m.labels, restore_bytes_);
+  w.histo("kvpersist_restore_bytes", m.labels, actions_.metrics().restore_bytes);
   write_snapshot_gauges(m, pool_);
   m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", leases_.waiting());
   write_state_gauges(m, pool_);

@@ -160,8 +160,8 @@ net::awaitable<void> coordinator::reload_compatibility() {
   std::function<core::result<manifest_store::compatibility_record>()> work = [store] {
     return core::result<manifest_store::compatibility_record>(store.read_compatibility_record());
   };
-  auto r = co_await on_file_pool<manifest_store::compatibility_record>("reading compatibility.json",
-                                                                       std::move(work));
+  auto r = co_await actions_.on_file_pool<manifest_store::compatibility_record>(
+      "reading compatibility.json", std::move(work));
   if (r) compatibility_ = std::move(r.value());
 }
 
@@ -180,7 +180,7 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
     return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
   };
-  auto read_back = co_await on_file_pool<std::vector<core::behaviour_signature>>(
+  auto read_back = co_await actions_.on_file_pool<std::vector<core::behaviour_signature>>(
       "reading the behaviour classes", std::move(read));
   if (!read_back) co_return suspect_behaviour(read_back.err().message);
   auto known = std::move(read_back.value());
@@ -197,7 +197,8 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
     return store.write_behaviours(meta_fp, known);
   };
-  const auto w = co_await on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
+  const auto w =
+      co_await actions_.on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
   if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
   const auto id = core::behaviour_class_id(first.value());
   if (known.size() > 1) {
@@ -336,7 +337,7 @@ net::awaitable<void> coordinator::record_learned_sleep(std::chrono::seconds peri
   std::function<core::result<core::unit>()> work = [store, period] {
     return store.write_learned_sleep(period);
   };
-  const auto w = co_await on_file_pool<core::unit>("writing sleep.json", std::move(work));
+  const auto w = co_await actions_.on_file_pool<core::unit>("writing sleep.json", std::move(work));
   if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
 }
 
@@ -346,7 +347,8 @@ net::awaitable<void> coordinator::load_learned_sleep() {
   std::function<core::result<std::chrono::seconds>()> work = [store] {
     return core::result<std::chrono::seconds>(store.read_learned_sleep());
   };
-  auto r = co_await on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
+  auto r =
+      co_await actions_.on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
   if (r && r.value().count() > 0) adopt_sleep_period(r.value());
 }
 
@@ -389,7 +391,7 @@ net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_tic
   if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
   for (int id : pool_.slot_ids())
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await run_save(*s);
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await actions_.run_save(*s);
   auto before = co_await backend_->read_lora_adapters();
   lora_before_.reset();
   if (before) lora_before_ = std::move(before.value());

@@ -1,6 +1,6 @@
 // Tests for proxy/control/commit_pipeline.hpp: the saves whose commit is in flight
 // (docs/design.md §11) and their waiters, driven on an io_context's strand as the coordinator
-// drives them (proxy/control/coordinator_plan.cpp).
+// drives them (proxy/control/slot_actions.cpp).
 #include "proxy/control/commit_pipeline.hpp"
 
 #include <catch2/catch.hpp>

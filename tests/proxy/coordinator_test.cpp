@@ -232,7 +232,7 @@ struct harness : kvp::testing::coordinator_on_fake {
     return owner_of_slot0() == std::string(kvp::core::abbrev(hash(session)));
   }
   std::string slot0_state() const { return status()["slots"][rapidjson::SizeType{0}]["state"].GetString(); }
-  bool known(const std::string& hash_or_id) const { return coord->session(hash_or_id).has_value(); }
+  bool known(const std::string& hash_or_id) const { return coord->admin().session(hash_or_id).has_value(); }
 
   // The session's key under the runtime the server reports (core/slot_pool.hpp: hash_for).
   std::string hash(const std::string& session) const {
@@ -315,7 +315,7 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   // The runtime's fingerprint as the coordinator computed it (the probe, runtimeKey and the
   // behaviour class): its own record of A's snapshot carries it, and a restarted proxy
   // restores only a manifest whose fingerprint it computes again ("after a proxy restart").
-  const auto row = h.coord->session("A");
+  const auto row = h.coord->admin().session("A");
   REQUIRE(row);
   REQUIRE(row->snapshot);
   CHECK(ma->runtime_fingerprint == row->snapshot->runtime_fingerprint);
@@ -969,12 +969,12 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   temp_dir tmp;
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
-  auto r = h.run(h.coord->admin_restore(h.hash("A")));
+  auto r = h.run(h.coord->admin().restore(h.hash("A")));
   CHECK(r.result == admin_result::restored);
   CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
   CHECK(h.owner_is("A"));
-  auto page = h.coord->sessions_page("", 10);
+  auto page = h.coord->admin().sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());
 }
@@ -1002,7 +1002,7 @@ TEST_CASE("purge in server-owned mode overwrites both generations with an empty 
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
   REQUIRE(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);
-  auto r = h.run(h.coord->admin_purge(h.hash("A")));
+  auto r = h.run(h.coord->admin().purge(h.hash("A")));
   CHECK(r.result == admin_result::purged);
   // B's unsaved turns are saved before the slot is used; then the slot is erased and its
   // empty content saved over both of A's names: the files hold no token of A's prompt.
@@ -1022,7 +1022,7 @@ TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
   h.fake->fail_next_erase(failure::http(500));
-  auto r = h.run(h.coord->admin_purge(h.hash("A")));
+  auto r = h.run(h.coord->admin().purge(h.hash("A")));
   CHECK(r.result == admin_result::purged_files_kept);
   CHECK(answer_admin_outcome(r).status == 502);
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call()});
@@ -1043,7 +1043,7 @@ TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coor
   std::vector<std::string> seen;
   std::string after;
   for (int pages = 1;; ++pages) {
-    auto page = h.coord->sessions_page(after, 2);
+    auto page = h.coord->admin().sessions_page(after, 2);
     for (const auto& row : page.sessions) seen.push_back(row.hash);
     if (page.next.empty()) {
       CHECK(pages == 3);
@@ -1070,7 +1070,7 @@ TEST_CASE("server-owned budget: a new session's manifest makes the oldest clean 
   const bool s1_kept = h.manifest_on_disk("S1").has_value();
   CHECK(s0_kept != s1_kept);
   CHECK(h.manifest_on_disk("S2"));
-  CHECK(h.coord->sessions_page("", 10).sessions.size() == 3);  // two snapshots + resident S3
+  CHECK(h.coord->admin().sessions_page("", 10).sessions.size() == 3);  // two snapshots + resident S3
   CHECK(h.fake->snapshot_tokens(h.file(s0_kept ? "S1" : "S0", 'a')) == 100u);
 }
 
@@ -1162,7 +1162,7 @@ TEST_CASE("a new session over its credential's rate is refused with Retry-After,
   CHECK(refused.code == kvp::core::errc::session_rate);
   CHECK(refused.retry_after == 30s);
   CHECK(h.fake->slot_calls().empty());
-  CHECK_FALSE(h.coord->session("B2"));
+  CHECK_FALSE(h.coord->admin().session("B2"));
   CHECK(h.owner_is("B1"));
   CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
   CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
@@ -1182,7 +1182,7 @@ TEST_CASE("records without a snapshot are bounded by retention.maxSessions",
   for (int i = 0; i < 10; ++i) h.request("S" + std::to_string(i), 0);  // an empty slot each
   CHECK(h.fake->snapshot_tokens(h.file("S0", 'a')) == 0u);  // what an empty save leaves
   std::vector<std::string> known;
-  for (const auto& row : h.coord->sessions_page("", 100).sessions) known.push_back(row.hash);
+  for (const auto& row : h.coord->admin().sessions_page("", 100).sessions) known.push_back(row.hash);
   std::vector<std::string> expected{h.hash("A"), h.hash("S7"), h.hash("S8"), h.hash("S9")};
   std::sort(expected.begin(), expected.end());
   CHECK(known == expected);

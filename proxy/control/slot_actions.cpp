@@ -1,13 +1,14 @@
-// The coordinator's plan execution (docs/design.md §6, §8, §9): the save, restore and erase a
-// core::prepare_plan asks for, with their checks, logs, metrics and manifest writes. Requests
-// (coordinator::prepare) and the admin API run plans only through execute.
+// The save, restore and erase a core::prepare_plan asks for (docs/design.md §6, §8, §9), with
+// their checks, logs, metrics and manifest writes. Requests (slot_actions::prepare) and the
+// admin API run plans only through execute.
+#include "proxy/control/slot_actions.hpp"
+
 #include <chrono>
 
 #include <fmt/format.h>
 
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
-#include "proxy/control/coordinator.hpp"
 #include "proxy/control/coordinator_internal.hpp"
 #include "proxy/http/listen.hpp"
 
@@ -24,7 +25,20 @@ std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 }  // namespace
 
-net::awaitable<core::result<core::unit>> coordinator::write_manifest(core::manifest m) {
+slot_actions::slot_actions(backends::kv_backend& backend, const manifest_store& store,
+                           core::slot_pool& pool, file_io& files, commit_pipeline& commits,
+                           const snapshot_files& snapshots, core::reuse_stats& reuse,
+                           slot_action_hooks hooks)
+    : backend_(backend),
+      store_(store),
+      pool_(pool),
+      files_(files),
+      commits_(commits),
+      snapshots_(snapshots),
+      reuse_(reuse),
+      hooks_(std::move(hooks)) {}
+
+net::awaitable<core::result<core::unit>> slot_actions::write_manifest(core::manifest m) {
   const auto store = store_;
   std::function<core::result<core::unit>()> work = [store, m] { return store.write(m); };
   const auto r = co_await on_file_pool<core::unit>("manifest write", std::move(work));
@@ -36,11 +50,11 @@ net::awaitable<core::result<core::unit>> coordinator::write_manifest(core::manif
   }
   const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
   pool_.store_manifest(m);
-  if (new_session) co_await enforce_session_budget();
+  if (new_session) co_await hooks_.session_added();
   co_return core::unit{};
 }
 
-net::awaitable<std::optional<core::manifest>> coordinator::read_manifest(std::string hash) {
+net::awaitable<std::optional<core::manifest>> slot_actions::read_manifest(std::string hash) {
   const auto store = store_;
   std::function<core::result<std::optional<core::manifest>>()> work = [store, hash] {
     return core::result<std::optional<core::manifest>>(store.read(hash));
@@ -50,7 +64,7 @@ net::awaitable<std::optional<core::manifest>> coordinator::read_manifest(std::st
   co_return std::move(r.value());
 }
 
-net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save(
+net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_save(
     core::save_step step) {
   // Never two saves of one session in flight: the generation chosen below must be the one
   // the manifest on disk does not name, and a commit in flight is about to change that.
@@ -66,14 +80,14 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
   }
   log(log_level::debug, "kv.session.save.start",
       {{"session", sess}, {"slot", std::to_string(step.slot)}, {"file", step.filename}});
-  auto r = co_await backend_->save(step.slot, step.filename);
+  auto r = co_await backend_.save(step.slot, step.filename);
   if (r) {
-    save_ms_.observe(r->save_ms);
-    save_bytes_.observe(static_cast<double>(r->n_written));
+    metrics_.save_ms.observe(r->save_ms);
+    metrics_.save_bytes.observe(static_cast<double>(r->n_written));
   }
   auto d = pool_.on_save(step, r, steady_clock::now(), wall_now());
   if (!d.ok) {
-    note_slot_error(d.err);
+    hooks_.slot_error(d.err);
     log(log_level::warn, "kv.session.save.failed",
         {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
          {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
@@ -82,17 +96,18 @@ net::awaitable<core::result<coordinator::commit_handle>> coordinator::start_save
   auto pc = commits_.begin(step.hash);
   const std::uint64_t bytes = r->n_written;
   const auto saved = *d.write;
-  net::co_spawn(strand_, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
+  const auto strand = co_await net::this_coro::executor;
+  net::co_spawn(strand, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
   // The slot still holds what was just saved, under the caller's lease: the one moment it
   // can overwrite other sessions' files without costing anyone their KV.
-  if (disk_budget_on()) co_await keep_disk_budget(step.slot, saved);
+  co_await hooks_.saved(step.slot, saved);
   co_return pc;
 }
 
 // The commit (docs/design.md §11): the snapshot file complete and durable before the manifest
 // points at it. Until the manifest is written the previous generation stays the one a restore
 // (or a restarted kvpersist) uses, so a crash anywhere in between loses only this save.
-net::awaitable<void> coordinator::commit_save(core::save_step step, core::manifest m,
+net::awaitable<void> slot_actions::commit_save(core::save_step step, core::manifest m,
                                               std::uint64_t bytes,
                                               commit_handle pc) {
   const auto sess = std::string(core::abbrev(step.hash));
@@ -126,11 +141,11 @@ net::awaitable<void> coordinator::commit_save(core::save_step step, core::manife
         {{"session", sess}, {"code", std::string(core::to_string(out.err().code))},
          {"status", "0"}, {"reason", out.err().message}});
   }
-  log_circuit_changes();
+  hooks_.commit_ended();
   commits_.settle(step.hash, pc, std::move(out));
 }
 
-net::awaitable<core::result<core::unit>> coordinator::run_save(core::save_step s) {
+net::awaitable<core::result<core::unit>> slot_actions::run_save(core::save_step s) {
   auto saved = co_await start_save(std::move(s));
   if (!saved) co_return saved.err();
   auto pc = std::move(saved.value());
@@ -140,17 +155,18 @@ net::awaitable<core::result<core::unit>> coordinator::run_save(core::save_step s
 // The plan's restore, checked against the file first in shared-filesystem mode.
 // Whose snapshot a restore loads: another session's (seed), or the session's own, made by
 // header or by content.
-restore_source coordinator::source_of(const core::restore_step& rs) const {
-  if (!rs.seed_for.empty()) return restore_source::seed;
+core::restore_source slot_actions::source_of(const core::restore_step& rs) const {
+  if (!rs.seed_for.empty()) return core::restore_source::seed;
   const auto* m = pool_.find_manifest(rs.hash);
-  return m && core::is_content_session(m->session_id) ? restore_source::content
-                                                      : restore_source::own;
+  return m && core::is_content_session(m->session_id) ? core::restore_source::content
+                                                      : core::restore_source::own;
 }
 
 // Shared-filesystem mode: the file llama-server is about to read is the one that was saved
 // (size and checksum, docs/design.md §9), checked on the file pool. Server-owned mode: nothing
 // to check.
-net::awaitable<core::result<core::unit>> coordinator::check_snapshot(const core::restore_step& rs) {
+net::awaitable<core::result<core::unit>> slot_actions::check_snapshot(
+    const core::restore_step& rs) {
   if (!snapshots_.shared()) co_return core::unit{};
   const auto* m = pool_.find_manifest(rs.hash);
   const auto files = snapshots_;
@@ -163,7 +179,7 @@ net::awaitable<core::result<core::unit>> coordinator::check_snapshot(const core:
   co_return co_await on_file_pool<core::unit>("snapshot check", std::move(work));
 }
 
-net::awaitable<core::restore_decision> coordinator::run_restore(const core::restore_step& rs) {
+net::awaitable<core::restore_decision> slot_actions::run_restore(const core::restore_step& rs) {
   // A seed restores another session's snapshot (rs.hash) for rs.seed_for (docs/design.md §3).
   const bool seed = !rs.seed_for.empty();
   const auto sess = std::string(core::abbrev(seed ? rs.seed_for : rs.hash));
@@ -178,11 +194,11 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
     // slot is untouched and llama-server's own prefix check keeps the cold run correct.
     r = checked.err();
   } else {
-    r = co_await backend_->restore(rs.slot, rs.filename);
+    r = co_await backend_.restore(rs.slot, rs.filename);
   }
   if (r) {
-    restore_ms_.observe(r->restore_ms);
-    restore_bytes_.observe(static_cast<double>(r->n_read));
+    metrics_.restore_ms.observe(r->restore_ms);
+    metrics_.restore_bytes.observe(static_cast<double>(r->n_read));
   }
   auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
   if (d.write) {
@@ -193,7 +209,7 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
         {{"session", from}, {"reason", d.write->invalid_reason}});
   }
   if (d.restored) {
-    restored_at_[rs.hash] = detail::unix_now();
+    hooks_.restored(rs.hash);
     const auto source = source_of(rs);
     reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source);
     log(log_level::info, "kv.session.restore.success",
@@ -209,21 +225,21 @@ net::awaitable<core::restore_decision> coordinator::run_restore(const core::rest
        {"status", std::to_string(r ? 200 : r.err().http_status)},
        {"reason", r ? d.err.message : r.err().message},
        {"effect", "cold prefill"}});
-  note_slot_error(d.err);
+  hooks_.slot_error(d.err);
   co_return d;
 }
 
 // The plan's calls in order: save, then restore or erase (an erase also after a restore that
 // left the slot's content unknown). Requests and the admin API run plans through here alike;
 // with `stop_on_failure` (strict mode) the first failure ends the plan.
-net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepare_plan& plan,
+net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prepare_plan& plan,
                                                             bool stop_on_failure) {
   plan_result out;
   // The departing session's commit runs while the slot is restored or erased for the
   // arriving one; the request is forwarded only once both are done (docs/design.md §11).
   commit_handle commit;
   // The snapshot about to be restored (a seed is another session's) is kept by the disk
-  // budget, which a save may enforce (keep_disk_budget).
+  // budget, which a save may enforce (slot_action_hooks::saved).
   const auto restoring = plan.restore ? restoring_.insert(plan.restore->hash) : restoring_.end();
   if (plan.save) {
     const auto step = *plan.save;
@@ -268,12 +284,12 @@ net::awaitable<coordinator::plan_result> coordinator::execute(const core::prepar
 }
 
 // A cold start's erase; the error code when it failed.
-net::awaitable<std::optional<core::errc>> coordinator::run_erase(int slot) {
-  auto r = co_await backend_->erase(slot);
+net::awaitable<std::optional<core::errc>> slot_actions::run_erase(int slot) {
+  auto r = co_await backend_.erase(slot);
   if (pool_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
   const auto code = !r && r.err().code == core::errc::slot_not_found ? core::errc::slot_not_found
                                                                      : core::errc::erase_failed;
-  if (!r) note_slot_error(r.err());
+  if (!r) hooks_.slot_error(r.err());
   log(log_level::warn, "kv.slot.erase.failed",
       {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(code))},
        {"reason", r ? "" : r.err().message}});

@@ -1,23 +1,53 @@
-// Retention (docs/design.md §12): core::plan_retention decides which sessions to forget;
-// the coordinator forgets them, deletes their files in shared-filesystem mode, has
-// llama-server overwrite them in server-owned mode with a disk budget, and runs gc on its
-// interval, on demand (POST /kv/gc), as new sessions arrive and after saves (disk budget).
+// Retention (docs/design.md §12): what core::plan_retention decided, carried out.
+#include "proxy/control/retention_keeper.hpp"
+
 #include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "core/identity.hpp"
 #include "core/log.hpp"
 #include "core/retention.hpp"
-#include "proxy/control/coordinator.hpp"
 #include "proxy/control/coordinator_internal.hpp"
 
 namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
+using std::chrono::steady_clock;
+
+retention_keeper::retention_keeper(net::any_io_executor strand, core::retention_limits limits,
+                                   std::chrono::milliseconds interval,
+                                   backends::kv_backend& backend, core::slot_pool& pool,
+                                   slot_actions& actions, commit_pipeline& commits,
+                                   const manifest_store& store, const snapshot_files& snapshots,
+                                   core::reuse_stats& reuse, server_holder hold_server)
+    : limits_(limits),
+      interval_(interval),
+      backend_(backend),
+      pool_(pool),
+      actions_(actions),
+      commits_(commits),
+      store_(store),
+      snapshots_(snapshots),
+      reuse_(reuse),
+      hold_server_(std::move(hold_server)),
+      gc_timer_(std::move(strand)) {}
+
+void retention_keeper::stop() {
+  stopped_ = true;
+  gc_timer_.cancel();
+}
+
+void retention_keeper::note_restored(const std::string& hash) {
+  restored_at_[hash] = detail::unix_now();
+}
+
+void retention_keeper::forget(const std::string& hash) { restored_at_.erase(hash); }
 
 // What deleting a session's files did.
 struct files_removed {
@@ -25,10 +55,10 @@ struct files_removed {
   std::uint64_t snapshot_bytes = 0;             // shared-filesystem mode only
 };
 
-net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
+net::awaitable<std::uint64_t> retention_keeper::drop_session(std::string hash) {
   pool_.forget(hash);
   reuse_.forget(hash);
-  restored_at_.erase(hash);
+  forget(hash);
   const auto store = store_;
   const auto files = snapshots_;
   std::function<core::result<files_removed>()> work = [store, files, hash] {
@@ -37,7 +67,7 @@ net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
     out.snapshot_bytes = files.remove(hash);
     return core::result<files_removed>(out);
   };
-  const auto removed = co_await on_file_pool<files_removed>("deleting a session's files",
+  const auto removed = co_await actions_.on_file_pool<files_removed>("deleting a session's files",
                                                            std::move(work));
   if (!removed || removed->manifest_problem)
     log(log_level::warn, "kv.manifest.remove_failed",
@@ -48,26 +78,26 @@ net::awaitable<std::uint64_t> coordinator::drop_session(std::string hash) {
 // REQUIRES: the session is not in use. Returns the bytes freed (shared-filesystem mode only:
 // in server-owned mode the files are llama-server's, and kvpersist names them once in the log
 // for the operator, see README "Retention").
-net::awaitable<std::uint64_t> coordinator::forget_session(core::retention_eviction e) {
+net::awaitable<std::uint64_t> retention_keeper::forget_session(core::retention_eviction e) {
   if (commits_.in_flight(e.hash)) co_return 0;  // being saved: the next run decides again
   const auto freed = co_await drop_session(e.hash);
   const auto sess = std::string(core::abbrev(e.hash));
   if (!snapshots_.shared()) {
-    ++sessions_forgotten_;
+    ++counters_.sessions_forgotten;
     log(log_level::info, "kv.session.forgotten",
         {{"session", sess}, {"why", std::string(e.why)},
          {"files", core::snapshot_filename(e.hash, 'a') + "," + core::snapshot_filename(e.hash, 'b')}});
     co_return 0;
   }
-  ++gc_evicted_;
-  gc_freed_bytes_ += freed;
+  ++counters_.gc_evicted;
+  counters_.gc_freed_bytes += freed;
   log(log_level::info, "kv.gc.evicted",
       {{"session", sess}, {"bytes", std::to_string(freed)}, {"why", std::string(e.why)}});
   co_return freed;
 }
 
 // REQUIRES: lease held (we may forget sessions).
-net::awaitable<gc_report> coordinator::run_gc() {
+net::awaitable<gc_report> retention_keeper::run_gc() {
   if (disk_budget_on()) co_return co_await run_gc_overwriting();
   auto entries = retention_by_use();
   if (snapshots_.shared()) {
@@ -79,7 +109,7 @@ net::awaitable<gc_report> coordinator::run_gc() {
       for (const auto& h : hashes) sizes.push_back(files.bytes(h));
       return core::result<std::vector<std::uint64_t>>(std::move(sizes));
     };
-    const auto sizes = co_await on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
+    const auto sizes = co_await actions_.on_file_pool<std::vector<std::uint64_t>>("sizing snapshots",
                                                                         std::move(work));
     if (!sizes) {
       // Without the sizes the byte budget cannot be judged: nothing is evicted this time.
@@ -88,10 +118,7 @@ net::awaitable<gc_report> coordinator::run_gc() {
     }
     for (std::size_t i = 0; i < entries.size(); ++i) entries[i].bytes = sizes.value()[i];
   }
-  const core::retention_limits limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
-                                      opts_.retention_max_age_days,
-                                      opts_.retention_max_sessions_per_credential};
-  const auto plan = core::plan_retention(std::move(entries), limits, detail::unix_now());
+  const auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now());
   std::uint64_t freed = 0;
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
@@ -105,12 +132,12 @@ net::awaitable<gc_report> coordinator::run_gc() {
 // a burst of new sessions never outgrows them. Only the counts, the whole one and each
 // credential's (sizes and ages wait for gc). Off when gc runs only on demand
 // (retention.intervalMs 0).
-net::awaitable<void> coordinator::enforce_session_budget() {
-  const auto per_credential = opts_.retention_max_sessions_per_credential;
-  if (opts_.retention_max_sessions == 0 && per_credential == 0) co_return;
-  if (opts_.retention_interval.count() == 0) co_return;
+net::awaitable<void> retention_keeper::enforce_session_budget() {
+  const auto per_credential = limits_.max_sessions_per_credential;
+  if (limits_.max_sessions == 0 && per_credential == 0) co_return;
+  if (interval_.count() == 0) co_return;
   if (disk_budget_on()) co_return;  // keep_disk_budget applies the counts at every save
-  const core::retention_limits counts{0, opts_.retention_max_sessions, 0, per_credential};
+  const core::retention_limits counts{0, limits_.max_sessions, 0, per_credential};
   const auto plan = core::plan_retention(retention_by_use(), counts, detail::unix_now());
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
@@ -118,7 +145,7 @@ net::awaitable<void> coordinator::enforce_session_budget() {
   }
 }
 
-std::vector<core::retention_entry> coordinator::retention_by_use() const {
+std::vector<core::retention_entry> retention_keeper::retention_by_use() const {
   auto entries = pool_.retention_entries();
   for (auto& e : entries)
     if (const auto it = restored_at_.find(e.hash); it != restored_at_.end())
@@ -126,21 +153,22 @@ std::vector<core::retention_entry> coordinator::retention_by_use() const {
   return entries;
 }
 
-bool coordinator::disk_budget_on() const {
-  return !snapshots_.shared() && opts_.retention_max_bytes > 0;
+bool retention_keeper::disk_budget_on() const {
+  return !snapshots_.shared() && limits_.max_total_bytes > 0;
 }
 
 // Every limit, the byte budget less room for one more snapshot as large as the largest seen:
 // llama-server writes a save before kvpersist learns its size, so the room is made before.
-core::retention_limits coordinator::disk_budget_limits() const {
-  const auto budget = opts_.retention_max_bytes;
+core::retention_limits retention_keeper::disk_budget_limits() const {
+  const auto budget = limits_.max_total_bytes;
   const auto room = std::min(budget - 1, largest_snapshot_file_);
-  return core::retention_limits{budget - room, opts_.retention_max_sessions,
-                                opts_.retention_max_age_days,
-                                opts_.retention_max_sessions_per_credential};
+  return core::retention_limits{budget - room, limits_.max_sessions,
+                                limits_.max_age_days,
+                                limits_.max_sessions_per_credential};
 }
 
-net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest saved) {
+net::awaitable<void> retention_keeper::keep_disk_budget(int slot, core::manifest saved) {
+  if (!disk_budget_on()) co_return;
   largest_snapshot_file_ = std::max(largest_snapshot_file_, saved.bytes);
   auto entries = retention_by_use();
   // The session just saved counts as its commit will record it, and is never evicted by its
@@ -149,13 +177,13 @@ net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest save
   entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
                      saved.credential});
   for (auto& e : entries)
-    e.in_use = e.in_use || commits_.in_flight(e.hash) || restoring_.contains(e.hash);
+    e.in_use = e.in_use || commits_.in_flight(e.hash) || actions_.restoring(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
-  const bool over = plan.remaining_bytes > opts_.retention_max_bytes;
+  const bool over = plan.remaining_bytes > limits_.max_total_bytes;
   if (over && !warned_over_budget_)
     log(log_level::warn, "kv.gc.over_budget",
         {{"bytes", std::to_string(plan.remaining_bytes)},
-         {"budget", std::to_string(opts_.retention_max_bytes)},
+         {"budget", std::to_string(limits_.max_total_bytes)},
          {"effect", "the snapshots in use alone exceed retention.maxTotalBytes"}});
   warned_over_budget_ = over;
   if (plan.evict.empty()) co_return;
@@ -163,12 +191,12 @@ net::awaitable<void> coordinator::keep_disk_budget(int slot, core::manifest save
   (void)done;  // logged and counted per session
 }
 
-net::awaitable<gc_report> coordinator::overwrite_evicted(
+net::awaitable<gc_report> retention_keeper::overwrite_evicted(
     int slot, std::vector<core::retention_eviction> evict) {
   gc_report out;
   // The slot's content goes: whoever owned it (saved) restores on its next request.
   pool_.forget_slot(slot);
-  if (const auto code = co_await run_erase(slot)) {
+  if (const auto code = co_await actions_.run_erase(slot)) {
     log(log_level::warn, "kv.gc.overwrite_failed",
         {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(*code))},
          {"effect", "nothing evicted until the next save"}});
@@ -184,8 +212,8 @@ net::awaitable<gc_report> coordinator::overwrite_evicted(
     }
     const auto deleted = co_await drop_session(e.hash);
     (void)deleted;  // 0: llama-server's files, overwritten above
-    ++gc_evicted_;
-    gc_freed_bytes_ += e.bytes;
+    ++counters_.gc_evicted;
+    counters_.gc_freed_bytes += e.bytes;
     ++out.evicted;
     out.freed_bytes += e.bytes;
     log(log_level::info, "kv.gc.evicted",
@@ -197,7 +225,7 @@ net::awaitable<gc_report> coordinator::overwrite_evicted(
 
 // The exclusive lease is held: the slot used is an empty one, else the first, whose dirty
 // owner is saved first (that save keeps the budget itself; what is left is planned after).
-net::awaitable<gc_report> coordinator::run_gc_overwriting() {
+net::awaitable<gc_report> retention_keeper::run_gc_overwriting() {
   auto report = [this](const gc_report& done) {
     const auto left = pool_.retention_entries();
     std::uint64_t bytes = 0;
@@ -211,7 +239,7 @@ net::awaitable<gc_report> coordinator::run_gc_overwriting() {
         {{"reason", "persistence is off: the disk budget needs slot actions"}});
     co_return report({});
   }
-  const int slot = purge_slot("");
+  const int slot = overwrite_slot("");
   if (auto why = co_await save_owner_before_overwrite(slot, "")) {
     log(log_level::warn, "kv.gc.skipped", {{"reason", *why}});
     co_return report({});
@@ -224,17 +252,64 @@ net::awaitable<gc_report> coordinator::run_gc_overwriting() {
   co_return report(done);
 }
 
-net::awaitable<gc_report> coordinator::admin_gc() {
-  const auto hold = co_await acquire_internal();
-  co_return co_await run_gc();
+// The slot a server-owned overwrite uses: the session's own, else an empty one, else the
+// first. REQUIRES: the exclusive lease.
+int retention_keeper::overwrite_slot(const std::string& hash) const {
+  if (const int own = pool_.slot_of(hash); own >= 0) return own;
+  for (int id : pool_.slot_ids())
+    if (pool_.content(id).whose == core::content_whose::empty) return id;
+  return pool_.slot_ids().front();
 }
 
-net::awaitable<void> coordinator::gc_loop() {
+// Server-owned mode (docs/design.md §12, "Purge"): kvpersist cannot delete llama-server's
+// files, so it erases a slot and saves that empty slot over both generations of the session:
+// what was the prompt's KV becomes an empty-slot header. A dirty owner of the slot used is
+// saved first and then let go (its next request restores). Returns why a file still holds the
+// session's KV, or nullopt when both were overwritten. REQUIRES: the exclusive lease.
+net::awaitable<std::optional<std::string>> retention_keeper::overwrite_snapshots(std::string hash) {
+  if (!pool_.persistence_enabled()) co_return "persistence is off: no slot action is possible";
+  const int slot = overwrite_slot(hash);
+  if (auto why = co_await save_owner_before_overwrite(slot, hash)) co_return why;
+  pool_.forget_slot(slot);
+  if (const auto code = co_await actions_.run_erase(slot))
+    co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
+  co_return co_await overwrite_generations(slot, hash);
+}
+
+net::awaitable<std::optional<std::string>> retention_keeper::save_owner_before_overwrite(
+    int slot, const std::string& hash) {
+  const auto& holder = pool_.owner(slot);
+  if (holder.empty() || holder == hash) co_return std::nullopt;
+  if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
+    const auto saved = co_await actions_.run_save(*s);
+    if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
+  }
+  co_return std::nullopt;
+}
+
+net::awaitable<std::optional<std::string>> retention_keeper::overwrite_generations(int slot,
+                                                                               std::string hash) {
+  const auto* m = pool_.find_manifest(hash);
+  const char current = m ? m->generation : 'b';
+  for (char g : {current == 'a' ? 'b' : 'a', current}) {
+    const auto file = core::snapshot_filename(hash, g);
+    const auto r = co_await backend_.save(slot, file);
+    if (!r) co_return file + ": " + r.err().message;
+    if (r->n_saved != 0) {
+      pool_.forget_slot(slot);  // something kvpersist did not plan ran there
+      co_return fmt::format("{}: llama-server saved {} tokens, not an empty slot", file,
+                            r->n_saved);
+    }
+  }
+  co_return std::nullopt;
+}
+
+net::awaitable<void> retention_keeper::gc_loop() {
   while (!stopped_) {
-    gc_timer_.expires_after(opts_.retention_interval);
+    gc_timer_.expires_after(interval_);
     auto [ec] = co_await gc_timer_.async_wait(token);
     if (ec || stopped_) co_return;
-    const auto hold = co_await acquire_internal();
+    const auto hold = co_await hold_server_();
     const auto report = co_await run_gc();
     (void)report;
   }

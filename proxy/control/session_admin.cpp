@@ -1,0 +1,190 @@
+// The admin API's session operations and reads (docs/design.md §18, §10).
+#include "proxy/control/session_admin.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/identity.hpp"
+#include "core/log.hpp"
+#include "proxy/control/coordinator_internal.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+using detail::wall_now;
+using std::chrono::steady_clock;
+
+namespace {
+
+session_row row_of(core::slot_pool::session_view v) {
+  session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
+                std::nullopt, v.reuse};
+  if (v.snapshot) r.snapshot = *v.snapshot;
+  return r;
+}
+
+}  // namespace
+
+session_admin::session_admin(std::string server_name, core::slot_pool& pool,
+                             slot_actions& actions, retention_keeper& retention,
+                             const snapshot_files& snapshots, const core::reuse_stats& reuse,
+                             session_admin_hooks hooks)
+    : server_name_(std::move(server_name)),
+      pool_(pool),
+      actions_(actions),
+      retention_(retention),
+      snapshots_(snapshots),
+      reuse_(reuse),
+      hooks_(std::move(hooks)) {}
+
+session_admin::session_ref session_admin::resolve_session(const std::string& hash_or_id) const {
+  if (auto known = pool_.session(hash_or_id)) return {hash_or_id, known->session_id};
+  const auto id = core::bounded_session_id(hash_or_id);  // as a request's header is read
+  return {pool_.hash_for(id), id};
+}
+
+net::awaitable<admin_outcome> session_admin::save(std::string hash_or_id) {
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  const auto hold = co_await hooks_.hold_server();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out;
+  if (!pool_.session(hash)) {
+    out.result = admin_result::unknown_session;
+  } else if (pool_.slot_of(hash) < 0) {
+    out.result = admin_result::not_resident;
+  } else if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
+    const auto saved = co_await actions_.run_save(*s);
+    out.result = saved ? admin_result::saved : admin_result::save_failed;
+  } else {
+    out.result = admin_result::clean;
+  }
+  co_return out;
+}
+
+net::awaitable<admin_outcome> session_admin::restore(std::string hash_or_id) {
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  const auto hold = co_await hooks_.hold_server();
+  co_await hooks_.refresh_runtime(pool_.slot_ids().front());  // a plan needs the current fingerprint
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
+  // the slot is left to the session without running anything on it.
+  core::request_identity who;
+  who.session_id = resolve_session(hash_or_id).session_id;
+  const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
+  auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
+  for (const auto& m : plan.manifest_writes) {
+    const auto written = co_await actions_.write_manifest(m);
+    (void)written;  // logged
+  }
+  admin_outcome out = admin_outcome{admin_result::resident};
+  if (plan.fail) {
+    pool_.abort_prepare(slot);
+    out.result = admin_result::circuit_open;
+  } else if (!plan.resident) {
+    // The request path's calls, checks, logs and metrics; an operator's restore is never
+    // refused by strict mode (that policy is about answering clients).
+    const auto done = co_await actions_.execute(plan, false);
+    out.result = !done.restore           ? admin_result::cold
+                 : done.restore->restored ? admin_result::restored
+                                          : admin_result::restore_failed_cold;
+    pool_.start_inference(who, slot);
+    pool_.end_inference(slot, false, steady_clock::now());
+  } else {
+    pool_.start_inference(who, slot);
+    pool_.end_inference(slot, false, steady_clock::now());
+  }
+  co_return out;
+}
+
+net::awaitable<admin_outcome> session_admin::invalidate(std::string hash_or_id,
+                                                        std::string note) {
+  const auto hold = co_await hooks_.hold_server();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out;
+  if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
+    const auto invalid = *m;
+    const auto written = co_await actions_.write_manifest(invalid);
+    (void)written;  // logged
+    log(log_level::info, "kv.snapshot.invalidated",
+        {{"session", std::string(core::abbrev(hash))}, {"reason", m->invalid_reason}});
+    out.result = admin_result::invalidated;
+  } else {
+    out.result = admin_result::no_snapshot;
+  }
+  co_return out;
+}
+
+net::awaitable<admin_outcome> session_admin::dispose(std::string hash_or_id) {
+  if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
+  const auto hold = co_await hooks_.hold_server();
+  const auto hash = resolve_session(hash_or_id).hash;
+  admin_outcome out = admin_outcome{admin_result::disposed};
+  if (!pool_.session(hash)) {
+    out.result = admin_result::unknown_session;
+  } else if (pool_.slot_of(hash) < 0) {
+    out.result = admin_result::nothing_to_dispose;
+  } else {
+    if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
+      const auto saved = co_await actions_.run_save(*s);
+      (void)saved;  // release_session tells: a dirty slot is kept
+    }
+    if (!pool_.release_session(hash)) {
+      out.result = admin_result::save_failed_kept_slot;
+    } else {
+      log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
+    }
+  }
+  co_return out;
+}
+
+net::awaitable<admin_outcome> session_admin::purge(std::string hash_or_id) {
+  // Every commit has landed: none can bring the session back.
+  const auto hold = co_await hooks_.hold_server();
+  const auto hash = resolve_session(hash_or_id).hash;
+  const bool known = pool_.session(hash).has_value();
+  std::optional<std::string> kept;  // why the session's files still hold its KV
+  if (known && !snapshots_.shared() && pool_.find_manifest(hash))
+    kept = co_await retention_.overwrite_snapshots(hash);
+  const auto freed = co_await retention_.drop_session(hash);
+  if (!known) co_return admin_outcome{admin_result::unknown_session};
+  const auto sess = std::string(core::abbrev(hash));
+  if (kept) {
+    log(log_level::warn, "kv.session.purge.files_kept",
+        {{"session", sess}, {"code", std::string(core::to_string(core::errc::save_failed))},
+         {"files", core::snapshot_filename(hash, 'a') + "," + core::snapshot_filename(hash, 'b')},
+         {"reason", *kept}});
+    co_return admin_outcome{admin_result::purged_files_kept};
+  }
+  log(log_level::info, "kv.session.purged",
+      {{"session", sess}, {"freed_bytes", std::to_string(freed)}});
+  co_return admin_outcome{admin_result::purged, freed, snapshots_.shared()};
+}
+
+session_page session_admin::sessions_page(const std::string& after, std::size_t limit) const {
+  session_page page{server_name_, {}, {}};
+  auto views = pool_.sessions_after(after, limit + 1);
+  if (views.size() > limit) {
+    views.resize(limit);
+    page.next = views.back().hash;
+  }
+  page.sessions.reserve(views.size());
+  for (auto& v : views) page.sessions.push_back(row_with_reuse(std::move(v)));
+  return page;
+}
+
+session_row session_admin::row_with_reuse(core::slot_pool::session_view v) const {
+  auto row = row_of(std::move(v));
+  row.last_restore = reuse_.last_restore(row.hash);
+  return row;
+}
+
+std::optional<session_row> session_admin::session(const std::string& hash_or_id) const {
+  auto v = pool_.session(resolve_session(hash_or_id).hash);
+  if (!v) return std::nullopt;
+  return row_with_reuse(std::move(*v));
+}
+
+}  // namespace kvp::proxy

@@ -1,0 +1,226 @@
+// Tests for proxy/control/session_admin.hpp (docs/design.md §18, §10): the admin API's session
+// operations and reads over slot_actions and retention_keeper on a FakeBackend, with the exact
+// calls, the manifests on disk, and the whole server held for each operation (its hook).
+#include "proxy/control/session_admin.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/identity.hpp"
+#include "core/manifest.hpp"
+#include "tests/support/fake_backend.hpp"
+#include "tests/support/run.hpp"
+#include "tests/support/runtime.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using kvp::core::request_identity;
+using kvp::core::snapshot_state;
+using kvp::proxy::admin_result;
+using kvp::proxy::session_admin;
+using kvp::proxy::slot_actions;
+using kvp::testing::backend_call;
+using kvp::testing::erase_call;
+using kvp::testing::failure;
+using kvp::testing::FakeBackend;
+using kvp::testing::restore_call;
+using kvp::testing::save_call;
+using calls = std::vector<backend_call>;
+
+kvp::core::slot_pool_options pool_options() {
+  kvp::core::slot_pool_options o;
+  o.instance_key = "test";
+  o.runtime_key = "qwen7b-f16kv";
+  o.idle_checkpoint = 0ms;
+  o.seed_across_sessions = false;  // a cold start erases the slot
+  return o;
+}
+
+// session_admin over slot_actions and retention_keeper on a FakeBackend, server-owned
+// snapshots; its hooks count the holds of the whole server and the runtime refreshes.
+struct harness {
+  kvp::testing::temp_dir dir;
+  kvp::net::io_context ioc;
+  FakeBackend fake;
+  kvp::proxy::manifest_store store{dir.path()};
+  kvp::core::slot_pool pool{pool_options()};
+  kvp::proxy::file_io files{1, 8, 5s};
+  kvp::proxy::commit_pipeline commits{ioc.get_executor()};
+  kvp::proxy::snapshot_files snapshots{""};
+  kvp::core::reuse_stats reuse;
+  slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
+  kvp::proxy::retention_keeper keeper{ioc.get_executor(), {}, 0ms, fake, pool, actions, commits,
+                                      store, snapshots, reuse, kvp::proxy::server_holder{}};
+  int holds_taken = 0;
+  int holds_released = 0;
+  std::vector<int> refreshed_while_held;  // the slot of each refresh, if the hold was held
+  session_admin admin{"default", pool, actions, keeper, snapshots, reuse, hooks()};
+
+  harness() {
+    REQUIRE(store.open().ok());
+    pool.set_runtime(kvp::testing::qwen7b_runtime());
+    REQUIRE(pool.persistence_enabled());
+  }
+
+  kvp::proxy::session_admin_hooks hooks() {
+    kvp::proxy::session_admin_hooks h;
+    h.hold_server = [this]() -> kvp::net::awaitable<kvp::proxy::server_hold> {
+      ++holds_taken;
+      co_return std::shared_ptr<void>(new int(0), [this](void* p) {
+        delete static_cast<int*>(p);
+        ++holds_released;
+      });
+    };
+    h.refresh_runtime = [this](int slot) -> kvp::net::awaitable<void> {
+      if (holds_taken == holds_released + 1) refreshed_while_held.push_back(slot);
+      co_return;
+    };
+    return h;
+  }
+
+  template <class T>
+  T run(kvp::net::awaitable<T> a) {
+    return kvp::testing::run_on(ioc, ioc.get_executor(), std::move(a));
+  }
+  std::string hash(const std::string& id) const { return pool.hash_for(std::string_view(id)); }
+  std::string file(const std::string& id, char generation) const {
+    return kvp::core::snapshot_filename(hash(id), generation);
+  }
+  // `id` takes slot 0 and leaves `tokens` in it, dirty.
+  void take_slot(const std::string& id, std::uint64_t tokens) {
+    request_identity who;
+    who.session_id = id;
+    pool.resolve_session(who);
+    const auto now = std::chrono::steady_clock::now();
+    const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
+    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    (void)pool.start_inference(who, 0);
+    fake.run_inference(tokens);
+    (void)pool.end_inference(0, true, now);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("admin save checkpoints a dirty resident session, under a hold of the server",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+  CHECK(h.run(h.admin.save("A")).result == admin_result::saved);
+  CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
+  REQUIRE(h.store.read(h.hash("A")));
+  CHECK(h.store.read(h.hash("A"))->tokens == 1000);
+  CHECK(h.holds_taken == 1);
+  CHECK(h.holds_released == 1);
+
+  CHECK(h.run(h.admin.save(h.hash("A"))).result == admin_result::clean);  // by its hash
+  CHECK(h.run(h.admin.save("nobody")).result == admin_result::unknown_session);
+  CHECK(h.fake.slot_calls().size() == 1);
+  h.pool.disable_persistence();
+  CHECK(h.run(h.admin.save("A")).result == admin_result::persistence_off);
+  CHECK(h.holds_taken == 3);  // persistence off: refused before holding anything
+  CHECK(h.holds_released == 3);
+}
+
+TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  h.take_slot("B", 200);  // A leaves the slot
+  REQUIRE(h.run(h.admin.save("B")).result == admin_result::saved);
+  h.fake.clear_calls();
+  CHECK(h.run(h.admin.restore("A")).result == admin_result::restored);
+  CHECK(h.fake.slot_calls() == calls{restore_call(h.file("A", 'a'))});
+  CHECK(h.pool.slot_of(h.hash("A")) == 0);
+  CHECK(h.refreshed_while_held == std::vector<int>{0});
+  CHECK(h.run(h.admin.restore("A")).result == admin_result::resident);
+  CHECK(h.fake.slot_calls().size() == 1);
+  CHECK(h.holds_taken == h.holds_released);
+}
+
+TEST_CASE("admin dispose saves the session, then lets its slot go; not when the save fails",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+
+  SECTION("saved: disposed") {
+    CHECK(h.run(h.admin.dispose("A")).result == admin_result::disposed);
+    CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
+    CHECK(h.pool.slot_of(h.hash("A")) == -1);
+    CHECK(h.run(h.admin.dispose("A")).result == admin_result::nothing_to_dispose);
+  }
+  SECTION("the save failed: kept") {
+    h.fake.fail_next_save(failure::http(500));
+    CHECK(h.run(h.admin.dispose("A")).result == admin_result::save_failed_kept_slot);
+    CHECK(h.pool.slot_of(h.hash("A")) == 0);
+    CHECK(h.pool.owner_dirty(0));
+  }
+}
+
+TEST_CASE("admin invalidate marks the snapshot on disk with the operator's note",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  CHECK(h.run(h.admin.invalidate("A", "bad weights")).result == admin_result::invalidated);
+  const auto m = h.store.read(h.hash("A"));
+  REQUIRE(m);
+  CHECK(m->state == snapshot_state::invalid);
+  CHECK(m->invalid_note == "bad weights");
+  CHECK(h.run(h.admin.invalidate("nobody", "")).result == admin_result::no_snapshot);
+}
+
+TEST_CASE("admin purge in server-owned mode overwrites both generations, then forgets",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  h.fake.clear_calls();
+  const auto out = h.run(h.admin.purge("A"));
+  CHECK(out.result == admin_result::purged);
+  CHECK_FALSE(out.files_deleted);
+  // Its own slot, erased, saved over the generation the manifest does not name first.
+  CHECK(h.fake.slot_calls() ==
+        calls{erase_call(0), save_call(h.file("A", 'b')), save_call(h.file("A", 'a'))});
+  CHECK(h.fake.snapshot_tokens(h.file("A", 'a')) == 0u);
+  CHECK_FALSE(h.store.read(h.hash("A")));
+  CHECK_FALSE(h.admin.session("A"));
+  CHECK(h.run(h.admin.purge("A")).result == admin_result::unknown_session);
+}
+
+TEST_CASE("the session list pages in hash order; one session by id or hash",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.take_slot("B", 200);  // A saved on the way out, B resident and dirty
+  const auto first = h.admin.sessions_page("", 1);
+  CHECK(first.server == "default");
+  REQUIRE(first.sessions.size() == 1);
+  CHECK(first.next == first.sessions[0].hash);
+  const auto second = h.admin.sessions_page(first.next, 1);
+  REQUIRE(second.sessions.size() == 1);
+  CHECK(second.next.empty());
+  CHECK(first.sessions[0].hash < second.sessions[0].hash);
+
+  const auto b = h.admin.session("B");
+  REQUIRE(b);
+  CHECK(b->hash == h.hash("B"));
+  CHECK(b->resident);
+  CHECK(b->dirty);
+  const auto a = h.admin.session(h.hash("A"));
+  REQUIRE(a);
+  CHECK(a->session_id == "A");
+  CHECK_FALSE(a->resident);
+  REQUIRE(a->snapshot);
+  CHECK(a->snapshot->tokens == 1000);
+  CHECK_FALSE(h.admin.session("nobody"));
+}

@@ -1,0 +1,237 @@
+// Tests for proxy/control/slot_actions.hpp: a core::slot_pool plan's save, restore and erase
+// carried out against FakeBackend and a temporary state directory (docs/design.md §6, §9,
+// §11), with the exact calls, the manifests on disk and what the owner is told (the hooks).
+#include "proxy/control/slot_actions.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/identity.hpp"
+#include "core/manifest.hpp"
+#include "tests/support/fake_backend.hpp"
+#include "tests/support/run.hpp"
+#include "tests/support/runtime.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using kvp::core::errc;
+using kvp::core::request_identity;
+using kvp::core::result;
+using kvp::core::snapshot_state;
+using kvp::core::unit;
+using kvp::proxy::slot_action_hooks;
+using kvp::proxy::slot_actions;
+using kvp::testing::backend_call;
+using kvp::testing::erase_call;
+using kvp::testing::failure;
+using kvp::testing::FakeBackend;
+using kvp::testing::is_ready;
+using kvp::testing::restore_call;
+using kvp::testing::save_call;
+using calls = std::vector<backend_call>;
+
+kvp::core::slot_pool_options pool_options() {
+  kvp::core::slot_pool_options o;
+  o.instance_key = "test";
+  o.runtime_key = "qwen7b-f16kv";
+  o.idle_checkpoint = 0ms;
+  o.seed_across_sessions = false;  // a cold start erases the slot
+  return o;
+}
+
+// slot_actions over a FakeBackend, a state directory and a server-owned snapshot directory,
+// driven from the test thread; the hooks record what the owner was told.
+struct harness {
+  kvp::testing::temp_dir dir;
+  kvp::net::io_context ioc;
+  FakeBackend fake;
+  kvp::proxy::manifest_store store{dir.path()};
+  kvp::core::slot_pool pool{pool_options()};
+  kvp::proxy::file_io files;
+  kvp::proxy::commit_pipeline commits{ioc.get_executor()};
+  kvp::proxy::snapshot_files snapshots{""};
+  kvp::core::reuse_stats reuse;
+  std::vector<std::string> told;  // the hooks called, in order
+  slot_actions actions;
+
+  explicit harness(std::chrono::milliseconds file_timeout = 5s)
+      : files(1, 8, file_timeout),
+        actions(fake, store, pool, files, commits, snapshots, reuse, hooks()) {
+    REQUIRE(store.open().ok());
+    pool.set_runtime(kvp::testing::qwen7b_runtime());
+    REQUIRE(pool.persistence_enabled());
+  }
+
+  slot_action_hooks hooks() {
+    slot_action_hooks h;
+    h.slot_error = [this](const kvp::core::error& e) {
+      told.push_back("slot_error " + std::string(kvp::core::to_string(e.code)));
+    };
+    h.commit_ended = [this] { told.push_back("commit_ended"); };
+    h.session_added = [this]() -> kvp::net::awaitable<void> {
+      told.push_back("session_added");
+      co_return;
+    };
+    h.saved = [this](int slot, kvp::core::manifest m) -> kvp::net::awaitable<void> {
+      told.push_back("saved " + std::to_string(slot) + " " + std::to_string(m.tokens));
+      co_return;
+    };
+    h.restored = [this](const std::string& hash) {
+      told.push_back("restored " + std::string(kvp::core::abbrev(hash)));
+    };
+    return h;
+  }
+
+  template <class T>
+  T run(kvp::net::awaitable<T> a) {
+    return kvp::testing::run_on(ioc, ioc.get_executor(), std::move(a));
+  }
+
+  // `id` takes the slot (the plan carried out by slot_actions) and leaves `tokens` in it,
+  // dirty. Returns what the plan's restore decided, if it had one.
+  std::optional<kvp::core::restore_decision> take_slot(const std::string& id,
+                                                       std::uint64_t tokens) {
+    request_identity who;
+    who.session_id = id;
+    pool.resolve_session(who);
+    const auto now = std::chrono::steady_clock::now();
+    const auto plan = pool.prepare(who, 0, now, "2026-01-01T00:00:00Z");
+    const auto done = run(actions.execute(plan, false));
+    REQUIRE_FALSE(done.failure);
+    (void)pool.start_inference(who, 0);
+    fake.run_inference(tokens);
+    (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
+    return done.restore;
+  }
+  kvp::core::save_step checkpoint() {
+    auto s = pool.checkpoint_slot(0, std::chrono::steady_clock::now());
+    REQUIRE(s);
+    return *s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a save writes the snapshot file, then the manifest that names it",
+          "[proxy][slot_actions]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+  h.told.clear();
+  const auto step = h.checkpoint();
+  h.fake.delay_save(50ms);
+  auto saving = kvp::testing::spawn(h.ioc.get_executor(), h.actions.run_save(step));
+  // While llama-server writes the file, nothing points at it.
+  kvp::testing::run_for(h.ioc, 20ms);
+  REQUIRE_FALSE(is_ready(saving));
+  CHECK_FALSE(h.store.read(step.hash));
+  kvp::testing::drive_until(h.ioc, [&] { return is_ready(saving); });
+  REQUIRE(saving.get().ok());
+  CHECK(h.fake.slot_calls() == calls{save_call(step.filename)});
+  CHECK(h.fake.snapshot_tokens(step.filename) == 1000u);
+  const auto on_disk = h.store.read(step.hash);
+  REQUIRE(on_disk);
+  CHECK(on_disk->tokens == 1000);
+  CHECK(on_disk->generation == step.generation);
+  CHECK(on_disk->state == snapshot_state::ready);
+  REQUIRE(h.pool.find_manifest(step.hash));
+  CHECK(h.pool.find_manifest(step.hash)->generation == step.generation);
+  CHECK_FALSE(h.commits.in_flight(step.hash));
+  CHECK(h.told == std::vector<std::string>{"saved 0 1000", "session_added", "commit_ended"});
+}
+
+TEST_CASE("a failed save leaves the previous manifest current", "[proxy][slot_actions]") {
+  harness h;
+  h.take_slot("A", 1000);
+  const auto first = h.checkpoint();
+  REQUIRE(h.run(h.actions.run_save(first)).ok());
+  h.take_slot("A", 1500);  // A's next turn, in the slot it still owns
+  const auto second = h.checkpoint();
+  REQUIRE(second.generation != first.generation);
+  h.fake.clear_calls();
+  h.told.clear();
+  h.fake.fail_next_save(failure::http(500));
+  const auto r = h.run(h.actions.run_save(second));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::save_failed);
+  CHECK(h.fake.slot_calls() == calls{save_call(second.filename)});
+  const auto on_disk = h.store.read(first.hash);
+  REQUIRE(on_disk);
+  CHECK(on_disk->generation == first.generation);
+  CHECK(on_disk->tokens == 1000);
+  CHECK(h.pool.find_manifest(first.hash)->generation == first.generation);
+  CHECK(h.pool.owner_dirty(0));  // still to be saved
+  // No commit started: the owner hears only of the failed slot action.
+  CHECK(h.told == std::vector<std::string>{"slot_error KV_SAVE_FAILED"});
+}
+
+TEST_CASE("a restore is checked against the manifest's token count", "[proxy][slot_actions]") {
+  harness h;
+  h.take_slot("A", 1000);
+  const auto saved = h.checkpoint();
+  REQUIRE(h.run(h.actions.run_save(saved)).ok());
+  h.take_slot("B", 200);  // A leaves the slot (clean), B's cold start erases it
+  REQUIRE(h.run(h.actions.run_save(h.checkpoint())).ok());
+
+  SECTION("the count the manifest promised: restored") {
+    h.fake.clear_calls();
+    h.told.clear();
+    const auto d = h.take_slot("A", 1100);
+    REQUIRE(d);
+    CHECK(d->restored);
+    CHECK(h.fake.slot_calls() == calls{restore_call(saved.filename)});
+    const auto restored = "restored " + std::string(kvp::core::abbrev(saved.hash));
+    CHECK(h.told == std::vector<std::string>{restored});
+    CHECK(h.store.read(saved.hash)->state == snapshot_state::ready);
+  }
+  SECTION("another count: the snapshot is invalidated on disk and the slot erased") {
+    h.fake.put_snapshot(saved.filename, 10);  // the file no longer holds what was saved
+    h.fake.clear_calls();
+    h.told.clear();
+    const auto d = h.take_slot("A", 1100);
+    REQUIRE(d);
+    CHECK_FALSE(d->restored);
+    CHECK(d->err.code == errc::snapshot_corrupt);
+    CHECK(h.fake.slot_calls() == calls{restore_call(saved.filename), erase_call()});
+    const auto on_disk = h.store.read(saved.hash);
+    REQUIRE(on_disk);
+    CHECK(on_disk->state == snapshot_state::invalid);
+    CHECK(h.told == std::vector<std::string>{"slot_error KV_SNAPSHOT_CORRUPT"});
+  }
+}
+
+TEST_CASE("an erase: done, or its failure's code with the owner told", "[proxy][slot_actions]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+  h.told.clear();
+  CHECK(h.run(h.actions.run_erase(0)) == std::nullopt);
+  CHECK(h.fake.slot_calls() == calls{erase_call()});
+  CHECK(h.fake.slot_tokens() == 0u);
+  CHECK(h.told.empty());
+
+  h.fake.fail_next_erase(failure::http(500));
+  CHECK(h.run(h.actions.run_erase(0)) == errc::erase_failed);
+  CHECK(h.fake.slot_calls() == calls{erase_call(), erase_call()});
+  CHECK(h.told == std::vector<std::string>{"slot_error KV_ERASE_FAILED"});
+}
+
+TEST_CASE("a file operation past its deadline is reported to the breaker",
+          "[proxy][slot_actions]") {
+  harness h(30ms);
+  const int before = h.pool.circuit().consecutive_failures();
+  std::function<result<unit>()> stuck = [] {
+    std::this_thread::sleep_for(200ms);
+    return result<unit>(unit{});
+  };
+  const auto r = h.run(h.actions.on_file_pool<unit>("a stuck write", std::move(stuck)));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::file_io_timeout);
+  CHECK(h.pool.circuit().consecutive_failures() == before + 1);
+}
