@@ -82,16 +82,8 @@ coordinator_options idle_checkpoint_options(std::chrono::milliseconds idle) {
   return o;
 }
 
-// A client that stays (its watch completes only when the acquire no longer waits on it), or
-// one that hangs up after `after`.
-std::function<awaitable<bool>()> client_leaves_after(std::chrono::milliseconds after) {
-  return [after]() -> awaitable<bool> {
-    kvp::steady_timer t(co_await kvp::net::this_coro::executor, after);
-    co_await t.async_wait(kvp::token);
-    co_return true;
-  };
-}
-const auto client_stays = [] { return client_leaves_after(1h); };
+using kvp::testing::client_leaves_after;
+using kvp::testing::client_stays;
 
 kvp::core::request_identity named(const std::string& session, const std::string& purpose = "") {
   kvp::core::request_identity who{session, purpose, {}, ""};

@@ -11,6 +11,7 @@
 
 #include "core/identity.hpp"
 #include "core/manifest.hpp"
+#include "tests/support/control_parts.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
 #include "tests/support/runtime.hpp"
@@ -29,28 +30,10 @@ using kvp::testing::FakeBackend;
 using kvp::testing::save_call;
 using calls = std::vector<backend_call>;
 
-kvp::core::slot_pool_options pool_options() {
-  kvp::core::slot_pool_options o;
-  o.instance_key = "test";
-  o.runtime_key = "qwen7b-f16kv";
-  o.idle_checkpoint = 0ms;
-  o.seed_across_sessions = false;  // a cold start erases the slot
-  return o;
-}
-
 // A retention_keeper with its slot_actions over a FakeBackend, a state directory and
 // server-owned snapshots (llama-server's files: forgotten sessions' files stay, unless the disk
 // budget overwrites them).
-struct harness {
-  kvp::testing::temp_dir dir;
-  kvp::net::io_context ioc;
-  FakeBackend fake;
-  kvp::proxy::manifest_store store{dir.path()};
-  kvp::core::slot_pool pool{pool_options()};
-  kvp::proxy::file_io files{1, 8, 5s};
-  kvp::proxy::commit_pipeline commits{ioc.get_executor()};
-  kvp::proxy::snapshot_files snapshots{""};
-  kvp::core::reuse_stats reuse;
+struct harness : kvp::testing::control_parts {
   slot_actions actions;
   retention_keeper keeper;
 

@@ -12,6 +12,7 @@
 
 #include "core/identity.hpp"
 #include "core/manifest.hpp"
+#include "tests/support/control_parts.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
 #include "tests/support/runtime.hpp"
@@ -36,32 +37,14 @@ using kvp::testing::restore_call;
 using kvp::testing::save_call;
 using calls = std::vector<backend_call>;
 
-kvp::core::slot_pool_options pool_options() {
-  kvp::core::slot_pool_options o;
-  o.instance_key = "test";
-  o.runtime_key = "qwen7b-f16kv";
-  o.idle_checkpoint = 0ms;
-  o.seed_across_sessions = false;  // a cold start erases the slot
-  return o;
-}
-
 // slot_actions over a FakeBackend, a state directory and a server-owned snapshot directory,
 // driven from the test thread; the hooks record what the owner was told.
-struct harness {
-  kvp::testing::temp_dir dir;
-  kvp::net::io_context ioc;
-  FakeBackend fake;
-  kvp::proxy::manifest_store store{dir.path()};
-  kvp::core::slot_pool pool{pool_options()};
-  kvp::proxy::file_io files;
-  kvp::proxy::commit_pipeline commits{ioc.get_executor()};
-  kvp::proxy::snapshot_files snapshots{""};
-  kvp::core::reuse_stats reuse;
+struct harness : kvp::testing::control_parts {
   std::vector<std::string> told;  // the hooks called, in order
   slot_actions actions;
 
   explicit harness(std::chrono::milliseconds file_timeout = 5s)
-      : files(1, 8, file_timeout),
+      : control_parts(file_timeout),
         actions(fake, store, pool, files, commits, snapshots, reuse, hooks()) {
     REQUIRE(store.open().ok());
     pool.set_runtime(kvp::testing::qwen7b_runtime());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,5 +34,18 @@ struct coordinator_on_fake {
   coordinator_on_fake(const coordinator_on_fake&) = delete;
   coordinator_on_fake& operator=(const coordinator_on_fake&) = delete;
 };
+
+// A client that hangs up after `after` (the watch an acquire is given), or one that stays (its
+// watch completes only when the acquire no longer waits on it).
+inline std::function<net::awaitable<bool>()> client_leaves_after(std::chrono::milliseconds after) {
+  return [after]() -> net::awaitable<bool> {
+    steady_timer t(co_await net::this_coro::executor, after);
+    co_await t.async_wait(token);
+    co_return true;
+  };
+}
+inline std::function<net::awaitable<bool>()> client_stays() {
+  return client_leaves_after(std::chrono::hours(1));
+}
 
 }  // namespace kvp::testing

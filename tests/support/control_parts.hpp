@@ -1,0 +1,45 @@
+// The parts a coordinator hands to its slot actions, retention keeper and session admin, over a
+// FakeBackend and a fresh state directory: the setup their unit tests share (each harness
+// derives from it and adds the type under test).
+#pragma once
+
+#include <chrono>
+
+#include "core/reuse_stats.hpp"
+#include "core/slot_pool.hpp"
+#include "proxy/control/commit_pipeline.hpp"
+#include "proxy/control/file_io.hpp"
+#include "proxy/control/manifest_store.hpp"
+#include "proxy/control/snapshot_files.hpp"
+#include "tests/support/fake_backend.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace kvp::testing {
+
+// One runtime key, no idle checkpoint, no seeding: a cold start erases the slot.
+inline core::slot_pool_options control_pool_options() {
+  core::slot_pool_options o;
+  o.instance_key = "test";
+  o.runtime_key = "qwen7b-f16kv";
+  o.idle_checkpoint = std::chrono::milliseconds(0);
+  o.seed_across_sessions = false;
+  return o;
+}
+
+// Server-owned snapshots (llama-server's files), manifests in `dir`.
+struct control_parts {
+  temp_dir dir;
+  net::io_context ioc;
+  FakeBackend fake;
+  proxy::manifest_store store{dir.path()};
+  core::slot_pool pool{control_pool_options()};
+  proxy::file_io files;
+  proxy::commit_pipeline commits{ioc.get_executor()};
+  proxy::snapshot_files snapshots{""};
+  core::reuse_stats reuse;
+
+  explicit control_parts(std::chrono::milliseconds file_timeout = std::chrono::seconds(5))
+      : files(1, 8, file_timeout) {}
+};
+
+}  // namespace kvp::testing
