@@ -430,6 +430,11 @@ std::optional<invalid_field> find_invalid_field(const config& cfg) {
     return problem("retention.maxSessionsPerCredential",
                    fmt::format("must be at most retention.maxSessions ({}), or 0 (got {})",
                                cfg.retention.max_sessions, per_credential));
+  const auto bytes_per_credential = cfg.retention.max_bytes_per_credential;
+  if (cfg.retention.max_total_bytes > 0 && bytes_per_credential > cfg.retention.max_total_bytes)
+    return problem("retention.maxBytesPerCredential",
+                   fmt::format("must be at most retention.maxTotalBytes ({}), or 0 (got {})",
+                               cfg.retention.max_total_bytes, bytes_per_credential));
   if (auto p = check_ms("retention.intervalMs", cfg.retention.interval, false)) return p;
   if (!is_log_level(cfg.log.level)) {
     return problem("log.level",

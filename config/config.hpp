@@ -178,12 +178,14 @@ struct admin_config {
 // server-owned: llama-server overwrites them with an empty slot, and the other limits then
 // overwrite too; docs/design.md §12 "Disk budget"). Over a
 // budget, the credential holding the most sessions (or bytes) loses its own first;
-// maxSessionsPerCredential caps each credential on its own (0 = no separate cap).
+// maxSessionsPerCredential and maxBytesPerCredential cap each credential on its own (0 = no
+// separate cap); maxBytesPerCredential, like maxTotalBytes, applies in every mode.
 struct retention_config {
   std::uint64_t max_total_bytes = 0;
   std::size_t max_sessions = 1000;
   int max_age_days = 0;
   std::size_t max_sessions_per_credential = 0;
+  std::uint64_t max_bytes_per_credential = 0;
   milliseconds interval{3'600'000};  // gc timer; 0 = only on demand (POST /kv/gc)
   bool operator==(const retention_config&) const = default;
 };

@@ -492,6 +492,8 @@ config reader::read_document(const YAML::Node& root) {
         {"intervalMs", [&](V v2, P p2) { c.retention.interval = read_ms(v2, p2); }},
         {"maxSessionsPerCredential",
          [&](V v2, P p2) { c.retention.max_sessions_per_credential = read_size(v2, p2); }},
+        {"maxBytesPerCredential",
+         [&](V v2, P p2) { c.retention.max_bytes_per_credential = read_size(v2, p2); }},
       });
     }},
     {"log", [&](V v, P p) {

@@ -82,11 +82,15 @@ class retention_planner {
     }
   }
 
+  bool over_credential_caps(const tenant& t) const {
+    const auto sessions = limits_.max_sessions_per_credential;
+    const auto bytes = limits_.max_bytes_per_credential;
+    return (sessions > 0 && t.sessions > sessions) || (bytes > 0 && t.bytes > bytes);
+  }
+
   void cap_credentials() {
-    const auto cap = limits_.max_sessions_per_credential;
-    if (cap == 0) return;
     for (auto& [credential, t] : tenants_)
-      while (t.sessions > cap && !t.evictable.empty()) evict_next(t, "credential");
+      while (over_credential_caps(t) && !t.evictable.empty()) evict_next(t, "credential");
   }
 
   void meet_budgets() {

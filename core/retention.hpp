@@ -22,6 +22,7 @@ struct retention_limits {
   std::size_t max_sessions = 0;       // 0: no limit
   int max_age_days = 0;               // 0: no limit
   std::size_t max_sessions_per_credential = 0;  // 0: no separate cap
+  std::uint64_t max_bytes_per_credential = 0;    // 0: no separate cap
 };
 
 // One session with a snapshot.
@@ -48,8 +49,9 @@ struct retention_plan {
 
 // Which entries not in use to forget, in this order:
 // - every one older than max_age_days ("age");
-// - a credential holding more than max_sessions_per_credential loses its own, invalid first,
-//   then the least recently updated ("credential");
+// - a credential holding more than max_sessions_per_credential sessions, or more than
+//   max_bytes_per_credential bytes, loses its own, invalid first, then the least recently
+//   updated ("credential"); what is in use counts and stays;
 // - while max_sessions or max_total_bytes is exceeded: an invalid snapshot first (the least
 //   recently updated), else the least recently updated session of the credential that holds
 //   the most sessions, or bytes for the byte budget (ties: the one whose candidate is older,

@@ -48,6 +48,7 @@ struct coordinator_options {
   std::size_t retention_max_sessions = 0;
   int retention_max_age_days = 0;
   std::size_t retention_max_sessions_per_credential = 0;  // 0: no separate cap
+  std::uint64_t retention_max_bytes_per_credential = 0;   // 0: no separate cap
   std::chrono::milliseconds retention_interval{0};
   std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
   std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off

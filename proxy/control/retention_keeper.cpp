@@ -154,17 +154,21 @@ std::vector<core::retention_entry> retention_keeper::retention_by_use() const {
 }
 
 bool retention_keeper::disk_budget_on() const {
-  return !snapshots_.shared() && limits_.max_total_bytes > 0;
+  return !snapshots_.shared() &&
+         (limits_.max_total_bytes > 0 || limits_.max_bytes_per_credential > 0);
 }
 
-// Every limit, the byte budget less room for one more snapshot as large as the largest seen:
+// Every limit, each byte budget less room for one more snapshot as large as the largest seen:
 // llama-server writes a save before kvpersist learns its size, so the room is made before.
 core::retention_limits retention_keeper::disk_budget_limits() const {
-  const auto budget = limits_.max_total_bytes;
-  const auto room = std::min(budget - 1, largest_snapshot_file_);
-  return core::retention_limits{budget - room, limits_.max_sessions,
-                                limits_.max_age_days,
-                                limits_.max_sessions_per_credential};
+  const auto less_room = [this](std::uint64_t budget) -> std::uint64_t {
+    if (budget == 0) return 0;  // no limit
+    return budget - std::min(budget - 1, largest_snapshot_file_);
+  };
+  auto limits = limits_;
+  limits.max_total_bytes = less_room(limits_.max_total_bytes);
+  limits.max_bytes_per_credential = less_room(limits_.max_bytes_per_credential);
+  return limits;
 }
 
 net::awaitable<void> retention_keeper::keep_disk_budget(int slot, core::manifest saved) {
@@ -179,7 +183,8 @@ net::awaitable<void> retention_keeper::keep_disk_budget(int slot, core::manifest
   for (auto& e : entries)
     e.in_use = e.in_use || commits_.in_flight(e.hash) || actions_.restoring(e.hash);
   auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
-  const bool over = plan.remaining_bytes > limits_.max_total_bytes;
+  const bool over =
+      limits_.max_total_bytes > 0 && plan.remaining_bytes > limits_.max_total_bytes;
   if (over && !warned_over_budget_)
     log(log_level::warn, "kv.gc.over_budget",
         {{"bytes", std::to_string(plan.remaining_bytes)},

@@ -100,7 +100,7 @@ class retention_keeper {
   // commit is in flight is kept for the next run.
   net::awaitable<std::uint64_t> forget_session(core::retention_eviction e);
   // The disk budget in server-owned mode (docs/design.md §12, "Disk budget"): on when
-  // retention.maxTotalBytes is set and kvpersist cannot delete llama-server's files. Then
+  // retention.maxTotalBytes or maxBytesPerCredential is set and kvpersist cannot delete llama-server's files. Then
   // nothing is forgotten without its files overwritten (gc waits while persistence is off).
   bool disk_budget_on() const;
   // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:

@@ -166,6 +166,7 @@ coordinator_options options_for(const config::config& cfg, const config::server_
   co.retention_max_sessions = cfg.retention.max_sessions;
   co.retention_max_age_days = cfg.retention.max_age_days;
   co.retention_max_sessions_per_credential = cfg.retention.max_sessions_per_credential;
+  co.retention_max_bytes_per_credential = cfg.retention.max_bytes_per_credential;
   co.new_sessions_per_minute = cfg.limits.new_sessions_per_minute;
   co.retention_interval = cfg.retention.interval;
   co.file_timeout = cfg.failure.file_timeout;

@@ -236,6 +236,7 @@ retention:
   maxAgeDays: 16
   intervalMs: 17
   maxSessionsPerCredential: 5
+  maxBytesPerCredential: 12
 shutdownGraceMs: 11
 epochProbeIntervalMs: 0
 threads: 4
@@ -329,6 +330,7 @@ routes:
   CHECK(cfg.retention.max_age_days == 16);
   CHECK(cfg.retention.interval == 17ms);
   CHECK(cfg.retention.max_sessions_per_credential == 5);
+  CHECK(cfg.retention.max_bytes_per_credential == 12);
   CHECK(cfg.admin.max_connections == 3);
   CHECK(cfg.shutdown_grace == 11ms);
   CHECK(cfg.epoch_probe_interval == 0ms);
@@ -519,6 +521,10 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
                      "retention.maxSessionsPerCredential: must be at most retention.maxSessions (5)");
     CHECK(load_ok("retention:\n  maxSessions: 0\n  maxSessionsPerCredential: 6\n")
               .retention.max_sessions_per_credential == 6);
+    require_error_at("retention:\n  maxTotalBytes: 100\n  maxBytesPerCredential: 101\n", 3,
+                     "retention.maxBytesPerCredential: must be at most retention.maxTotalBytes (100)");
+    CHECK(load_ok("retention:\n  maxBytesPerCredential: 101\n")
+              .retention.max_bytes_per_credential == 101);
     require_error_at("limits:\n  newSessionsPerMinute: -1\n", 2,
                      "limits.newSessionsPerMinute: must be >= 0");
   }

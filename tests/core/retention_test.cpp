@@ -135,6 +135,36 @@ TEST_CASE("maxSessionsPerCredential: a credential above its cap loses its own ol
   CHECK(p.remaining_sessions == 4);
 }
 
+TEST_CASE("maxBytesPerCredential: a credential above its bytes loses its own oldest",
+          "[retention]") {
+  // A holds 300 bytes, B 500 of which 200 are in use; a cap of 250 each: A loses its oldest
+  // (a1) and is then within; B loses b1 and b2, its resident session counting but staying.
+  std::vector<retention_entry> all = {of("A", "a1", 900, 100), of("A", "a2", 800, 200),
+                                      of("B", "b-resident", 950, 200, false, true),
+                                      of("B", "b1", 300, 150), of("B", "b2", 200, 100),
+                                      of("B", "b3", 100, 50)};
+  retention_limits caps;
+  caps.max_bytes_per_credential = 250;
+  auto p = plan_retention(all, caps, now);
+  CHECK(hashes_of(p) == std::vector<std::string>{"a1", "b1", "b2"});
+  for (const auto& e : p.evict) CHECK(e.why == "credential");
+  CHECK(p.remaining_bytes == 200 + 200 + 50);
+
+  SECTION("what is in use stays, though it alone is over the cap") {
+    caps.max_bytes_per_credential = 150;
+    auto q = plan_retention(all, caps, now);
+    CHECK(hashes_of(q) == std::vector<std::string>{"a1", "a2", "b1", "b2", "b3"});
+    CHECK(q.remaining_bytes == 200);
+  }
+  SECTION("the caps leave the other credential alone, the total budget then ranks the rest") {
+    caps.max_bytes_per_credential = 500;  // B at 500 is within; A at 300 too
+    caps.max_total_bytes = 700;           // 800 held: the one holding the most bytes pays
+    auto q = plan_retention(all, caps, now);
+    CHECK(hashes_of(q) == std::vector<std::string>{"b1"});
+    CHECK(q.evict[0].why == "bytes");
+  }
+}
+
 TEST_CASE("one credential: fairness is the plain least recently updated order", "[retention]") {
   std::vector<retention_entry> all = {of("", "c", 10), of("", "a", 30), of("", "b", 20),
                                       of("", "d", 5)};

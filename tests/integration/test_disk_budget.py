@@ -93,3 +93,37 @@ def test_100_sessions_of_churn_never_exceed_the_budget(stack):
     h = [n for n in os.listdir(stack.upstream.save_dir)]
     assert "restore" not in acts(settled_calls(stack)), h
     assert dir_bytes(stack.upstream.save_dir) <= budget
+
+
+def test_a_credential_over_its_byte_share_overwrites_only_its_own(stack):
+    """retention.maxBytesPerCredential alone turns the disk budget on: key B's churn stays
+    within B's share after every turn, and key A's snapshots stay and restore."""
+    stack.start_upstream()
+    share = 40_000  # a few of the fake's snapshots (both generations count)
+    stack.start_proxy({"retention": {"maxBytesPerCredential": share}})
+    key_a, key_b = {"Authorization": "Bearer key-A"}, {"Authorization": "Bearer key-B"}
+    A = [Conversation(sid("share-a%d" % i)) for i in range(2)]
+    for c in A:
+        ok(c.turn(stack.port, headers=key_a), c.session)
+    B = [Conversation(sid("share-b%02d" % i)) for i in range(30)]
+    ok(B[0].turn(stack.port, headers=key_b), B[0].session)   # A's second session saved
+    assert wait_until(lambda: all(manifest_for(stack.state_dir, c.session) for c in A), 5)
+    a_hashes = {manifest_for(stack.state_dir, c.session)["sessionHash"] for c in A}
+
+    def bytes_of_b() -> int:
+        names = [n for n in os.listdir(stack.upstream.save_dir) if n.split(".")[0] not in a_hashes]
+        return sum(os.path.getsize(os.path.join(stack.upstream.save_dir, n)) for n in names)
+
+    peak = 0
+    for c in B[1:]:
+        ok(c.turn(stack.port, headers=key_b), c.session)
+        used = bytes_of_b()
+        peak = max(peak, used)
+        assert used <= share, (c.session, used, sorted(os.listdir(stack.upstream.save_dir)))
+    assert peak > share // 2, peak                          # the share was the limit
+    assert all(manifest_for(stack.state_dir, c.session) for c in A)
+    assert wait_until(lambda: stack.proxy.events("kv.gc.evicted"), 5)
+    assert {e.fields["why"] for e in stack.proxy.events("kv.gc.evicted")} == {"credential"}
+    stack.upstream.take_calls()
+    ok(A[0].turn(stack.port, headers=key_a))                # A's snapshot serves
+    assert "restore" in acts(settled_calls(stack))
