@@ -535,9 +535,8 @@ std::optional<chain_index::match> slot_pool::best_seed(const request_identity& w
                         });
 }
 
-save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>& r,
-                                        steady_time now, std::string_view wall_now) {
-  save_decision d;
+result<manifest> slot_pool::on_save(const save_step& step, const result<slot_saved>& r,
+                                    steady_time now, std::string_view wall_now) {
   auto& rc = sessions_[step.hash];
   slot_rec* sl = find_slot(step.slot);
   const bool owned = sl && sl->owner == step.hash;
@@ -545,8 +544,7 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
     ++stats_.save_failures;
     record_backend_failure(r.err(), now);
     if (owned) sl->state = slot_state::dirty;
-    d.err = r.err();
-    return d;
+    return r.err();
   }
   record_backend_success();
   if (r->n_saved == 0) {
@@ -557,14 +555,12 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
       sl->owner.clear();
       sl->state = slot_state::unknown;
     }
-    d.err = error{errc::save_empty, 0, "server saved 0 tokens; previous snapshot kept"};
-    return d;
+    return error{errc::save_empty, 0, "server saved 0 tokens; previous snapshot kept"};
   }
   if (r->n_written == 0) {
     ++stats_.save_failures;
     if (owned) sl->state = slot_state::dirty;
-    d.err = error{errc::save_failed, 0, "server reported 0 bytes written"};
-    return d;
+    return error{errc::save_failed, 0, "server reported 0 bytes written"};
   }
   ++stats_.saves;
   stats_.save_bytes += r->n_written;
@@ -593,9 +589,7 @@ save_decision slot_pool::on_save(const save_step& step, const result<slot_saved>
   m.chain = rc.chain;  // at most max_chain_links (start_inference)
   m.credential = rc.credential;
   if (owned && sl->state == slot_state::saving) sl->state = slot_state::dirty;  // clean once stored
-  d.ok = true;
-  d.write = std::move(m);
-  return d;
+  return m;
 }
 
 void slot_pool::on_commit_failed(const error& e, steady_time now) {

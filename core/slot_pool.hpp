@@ -127,13 +127,6 @@ struct prepare_plan {
   std::vector<manifest> manifest_writes;  // invalidations decided while planning
 };
 
-// What a finished save means for the caller.
-struct save_decision {
-  bool ok = false;                   // the snapshot is complete; `write` must be persisted
-  std::optional<manifest> write;     // the new manifest (store it, then call store_manifest)
-  error err;                         // when !ok
-};
-
 struct restore_decision {
   bool restored = false;             // slot holds the session's snapshot, verified
   bool need_erase = false;           // slot content unknown: erase before running cold
@@ -225,8 +218,10 @@ class slot_pool {
                        std::string_view wall_now);
 
   // Outcomes of the plan's steps, in order. `wall_now` stamps manifests (RFC 3339).
-  save_decision on_save(const save_step& step, const result<slot_saved>& r, steady_time now,
-                        std::string_view wall_now);
+  // on_save: the new manifest when the snapshot is complete (persist it, then call
+  // store_manifest), else why not (the slot stays dirty, or unknown after an empty save).
+  result<manifest> on_save(const save_step& step, const result<slot_saved>& r, steady_time now,
+                           std::string_view wall_now);
   restore_decision on_restore(const restore_step& step, const result<slot_restored>& r,
                               steady_time now, std::string_view wall_now);
   bool on_erase(int slot, const result<slot_erased>& r, steady_time now);

@@ -85,19 +85,20 @@ net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_sa
     metrics_.save_ms.observe(r->save_ms);
     metrics_.save_bytes.observe(static_cast<double>(r->n_written));
   }
-  auto d = pool_.on_save(step, r, steady_clock::now(), wall_now());
-  if (!d.ok) {
-    hooks_.slot_error(d.err);
+  auto written = pool_.on_save(step, r, steady_clock::now(), wall_now());
+  if (!written) {
+    const auto& err = written.err();
+    hooks_.slot_error(err);
     log(log_level::warn, "kv.session.save.failed",
-        {{"session", sess}, {"code", std::string(core::to_string(d.err.code))},
-         {"status", std::to_string(d.err.http_status)}, {"reason", d.err.message}});
-    co_return d.err;
+        {{"session", sess}, {"code", std::string(core::to_string(err.code))},
+         {"status", std::to_string(err.http_status)}, {"reason", err.message}});
+    co_return err;
   }
   auto pc = commits_.begin(step.hash);
   const std::uint64_t bytes = r->n_written;
-  const auto saved = *d.write;
+  const auto saved = written.value();
   const auto strand = co_await net::this_coro::executor;
-  net::co_spawn(strand, commit_save(step, std::move(*d.write), bytes, pc), log_exception);
+  net::co_spawn(strand, commit_save(step, std::move(written.value()), bytes, pc), log_exception);
   // The slot still holds what was just saved, under the caller's lease: the one moment it
   // can overwrite other sessions' files without costing anyone their KV.
   co_await hooks_.saved(step.slot, saved);

@@ -130,7 +130,7 @@ TEST_CASE("a failed scope erase leaves the content unknown", "[core][slot_conten
   request(p, session("A", "k1"));
   const auto plan = p.prepare(auxiliary("k2"), only_slot, t0, wall);
   REQUIRE(plan.erase_required);
-  if (plan.save) p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall);
+  if (plan.save) REQUIRE(p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall).ok());
   CHECK_FALSE(p.on_erase(only_slot, error{errc::erase_failed, 500, "no"}, t0));
   CHECK(p.content(0).whose == content_whose::unknown);
 }

@@ -99,8 +99,8 @@ prepare_kind run_request(slot_pool& c, const request_identity& who, steady_time 
   for (const auto& m : plan.manifest_writes) c.store_manifest(m);
   if (plan.save) {
     auto d = c.on_save(*plan.save, saved(saved_tokens), now, wall);
-    REQUIRE(d.ok);
-    c.store_manifest(*d.write);
+    REQUIRE(d.ok());
+    c.store_manifest(d.value());
   }
   bool erase = plan.erase;
   if (plan.restore) {
@@ -112,8 +112,8 @@ prepare_kind run_request(slot_pool& c, const request_identity& who, steady_time 
   const auto kind = c.start_inference(who, only_slot);
   if (auto s = c.end_inference(only_slot, true, now)) {
     auto d = c.on_save(*s, saved(saved_tokens), now, wall);
-    REQUIRE(d.ok);
-    c.store_manifest(*d.write);
+    REQUIRE(d.ok());
+    c.store_manifest(d.value());
   }
   return kind;
 }
@@ -123,8 +123,8 @@ void checkpoint(slot_pool& c, steady_time now, std::uint64_t tokens) {
   auto s = c.checkpoint_slot(only_slot, now);
   REQUIRE(s);
   auto d = c.on_save(*s, saved(tokens), now, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
 }
 
 }  // namespace
@@ -160,11 +160,10 @@ TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "
   CHECK(s->revision == 1);
 
   auto d = c.on_save(*s, saved(2124), t0 + 3s, wall);
-  REQUIRE(d.ok);
-  REQUIRE(d.write);
+  REQUIRE(d.ok());
   // Not clean until the manifest is durable.
   CHECK(c.owner_dirty(only_slot));
-  c.store_manifest(*d.write);
+  c.store_manifest(d.value());
   CHECK_FALSE(c.owner_dirty(only_slot));
   CHECK(c.state(only_slot) == slot_state::ready);
   CHECK(c.owner(only_slot) == a);
@@ -211,21 +210,20 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   CHECK(c.state(only_slot) == slot_state::saving);
 
   auto d3 = c.on_save(*p3.save, saved(1500), t0 + 5s, wall);
-  REQUIRE(d3.ok);
-  REQUIRE(d3.write);
-  CHECK(d3.write->session_id == "A");
-  CHECK(d3.write->session_hash == a);
-  CHECK(d3.write->generation == 'a');
-  CHECK(d3.write->snapshot_file() == a + ".a.bin");
-  CHECK(d3.write->tokens == 1500);
-  CHECK(d3.write->bytes == 24 + 1500 * 1024);
-  CHECK(d3.write->revision == 2);
-  CHECK(d3.write->state == snapshot_state::ready);
-  CHECK(d3.write->instance_key == "test-instance");
-  CHECK(d3.write->model_id == test_runtime().model_path);
-  CHECK(d3.write->runtime_fingerprint == expected_fingerprint());
-  CHECK(d3.write->created_at == wall);
-  c.store_manifest(*d3.write);
+  REQUIRE(d3.ok());
+  CHECK(d3->session_id == "A");
+  CHECK(d3->session_hash == a);
+  CHECK(d3->generation == 'a');
+  CHECK(d3->snapshot_file() == a + ".a.bin");
+  CHECK(d3->tokens == 1500);
+  CHECK(d3->bytes == 24 + 1500 * 1024);
+  CHECK(d3->revision == 2);
+  CHECK(d3->state == snapshot_state::ready);
+  CHECK(d3->instance_key == "test-instance");
+  CHECK(d3->model_id == test_runtime().model_path);
+  CHECK(d3->runtime_fingerprint == expected_fingerprint());
+  CHECK(d3->created_at == wall);
+  c.store_manifest(d3.value());
   REQUIRE(c.on_erase(only_slot, erased(1500), t0 + 5s));
   CHECK(c.start_inference(session("B"), only_slot) == prepare_kind::cold);
   CHECK(c.owner(only_slot) == b);
@@ -242,8 +240,8 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   CHECK_FALSE(p4.erase);
 
   auto d4 = c.on_save(*p4.save, saved(900), t0 + 8s, wall);
-  REQUIRE(d4.ok);
-  c.store_manifest(*d4.write);
+  REQUIRE(d4.ok());
+  c.store_manifest(d4.value());
   auto r4 = c.on_restore(*p4.restore, restored(1500), t0 + 8s, wall);
   CHECK(r4.restored);
   CHECK_FALSE(r4.need_erase);
@@ -270,8 +268,8 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
   CHECK(s1->generation == 'a');
   CHECK(s1->filename == a + ".a.bin");
   auto d1 = c.on_save(*s1, saved(100), t0 + 1s, wall);
-  REQUIRE(d1.ok);
-  c.store_manifest(*d1.write);
+  REQUIRE(d1.ok());
+  c.store_manifest(d1.value());
   CHECK(c.find_manifest(a)->generation == 'a');
 
   run_request(c, session("A"), t0 + 2s);
@@ -282,10 +280,10 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
 
   SECTION("a stored save switches the manifest to the new generation") {
     auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
-    REQUIRE(d2.ok);
-    CHECK(d2.write->generation == 'b');
-    CHECK(d2.write->created_at == wall);
-    c.store_manifest(*d2.write);
+    REQUIRE(d2.ok());
+    CHECK(d2->generation == 'b');
+    CHECK(d2->created_at == wall);
+    c.store_manifest(d2.value());
     CHECK(c.find_manifest(a)->generation == 'b');
     CHECK(c.find_manifest(a)->tokens == 200);
 
@@ -295,7 +293,7 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
     CHECK(s3->generation == 'a');
     CHECK(s3->filename == a + ".a.bin");
     auto d3 = c.on_save(*s3, saved(300), t0 + 5s, wall);
-    c.store_manifest(*d3.write);
+    c.store_manifest(d3.value());
 
     // A restore reads the generation the manifest points at.
     run_request(c, session("B"), t0 + 6s);
@@ -309,7 +307,7 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
     // The server wrote b, but the manifest write failed: the manifest still points at a,
     // and the next save targets b again, never the last good file.
     auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
-    REQUIRE(d2.ok);
+    REQUIRE(d2.ok());
     CHECK(c.find_manifest(a)->generation == 'a');
     CHECK(c.owner_dirty(only_slot));
     auto again = c.checkpoint_slot(only_slot, t0 + 4s);
@@ -334,9 +332,9 @@ TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty
   c.end_inference(only_slot, true, t0 + 3s);
 
   auto d = c.on_save(*s, saved(100), t0 + 4s, wall);
-  REQUIRE(d.ok);
-  CHECK(d.write->revision == 1);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  CHECK(d->revision == 1);
+  c.store_manifest(d.value());
   CHECK(c.owner_dirty(only_slot));
   CHECK(c.state(only_slot) == slot_state::dirty);
 
@@ -344,7 +342,7 @@ TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty
   REQUIRE(s2);
   CHECK(s2->revision == 2);
   auto d2 = c.on_save(*s2, saved(180), t0 + 6s, wall);
-  c.store_manifest(*d2.write);
+  c.store_manifest(d2.value());
   CHECK_FALSE(c.owner_dirty(only_slot));
   CHECK(c.state(only_slot) == slot_state::ready);
 }
@@ -359,7 +357,7 @@ TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §
   REQUIRE(s);
   CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 1s));  // one is in flight for this revision
   auto d = c.on_save(*s, saved(100), t0 + 2s, wall);
-  c.store_manifest(*d.write);
+  c.store_manifest(d.value());
   CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 3s));  // clean: nothing to do
   CHECK_FALSE(c.idle_deadline());            // the flush superseded the idle timer
   CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 1h));
@@ -388,8 +386,8 @@ TEST_CASE("the early checkpoint follows a turn end, waits at least twice the las
   REQUIRE(s);
   CHECK(s->hash == a);
   auto d = c.on_save(*s, slot_saved{100, 24 + 100 * 1024, 1500.0}, t0 + 4s, wall);  // 1.5 s
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
   CHECK_FALSE(c.owner_dirty(only_slot));
 
   end_turn(t0 + 10s);
@@ -398,7 +396,7 @@ TEST_CASE("the early checkpoint follows a turn end, waits at least twice the las
   SECTION("a big snapshot waits no longer than the idle checkpoint would") {
     auto big = c.on_save(*c.checkpoint_slot(only_slot, t0 + 11s), slot_saved{100, 1 << 20, 20'000.0},
                          t0 + 31s, wall);
-    c.store_manifest(*big.write);
+    c.store_manifest(big.value());
     end_turn(t0 + 40s);
     CHECK(c.idle_deadline() == t0 + 70s);
   }
@@ -437,7 +435,7 @@ TEST_CASE("a commit that fails after the save leaves the previous snapshot curre
   REQUIRE(s);
   CHECK(s->generation == 'b');
   auto d = c.on_save(*s, saved(200), t0 + 3s, wall);
-  REQUIRE(d.ok);
+  REQUIRE(d.ok());
   const auto saves = c.stats().saves;
   c.on_commit_failed(error{errc::file_io_timeout, 0, "manifest write took too long"}, t0 + 4s);
   CHECK(c.stats().saves == saves - 1);
@@ -472,7 +470,7 @@ TEST_CASE(
     CHECK_FALSE(c.idle_deadline());
     CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 31s));
     auto d = c.on_save(*s, saved(100), t0 + 31s, wall);
-    c.store_manifest(*d.write);
+    c.store_manifest(d.value());
     CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 1h));
   }
 
@@ -574,8 +572,8 @@ TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial compar
   REQUIRE(s);
   CHECK(s->revision == 0);  // 2^64-1 + 1
   auto d = c.on_save(*s, saved(120), t0 + 2s, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
   CHECK_FALSE(c.owner_dirty(only_slot));
   CHECK(c.state(only_slot) == slot_state::ready);
   // The next turn is dirty again and the idle checkpoint still fires.
@@ -600,9 +598,8 @@ TEST_CASE(
   REQUIRE(p.save);
   CHECK(p.save->generation == 'b');
   auto d = c.on_save(*p.save, slot_saved{0, 24, 0.1}, t0 + 3s, wall);
-  CHECK_FALSE(d.ok);
-  CHECK_FALSE(d.write);
-  CHECK(d.err.code == errc::save_empty);
+  CHECK_FALSE(d.ok());
+  CHECK(d.err().code == errc::save_empty);
   CHECK(c.owner(only_slot).empty());
   CHECK(c.state(only_slot) == slot_state::unknown);
   const manifest* m = c.find_manifest(a);
@@ -630,9 +627,8 @@ TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][slo
   auto s = c.checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
   auto d = c.on_save(*s, slot_saved{100, 0, 0.1}, t0 + 1s, wall);
-  CHECK_FALSE(d.ok);
-  CHECK_FALSE(d.write);
-  CHECK(d.err.code == errc::save_failed);
+  CHECK_FALSE(d.ok());
+  CHECK(d.err().code == errc::save_failed);
   CHECK(c.owner_dirty(only_slot));
   CHECK(c.state(only_slot) == slot_state::dirty);
   CHECK(c.stats().save_failures == 1);
@@ -651,9 +647,9 @@ TEST_CASE(
   auto p = c.prepare(session("B"), only_slot, t0 + 3s, wall);
   REQUIRE(p.save);
   auto d = c.on_save(*p.save, error{errc::save_failed, 500, "Unable to save slot"}, t0 + 3s, wall);
-  CHECK_FALSE(d.ok);
-  CHECK(d.err.code == errc::save_failed);
-  CHECK(d.err.http_status == 500);
+  CHECK_FALSE(d.ok());
+  CHECK(d.err().code == errc::save_failed);
+  CHECK(d.err().http_status == 500);
   CHECK(c.circuit().consecutive_failures() == 1);  // a 5xx is the server's fault
   CHECK(c.state(only_slot) == slot_state::dirty);
   REQUIRE(p.kept);
@@ -877,8 +873,8 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.erase);
   auto d = c.on_save(*p.save, saved(800), t0 + 1s, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
 
   CHECK(c.start_inference(aux, only_slot) == prepare_kind::auxiliary);
   CHECK(c.owner(only_slot).empty());
@@ -936,8 +932,8 @@ TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores"
   auto s = c.checkpoint_session(a, t0 + 1s);
   REQUIRE(s);
   auto d = c.on_save(*s, saved(300), t0 + 1s, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
   CHECK(c.release_session(a));
   CHECK(c.owner(only_slot).empty());
   REQUIRE(c.session(a));  // still known, with its snapshot
@@ -998,13 +994,13 @@ void open_breaker(slot_pool& c) {
   auto p2 = c.prepare(session("B"), only_slot, t0 + 1s, wall);
   REQUIRE(p2.save);
   REQUIRE(p2.kept);
-  CHECK_FALSE(c.on_save(*p2.save, transport(), t0 + 1s, wall).ok);
+  CHECK_FALSE(c.on_save(*p2.save, transport(), t0 + 1s, wall).ok());
   CHECK(c.circuit().current() == breaker::state::closed);
   c.start_inference(session("B"), only_slot);
   c.end_inference(only_slot, true, t0 + 1s);
   auto s = c.checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
-  CHECK_FALSE(c.on_save(*s, transport(), t0 + 1s, wall).ok);
+  CHECK_FALSE(c.on_save(*s, transport(), t0 + 1s, wall).ok());
   REQUIRE(c.circuit().current() == breaker::state::open);
   REQUIRE(c.owner(only_slot) == c.hash_for("B"));
   REQUIRE(c.owner_dirty(only_slot));
@@ -1043,7 +1039,7 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design
   REQUIRE(trial.save);
   CHECK(trial.save->hash == a);
   CHECK(trial.kept);
-  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok);
+  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok());
   CHECK(c.circuit().current() == breaker::state::closed);
   CHECK(c.circuit().consecutive_failures() == 0);
   (void)b;
@@ -1059,7 +1055,7 @@ TEST_CASE("a restore miss is a returning session that runs cold, not a first vis
   auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);  // saves B, restores A: it fails
   REQUIRE(p.save);
   REQUIRE(p.restore);
-  c.store_manifest(*c.on_save(*p.save, saved(100), t0 + 2s, wall).write);
+  c.store_manifest(c.on_save(*p.save, saved(100), t0 + 2s, wall).value());
   auto d = c.on_restore(*p.restore, error{errc::restore_failed, 400, "bad file"}, t0 + 2s, wall);
   CHECK_FALSE(d.restored);
   CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
@@ -1090,14 +1086,14 @@ TEST_CASE("the breaker's transitions are reported once each, in order",
   // A failed half-open trial reopens: still the same outage, no new report.
   auto trial = c.prepare(session("B"), only_slot, t0 + 61s, wall);
   REQUIRE(trial.save);
-  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok);
+  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok());
   CHECK(c.take_circuit_changes().empty());
   c.abort_prepare(only_slot);
 
   // A successful trial after the (doubled) cooldown recovers, reported once.
   auto trial2 = c.prepare(session("B"), only_slot, t0 + 61s + 121s, wall);
   REQUIRE(trial2.save);
-  REQUIRE(c.on_save(*trial2.save, saved(100), t0 + 182s, wall).ok);
+  REQUIRE(c.on_save(*trial2.save, saved(100), t0 + 182s, wall).ok());
   auto recovered = c.take_circuit_changes();
   REQUIRE(recovered.size() == 1);
   CHECK_FALSE(recovered[0].opened);
@@ -1128,7 +1124,7 @@ TEST_CASE("an open circuit fails the request in strict mode", "[core][slot_pool]
   auto trial = c.prepare(session("A"), only_slot, t0 + 61s, wall);
   CHECK_FALSE(trial.fail);
   REQUIRE(trial.save);
-  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok);
+  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok());
   CHECK(c.circuit().current() == breaker::state::open);
   c.abort_prepare(only_slot);
   CHECK(c.prepare(session("A"), only_slot, t0 + 62s, wall).fail);

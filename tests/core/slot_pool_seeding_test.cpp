@@ -56,8 +56,8 @@ void saved(slot_pool& p, const request_identity& a) {
   auto s = p.checkpoint_slot(only_slot, t0);
   REQUIRE(s);
   auto d = p.on_save(*s, slot_saved{100, 4096, 1.0}, t0, wall);
-  REQUIRE(d.ok);
-  p.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  p.store_manifest(d.value());
 }
 
 // Another session with an unrelated prompt takes the slot (A is saved first if dirty).
@@ -87,9 +87,9 @@ TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core
   REQUIRE(s);
   CHECK(s->hash == p.hash_for("B"));
   auto d = p.on_save(*s, slot_saved{120, 4096, 1.0}, t0, wall);
-  REQUIRE(d.ok);
-  CHECK(d.write->chain == B.chain);
-  CHECK(d.write->credential == "k1");
+  REQUIRE(d.ok());
+  CHECK(d->chain == B.chain);
+  CHECK(d->credential == "k1");
 }
 
 TEST_CASE("no seed without the first link in common", "[core][seeding]") {

@@ -93,8 +93,8 @@ outcome run_on(slot_pool& c, const request_identity& who, int slot, steady_time 
     o.save = plan.save;
     o.calls.push_back(save_call(*plan.save));
     auto d = c.on_save(*plan.save, saved(tokens), now, wall);
-    REQUIRE(d.ok);
-    c.store_manifest(*d.write);
+    REQUIRE(d.ok());
+    c.store_manifest(d.value());
   }
   bool erase = plan.erase;
   if (plan.restore) {
@@ -127,8 +127,8 @@ void clean(slot_pool& c, int slot, steady_time now) {
   auto s = c.checkpoint_slot(slot, now);
   REQUIRE(s);
   auto d = c.on_save(*s, saved(500), now, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
   REQUIRE_FALSE(c.owner_dirty(slot));
 }
 
@@ -256,8 +256,8 @@ TEST_CASE("selection: with every slot dirty the least recently used one is evict
   CHECK_FALSE(plan.erase);
   CHECK_FALSE(plan.restore);
   auto d = c.on_save(*plan.save, saved(700), t0 + 4s, wall);
-  REQUIRE(d.ok);
-  c.store_manifest(*d.write);
+  REQUIRE(d.ok());
+  c.store_manifest(d.value());
   CHECK(c.start_inference(session("D"), b_slot) == prepare_kind::cold);
   c.end_inference(b_slot, true, t0 + 4s);
   CHECK(c.find_manifest(c.hash_for("B"))->tokens == 700);
@@ -594,7 +594,7 @@ namespace {
 void request_saving_nothing(slot_pool& c, const request_identity& who, int slot) {
   auto plan = c.prepare(who, slot, t0, wall);
   REQUIRE_FALSE(plan.fail);
-  if (plan.save) CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok);
+  if (plan.save) CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok());
   if (plan.erase) REQUIRE(c.on_erase(slot, erased(), t0));
   c.start_inference(who, slot);
   CHECK_FALSE(c.end_inference(slot, true, t0));
@@ -658,7 +658,7 @@ TEST_CASE("a record a slot holds or a request is prepared for is never forgotten
   CHECK(c.take_forgotten_records().empty());
   CHECK(known_sessions(c).size() == 4);
   REQUIRE(plan.save);
-  CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok);  // an empty save: no snapshot
+  CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok());  // an empty save: no snapshot
   c.start_inference(session("D"), *slot);
   CHECK_FALSE(c.end_inference(*slot, true, t0));
   // The next new session finds the departed owner idle, without a snapshot: it goes.

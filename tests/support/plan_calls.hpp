@@ -19,8 +19,8 @@ inline kvp::core::prepare_kind run_plan(kvp::core::slot_pool& p,
   REQUIRE_FALSE(plan.fail);
   if (plan.save) {
     auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, now, wall);
-    REQUIRE(d.ok);
-    p.store_manifest(*d.write);
+    REQUIRE(d.ok());
+    p.store_manifest(d.value());
   }
   if (plan.restore)
     REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
