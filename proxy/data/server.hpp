@@ -119,7 +119,7 @@ class server {
   net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
                                               http::request<http::string_body>& req,
                                               relay_state& st);
-  // Resumable streams (proxy/data/server_streams.cpp): a request's X-Conversation-Id namespaced for
+  // Resumable streams (proxy/data/stream_routes.cpp): a request's X-Conversation-Id namespaced for
   // its credential and remembered with its server; replays, stops and lookups namespaced the
   // same way and sent to that server.
   // Returns the namespaced id (nullopt without X-Conversation-Id).
