@@ -47,8 +47,6 @@ class upstream_table {
   // One entry per server of config::effective_servers(cfg), in configuration order.
   upstream_table(net::io_context& ioc, config::config cfg);
   ~upstream_table();
-  upstream_table(const upstream_table&) = delete;
-  upstream_table& operator=(const upstream_table&) = delete;
 
   // At start: each configured server that is a router gets an entry per model.
   net::awaitable<void> discover_routers();
