@@ -284,7 +284,8 @@ net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_c
                                                     relay_state& st) {
   // Without llama-server's key the request changes nothing (it answers 401): no need to
   // save every session first.
-  if (!client_may_use(up.cfg.upstream.api_key, req)) co_return co_await forward(up, c, req, std::nullopt, st);
+  if (!client_may_use(up.cfg.upstream.api_key, req))
+    co_return co_await forward(up, c, req, std::nullopt, st);
   auto acq = co_await begin_runtime_change(*up.coord, cfg_.queue.timeout,
                                             [&c] { return client_gone(c.stream.socket()); });
   using outcome = acquisition::outcome;
