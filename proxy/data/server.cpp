@@ -11,12 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "backends/llama_http_backend.hpp"
-#include "backends/llama_router.hpp"
-#include "core/identity.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
-#include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
 #include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
@@ -80,8 +76,8 @@ void give_back_or_close(upstream_pool& pool, upstream_conn& conn, const relay_st
     conn.stream->close();
 }
 
-// How client requests are read: the configured limits, and the fields prepare_upstream_request
-// drops (they do not count against llama-server's limits).
+// How client requests are read: the configured limits, and the fields
+// upstream_table::prepare_request drops (they do not count against llama-server's limits).
 read_limits client_read_limits(const config::config& cfg) {
   read_limits r{cfg.limits.max_header_bytes, cfg.limits.max_body_bytes, cfg.limits.header_timeout,
                 cfg.limits.client_write_timeout, cfg.limits.client_write_timeout,
@@ -99,6 +95,42 @@ core::error slot_busy(acquisition::outcome what) {
                          ? "too many requests are waiting for the slot"
                          : "timed out waiting for the slot",
                      2};
+}
+
+// What is refused before a request is routed: a body nested deeper than the JSON parser
+// reads, and /slots in any encoding (kvpersist manages the slots).
+std::optional<core::error> refusal_before_routing(const http::request<http::string_body>& req,
+                                                  const core::request_class& rc) {
+  if (core::json_nesting_exceeds(req.body()))
+    return refused(http::status::bad_request,
+                   fmt::format("request body: JSON nested deeper than {} levels",
+                               core::json_max_depth));
+  if (rc.kind == core::endpoint_kind::slots)
+    return refused(http::status::forbidden,
+                   "kvpersist manages llama-server's slots; /slots is not forwarded");
+  return std::nullopt;
+}
+
+// llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
+// at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
+// save, restore, erase behind kvpersist's back) as well as inference. Treating it as
+// exclusive would still let an instance rewrite the slot while kvpersist's manifests
+// vouch for it, so it is refused like /slots.
+core::error prediction_refused() {
+  return refused(http::status::forbidden,
+                 "kvpersist manages llama-server's slots; the prediction route "
+                 "(upstream.predictRoute) is not forwarded");
+}
+
+// A slot kvpersist could not prepare: the coordinator's error, with its Retry-After.
+response prepare_failure(const prepare_result& pr, const http::request<http::string_body>& req) {
+  const auto retry_after_s = static_cast<unsigned>(pr.retry_after.count());
+  const core::error failed{pr.code, 0,
+                           retry_after_s > 0
+                               ? pr.message
+                               : fmt::format("kvpersist could not prepare the slot: {}", pr.message),
+                           retry_after_s};
+  return error_answer(failed, req.version(), req.keep_alive());
 }
 
 net::awaitable<void> stop_coordinator(coordinator* co) {
@@ -133,148 +165,13 @@ std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile
   return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
 }
 
-coordinator_options options_for(const config::config& cfg, const config::server_config& sc) {
-  coordinator_options co;
-  co.pool.instance_key = sc.name;
-  co.pool.runtime_key = sc.runtime_key;
-  co.pool.slot_id = sc.slot_id;
-  co.pool.reserve_aux_slot = sc.reserve_aux_slot;
-  co.pool.save_on_switch = cfg.checkpoint.on_switch;
-  co.pool.save_on_turn_end = cfg.checkpoint.on_turn_end;
-  co.pool.save_on_step_end = cfg.checkpoint.on_step_end;
-  co.pool.idle_checkpoint = checkpoint_before_sleep(cfg.checkpoint.idle, sc.upstream.sleep_idle);
-  co.pool.early_checkpoint = cfg.checkpoint.early;
-  co.pool.restore_enabled = cfg.restore.enabled;
-  co.pool.verify_restore = cfg.restore.verify;
-  co.pool.seed_across_sessions = cfg.sharing != config::sharing_scope::session;
-  co.pool.seed_within_credential = cfg.sharing == config::sharing_scope::credential;
-  co.pool.strict = cfg.failure.strict;
-  co.pool.max_consecutive_failures = cfg.failure.max_consecutive_failures;
-  co.pool.cooldown = cfg.failure.cooldown;
-  co.max_waiting = cfg.queue.max_waiting;
-  // A swap group's member is probed on its requests only: behind a swapper, a background
-  // /props would start the model it asks about (docs/design.md §15).
-  co.epoch_probe_interval =
-      sc.swap_group.empty() ? cfg.epoch_probe_interval : std::chrono::milliseconds{0};
-  co.sleep_idle = sc.upstream.sleep_idle;
-  co.single_slot = sc.mode == config::slot_mode::single_slot;
-  co.server_name = sc.name;
-  co.endpoint = sc.upstream.url;
-  if (sc.snapshots.management == config::snapshot_management::shared_filesystem)
-    co.snapshot_dir = sc.snapshots.path;
-  co.retention_max_bytes = cfg.retention.max_total_bytes;
-  co.retention_max_sessions = cfg.retention.max_sessions;
-  co.retention_max_age_days = cfg.retention.max_age_days;
-  co.retention_max_sessions_per_credential = cfg.retention.max_sessions_per_credential;
-  co.retention_max_bytes_per_credential = cfg.retention.max_bytes_per_credential;
-  co.new_sessions_per_minute = cfg.limits.new_sessions_per_minute;
-  co.retention_interval = cfg.retention.interval;
-  co.file_timeout = cfg.failure.file_timeout;
-  return co;
-}
-
 server::server(net::io_context& ioc, config::config cfg)
     : ioc_(ioc),
       cfg_(std::move(cfg)),
-      bodies_(cfg_.limits.max_buffered_body_bytes) {
-  const std::string state_root = config::resolve_state_dir(cfg_);
-  for (const auto& sc : config::effective_servers(cfg_))
-    ups_.push_back(make_entry(sc, config::server_state_dir(cfg_, sc, state_root), ""));
-  build_swap_groups();
-}
-
-std::unique_ptr<server::upstream_entry> server::make_entry(const config::server_config& sc,
-                                                           const std::string& state_dir,
-                                                           const std::string& router_model) {
-  auto up = std::make_unique<upstream_entry>();
-  up->cfg = sc;
-  up->router_model = router_model;
-  const auto ep = endpoint_of(sc);
-  up->pool = std::make_unique<upstream_pool>(ep, sc.upstream.max_idle_connections,
-                                             sc.upstream.connect_timeout);
-  auto co = options_for(cfg_, sc);
-  if (!router_model.empty()) {
-    // A router's model: its own snapshot namespace, and no background probe (one that found
-    // the model unloaded would say nothing, and none may load it: docs/design.md §15).
-    co.pool.instance_key = sc.name;
-    co.epoch_probe_interval = std::chrono::milliseconds{0};
-  }
-  up->coord = std::make_unique<coordinator>(
-      ioc_,
-      std::make_unique<backends::llama_http_backend>(ep, cfg_.failure.management_timeout,
-                                                     router_model),
-      manifest_store(state_dir), co);
-  up->relay.upstream_idle = sc.upstream.idle_timeout;
-  up->relay.client_write = cfg_.limits.client_write_timeout;
-  return up;
-}
-
-backends::http_endpoint server::endpoint_of(const config::server_config& sc) {
-  backends::http_endpoint ep;
-  config::parse_http_url(sc.upstream.url, ep.host, ep.port, ep.base_path);
-  ep.api_key = sc.upstream.api_key;
-  return ep;
-}
-
-void server::build_swap_groups() {
-  std::vector<swap_groups::member> members;
-  for (const auto& up : ups_)
-    if (!up->router) members.push_back({up->cfg.name, up->cfg.swap_group, up->coord.get()});
-  swaps_ = std::make_unique<swap_groups>(std::move(members));
-}
-
-net::awaitable<void> server::discover_routers() {
-  const std::size_t configured = ups_.size();
-  for (std::size_t i = 0; i < configured; ++i) {
-    auto& front = *ups_[i];
-    auto info = co_await backends::read_router(endpoint_of(front.cfg),
-                                               cfg_.failure.management_timeout);
-    if (!info) {
-      log(log_level::debug, "kv.router.unknown",
-          {{"server", front.cfg.name}, {"reason", info.err().message}});
-      continue;  // not answering yet: the coordinator's own probe says why
-    }
-    if (info.value()) add_router_models(front, std::move(*info.value()));
-  }
-}
-
-// One entry per model, named "<server>/<model>": its own coordinator, snapshot namespace and
-// state directory (models/<hash of the id>, so an id is never a path).
-void server::add_router_models(upstream_entry& front, backends::router_info info) {
-  const std::string state_root = config::resolve_state_dir(cfg_);
-  const std::string front_dir = config::server_state_dir(cfg_, front.cfg, state_root);
-  std::vector<router_models::member> members;
-  for (const auto& m : info.models) {
-    auto sc = front.cfg;
-    sc.name = front.cfg.name + "/" + m.id;
-    sc.swap_group.clear();  // the router decides what runs: router_models, not swap_groups
-    const std::string dir = front_dir + "/models/" + core::sha256_hex(m.id).substr(0, 16);
-    ups_.push_back(make_entry(sc, dir, m.id));
-    ups_.back()->pool = front.pool;  // one router, one set of connections to it
-    members.push_back({m.id, m.aliases, ups_.back()->coord.get()});
-  }
-  log(log_level::info, "kv.router.found",
-      {{"server", front.cfg.name}, {"models", std::to_string(members.size())},
-       {"max_instances", std::to_string(info.max_instances)}});
-  front.router = std::make_unique<router_models>(front.cfg.name, endpoint_of(front.cfg),
-                                                 cfg_.failure.management_timeout,
-                                                 std::move(info), std::move(members));
-  for (std::size_t i = ups_.size() - front.router->size(); i < ups_.size(); ++i)
-    ups_[i]->of_router = front.router.get();
-}
-
-server::upstream_entry& server::model_entry(upstream_entry& up,
-                                            const http::request<http::string_body>& req) {
-  if (!up.router) return up;
-  const auto model = req.method() == http::verb::get || req.method() == http::verb::head
-                         ? core::query_param(req.target(), "model").value_or("")
-                         : core::request_model(req.body());
-  const auto* m = model.empty() ? nullptr : up.router->find(model);
-  if (!m) return up;
-  for (auto& e : ups_)
-    if (e->of_router == up.router.get() && e->router_model == m->model) return *e;
-  return up;
-}
+      bodies_(cfg_.limits.max_buffered_body_bytes),
+      upstreams_(ioc, cfg_),
+      streams_(upstreams_),
+      identities_(cfg_.sessions) {}
 
 // The router's own routes for its models (docs/llama-server.md §14): an unload saves that
 // model's sessions first, a load the running models' when one must make room; any other
@@ -287,33 +184,6 @@ net::awaitable<void> server::before_router_request(upstream_entry& up, client_co
   if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
   if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
   co_await up.of_router->before_serving(m, true, wanted);
-}
-
-server::upstream_entry& server::route(const http::request<http::string_body>& req) {
-  std::optional<std::string> model;  // parsed at most once, only if a route asks for it
-  for (const auto& r : cfg_.routes) {
-    if (!r.header.empty()) {
-      auto it = req.find(r.header);
-      if (it == req.end() || it->value() != r.header_value) continue;
-    }
-    if (!r.model.empty()) {
-      if (!model) model = core::request_model(req.body());
-      if (*model != r.model) continue;
-    }
-    if (auto* up = server_named(r.server)) return *up;
-  }
-  return *ups_.front();
-}
-
-server::upstream_entry* server::server_named(const std::string& name) {
-  for (auto& up : ups_)
-    if (up->cfg.name == name) return up.get();
-  return nullptr;
-}
-
-std::string_view server::credential_header(const http::request<http::string_body>& req) {
-  const std::string_view credential = req[http::field::authorization];
-  return credential.empty() ? std::string_view(req["X-Api-Key"]) : credential;
 }
 
 server::~server() = default;
@@ -333,10 +203,9 @@ net::awaitable<core::result<std::string>> server::start() {
            {"reserved", std::to_string(reserved_descriptors(cfg_))},
            {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
   }
-  co_await discover_routers();
+  co_await upstreams_.discover_routers();
   std::vector<coordinator*> coords;
-  for (auto& up : ups_) {
-    if (up->router) continue;  // its models' coordinators manage its slots
+  for (auto* up : upstreams_.managed()) {
     co_await up->coord->on_strand(up->coord->start());
     coords.push_back(up->coord.get());
   }
@@ -358,6 +227,14 @@ net::awaitable<bool> server::send(client_conn& c, response res) {
   c.stream.expires_after(cfg_.limits.client_write_timeout);
   auto [ec, n] = co_await http::async_write(c.stream, res);
   co_return keep && !ec;
+}
+
+stream_route_io server::stream_io_of(client_conn& c) {
+  return {
+      .answer = [this, &c](response res) { return send(c, std::move(res)); },
+      .forward = [this, &c](upstream_entry& up, http::request<http::string_body>& req,
+                            relay_state& st) { return forward(up, c, req, std::nullopt, st); },
+  };
 }
 
 net::awaitable<void> server::run_session(tcp_stream stream) {
@@ -402,84 +279,13 @@ net::awaitable<void> server::run_session(tcp_stream stream) {
   conns_.erase(c);
 }
 
-core::request_identity server::identity_of(const http::request<http::string_body>& req) const {
-  core::request_identity id;
-  for (const auto& name : cfg_.sessions.headers) {
-    auto it = req.find(name);
-    if (it != req.end() && !it->value().empty()) {
-      id.session_id = core::bounded_session_id(it->value());
-      break;
-    }
-  }
-  if (auto it = req.find(cfg_.sessions.purpose_header); it != req.end())
-    id.purpose = std::string(it->value());
-  if (!id.session_id.empty() && id.purpose.empty()) apply_harness_headers(req, id);
-  return id;
-}
-
-// A harness's own headers say which side of its session a request is (README "Harnesses"):
-// a sub-agent is a sub-session, a compaction or memory call is auxiliary. First match wins.
-void server::apply_harness_headers(const http::request<http::string_body>& req,
-                                   core::request_identity& id) const {
-  for (const auto& h : cfg_.sessions.harness_headers) {
-    auto it = req.find(h.name);
-    if (it == req.end()) continue;
-    const auto v = core::harness_header_value(it->value(), h.field, h.values);
-    if (v.empty()) continue;
-    if (h.role == config::harness_role::auxiliary)
-      id.purpose = h.name + ": " + v;
-    else
-      id.session_id = core::sub_session_id(id.session_id, v);
-    return;
-  }
-}
-
-// What a request to a slot says about its content (docs/design.md §3): its credential and
-// prefix chain for seeding, and, under `sessions.unmanaged: content`, the session a request
-// without a session header belongs to (none when it has no conversation: raw prompts and
-// embeddings stay auxiliary). The body is parsed only when something will use the chain.
-std::optional<bool> server::describe_content(const http::request<http::string_body>& req,
-                                             const core::request_class& rc,
-                                             core::request_identity& who) const {
-  // Every request on a slot carries its credential: the sharing scope decides on it whether
-  // the request may run on what the slot holds (docs/design.md §20).
-  const std::string_view credential = credential_header(req);
-  who.credential = core::credential_key(credential);
-  if (!who.purpose.empty()) return std::nullopt;  // auxiliary: never seeds, never seeded
-  const bool names_session =
-      who.session_id.empty() && cfg_.sessions.unmanaged == config::unmanaged_policy::content;
-  if (who.session_id.empty() && !names_session) return std::nullopt;  // auxiliary or passthrough
-  auto chain = core::prefix_chain_of(rc.route, req.body());
-  if (!chain) return std::nullopt;
-  const bool attribution = chain->attribution_block;
-  if (names_session) who.session_id = core::content_session_id(*chain, credential);
-  if (who.session_id.empty()) return attribution;
-  who.chain = std::move(chain->links);
-  who.min_shared_links = chain->min_shared_links();
-  return attribution;
-}
-
-void server::prepare_upstream_request(const upstream_entry& up,
-                                      http::request<http::string_body>& req) const {
-  for (const auto& name : cfg_.sessions.headers) req.erase(name);
-  req.erase(cfg_.sessions.purpose_header);
-  for (const auto& name : cfg_.sessions.strip_headers) req.erase(name);
-  strip_hop_by_hop(req.base());
-  req.erase(http::field::expect);
-  req.set(http::field::host, up.pool->host_field());
-  const auto& base = up.pool->endpoint().base_path;
-  if (!base.empty()) req.target(base + std::string(req.target()));
-  req.version(11);
-  req.keep_alive(true);
-  req.prepare_payload();
-}
-
 net::awaitable<bool> server::forward_runtime_change(upstream_entry& up, client_conn& c,
                                                     http::request<http::string_body>& req,
                                                     relay_state& st) {
   // Without llama-server's key the request changes nothing (it answers 401): no need to
   // save every session first.
-  if (!client_may_use(up, req)) co_return co_await forward(up, c, req, std::nullopt, st);
+  if (!client_may_use(up.cfg.upstream.api_key, req))
+    co_return co_await forward(up, c, req, std::nullopt, st);
   auto acq = co_await begin_runtime_change(*up.coord, cfg_.queue.timeout,
                                             [&c] { return client_gone(c.stream.socket()); });
   using outcome = acquisition::outcome;
@@ -508,7 +314,7 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
   const bool client_keep = req.keep_alive();
   const bool head = req.method() == http::verb::head;
   auto ex = c.stream.get_executor();
-  prepare_upstream_request(up, req);
+  upstreams_.prepare_request(up, req);
   // With X-Conversation-Id llama-server keeps generating after the client leaves: the
   // response is read to its end, and the lease held as long (docs/design.md §21).
   relay_options relay = up.relay;
@@ -592,44 +398,23 @@ net::awaitable<bool> server::forward(upstream_entry& up, client_conn& c,
 net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_body> req) {
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
-  if (core::json_nesting_exceeds(req.body())) {
-    auto res = error_answer(refused(http::status::bad_request,
-                                    fmt::format("request body: JSON nested deeper than {} levels",
-                                                core::json_max_depth)),
-                            version, keep);
-    co_return co_await send(c, std::move(res));
-  }
   const auto rc = core::classify(req.method_string(), req.target());
-  if (rc.kind == core::endpoint_kind::slots) {
-    auto res = error_answer(refused(http::status::forbidden,
-                                    "kvpersist manages llama-server's slots; /slots is not forwarded"),
-                            version, keep);
-    co_return co_await send(c, std::move(res));
-  }
+  if (auto no = refusal_before_routing(req, rc))
+    co_return co_await send(c, error_answer(*no, version, keep));
   // Resumable-stream routes are passthrough paths: an inference request is not decoded again.
   if (rc.stream != core::stream_route::none)
-    co_return co_await forward_stream_route(rc.stream, c, req);
-  auto who = identity_of(req);
-  auto& up = model_entry(route(req), req);
-  if (auto id = namespace_conversation(up, req)) c.pending = stream_hold(streams_, std::move(*id));
-  // llama-server's Vertex AI prediction route (AIP_MODE=PREDICTION) runs up to 128 instances
-  // at once, each dispatched to any route its "@requestFormat" names: "slots" (the slot API:
-  // save, restore, erase behind kvpersist's back) as well as inference. Treating it as
-  // exclusive would still let an instance rewrite the slot while kvpersist's manifests
-  // vouch for it, so it is refused like /slots.
-  if (rc.is_prediction(up.cfg.upstream.predict_route)) {
-    auto res = error_answer(refused(http::status::forbidden,
-                                    "kvpersist manages llama-server's slots; the prediction route "
-                                    "(upstream.predictRoute) is not forwarded"),
-                            version, keep);
-    co_return co_await send(c, std::move(res));
-  }
+    co_return co_await streams_.forward(rc.stream, req, stream_io_of(c));
+  auto who = identities_.identity_of(req);
+  auto& up = upstreams_.model_entry(upstreams_.route(req), req);
+  c.pending = streams_.hold_conversation(up, req);
+  if (rc.is_prediction(up.cfg.upstream.predict_route))
+    co_return co_await send(c, error_answer(prediction_refused(), version, keep));
   relay_state st;
   // A router's request for no model kvpersist manages: the router picks (or refuses) it.
   if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
   // A router starts the model a request names, and may unload another to do so; a client
   // without the key makes nothing move (the router answers it 401).
-  if (up.of_router && client_may_use(up, req)) {
+  if (up.of_router && client_may_use(up.cfg.upstream.api_key, req)) {
     co_await before_router_request(up, c, rc.path);
     // A client that left meanwhile is not served: the router drops a queued request whose
     // client left, and forwarding it would make the router load its model after all. A
@@ -641,19 +426,19 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   // Checked before the body is parsed or the request admitted, as llama-server would check
   // it: a client without the key costs no parse and cannot make kvpersist save or evict the
   // resident session.
-  if (needs_slot && !client_may_use(up, req)) {
+  if (needs_slot && !client_may_use(up.cfg.upstream.api_key, req)) {
     auto res = error_answer(refused(http::status::unauthorized, "Invalid API Key"), version, keep);
     co_return co_await send(c, std::move(res));
   }
   if (needs_slot) {
     // README "Harnesses": what keeps this harness's new conversations cold, told, not
     // rewritten; read from the chain when the body was chained (parsed once).
-    const auto chained = describe_content(req, rc, who);
+    const auto chained = identities_.describe_content(req, rc, who);
     if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
       up.coord->note_hint(core::hint_id::attribution_header);
   }
   // A swap group's other servers save their sessions before this one's process replaces theirs.
-  if (needs_slot) co_await swaps_->before_serving(up.cfg.name);
+  if (needs_slot) co_await upstreams_.swaps().before_serving(up.cfg.name);
   const bool coordinated =
       needs_slot && (!who.session_id.empty() ||
                      cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
@@ -683,13 +468,6 @@ net::awaitable<bool> server::answer_abandoned(client_conn& c,
                                  "request cancelled by a stop (DELETE /v1/stream) before it "
                                  "reached llama-server");
   co_return co_await send(c, error_answer(cancelled, req.version(), req.keep_alive()));
-}
-
-bool server::client_may_use(const upstream_entry& up,
-                            const http::request<http::string_body>& req) const {
-  return up.cfg.upstream.api_key.empty() ||
-         core::client_key_matches(req[http::field::authorization], req["X-Api-Key"],
-                                  up.cfg.upstream.api_key);
 }
 
 // Acquire, prepare, forward, finish (docs/design.md §5). A pooled upstream connection taken
@@ -754,17 +532,6 @@ net::awaitable<bool> server::pass_through(upstream_entry& up, client_conn& c,
   const bool keep = co_await forward(up, c, req, std::move(pooled), st);
   ticket.finish_later(st.request_sent, false);
   co_return keep;
-}
-
-response server::prepare_failure(const prepare_result& pr,
-                                const http::request<http::string_body>& req) const {
-  const auto retry_after_s = static_cast<unsigned>(pr.retry_after.count());
-  const core::error failed{pr.code, 0,
-                           retry_after_s > 0
-                               ? pr.message
-                               : fmt::format("kvpersist could not prepare the slot: {}", pr.message),
-                           retry_after_s};
-  return error_answer(failed, req.version(), req.keep_alive());
 }
 
 // Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
@@ -878,8 +645,7 @@ net::awaitable<void> server::shutdown() {
       co_await tick.async_wait(token);
     }
   }
-  for (auto& up : ups_) {
-    if (up->router) continue;  // never started
+  for (auto* up : upstreams_.managed()) {
     co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
     if (cfg_.checkpoint.on_shutdown) {
       const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());

@@ -1,7 +1,8 @@
 // Fuzz target: raw client bytes through the request path kvpersist runs before forwarding:
 // Beast's request_parser with kvpersist's limits, classify, session extraction and the
-// upstream rewrite (proxy/data/server.cpp: server::identity_of and server::prepare_upstream_request,
-// mirrored here because they are private members; keep them in step).
+// upstream rewrite (proxy/data/request_identity_reader.cpp: request_identity_reader::identity_of,
+// and proxy/data/upstream_table.cpp: upstream_table::prepare_request, mirrored here so that
+// this target links no proxy library; keep them in step).
 //
 // Properties, for any input that parses as one complete request:
 //  * the request kvpersist would send upstream re-parses as exactly one complete request, with

@@ -1,7 +1,8 @@
-// Tests for proxy::options_for (proxy/data/server.hpp): what each server's coordinator is told.
-#include <catch2/catch.hpp>
+// Tests for proxy::options_for (proxy/data/upstream_table.hpp): what each server's coordinator
+// is told.
+#include "proxy/data/upstream_table.hpp"
 
-#include "proxy/data/server.hpp"
+#include <catch2/catch.hpp>
 
 namespace {
 

@@ -1,12 +1,14 @@
 // Resumable streams through the proxy (docs/design.md §21): X-Conversation-Id is forwarded,
 // namespaced per credential (core/resumable_stream.hpp), and GET/DELETE /v1/stream and
 // POST /v1/streams/lookup reach the server that runs the stream, with the same namespacing.
+#include "proxy/data/stream_routes.hpp"
+
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
-#include "proxy/data/server.hpp"
+#include "proxy/data/request_identity_reader.hpp"
 
 namespace kvp::proxy {
 
@@ -20,19 +22,22 @@ constexpr std::uint64_t max_lookup_reply_bytes = 1 << 20;
 
 }  // namespace
 
-std::optional<std::string> server::namespace_conversation(upstream_entry& up,
-                                                          http::request<http::string_body>& req) {
+stream_routes::stream_routes(upstream_table& upstreams) : upstreams_(upstreams) {}
+
+stream_hold stream_routes::hold_conversation(const upstream_entry& up,
+                                             http::request<http::string_body>& req) {
   auto it = req.find(core::conversation_header);
-  if (it == req.end()) return std::nullopt;
-  const std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
+  if (it == req.end()) return {};
+  std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
   req.erase(core::conversation_header);  // every instance: llama-server reads one
   req.set(core::conversation_header, id);
-  streams_.remember(id, up.cfg.name);
-  return id;
+  directory_.remember(id, up.cfg.name);
+  return stream_hold(directory_, std::move(id));
 }
 
-net::awaitable<bool> server::forward_stream_route(core::stream_route kind, client_conn& c,
-                                                  http::request<http::string_body>& req) {
+net::awaitable<bool> stream_routes::forward(core::stream_route kind,
+                                            http::request<http::string_body>& req,
+                                            stream_route_io io) {
   const std::string credential = core::credential_key(credential_header(req));
   std::string conversation;
   std::optional<core::namespaced_lookup> lookup;
@@ -42,7 +47,7 @@ net::awaitable<bool> server::forward_stream_route(core::stream_route kind, clien
       const auto malformed = refused(http::status::bad_request,
                                      "lookup body: {\"conversation_ids\": [...]} with at most 256 "
                                      "string ids");
-      co_return co_await send(c, error_answer(malformed, req.version(), req.keep_alive()));
+      co_return co_await io.answer(error_answer(malformed, req.version(), req.keep_alive()));
     }
     if (!lookup->upstream_to_client.empty()) conversation = lookup->upstream_to_client.front().first;
   } else {
@@ -53,42 +58,43 @@ net::awaitable<bool> server::forward_stream_route(core::stream_route kind, clien
   // A stream kvpersist still holds (its slot being prepared, its model loading): llama-server
   // does not know it yet. A replay is told to retry, as a router tells it while the model
   // loads; a stop cancels the held request (docs/design.md §21).
-  if (kind == core::stream_route::replay && streams_.held(conversation)) {
+  if (kind == core::stream_route::replay && directory_.held(conversation)) {
     const core::error not_started{core::errc::over_capacity, 0,
                                   "the stream has not started yet: kvpersist is preparing its "
                                   "slot; retry later",
                                   1};
-    co_return co_await send(c, error_answer(not_started, req.version(), req.keep_alive()));
+    co_return co_await io.answer(error_answer(not_started, req.version(), req.keep_alive()));
   }
-  if (kind == core::stream_route::stop && streams_.stop_held(conversation)) {
+  if (kind == core::stream_route::stop && directory_.stop_held(conversation)) {
     log(log_level::info, "kv.stream.stop_held", {});
     response res{http::status::no_content, req.version()};
     res.keep_alive(req.keep_alive());
     res.prepare_payload();
-    co_return co_await send(c, std::move(res));
+    co_return co_await io.answer(std::move(res));
   }
   // The server that ran the stream; the routes' choice when kvpersist never saw it (after a
   // restart of kvpersist, or an id forgotten): llama-server then answers 404 or an empty list.
   upstream_entry* up = nullptr;
-  if (auto name = streams_.server_of(conversation)) up = server_named(*name);
-  if (!up) up = &route(req);
-  if (lookup) co_return co_await forward_stream_lookup(*up, c, req, *lookup);
+  if (auto name = directory_.server_of(conversation)) up = upstreams_.server_named(*name);
+  if (!up) up = &upstreams_.route(req);
+  if (lookup) co_return co_await forward_lookup(*up, req, *lookup, io);
   relay_state st;
-  co_return co_await forward(*up, c, req, std::nullopt, st);
+  co_return co_await io.forward(*up, req, st);
 }
 
 // A lookup's reply names upstream ids: it is read whole and given back with the client's.
-net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_conn& c,
+net::awaitable<bool> stream_routes::forward_lookup(upstream_entry& up,
                                                    http::request<http::string_body>& req,
-                                                   const core::namespaced_lookup& lookup) {
+                                                   const core::namespaced_lookup& lookup,
+                                                   const stream_route_io& io) {
   const unsigned version = req.version();
   const bool keep = req.keep_alive();
   req.body() = lookup.body;
-  prepare_upstream_request(up, req);
+  upstreams_.prepare_request(up, req);
   auto acquired = co_await up.pool->acquire(co_await net::this_coro::executor);
   if (!acquired) {
-    co_return co_await send(c, error_answer(unreachable_upstream(acquired.err()), version, keep,
-                                            acquired.err().message));
+    co_return co_await io.answer(error_answer(unreachable_upstream(acquired.err()), version, keep,
+                                              acquired.err().message));
   }
   auto conn = std::move(acquired.value());
   conn.stream->expires_after(up.relay.upstream_idle);
@@ -102,7 +108,7 @@ net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_co
     conn.stream->close();
     const core::error unanswered{core::errc::upstream_closed, 0,
                                  "upstream llama-server did not answer the lookup"};
-    co_return co_await send(c, error_answer(unanswered, version, keep, rec.message()));
+    co_return co_await io.answer(error_answer(unanswered, version, keep, rec.message()));
   }
   auto upstream_res = parser.release();
   if (upstream_res.keep_alive()) up.pool->release(std::move(conn.stream));
@@ -117,10 +123,10 @@ net::awaitable<bool> server::forward_stream_lookup(upstream_entry& up, client_co
   } else {
     const core::error garbled{core::errc::upstream_closed, 0,
                                 "upstream llama-server's lookup reply is not a list"};
-    co_return co_await send(c, error_answer(garbled, version, keep));
+    co_return co_await io.answer(error_answer(garbled, version, keep));
   }
   res.prepare_payload();
-  co_return co_await send(c, std::move(res));
+  co_return co_await io.answer(std::move(res));
 }
 
 }  // namespace kvp::proxy
