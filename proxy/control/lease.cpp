@@ -12,6 +12,7 @@ lease& lease::operator=(lease&& o) noexcept {
     lease dropped(std::move(*this));  // released by its destructor
     c_ = std::exchange(o.c_, nullptr);
     t_ = std::move(o.t_);
+    prepared_ = std::move(o.prepared_);
   }
   return *this;
 }
@@ -20,7 +21,17 @@ lease::~lease() {
   if (c_) c_->spawn(c_->release(t_));
 }
 
+lease lease::prepared_in_admission(coordinator& c, std::shared_ptr<lease_ticket> t,
+                                  prepare_result pr) {
+  lease l;
+  if (pr.ok) l.c_ = &c;  // else the coordinator released it: nothing to release
+  l.t_ = std::move(t);
+  l.prepared_ = std::move(pr);
+  return l;
+}
+
 net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool fresh_upstream) {
+  if (prepared_) co_return *std::exchange(prepared_, std::nullopt);
   prepare_result pr;
   if (t_->exclusive)
     pr = co_await c_->on_strand(c_->prepare_exclusive(t_));
@@ -45,7 +56,7 @@ void lease::finish_later(bool reached_slot, bool turn_end, std::optional<reply_r
 
 net::awaitable<void> lease::release() {
   auto* c = std::exchange(c_, nullptr);
-  co_await c->on_strand(c->release(t_));
+  if (c) co_await c->on_strand(c->release(t_));
 }
 
 net::awaitable<acquisition> lease::await_admission(coordinator& c,
@@ -64,9 +75,8 @@ net::awaitable<acquisition> lease::await_admission(coordinator& c,
       out.what = acquisition::outcome::runtime_change_pending;
       co_return out;
     case admission::outcome::prepared:
-      out.what = acquisition::outcome::prepared;
-      out.prepared = adm.prepared;
-      if (adm.prepared.ok) out.held = lease(c, t);  // else the coordinator released it
+      out.what = acquisition::outcome::granted;
+      out.held = lease::prepared_in_admission(c, t, adm.prepared);
       co_return out;
     case admission::outcome::granted:
       out.what = acquisition::outcome::granted;

@@ -20,7 +20,8 @@ class lease {
  public:
   lease() = default;
   lease(coordinator& c, std::shared_ptr<lease_ticket> t) : c_(&c), t_(std::move(t)) {}
-  lease(lease&& o) noexcept : c_(std::exchange(o.c_, nullptr)), t_(std::move(o.t_)) {}
+  lease(lease&& o) noexcept
+      : c_(std::exchange(o.c_, nullptr)), t_(std::move(o.t_)), prepared_(std::move(o.prepared_)) {}
   lease& operator=(lease&& o) noexcept;
   lease(const lease&) = delete;
   lease& operator=(const lease&) = delete;
@@ -36,6 +37,8 @@ class lease {
   // The plan's save/restore/erase (exclusive: every dirty owner saved). On a strict-mode
   // failure (!ok) the coordinator has released the lease and this one is empty.
   // `fresh_upstream`: the upstream connection is new, so the server may have restarted.
+  // A lease acquire granted and prepared in the same trip to the strand (a pooled connection,
+  // nobody ahead) answers with that outcome at once.
   net::awaitable<prepare_result> prepare(core::request_identity who, bool fresh_upstream);
   // The request is over: marks the slot dirty, checkpoints as configured, releases.
   // `reached_slot`: llama-server received it; `turn_end`: its reply ended the user's turn.
@@ -45,6 +48,7 @@ class lease {
   // `reply`: what the response said about reuse, recorded on the same trip to the strand.
   void finish_later(bool reached_slot, bool turn_end, std::optional<reply_report> reply = {});
   // Gives the lease back without running anything (the request never reached the slot).
+  // Nothing to do for a lease whose prepare failed.
   net::awaitable<void> release();
 
  private:
@@ -64,15 +68,19 @@ class lease {
                                                      core::request_identity who, bool pooled,
                                                      std::function<net::awaitable<bool>()> gone,
                                                      std::function<void()> on_wait);
+  // A lease prepared in admit's trip: what prepare() answers without another (a failed one
+  // holds nothing: c_ is null).
+  static lease prepared_in_admission(coordinator& c, std::shared_ptr<lease_ticket> t,
+                                     prepare_result pr);
   coordinator* c_ = nullptr;
   std::shared_ptr<lease_ticket> t_;
+  std::optional<prepare_result> prepared_;
 };
 
 // How acquire ended.
 struct acquisition {
   enum class outcome {
     granted,    // `held` is the lease; prepare it
-    prepared,   // `held` is the lease and already prepared: see `prepared`
     rejected,   // the queue is full: answer 503
     runtime_change_pending,  // another POST /lora-adapters waits or runs: answer 429
     timed_out,  // queue.timeoutMs passed while waiting: answer 503
@@ -81,12 +89,11 @@ struct acquisition {
   };
   outcome what = outcome::rejected;
   lease held;
-  prepare_result prepared;
 };
 
 // Waits for a lease of `c` for `who` (docs/design.md §5). `pooled`: the request has a pooled
 // upstream connection, so a lease granted at once is prepared in the same trip (a resident
-// request then needs one trip to the strand). Only a request that has to queue calls
+// request then needs one trip to the strand; the lease's prepare() answers without another). Only a request that has to queue calls
 // `on_wait` (it gives the pooled connection back) and `gone` (a watch that completes when the
 // client hangs up), so the common case builds neither.
 net::awaitable<acquisition> acquire(coordinator& c, core::request_identity who, bool unpinnable,

@@ -495,10 +495,6 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
     if (idle) pooled = upstream_conn{std::move(idle), false};
     co_return co_await pass_through(up, c, req, std::move(acq.held), std::move(pooled));
   }
-  if (acq.what == outcome::prepared && !acq.prepared.ok) {
-    give_back_idle();
-    co_return co_await send(c, prepare_failure(acq.prepared, req));
-  }
   // One co_await per statement (docs/conventions.md §3).
   core::result<upstream_conn> conn = core::error{};
   if (idle)
@@ -513,8 +509,7 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   }
   if (acq.held.exclusive())
     co_return co_await run_exclusive(up, c, req, std::move(acq.held), std::move(conn.value()));
-  prepare_result pr = acq.prepared;
-  if (acq.what != outcome::prepared) pr = co_await acq.held.prepare(who, conn->fresh);
+  const prepare_result pr = co_await acq.held.prepare(who, conn->fresh);
   if (!pr.ok) {
     up.pool->release(std::move(conn->stream));
     co_return co_await send(c, prepare_failure(pr, req));

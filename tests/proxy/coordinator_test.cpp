@@ -187,7 +187,7 @@ struct harness : kvp::testing::coordinator_on_fake {
     auto a = run_client(acquire_for(who, !fresh_upstream));
     REQUIRE(a.what != outcome::rejected);
     REQUIRE(waits == queued_before);  // granted at once: nothing held the slot
-    prepare_result pr = a.prepared;  // pass_through: none, and nothing to prepare
+    prepare_result pr;  // pass_through: none, and nothing to prepare
     if (a.what == outcome::granted) pr = run_client(a.held.prepare(who, fresh_upstream));
     if (pr.ok) {
       fake->run_inference(tokens);
@@ -537,9 +537,10 @@ TEST_CASE("strict mode never passes through: session requests are refused as bef
   harness h(tmp.path(), strict_options());
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
-  const auto a = h.run_client(h.acquire_for(named("A"), true));
-  REQUIRE(a.what == outcome::prepared);
-  CHECK_FALSE(a.prepared.ok);
+  auto a = h.run_client(h.acquire_for(named("A"), true));
+  REQUIRE(a.what == outcome::granted);
+  CHECK_FALSE(a.held);  // refused in admission's trip: the coordinator released it
+  CHECK_FALSE(h.run_client(a.held.prepare(named("A"), false)).ok);
   CHECK(h.passing_through() == 0);
 }
 

@@ -109,19 +109,51 @@ TEST_CASE("a pooled request granted at once is prepared in the same trip", "[pro
   harness h(tmp.path());
   h.start();
   auto a = h.run(h.acquire("A", true));
-  REQUIRE(a.what == outcome::prepared);
-  REQUIRE(a.prepared.ok);
-  CHECK(a.prepared.kind == prepare_kind::cold);
+  REQUIRE(a.what == outcome::granted);
   REQUIRE(a.held);
+  const auto first = h.run(a.held.prepare({"A", "", {}, ""}, false));
+  REQUIRE(first.ok);
+  CHECK(first.kind == prepare_kind::cold);
   h.fake->run_inference(100);
   h.run(a.held.finish(true));
-  // A's next request finds its slot resident, again in one trip, with no management call.
+  // B's pooled request: the switch's save of A ran before acquire returned; prepare answers
+  // what that trip decided and calls nothing more.
   h.fake->clear_calls();
-  auto again = h.run(h.acquire("A", true));
-  REQUIRE(again.what == outcome::prepared);
-  CHECK(again.prepared.kind == prepare_kind::resident);
+  auto b = h.run(h.acquire("B", true));
+  REQUIRE(b.what == outcome::granted);
+  const auto saved_in_admission = h.fake->slot_calls();
+  REQUIRE(saved_in_admission.size() == 1);
+  CHECK(saved_in_admission[0].action == "save");
+  const auto pb = h.run(b.held.prepare({"B", "", {}, ""}, false));
+  REQUIRE(pb.ok);
+  CHECK(pb.kind == prepare_kind::cold);
+  CHECK(h.fake->slot_calls().size() == 1);
+  h.fake->run_inference(100);
+  h.run(b.held.finish(true));
+  // B's next request finds its slot resident, again in one trip, with no management call.
+  h.fake->clear_calls();
+  auto again = h.run(h.acquire("B", true));
+  REQUIRE(again.what == outcome::granted);
+  CHECK(h.run(again.held.prepare({"B", "", {}, ""}, false)).kind == prepare_kind::resident);
   CHECK(h.fake->slot_calls().empty());
   h.run(again.held.finish(true));
+}
+
+TEST_CASE("a request without a pooled connection is prepared only when it asks",
+          "[proxy][lease]") {
+  temp_dir tmp;
+  harness h(tmp.path());
+  h.start();
+  auto a = h.run(h.acquire("A", true));
+  CHECK(h.run(serve(a.held, "A", h.fake, 100)) == prepare_kind::cold);
+  h.fake->clear_calls();
+  auto b = h.run(h.acquire("B", false));
+  REQUIRE(b.what == outcome::granted);
+  CHECK(h.fake->slot_calls().empty());  // nothing decided before its connection is known
+  const auto pb = h.run(b.held.prepare({"B", "", {}, ""}, false));
+  REQUIRE(pb.ok);
+  CHECK(h.fake->slot_calls().size() == 1);
+  h.run(b.held.finish(true));
 }
 
 TEST_CASE("a lease dropped unfinished releases its slot", "[proxy][lease]") {
