@@ -83,6 +83,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                    },
                    .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
                }),
+      hints_(opts_.server_name, strand_, store_, actions_),
       retention_(strand_,
                  core::retention_limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
                                         opts_.retention_max_age_days,

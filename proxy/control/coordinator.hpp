@@ -17,7 +17,6 @@
 #include "backends/net.hpp"
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
-#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/reuse_stats.hpp"
@@ -25,6 +24,7 @@
 #include "core/session_rate.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
+#include "proxy/control/hint_log.hpp"
 #include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/retention_keeper.hpp"
@@ -142,10 +142,9 @@ class coordinator {
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
-  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
-  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
-  // directory for `kvpersist doctor`. Thread-safe.
-  void note_hint(core::hint_id h);
+  // What requests to this server showed that keeps new conversations cold
+  // (proxy/control/hint_log.hpp); its note is thread-safe.
+  hint_log& hints() { return hints_; }
 
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
@@ -282,8 +281,6 @@ class coordinator {
   // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
   void forget_records_dropped_by_pool();
   net::awaitable<void> load_state();
-  // The first sighting of `h` in this process: its time, its log line and hints.json.
-  net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
   // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
   // before a probe is applied.
   net::awaitable<void> reload_compatibility();
@@ -322,13 +319,11 @@ class coordinator {
 
   // Metrics not kept by the core.
   core::reuse_stats reuse_;  // what restores and cold starts earned
-  // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
-  std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
-  std::array<std::string, core::hint_count> hint_first_seen_;
   std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
   // The plans' save, restore and erase calls and the manifest and file-pool work; declared
   // last, after everything it refers to.
   slot_actions actions_;
+  hint_log hints_;  // requests' hints: counts, first sightings (hints.json)
   // Retention: gc, the session budget, the disk budget and server-owned overwrites.
   retention_keeper retention_;
   // The admin API's session operations and reads.
