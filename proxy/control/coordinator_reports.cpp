@@ -279,10 +279,10 @@ std::string coordinator::status_json() const {
   w.Key("enabled");
   w.Bool(pool_.persistence_enabled());
   w.Key("disabledReason");  // why persistence is off, when the server said why
-  if (pool_.persistence_enabled() || disabled_why_.empty())
+  if (pool_.persistence_enabled() || runtime_.disabled_reason().empty())
     w.Null();
   else
-    jstr(w, disabled_why_);
+    jstr(w, runtime_.disabled_reason());
   w.Key("backend");
   write_backend(w, pool_, opts_.endpoint);
   w.Key("mode");

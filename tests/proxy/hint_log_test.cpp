@@ -9,41 +9,23 @@
 
 #include <string>
 #include <thread>
-#include <string_view>
 #include <utility>
 #include <vector>
 
-#include "core/log.hpp"
 #include "tests/support/control_parts.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/support/run.hpp"
 
 namespace {
 
 using kvp::core::hint_id;
-using kvp::core::log_level;
-
-std::vector<std::string> logged;
-void capture(log_level, std::string_view line) { logged.emplace_back(line); }
-
-// The lines captured so far that name `event`.
-std::vector<std::string> lines_of(std::string_view event) {
-  std::vector<std::string> out;
-  for (const auto& l : logged)
-    if (l.find(event) != std::string::npos) out.push_back(l);
-  return out;
-}
-
 // A hint_log over the parts a coordinator gives it; log lines captured while it lives.
 struct harness : kvp::testing::control_parts {
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::hint_log hints{"default", ioc.get_executor(), store, actions};
+  kvp::testing::log_capture logged;
 
-  harness() {
-    REQUIRE(store.open().ok());
-    logged.clear();
-    kvp::core::set_log_output(capture, log_level::info, false);
-  }
-  ~harness() { kvp::core::set_log_output(nullptr, log_level::error, false); }
+  harness() { REQUIRE(store.open().ok()); }
 
   // Lets the recording the notes started finish (it runs on the file pool).
   void settle() { kvp::testing::run_for(ioc, std::chrono::milliseconds(100)); }
@@ -80,7 +62,7 @@ TEST_CASE("hint_log: the first sighting is logged once and recorded in hints.jso
   h.hints.note(hint_id::attribution_header);
   h.settle();
 
-  const auto lines = lines_of("kv.hint.attribution_header");
+  const auto lines = h.logged.of("kv.hint.attribution_header");
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("server=default") != std::string::npos);
 
@@ -116,7 +98,7 @@ TEST_CASE("hint_log: notes from other threads are all counted, the sighting reco
     });
   for (auto& t : threads) t.join();
   h.settle();
-  CHECK(lines_of("kv.hint.attribution_header").size() == 1);
+  CHECK(h.logged.of("kv.hint.attribution_header").size() == 1);
   CHECK(h.store.read_hints().size() == 1);
   CHECK(h.status()[0]["requests"].GetUint64() == 1000);
 }
