@@ -74,7 +74,7 @@ TEST_CASE("hint_log: the first sighting is logged once and recorded in hints.jso
   const auto d = h.status();
   REQUIRE(d.IsArray());
   REQUIRE(d.GetArray().Size() == 1);
-  const auto& row = d[0];
+  const auto& row = d[0u];
   CHECK(std::string(row["hint"].GetString()) == "attribution_header");
   CHECK(row["requests"].GetUint64() == 3);
   CHECK(std::string(row["firstSeenAt"].GetString()) == recorded[0].first_seen_at);
@@ -100,7 +100,7 @@ TEST_CASE("hint_log: notes from other threads are all counted, the sighting reco
   h.settle();
   CHECK(h.logged.of("kv.hint.attribution_header").size() == 1);
   CHECK(h.store.read_hints().size() == 1);
-  CHECK(h.status()[0]["requests"].GetUint64() == 1000);
+  CHECK(h.status()[0u]["requests"].GetUint64() == 1000);
 }
 
 }  // namespace
