@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/identity.hpp"
+#include "proxy/control/slot_actions.hpp"
 #include "tests/support/control_parts.hpp"
 #include "tests/support/log_capture.hpp"
 #include "tests/support/run.hpp"
