@@ -322,9 +322,13 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     auto m = co_await actions_.read_manifest(own);
     if (m) pool_.add_manifest(std::move(*m));
   }
-  if (auto refused = refuse_new_session(own, who.credential)) {
+  if (auto refused = new_sessions_.refusal(own, who.credential, steady_clock::now())) {
     release_and_wake(t);  // before the plan: no slot was touched
-    co_return std::move(*refused);
+    out.ok = false;
+    out.code = refused->code;
+    out.retry_after = std::chrono::seconds(refused->retry_after_s);
+    out.message = std::move(refused->message);
+    co_return out;
   }
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
@@ -373,30 +377,6 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
   co_return out;
-}
-
-// README "Security": a credential that churns sessions is slowed down before it costs any
-// slot work. One log line when a credential starts being refused, then the metric.
-std::optional<prepare_result> coordinator::refuse_new_session(const std::string& hash,
-                                                              const std::string& credential) {
-  const auto limit = opts_.new_sessions_per_minute;
-  if (hash.empty() || limit == 0 || pool_.session(hash)) return std::nullopt;
-  const auto verdict = new_sessions_.take(credential, steady_clock::now());
-  if (verdict.allowed) return std::nullopt;
-  ++sessions_rate_limited_;
-  if (verdict.first_refusal)
-    log(log_level::info, "kv.session.rate_limited",
-        {{"credential", credential.empty() ? std::string("none")
-                                           : std::string(core::abbrev(credential))},
-         {"limit", std::to_string(limit)},
-         {"effect", "its new sessions are answered 429 until its bucket refills"}});
-  prepare_result out;
-  out.ok = false;
-  out.code = core::errc::session_rate;
-  out.retry_after = verdict.retry_after;
-  out.message = fmt::format("too many new sessions for this credential: at most {} a minute "
-                            "(limits.newSessionsPerMinute)", limit);
-  return out;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,

@@ -4,8 +4,8 @@
 // admin operation. The steps themselves are its parts': lease_queue (who holds which slot, who
 // waits), runtime_monitor (probes, restarts, sleep), slot_actions (a core::slot_pool plan's
 // save, restore and erase), idle_checkpointer, overwrite_tracker, retention_keeper,
-// session_admin and hint_log. All its state lives on its strand; client sessions reach it only
-// through co_spawn onto that strand (no global mutex).
+// session_admin, hint_log and new_session_gate. All its state lives on its strand; client
+// sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
 
 #include <chrono>
@@ -22,12 +22,12 @@
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/reuse_stats.hpp"
-#include "core/session_rate.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
 #include "proxy/control/hint_log.hpp"
 #include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/new_session_gate.hpp"
 #include "proxy/control/idle_checkpointer.hpp"
 #include "proxy/control/overwrite_tracker.hpp"
 #include "proxy/control/retention_keeper.hpp"
@@ -228,10 +228,6 @@ class coordinator {
     std::shared_ptr<lease_ticket> t_;
   };
   net::awaitable<exclusive_hold> acquire_internal();
-  // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
-  // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
-  std::optional<prepare_result> refuse_new_session(const std::string& hash,
-                                                   const std::string& credential);
   net::awaitable<void> load_state();
 
   net::strand<net::io_context::executor_type> strand_;
@@ -239,7 +235,8 @@ class coordinator {
   manifest_store store_;
   coordinator_options opts_;
   core::slot_pool pool_;
-  core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
+  // limits.newSessionsPerMinute: new sessions refused per credential.
+  new_session_gate new_sessions_{opts_.new_sessions_per_minute, pool_};
   snapshot_files snapshots_{opts_.snapshot_dir};
   file_io files_{2, 64, opts_.file_timeout};
   // A save's commit in flight, by session hash: planning for that session, or its slot,
@@ -250,7 +247,6 @@ class coordinator {
 
   // Metrics not kept by the core.
   core::reuse_stats reuse_;  // what restores and cold starts earned
-  std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
   // The plans' save, restore and erase calls and the manifest and file-pool work; declared
   // last, after everything it refers to.
   slot_actions actions_;

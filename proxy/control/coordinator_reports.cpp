@@ -369,7 +369,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             retention_.counters().sessions_forgotten);
   m.counter("kvpersist_session_rate_limited_total",
             "Requests for a new session refused by limits.newSessionsPerMinute (429).",
-            sessions_rate_limited_);
+            new_sessions_.refused());
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
   w.histo("kvpersist_save_duration_ms", m.labels, actions_.metrics().save_ms);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");
