@@ -149,7 +149,8 @@ class runtime_monitor {
   // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
   core::runtime_watch watch_;
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
-  std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
+  // Slot -> when its last request ended (the sleep period is measured from it).
+  std::map<int, std::chrono::steady_clock::time_point> finished_at_;
 };
 
 }  // namespace kvp::proxy
