@@ -2,7 +2,7 @@
 // probe's answer starts a new epoch, keeps or turns persistence off, and backs the probe off;
 // the behaviour class established for the epoch; and what a sleep seen on /props teaches
 // about the server's sleep period. Pure: the coordinator runs the probes
-// (proxy/control/coordinator_runtime.cpp), feeds their results here with the time, and
+// (proxy/control/runtime_monitor.cpp), feeds their results here with the time, and
 // applies and logs what comes back. Thread safety: none (one per coordinator, on its strand).
 #pragma once
 

@@ -61,6 +61,62 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
   };
 }
 
+// One line per breaker transition, as soon as the lease holder that caused it is done with
+// its management calls (core::breaker reports only changes, so an outage is one line).
+void log_circuit_changes(core::slot_pool& pool) {
+  for (const auto& c : pool.take_circuit_changes()) {
+    if (c.opened) {
+      log(log_level::warn, "kv.persistence.circuit_open",
+          {{"code", std::string(core::to_string(c.cause))},
+           {"failures", std::to_string(pool.circuit().consecutive_failures())},
+           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
+    } else {
+      log(log_level::info, "kv.persistence.circuit_recovered");
+    }
+  }
+}
+
+// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
+void log_switch(const core::slot_pool& pool, const std::string& from,
+                const core::request_identity& who, int slot) {
+  const bool aux = who.session_id.empty() || !who.purpose.empty();
+  const std::string to = aux ? std::string() : pool.hash_for(who);
+  if (from.empty() || from == to) return;
+  log(log_level::info, "kv.session.switch",
+      {{"from", std::string(core::abbrev(from))},
+       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
+       {"slot", std::to_string(slot)}});
+}
+
+// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
+void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& reuse,
+                                    retention_keeper& retention) {
+  for (const auto& hash : pool.take_forgotten_records()) {
+    reuse.forget(hash);
+    retention.forget(hash);
+    log(log_level::debug, "kv.session.record_forgotten",
+        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
+  }
+}
+
+// After a prepared request completed: what its response said about cache reuse. Feeds the
+// session's counters (core::session_reuse, for every kind) and the reuse metrics (tokens reused
+// after restores, prefill seconds saved). `slot`: where the request ran, whose owner is the
+// request's session; after a restore, compares what the response reused with what was restored
+// and logs kv.session.restore.unpaid below half.
+void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
+                     core::prepare_kind kind, response_timings t) {
+  if (t.cache_n < 0) return;
+  pool.note_reuse(pool.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                  reuse.prompt_tokens_per_s());
+  const auto unpaid = reuse.record_response(slot, kind, t);
+  if (!unpaid) return;
+  log(log_level::info, "kv.session.restore.unpaid",
+      {{"session", std::string(core::abbrev(unpaid->hash))}, {"slot", std::to_string(slot)},
+       {"restored", std::to_string(unpaid->restored)}, {"reused", std::to_string(unpaid->reused)},
+       {"effect", "the prompt was reprocessed after the restore"}});
+}
+
 }  // namespace
 
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
@@ -71,18 +127,28 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       opts_(std::move(opts)),
       pool_(pool_options(opts_)),
       leases_(opts_.max_waiting, chooser_of(pool_, opts_), wake),
-      idle_timer_(strand_),
-      probe_timer_(strand_),
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
-                   .slot_error = [this](const core::error& e) { note_slot_error(e); },
-                   .commit_ended = [this] { log_circuit_changes(); },
+                   .slot_error = [this](const core::error& e) { runtime_.note_slot_error(e); },
+                   .commit_ended = [this] { log_circuit_changes(pool_); },
                    .session_added = [this] { return retention_.enforce_session_budget(); },
                    .saved = [this](int slot, core::manifest saved) {
                      return retention_.keep_disk_budget(slot, std::move(saved));
                    },
                    .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
                }),
+      hints_(opts_.server_name, strand_, store_, actions_),
+      runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_},
+               runtime_monitor_options{
+                   .server_name = opts_.server_name,
+                   .single_slot = opts_.single_slot,
+                   .probe_interval = opts_.epoch_probe_interval,
+                   .sleep_idle = opts_.sleep_idle,
+                   .idle_checkpoint = opts_.pool.idle_checkpoint,
+               }),
+      idle_(strand_, idle_checkpointer_parts{pool_, leases_, actions_},
+            [this] { log_circuit_changes(pool_); }),
+      overwrites_(opts_.server_name, *backend_, pool_),
       retention_(strand_,
                  core::retention_limits{opts_.retention_max_bytes, opts_.retention_max_sessions,
                                         opts_.retention_max_age_days,
@@ -95,7 +161,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
              session_admin_hooks{
                  .hold_server =
                      erased_hold<exclusive_hold>([this] { return acquire_internal(); }),
-                 .refresh_runtime = [this](int slot) { return refresh_runtime(slot); },
+                 .refresh_runtime = [this](int slot) { return runtime_.refresh_runtime(slot); },
              }) {}
 
 // What start reads from the state directory, on the file pool.
@@ -145,11 +211,7 @@ net::awaitable<void> coordinator::load_state() {
 
 net::awaitable<void> coordinator::start() {
   co_await load_state();
-  co_await load_learned_sleep();
-  auto p = co_await run_full_probe();
-  apply_probe(p);
-  if (opts_.epoch_probe_interval.count() > 0)
-    net::co_spawn(strand_, probe_loop(), log_exception);
+  co_await runtime_.start();
   if (opts_.retention_interval.count() > 0)
     net::co_spawn(strand_, retention_.gc_loop(), log_exception);
 }
@@ -159,9 +221,8 @@ void coordinator::spawn(net::awaitable<void> work) {
 }
 
 void coordinator::stop() {
-  stopped_ = true;
-  idle_timer_.cancel();
-  probe_timer_.cancel();
+  idle_.stop();
+  runtime_.stop();
   retention_.stop();
 }
 
@@ -176,8 +237,8 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
   // A probe that is due (a fresh connection, this request's own included; a back-off that
   // ended) runs before the request passes through: persistence may be back.
   if (may_pass_through(*t)) {
-    if (!upstream_ready) upstream_trouble_.store(true);
-    co_await look_for_changes(-1);
+    if (!upstream_ready) runtime_.note_upstream_trouble();
+    co_await runtime_.look_for_changes(-1);
   }
   if (may_pass_through(*t)) {
     leases_.begin_pass_through(t);
@@ -205,56 +266,26 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
 // refusal to make, and nothing leased or queued that the request could overtake.
 bool coordinator::may_pass_through(const lease_ticket& t) const {
   return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
-         !t.runtime_change && leases_.idle() && !pending_probe_;
+         !t.runtime_change && leases_.idle() && !runtime_.probe_pending();
 }
 
 void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
-  if (leases_.end_pass_through(t)) arm_idle_timer();
+  if (leases_.end_pass_through(t)) idle_.arm();
 }
 
 net::awaitable<bool> coordinator::settle(std::shared_ptr<lease_ticket> t) {
   co_return leases_.settle(t);
 }
 
-// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
-void coordinator::log_switch(const std::string& from, const core::request_identity& who, int slot) {
-  const bool aux = who.session_id.empty() || !who.purpose.empty();
-  const std::string to = aux ? std::string() : pool_.hash_for(who);
-  if (from.empty() || from == to) return;
-  log(log_level::info, "kv.session.switch",
-      {{"from", std::string(core::abbrev(from))},
-       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
-       {"slot", std::to_string(slot)}});
-}
-
-// One line per breaker transition, as soon as the lease holder that caused it is done with
-// its management calls (core::breaker reports only changes, so an outage is one line).
-void coordinator::log_circuit_changes() {
-  for (const auto& c : pool_.take_circuit_changes()) {
-    if (c.opened) {
-      log(log_level::warn, "kv.persistence.circuit_open",
-          {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(pool_.circuit().consecutive_failures())},
-           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
-    } else {
-      log(log_level::info, "kv.persistence.circuit_recovered");
-    }
-  }
-}
-
 void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
-  log_circuit_changes();
+  log_circuit_changes(pool_);
   log(log_level::debug, "kv.slot.release",
       {{"slot", t->slot < 0 ? std::string("all") : std::to_string(t->slot)},
        {"ticket", std::to_string(t->id)}});
   leases_.release(t);
-  if (leases_.nothing_leased() && pending_probe_) {
-    auto p = std::move(*pending_probe_);
-    pending_probe_.reset();
-    apply_probe(p);
-  }
+  if (leases_.nothing_leased()) runtime_.apply_pending_probe();
   leases_.grant_waiting();
-  arm_idle_timer();
+  idle_.arm();
 }
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
@@ -276,8 +307,9 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     co_return out;
   }
   const int slot = t->slot;
-  if (fresh_upstream || may_have_slept(slot, steady_clock::now())) upstream_trouble_.store(true);
-  co_await refresh_runtime(slot);
+  if (fresh_upstream || runtime_.may_have_slept(slot, steady_clock::now()))
+    runtime_.note_upstream_trouble();
+  co_await runtime_.refresh_runtime(slot);
   pool_.resolve_session(who);
   const bool session = !who.session_id.empty() && who.purpose.empty();
   const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who)
@@ -291,9 +323,13 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     auto m = co_await actions_.read_manifest(own);
     if (m) pool_.add_manifest(std::move(*m));
   }
-  if (auto refused = refuse_new_session(own, who.credential)) {
+  if (auto refused = new_sessions_.refusal(own, who.credential, steady_clock::now())) {
     release_and_wake(t);  // before the plan: no slot was touched
-    co_return std::move(*refused);
+    out.ok = false;
+    out.code = refused->code;
+    out.retry_after = std::chrono::seconds(refused->retry_after_s);
+    out.message = std::move(refused->message);
+    co_return out;
   }
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
@@ -304,8 +340,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
   const std::string before = pool_.owner(slot);
   auto plan = pool_.prepare(who, slot, now, wall_now());
-  forget_records_dropped_by_pool();
-  if (!plan.fail && !plan.resident) log_switch(before, who, slot);
+  forget_records_dropped_by_pool(pool_, reuse_, retention_);
+  if (!plan.fail && !plan.resident) log_switch(pool_, before, who, slot);
   for (const auto& m : plan.manifest_writes) {
     const auto written = co_await actions_.write_manifest(m);
     (void)written;  // logged; the core already counts the snapshot invalid
@@ -329,7 +365,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (done.failure)
     co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
                                                          : done.failure->message);
-  log_circuit_changes();
+  log_circuit_changes(pool_);
   out.kind = pool_.start_inference(who, slot);
   if (plan.kept)
     log(log_level::info, "kv.session.cold",
@@ -344,46 +380,12 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   co_return out;
 }
 
-// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
-void coordinator::forget_records_dropped_by_pool() {
-  for (const auto& hash : pool_.take_forgotten_records()) {
-    reuse_.forget(hash);
-    retention_.forget(hash);
-    log(log_level::debug, "kv.session.record_forgotten",
-        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
-  }
-}
-
-// README "Security": a credential that churns sessions is slowed down before it costs any
-// slot work. One log line when a credential starts being refused, then the metric.
-std::optional<prepare_result> coordinator::refuse_new_session(const std::string& hash,
-                                                              const std::string& credential) {
-  const auto limit = opts_.new_sessions_per_minute;
-  if (hash.empty() || limit == 0 || pool_.session(hash)) return std::nullopt;
-  const auto verdict = new_sessions_.take(credential, steady_clock::now());
-  if (verdict.allowed) return std::nullopt;
-  ++sessions_rate_limited_;
-  if (verdict.first_refusal)
-    log(log_level::info, "kv.session.rate_limited",
-        {{"credential", credential.empty() ? std::string("none")
-                                           : std::string(core::abbrev(credential))},
-         {"limit", std::to_string(limit)},
-         {"effect", "its new sessions are answered 429 until its bucket refills"}});
-  prepare_result out;
-  out.ok = false;
-  out.code = core::errc::session_rate;
-  out.retry_after = verdict.retry_after;
-  out.message = fmt::format("too many new sessions for this credential: at most {} a minute "
-                            "(limits.newSessionsPerMinute)", limit);
-  return out;
-}
-
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
   if (!leases_.holds(t) || t->slot < 0) co_return;
-  if (reply) record_response(t->slot, reply->kind, reply->timings);
-  finished_at_[t->slot] = steady_clock::now();  // the sleep period is measured from it
+  if (reply) record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+  runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).
@@ -393,14 +395,6 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
   release_and_wake(t);
 }
 
-net::awaitable<std::optional<std::map<int, std::int64_t>>> coordinator::last_tasks() {
-  auto r = co_await backend_->inspect_slots();
-  if (!r) co_return std::nullopt;
-  std::map<int, std::int64_t> out;
-  for (const auto& s : r.value()) out[s.id] = s.id_task;
-  co_return out;
-}
-
 net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
   prepare_result out;
   if (!leases_.holds(t) || !t->exclusive) {
@@ -408,7 +402,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     out.message = "exclusive lease not held";
     co_return out;
   }
-  co_await refresh_runtime(pool_.slot_ids().front());
+  co_await runtime_.refresh_runtime(pool_.slot_ids().front());
   if (!pool_.persistence_enabled()) co_return out;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
@@ -422,8 +416,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
       }
     }
   }
-  auto before = co_await last_tasks();
-  tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
+  co_await overwrites_.note_tasks_before();
   out.kind = core::prepare_kind::auxiliary;
   co_return out;
 }
@@ -431,78 +424,8 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
-  if (reached_slot && pool_.persistence_enabled()) {
-    auto after = co_await last_tasks();
-    note_slots_readable(after.has_value() && !tasks_before_.empty());
-    for (int id : pool_.slot_ids()) {
-      // The slot that ran the request has a new last task; if the server cannot tell us,
-      // nobody's slot can be trusted.
-      const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
-                           !tasks_before_.contains(id) || (*after)[id] < 0 ||
-                           (*after)[id] != tasks_before_[id];
-      if (touched && !pool_.owner(id).empty()) {
-        log(log_level::info, "kv.slot.overwritten",
-            {{"slot", std::to_string(id)},
-             {"session", std::string(core::abbrev(pool_.owner(id)))},
-             {"effect", "restores from its snapshot next time"}});
-      }
-      if (touched) pool_.forget_slot(id);
-    }
-  }
+  if (reached_slot && pool_.persistence_enabled()) co_await overwrites_.forget_overwritten();
   release_and_wake(t);
-}
-
-void coordinator::arm_idle_timer() {
-  auto deadline = pool_.idle_deadline();
-  if (!deadline || stopped_) return;
-  if (idle_loop_running_) {
-    // Called after every request, and a request only moves the deadline later: the loop
-    // re-reads it when its timer fires, so the timer is moved (which cancels and restarts
-    // the wait) only when the deadline came earlier.
-    if (*deadline < idle_timer_.expiry()) idle_timer_.expires_at(*deadline);
-    return;
-  }
-  idle_timer_.expires_at(*deadline);
-  idle_loop_running_ = true;
-  net::co_spawn(strand_, idle_loop(), log_exception);
-}
-
-net::awaitable<void> coordinator::idle_loop() {
-  for (;;) {
-    auto [ec] = co_await idle_timer_.async_wait(token);
-    if (stopped_) break;
-    if (ec == net::error::operation_aborted) {
-      // Re-armed (expires_at cancels the pending wait): wait for the new deadline.
-      if (pool_.idle_deadline()) continue;
-      break;
-    }
-    const auto now = steady_clock::now();
-    for (int id : pool_.slot_ids()) {
-      // A request is running there (or may be: a pass-through); its end re-arms.
-      if (leases_.is_leased(id) || leases_.passing_through() > 0) continue;
-      auto s = pool_.idle_checkpoint(id, now);
-      if (!s) continue;
-      // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
-      auto self = std::make_shared<lease_ticket>(strand_);
-      leases_.hold_slot(id, self);
-      log(log_level::debug, "kv.checkpoint.idle",
-          {{"session", std::string(core::abbrev(s->hash))}, {"slot", std::to_string(id)}});
-      // Only llama-server's write holds the slot; the commit runs after the release.
-      const auto saved = co_await actions_.start_save(*s);
-      (void)saved;
-      log_circuit_changes();
-      leases_.release(self);
-      leases_.grant_waiting();
-    }
-    auto next = pool_.idle_deadline();
-    if (!next) break;
-    if (*next <= steady_clock::now()) {
-      // Due but its slot is leased: that request's finish re-arms the timer.
-      break;
-    }
-    idle_timer_.expires_at(*next);
-  }
-  idle_loop_running_ = false;
 }
 
 // The lease for kvpersist's own work (flush, shutdown, admin): the same FIFO as requests,
@@ -533,16 +456,20 @@ net::awaitable<bool> coordinator::checkpoint() {
   co_return ok;
 }
 
-void coordinator::record_response(int slot, core::prepare_kind kind, response_timings t) {
-  if (t.cache_n < 0) return;
-  pool_.note_reuse(pool_.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
-                   reuse_.prompt_tokens_per_s());
-  const auto unpaid = reuse_.record_response(slot, kind, t);
-  if (!unpaid) return;
-  log(log_level::info, "kv.session.restore.unpaid",
-      {{"session", std::string(core::abbrev(unpaid->hash))}, {"slot", std::to_string(slot)},
-       {"restored", std::to_string(unpaid->restored)}, {"reused", std::to_string(unpaid->reused)},
-       {"effect", "the prompt was reprocessed after the restore"}});
+// POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
+// adapters change, and every dirty session saved under the runtime it was computed with.
+net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
+  if (!leases_.holds(t)) co_return;
+  co_await commits_.wait_all();
+  for (int id : pool_.slot_ids())
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await actions_.run_save(*s);
+  co_await runtime_.begin_runtime_change();
+}
+
+net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
+                                                     bool reached_server) {
+  co_await runtime_.end_runtime_change(reached_server);
+  release_and_wake(t);
 }
 
 }  // namespace kvp::proxy

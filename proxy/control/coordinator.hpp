@@ -1,11 +1,13 @@
-// One coordinator per llama-server: the slot lease (a FIFO queue with a bound and a
-// timeout), the management calls a core::slot_pool plan asks for, idle checkpoints,
-// restart detection and the shutdown checkpoint. All its state lives on its own strand;
-// client sessions reach it only through co_spawn onto that strand (no global mutex).
+// One coordinator per llama-server, the orchestrator of its control plane: it owns the strand
+// every part runs on, the lease protocol (admit -> settle -> prepare -> finish, reached only
+// through proxy/control/lease.hpp) and the order of the steps of each request, checkpoint and
+// admin operation. The steps themselves are its parts': lease_queue (who holds which slot, who
+// waits), runtime_monitor (probes, restarts, sleep), slot_actions (a core::slot_pool plan's
+// save, restore and erase), idle_checkpointer, overwrite_tracker, retention_keeper,
+// session_admin, hint_log and new_session_gate. All its state lives on its strand; client
+// sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -17,17 +19,19 @@
 #include "backends/net.hpp"
 #include "core/slot_pool.hpp"
 #include "core/metrics.hpp"
-#include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
 #include "core/retention.hpp"
 #include "core/reuse_stats.hpp"
-#include "core/runtime_watch.hpp"
-#include "core/session_rate.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
+#include "proxy/control/hint_log.hpp"
 #include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/new_session_gate.hpp"
+#include "proxy/control/idle_checkpointer.hpp"
+#include "proxy/control/overwrite_tracker.hpp"
 #include "proxy/control/retention_keeper.hpp"
+#include "proxy/control/runtime_monitor.hpp"
 #include "proxy/control/session_admin.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
@@ -53,11 +57,6 @@ struct coordinator_options {
   std::chrono::milliseconds file_timeout{30'000};  // failure.fileTimeoutMs: each file operation
   std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
 };
-
-// checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never): the
-// idle checkpoint runs at the latest a second before (at half of a short period).
-std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
-                                                  std::chrono::seconds sleep_idle);
 
 using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
@@ -138,19 +137,17 @@ class coordinator {
   // are admin()'s (proxy/control/session_admin.hpp).
   std::string status_json() const;
   session_admin& admin() { return admin_; }
-  const session_admin& admin() const { return admin_; }
   net::awaitable<admin_outcome> admin_flush();
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
-  // A request to this server showed `h` (core/request_hints.hpp): counted for /kv/status and
-  // /metrics; the first in this process is logged (kv.hint.<id>) and recorded in the state
-  // directory for `kvpersist doctor`. Thread-safe.
-  void note_hint(core::hint_id h);
+  // What requests to this server showed that keeps new conversations cold
+  // (proxy/control/hint_log.hpp); its note is thread-safe.
+  hint_log& hints() { return hints_; }
 
   // Tell the coordinator that an upstream connection failed to connect or died: the next
   // prepare re-reads the runtime. Thread-safe.
-  void note_upstream_trouble() { upstream_trouble_.store(true); }
+  void note_upstream_trouble() { runtime_.note_upstream_trouble(); }
 
   const std::string& name() const { return opts_.server_name; }
 
@@ -184,7 +181,8 @@ class coordinator {
   // REQUIRES: t holds the lease. Marks the slot dirty, runs a step- or turn-end checkpoint if
   // configured (`turn_end`: the reply handed the conversation back to the user), releases
   // the lease and wakes the next waiter. A pass-through ticket just ends (end_pass_through).
-  // `reply`: what the response said about reuse (record_response), recorded first.
+  // `reply`: what the response said about reuse (coordinator.cpp's record_response), recorded
+  // first.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false, std::optional<reply_report> reply = {});
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
@@ -203,58 +201,14 @@ class coordinator {
   // drops residency and has the next prepare read the whole fingerprint again.
   net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
-  // After a prepared request completed: what its response said about cache reuse. Feeds
-  // the session's counters (core::session_reuse, for every kind) and the reuse metrics
-  // (tokens reused after restores, prefill seconds saved). Strand-only. `slot`: where the
-  // request ran, whose owner is the request's session; after a restore, compares what the
-  // response reused with what was restored and logs kv.session.restore.unpaid below half.
-  void record_response(int slot, core::prepare_kind kind, response_timings t);
 
   // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
   bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
+  // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
+  // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
-  void log_circuit_changes();
-  void log_switch(const std::string& from, const core::request_identity& who, int slot);
-  void arm_idle_timer();
-  net::awaitable<void> idle_loop();
-  net::awaitable<void> probe_loop();
-  net::awaitable<void> refresh_runtime(int slot);
-  net::awaitable<void> look_for_changes(int slot);
-  net::awaitable<void> establish_behaviour(int slot);
-  void adopt_behaviour(const std::string& key, const std::string& id);
-  void suspect_behaviour(const std::string& why);
-  net::awaitable<bool> slots_lost_kv(int own_slot);
-  void note_restart_behind_marker();
-  using full_probe = core::full_probe;
-  net::awaitable<full_probe> run_full_probe();
-  // Applies core::runtime_watch's decision on the probe to the pool, and logs it.
-  void apply_probe(const full_probe& fp);
-  bool apply_slot_layout(const core::result<core::server_probe>& p);
-  void note_unavailable(const core::probe_decision& d);
-  // A probe failed while the server answers: persistence pauses until the back-off ends.
-  bool probe_backing_off() const { return watch_.backing_off(pool_.persistence_enabled()); }
-  // While backing off: whether the probe may run now (the back-off ended, or a hint showed a
-  // new process behind /props).
-  net::awaitable<bool> probe_retry_due();
-  // Turns persistence off, with one warning line until it comes back.
-  void disable_persistence(const std::string& why,
-                           core::errc code = core::errc::backend_unsupported);
-  // A slot action answered that the slot does not exist: read the layout again first thing.
-  void note_slot_error(const core::error& e);
-  void note_slots_readable(bool readable);
-  // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
-  void note_sleeping(bool sleeping);
-  std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
-  void adopt_sleep_period(std::chrono::seconds period);
-  net::awaitable<void> record_learned_sleep(std::chrono::seconds period);
-  // A period an earlier process learned (sleep.json), unless upstream.sleepIdleSeconds is set.
-  net::awaitable<void> load_learned_sleep();
-  // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
-  std::chrono::seconds sleep_period() const { return watch_.sleep_period(); }
-  // The slot's owner has been idle for llama-server's whole sleep period.
-  bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
   // The whole server held by the coordinator itself (flush, shutdown, admin, gc), acquired on
   // the strand after every commit in flight has landed. Released, on the strand, when it
   // goes out of scope: no path out of an operation leaves the server leased.
@@ -275,26 +229,15 @@ class coordinator {
     std::shared_ptr<lease_ticket> t_;
   };
   net::awaitable<exclusive_hold> acquire_internal();
-  net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
-  // limits.newSessionsPerMinute: the refusal when `hash` names a session kvpersist does not
-  // know (no record, no manifest) and its credential's bucket is empty; nullopt to go on.
-  std::optional<prepare_result> refuse_new_session(const std::string& hash,
-                                                   const std::string& credential);
-  // Drops what the coordinator keeps of sessions the pool forgot for its record bound.
-  void forget_records_dropped_by_pool();
   net::awaitable<void> load_state();
-  // The first sighting of `h` in this process: its time, its log line and hints.json.
-  net::awaitable<void> record_hint(core::hint_id h, std::string seen_at);
-  // Reads compatibility.json (doctor --verify writes it) into compatibility_, on the file pool,
-  // before a probe is applied.
-  net::awaitable<void> reload_compatibility();
 
   net::strand<net::io_context::executor_type> strand_;
   std::unique_ptr<backends::kv_backend> backend_;
   manifest_store store_;
   coordinator_options opts_;
   core::slot_pool pool_;
-  core::session_rate_limiter new_sessions_{opts_.new_sessions_per_minute};
+  // limits.newSessionsPerMinute: new sessions refused per credential.
+  new_session_gate new_sessions_{opts_.new_sessions_per_minute, pool_};
   snapshot_files snapshots_{opts_.snapshot_dir};
   file_io files_{2, 64, opts_.file_timeout};
   // A save's commit in flight, by session hash: planning for that session, or its slot,
@@ -302,34 +245,19 @@ class coordinator {
   commit_pipeline commits_{strand_};
 
   lease_queue leases_;  // who holds which slot, who waits (proxy/control/lease_queue.hpp)
-  std::map<int, std::int64_t> tasks_before_;  // exclusive request: each slot's last task
-
-  net::steady_timer idle_timer_;
-  net::steady_timer probe_timer_;
-  bool stopped_ = false;
-  bool idle_loop_running_ = false;
-  std::atomic<bool> upstream_trouble_{false};
-  std::atomic<bool> full_probe_due_{false};  // the next prepare runs the whole probe
-  std::optional<full_probe> pending_probe_;
-  bool warned_disabled_ = false;
-  std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
-  bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
-  std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
-  manifest_store::compatibility_record compatibility_;  // as last read
-  // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
-  core::runtime_watch watch_{opts_.sleep_idle};
-  std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
-  std::map<int, std::chrono::steady_clock::time_point> finished_at_;  // slot -> its last request's end
 
   // Metrics not kept by the core.
   core::reuse_stats reuse_;  // what restores and cold starts earned
-  // Requests that showed each hint (thread-safe), and when each was first seen (strand-only).
-  std::array<std::atomic<std::uint64_t>, core::hint_count> hints_seen_{};
-  std::array<std::string, core::hint_count> hint_first_seen_;
-  std::uint64_t sessions_rate_limited_ = 0;  // requests refused by limits.newSessionsPerMinute
   // The plans' save, restore and erase calls and the manifest and file-pool work; declared
   // last, after everything it refers to.
   slot_actions actions_;
+  hint_log hints_;  // requests' hints: counts, first sightings (hints.json)
+  // Probes, restarts, sleep, the slot layout, the behavioural fingerprint, runtime changes.
+  runtime_monitor runtime_;
+  // Saves dirty slots whose owner went idle (checkpoint.idleMs).
+  idle_checkpointer idle_;
+  // Which slots an unpinnable request overwrote (managed mode).
+  overwrite_tracker overwrites_;
   // Retention: gc, the session budget, the disk budget and server-owned overwrites.
   retention_keeper retention_;
   // The admin API's session operations and reads.

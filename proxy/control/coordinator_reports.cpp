@@ -1,8 +1,6 @@
 // The coordinator's reports (docs/design.md §18): GET /kv/status, the session list and one
 // session as JSON, and the Prometheus metrics. They only read the coordinator's state.
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -270,37 +268,6 @@ void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
              c.owner(id).empty() ? 0 : 1);
 }
 
-// Each hint requests showed in this process (core/request_hints.hpp): README "Admin API".
-void write_hints(json_writer& w, const std::array<std::atomic<std::uint64_t>, core::hint_count>& seen,
-                 const std::array<std::string, core::hint_count>& first_seen) {
-  w.StartArray();
-  for (std::size_t i = 0; i < core::hint_count; ++i) {
-    const auto n = seen[i].load(std::memory_order_relaxed);
-    if (n == 0) continue;
-    const auto& text = core::hint_text(static_cast<core::hint_id>(i));
-    w.StartObject();
-    core::write_json_member(w, "hint", text.id);
-    core::write_json_count(w, "requests", n);
-    core::write_json_member(w, "firstSeenAt", first_seen[i]);
-    core::write_json_member(w, "effect", text.effect);
-    core::write_json_member(w, "fix", text.fix);
-    w.EndObject();
-  }
-  w.EndArray();
-}
-
-void write_hint_counters(const metric_sink& m,
-                         const std::array<std::atomic<std::uint64_t>, core::hint_count>& seen) {
-  m.w.family("kvpersist_hint_requests_total", "counter",
-             "Requests that showed something keeping new conversations from starting warm, by "
-             "hint (attribution_header: Claude Code's per-conversation system block).");
-  for (std::size_t i = 0; i < core::hint_count; ++i)
-    m.w.sample("kvpersist_hint_requests_total",
-               fmt::format("{},hint=\"{}\"", m.labels,
-                           core::hint_text(static_cast<core::hint_id>(i)).id),
-               static_cast<double>(seen[i].load(std::memory_order_relaxed)));
-}
-
 }  // namespace
 
 std::string coordinator::status_json() const {
@@ -312,10 +279,10 @@ std::string coordinator::status_json() const {
   w.Key("enabled");
   w.Bool(pool_.persistence_enabled());
   w.Key("disabledReason");  // why persistence is off, when the server said why
-  if (pool_.persistence_enabled() || disabled_why_.empty())
+  if (pool_.persistence_enabled() || runtime_.disabled_reason().empty())
     w.Null();
   else
-    jstr(w, disabled_why_);
+    jstr(w, runtime_.disabled_reason());
   w.Key("backend");
   write_backend(w, pool_, opts_.endpoint);
   w.Key("mode");
@@ -344,7 +311,7 @@ std::string coordinator::status_json() const {
   w.Double(reuse_.prefill_seconds_saved());
   w.EndObject();
   w.Key("hints");
-  write_hints(w, hints_seen_, hint_first_seen_);
+  hints_.write_status(w);
   w.EndObject();
   return sb.GetString();
 }
@@ -391,7 +358,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());
-  write_hint_counters(m, hints_seen_);
+  hints_.write_metrics(w, m.labels);
   m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.",
             retention_.counters().gc_evicted);
   m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.",
@@ -402,7 +369,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             retention_.counters().sessions_forgotten);
   m.counter("kvpersist_session_rate_limited_total",
             "Requests for a new session refused by limits.newSessionsPerMinute (429).",
-            sessions_rate_limited_);
+            new_sessions_.refused());
   w.family("kvpersist_save_duration_ms", "histogram", "Save time reported by llama-server.");
   w.histo("kvpersist_save_duration_ms", m.labels, actions_.metrics().save_ms);
   w.family("kvpersist_restore_duration_ms", "histogram", "Restore time reported by llama-server.");

@@ -435,7 +435,7 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
     // rewritten; read from the chain when the body was chained (parsed once).
     const auto chained = identities_.describe_content(req, rc, who);
     if (chained ? *chained : core::has_attribution_header(req.target(), req.body()))
-      up.coord->note_hint(core::hint_id::attribution_header);
+      up.coord->hints().note(core::hint_id::attribution_header);
   }
   // A swap group's other servers save their sessions before this one's process replaces theirs.
   if (needs_slot) co_await upstreams_.swaps().before_serving(up.cfg.name);

@@ -1,5 +1,5 @@
-// Tests for the pure helper of proxy/control/coordinator.hpp: the idle checkpoint for a server that sleeps.
-#include "proxy/control/coordinator.hpp"
+// Tests for the pure helper of proxy/control/runtime_monitor.hpp: the idle checkpoint for a server that sleeps.
+#include "proxy/control/runtime_monitor.hpp"
 
 #include <catch2/catch.hpp>
 

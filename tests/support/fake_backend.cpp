@@ -80,6 +80,7 @@ int FakeBackend::probes() const {
 net::awaitable<core::result<core::server_probe>> FakeBackend::probe() {
   calls_.push_back({"probe", -1, ""});
   if (unreachable_) co_return transport_error();
+  if (probe_failing_) co_return core::error{core::errc::backend_unavailable, 500, "probe refused"};
   core::server_probe p;
   p.runtime = runtime_;
   p.slot_actions = !slot_actions_disabled;

@@ -73,6 +73,9 @@ class FakeBackend final : public backends::kv_backend {
   const core::runtime_info& runtime() const { return runtime_; }
   // While set, every call fails at the transport level (the server is down).
   void set_unreachable(bool v) { unreachable_ = v; }
+  // While set, the full probe answers HTTP 500 and /props still answers (a proxy in front
+  // that refuses /v1/models).
+  void set_probe_failing(bool v) { probe_failing_ = v; }
   // A new llama-server process: new media_marker, empty slot, files kept.
   void restart_server();
   // Simulates a request on the slot: afterwards the slot holds `tokens` tokens.
@@ -106,6 +109,7 @@ class FakeBackend final : public backends::kv_backend {
   std::optional<failure> fail_save_, fail_restore_, fail_erase_;
   std::chrono::milliseconds restore_delay_{0}, save_delay_{0};
   bool unreachable_ = false;
+  bool probe_failing_ = false;
   std::vector<backend_call> calls_;
 };
 

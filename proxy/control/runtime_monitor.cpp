@@ -1,16 +1,18 @@
-// The coordinator's watch over llama-server's runtime (docs/design.md §4): the probes, restart
-// and sleep detection, and the runtime fingerprint with its behavioural part. Restores are
-// planned only against a fingerprint established here for the current epoch.
+// The watch over llama-server's runtime (docs/design.md §4): the probes, restart and sleep
+// detection, and the runtime fingerprint with its behavioural part.
+#include "proxy/control/runtime_monitor.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "core/behaviour.hpp"
 #include "core/log.hpp"
-#include "proxy/control/coordinator.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
 
@@ -18,23 +20,108 @@ using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
 
-net::awaitable<coordinator::full_probe> coordinator::run_full_probe() {
-  auto p = co_await backend_->probe();
-  co_await reload_compatibility();
+namespace {
+
+// The state directory's files the monitor reads and writes, each on the file pool.
+
+// compatibility.json (doctor --verify writes it), nullopt when it cannot be read.
+net::awaitable<std::optional<manifest_store::compatibility_record>> read_compatibility(
+    slot_actions& actions, manifest_store store) {
+  std::function<core::result<manifest_store::compatibility_record>()> work = [store] {
+    return core::result<manifest_store::compatibility_record>(store.read_compatibility_record());
+  };
+  auto r = co_await actions.on_file_pool<manifest_store::compatibility_record>(
+      "reading compatibility.json", std::move(work));
+  if (!r) co_return std::nullopt;
+  co_return std::move(r.value());
+}
+
+net::awaitable<core::result<std::vector<core::behaviour_signature>>> read_behaviour_classes(
+    slot_actions& actions, manifest_store store, std::string meta_fp) {
+  std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
+    return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
+  };
+  co_return co_await actions.on_file_pool<std::vector<core::behaviour_signature>>(
+      "reading the behaviour classes", std::move(read));
+}
+
+net::awaitable<void> write_behaviour_classes(slot_actions& actions, manifest_store store,
+                                             std::string meta_fp,
+                                             std::vector<core::behaviour_signature> known) {
+  std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
+    return store.write_behaviours(meta_fp, known);
+  };
+  const auto w =
+      co_await actions.on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+}
+
+// The period an earlier process learned (sleep.json); 0: none, or unreadable.
+net::awaitable<std::chrono::seconds> read_learned_sleep(slot_actions& actions,
+                                                        manifest_store store) {
+  std::function<core::result<std::chrono::seconds>()> work = [store] {
+    return core::result<std::chrono::seconds>(store.read_learned_sleep());
+  };
+  auto r =
+      co_await actions.on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
+  co_return r ? r.value() : std::chrono::seconds(0);
+}
+
+net::awaitable<void> record_learned_sleep(slot_actions& actions, manifest_store store,
+                                          std::chrono::seconds period) {
+  std::function<core::result<core::unit>()> work = [store, period] {
+    return store.write_learned_sleep(period);
+  };
+  const auto w = co_await actions.on_file_pool<core::unit>("writing sleep.json", std::move(work));
+  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+}
+
+}  // namespace
+
+runtime_monitor::runtime_monitor(net::any_io_executor strand, runtime_monitor_parts parts,
+                                 runtime_monitor_options opts)
+    : strand_(std::move(strand)),
+      backend_(parts.backend),
+      store_(parts.store),
+      pool_(parts.pool),
+      leases_(parts.leases),
+      actions_(parts.actions),
+      opts_(std::move(opts)),
+      probe_timer_(strand_),
+      watch_(opts_.sleep_idle) {}
+
+net::awaitable<void> runtime_monitor::start() {
+  if (opts_.sleep_idle.count() <= 0) {
+    const auto learned = co_await read_learned_sleep(actions_, store_);
+    if (learned.count() > 0) adopt_sleep_period(learned);
+  }
+  auto p = co_await run_full_probe();
+  apply_probe(p);
+  if (opts_.probe_interval.count() > 0) net::co_spawn(strand_, probe_loop(), log_exception);
+}
+
+void runtime_monitor::stop() {
+  stopped_ = true;
+  probe_timer_.cancel();
+}
+
+net::awaitable<runtime_monitor::full_probe> runtime_monitor::run_full_probe() {
+  auto p = co_await backend_.probe();
+  if (auto c = co_await read_compatibility(actions_, store_)) compatibility_ = std::move(*c);
   full_probe out;
   out.probe = std::move(p);
   if (!out.probe && out.probe.err().code != core::errc::backend_unsupported) {
     // Cheap, and only after a failure: whether the failure came after /props.
-    auto rt = co_await backend_->read_runtime();
+    auto rt = co_await backend_.read_runtime();
     if (rt && !rt->sleeping) out.answering_marker = rt->media_marker;
   }
   co_return out;
 }
 
-void coordinator::apply_probe(const full_probe& fp) {
+void runtime_monitor::apply_probe(const full_probe& fp) {
   const core::probe_context ctx{pool_.persistence_enabled(), pool_.runtime().media_marker,
-                                opts_.single_slot,           opts_.pool.slot_id,
-                                opts_.pool.runtime_key,      compatibility_.fingerprint,
+                                opts_.single_slot,           pool_.options().slot_id,
+                                pool_.options().runtime_key, compatibility_.fingerprint,
                                 compatibility_.verdict};
   // Managed mode: the layout first; it waits for the leases to go, persistence off meanwhile.
   if (fp.probe && !opts_.single_slot && !apply_slot_layout(fp.probe)) return;
@@ -59,7 +146,7 @@ void coordinator::apply_probe(const full_probe& fp) {
 }
 
 // The server did not answer the probe: requests are forwarded, and the next one looks again.
-void coordinator::note_unavailable(const core::probe_decision& d) {
+void runtime_monitor::note_unavailable(const core::probe_decision& d) {
   if (pool_.persistence_enabled())
     pool_.on_epoch_change();
   else
@@ -75,7 +162,7 @@ void coordinator::note_unavailable(const core::probe_decision& d) {
 // Managed mode: the pool is every slot the server has (ids 0..n-1, so an id never wraps
 // around on the server side). The layout changes only while no lease is held; false: it
 // waits for the leases to go, persistence off meanwhile.
-bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
+bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& p) {
   std::vector<int> ids;
   for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
   if (ids == pool_.slot_ids()) return true;
@@ -91,7 +178,7 @@ bool coordinator::apply_slot_layout(const core::result<core::server_probe>& p) {
   return true;
 }
 
-void coordinator::disable_persistence(const std::string& why, core::errc code) {
+void runtime_monitor::disable_persistence(const std::string& why, core::errc code) {
   if (pool_.persistence_enabled() || !warned_disabled_)
     log(log_level::warn, "kv.backend.unsupported",
         {{"code", std::string(core::to_string(code))}, {"reason", why},
@@ -101,7 +188,7 @@ void coordinator::disable_persistence(const std::string& why, core::errc code) {
   pool_.disable_persistence(code);
 }
 
-void coordinator::note_slot_error(const core::error& e) {
+void runtime_monitor::note_slot_error(const core::error& e) {
   // The full probe, not the /props comparison: only the full probe applies the slot layout.
   if (e.code == core::errc::slot_not_found) full_probe_due_.store(true);
 }
@@ -110,18 +197,14 @@ void coordinator::note_slot_error(const core::error& e) {
 // persistence is on, GET /props alone tells a restart (media_marker is random per process);
 // the full probe (slot actions) runs only when something did change.
 // Then, before the first plan of a new epoch, the behavioural fingerprint on `slot` (leased).
-net::awaitable<void> coordinator::refresh_runtime(int slot) {
+net::awaitable<void> runtime_monitor::refresh_runtime(int slot) {
   co_await look_for_changes(slot);
   co_await establish_behaviour(slot);
 }
 
-net::awaitable<void> coordinator::look_for_changes(int slot) {
-  if (pending_probe_) {
-    auto p = std::move(*pending_probe_);
-    pending_probe_.reset();
-    apply_probe(p);
-  }
-  if (probe_backing_off()) {
+net::awaitable<void> runtime_monitor::look_for_changes(int slot) {
+  apply_pending_probe();
+  if (watch_.backing_off(pool_.persistence_enabled())) {
     const bool due = co_await probe_retry_due();
     if (!due) co_return;  // requests run cold meanwhile
     full_probe_due_.store(true);
@@ -129,7 +212,7 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
   const bool changed = full_probe_due_.exchange(false);
   if (!upstream_trouble_.exchange(false) && !changed) co_return;
   if (pool_.persistence_enabled() && !changed) {
-    auto rt = co_await backend_->read_runtime();
+    auto rt = co_await backend_.read_runtime();
     if (rt && rt->media_marker == pool_.runtime().media_marker &&
         rt->model_path == pool_.runtime().model_path &&
         rt->build_info == pool_.runtime().build_info) {
@@ -147,41 +230,26 @@ net::awaitable<void> coordinator::look_for_changes(int slot) {
 
 // docs/design.md §4: a failed probe is tried again after 1 s, 2 s, 4 s ... at most 30 s, not
 // before every request; a new process (another media_marker) is probed at once.
-net::awaitable<bool> coordinator::probe_retry_due() {
+net::awaitable<bool> runtime_monitor::probe_retry_due() {
   const bool hinted = upstream_trouble_.exchange(false);
   if (watch_.retry_time_reached(steady_clock::now())) co_return true;
   if (!hinted) co_return false;
-  auto rt = co_await backend_->read_runtime();
+  auto rt = co_await backend_.read_runtime();
   co_return rt && rt->media_marker != watch_.retry_marker();
-}
-
-net::awaitable<void> coordinator::reload_compatibility() {
-  const auto store = store_;
-  std::function<core::result<manifest_store::compatibility_record>()> work = [store] {
-    return core::result<manifest_store::compatibility_record>(store.read_compatibility_record());
-  };
-  auto r = co_await actions_.on_file_pool<manifest_store::compatibility_record>(
-      "reading compatibility.json", std::move(work));
-  if (r) compatibility_ = std::move(r.value());
 }
 
 // docs/design.md §4: three probes of one class agree, a class seen before needs one. Until
 // the class is known, restores would compare against the wrong fingerprint and mark good
 // snapshots invalid, so a probe that fails or disagrees turns persistence off for a while
 // instead (nothing is invalidated; requests run cold).
-net::awaitable<void> coordinator::establish_behaviour(int slot) {
+net::awaitable<void> runtime_monitor::establish_behaviour(int slot) {
   // Every prepare asks: two string compares, the hashing was done when the runtime was read.
   if (!pool_.persistence_enabled() || slot < 0 || watch_.behaviour_known()) co_return;
   const auto key = watch_.runtime_epoch();
-  auto first = co_await backend_->probe_behaviour(slot);
+  auto first = co_await backend_.probe_behaviour(slot);
   if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
   const auto meta_fp = watch_.meta_fingerprint();
-  const auto store = store_;
-  std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
-    return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
-  };
-  auto read_back = co_await actions_.on_file_pool<std::vector<core::behaviour_signature>>(
-      "reading the behaviour classes", std::move(read));
+  auto read_back = co_await read_behaviour_classes(actions_, store_, meta_fp);
   if (!read_back) co_return suspect_behaviour(read_back.err().message);
   auto known = std::move(read_back.value());
   const auto judged = core::runtime_watch::judge_first_behaviour(known, first.value());
@@ -189,17 +257,12 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   if (judged.what == action::adopt) co_return adopt_behaviour(key, judged.class_id);
   if (judged.what == action::suspect) co_return suspect_behaviour(judged.why);
   for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
-    auto again = co_await backend_->probe_behaviour(slot);
+    auto again = co_await backend_.probe_behaviour(slot);
     if (!again || !core::same_behaviour(first.value(), again.value()))
       co_return suspect_behaviour("probes of one runtime disagree (nondeterministic backend?)");
   }
   known.push_back(first.value());
-  std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
-    return store.write_behaviours(meta_fp, known);
-  };
-  const auto w =
-      co_await actions_.on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
-  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+  co_await write_behaviour_classes(actions_, store_, meta_fp, known);
   const auto id = core::behaviour_class_id(first.value());
   if (known.size() > 1) {
     log(log_level::warn, "kv.backend.behaviour_changed",
@@ -214,14 +277,14 @@ net::awaitable<void> coordinator::establish_behaviour(int slot) {
   adopt_behaviour(key, id);
 }
 
-void coordinator::adopt_behaviour(const std::string& key, const std::string& id) {
+void runtime_monitor::adopt_behaviour(const std::string& key, const std::string& id) {
   watch_.adopt_behaviour(key, id);
   auto rt = pool_.runtime();
   rt.behaviour = id;
   pool_.set_runtime(rt);
 }
 
-void coordinator::suspect_behaviour(const std::string& why) {
+void runtime_monitor::suspect_behaviour(const std::string& why) {
   disable_persistence("the behavioural fingerprint is unknown: " + why,
                       core::errc::backend_unavailable);
   watch_.back_off(pool_.runtime().media_marker, steady_clock::now());
@@ -231,7 +294,7 @@ void coordinator::suspect_behaviour(const std::string& why) {
 // kvpersist believes holds a session but that llama-server shows without any cached token
 // says the same (docs/llama-server.md §2). Slots other requests hold are skipped: their content
 // is changing.
-net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
+net::awaitable<bool> runtime_monitor::slots_lost_kv(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
     for (int id : pool_.slot_ids())
@@ -241,7 +304,7 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
   };
   const auto before = owned();
   if (before.empty()) co_return false;
-  auto slots = co_await backend_->inspect_slots();
+  auto slots = co_await backend_.inspect_slots();
   if (!slots) co_return false;  // --no-slots: this signal is not available
   last_slots_read_ = steady_clock::now();  // a slot list read restarts llama-server's sleep timer
   const auto after = owned();
@@ -254,35 +317,37 @@ net::awaitable<bool> coordinator::slots_lost_kv(int own_slot) {
   co_return false;
 }
 
-void coordinator::note_restart_behind_marker() {
+void runtime_monitor::note_restart_behind_marker() {
   pool_.on_epoch_change();
   watch_.forget_behaviour();  // the process may run another model now
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
 }
 
-net::awaitable<void> coordinator::probe_loop() {
+net::awaitable<void> runtime_monitor::probe_loop() {
   while (!stopped_) {
-    probe_timer_.expires_after(opts_.epoch_probe_interval);
+    probe_timer_.expires_after(opts_.probe_interval);
     auto [ec] = co_await probe_timer_.async_wait(token);
     if (ec || stopped_) co_return;
     // Off the request path: only compare. Changes are applied now if the slot is free,
     // else by the next lease holder.
     if (pool_.persistence_enabled()) {
       // GET /props never wakes a sleeping server; the full probe (a slot action) would.
-      auto rt = co_await backend_->read_runtime();
+      auto rt = co_await backend_.read_runtime();
       if (rt && rt->media_marker == pool_.runtime().media_marker) {
         if (leases_.nothing_leased()) note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // One co_await per statement (docs/conventions.md §3).
-        if (leases_.nothing_leased() && !rt->sleeping && sleep_period().count() <= 0) {
+        if (leases_.nothing_leased() && !rt->sleeping && watch_.sleep_period().count() <= 0) {
           const bool lost = co_await slots_lost_kv(-1);
           if (lost && leases_.nothing_leased()) note_restart_behind_marker();
         }
         continue;
       }
     }
-    if (probe_backing_off() && !watch_.retry_time_reached(steady_clock::now())) continue;
+    if (watch_.backing_off(pool_.persistence_enabled()) &&
+        !watch_.retry_time_reached(steady_clock::now()))
+      continue;
     auto p = co_await run_full_probe();
     if (leases_.nothing_leased()) {
       apply_probe(p);
@@ -292,7 +357,7 @@ net::awaitable<void> coordinator::probe_loop() {
   }
 }
 
-void coordinator::note_sleeping(bool sleeping) {
+void runtime_monitor::note_sleeping(bool sleeping) {
   const auto change = watch_.note_sleeping(sleeping, steady_clock::now(), last_server_use());
   using action = core::sleep_change::action;
   if (change.what == action::none) return;
@@ -308,13 +373,13 @@ void coordinator::note_sleeping(bool sleeping) {
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
   if (change.learn.count() > 0) {
     adopt_sleep_period(change.learn);
-    spawn(record_learned_sleep(change.learn));
+    net::co_spawn(strand_, record_learned_sleep(actions_, store_, change.learn), log_exception);
   }
 }
 
 // What kvpersist last sent llama-server that restarts its sleep timer: the end of a request,
 // or a slot list read. nullopt until a request ended in this process.
-std::optional<steady_clock::time_point> coordinator::last_server_use() const {
+std::optional<steady_clock::time_point> runtime_monitor::last_server_use() const {
   std::optional<steady_clock::time_point> out;
   for (const auto& [slot, at] : finished_at_)
     if (!out || at > *out) out = at;
@@ -322,9 +387,9 @@ std::optional<steady_clock::time_point> coordinator::last_server_use() const {
   return out;
 }
 
-void coordinator::adopt_sleep_period(std::chrono::seconds period) {
+void runtime_monitor::adopt_sleep_period(std::chrono::seconds period) {
   watch_.learn_sleep_period(period);
-  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.pool.idle_checkpoint, period));
+  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
   log(log_level::warn, "kv.backend.sleep_learned",
       {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
        {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
@@ -332,28 +397,8 @@ void coordinator::adopt_sleep_period(std::chrono::seconds period) {
                               pool_.options().idle_checkpoint.count())}});
 }
 
-net::awaitable<void> coordinator::record_learned_sleep(std::chrono::seconds period) {
-  const auto store = store_;
-  std::function<core::result<core::unit>()> work = [store, period] {
-    return store.write_learned_sleep(period);
-  };
-  const auto w = co_await actions_.on_file_pool<core::unit>("writing sleep.json", std::move(work));
-  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
-}
-
-net::awaitable<void> coordinator::load_learned_sleep() {
-  if (opts_.sleep_idle.count() > 0) co_return;
-  const auto store = store_;
-  std::function<core::result<std::chrono::seconds>()> work = [store] {
-    return core::result<std::chrono::seconds>(store.read_learned_sleep());
-  };
-  auto r =
-      co_await actions_.on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
-  if (r && r.value().count() > 0) adopt_sleep_period(r.value());
-}
-
-bool coordinator::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
-  const auto period = sleep_period();
+bool runtime_monitor::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
+  const auto period = watch_.sleep_period();
   if (period.count() <= 0 || pool_.owner(slot).empty()) return false;
   auto it = finished_at_.find(slot);
   return it != finished_at_.end() && now - it->second >= period;
@@ -369,30 +414,9 @@ std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle
   return idle.count() > 0 ? std::min(idle, before) : before;
 }
 
-// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
-// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
-void coordinator::note_slots_readable(bool readable) {
-  if (readable == !slots_unreadable_) return;
-  slots_unreadable_ = !readable;
-  if (readable) {
-    log(log_level::info, "kv.slot.state_known", {{"server", opts_.server_name}});
-    return;
-  }
-  log(log_level::warn, "kv.slot.state_unknown",
-      {{"server", opts_.server_name},
-       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
-       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
-       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
-}
-
-// POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
-// adapters change, and every dirty session saved under the runtime it was computed with.
-net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
-  if (!leases_.holds(t)) co_return;
-  co_await commits_.wait_all();
-  for (int id : pool_.slot_ids())
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await actions_.run_save(*s);
-  auto before = co_await backend_->read_lora_adapters();
+// POST /lora-adapters (docs/design.md §4, §5): the adapters as they were before the change.
+net::awaitable<void> runtime_monitor::begin_runtime_change() {
+  auto before = co_await backend_.read_lora_adapters();
   lora_before_.reset();
   if (before) lora_before_ = std::move(before.value());
 }
@@ -401,11 +425,10 @@ net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_tic
 // slots' KV is still what the runtime computes: residency stays. Otherwise the KV may have
 // been computed under other adapters than the next request's: nobody is resident, and the
 // fingerprint is read again.
-net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticket> t,
-                                                     bool reached_server) {
+net::awaitable<void> runtime_monitor::end_runtime_change(bool reached_server) {
   bool changed = false;
   if (reached_server) {
-    auto after = co_await backend_->read_lora_adapters();
+    auto after = co_await backend_.read_lora_adapters();
     changed = !lora_before_ || !after || after.value() != *lora_before_;
   }
   lora_before_.reset();
@@ -418,7 +441,17 @@ net::awaitable<void> coordinator::end_runtime_change(std::shared_ptr<lease_ticke
     log(log_level::info, "kv.backend.runtime_unchanged",
         {{"server", opts_.server_name}, {"effect", "the adapters read back as before; slots kept"}});
   }
-  release_and_wake(t);
+}
+
+void runtime_monitor::note_request_finished(int slot, steady_clock::time_point at) {
+  finished_at_[slot] = at;
+}
+
+void runtime_monitor::apply_pending_probe() {
+  if (!pending_probe_) return;
+  auto p = std::move(*pending_probe_);
+  pending_probe_.reset();
+  apply_probe(p);
 }
 
 }  // namespace kvp::proxy

@@ -1,0 +1,66 @@
+// Which slots an unpinnable request overwrote: each slot's last task before and after it.
+#include "proxy/control/overwrite_tracker.hpp"
+
+#include <string>
+#include <utility>
+
+#include "core/log.hpp"
+
+namespace kvp::proxy {
+
+using core::log;
+using core::log_level;
+
+overwrite_tracker::overwrite_tracker(std::string server_name, backends::kv_backend& backend,
+                                     core::slot_pool& pool)
+    : server_name_(std::move(server_name)), backend_(backend), pool_(pool) {}
+
+net::awaitable<std::optional<std::map<int, std::int64_t>>> overwrite_tracker::last_tasks() {
+  auto r = co_await backend_.inspect_slots();
+  if (!r) co_return std::nullopt;
+  std::map<int, std::int64_t> out;
+  for (const auto& s : r.value()) out[s.id] = s.id_task;
+  co_return out;
+}
+
+net::awaitable<void> overwrite_tracker::note_tasks_before() {
+  auto before = co_await last_tasks();
+  tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
+}
+
+net::awaitable<void> overwrite_tracker::forget_overwritten() {
+  auto after = co_await last_tasks();
+  note_slots_readable(after.has_value() && !tasks_before_.empty());
+  for (int id : pool_.slot_ids()) {
+    // The slot that ran the request has a new last task; if the server cannot tell us,
+    // nobody's slot can be trusted.
+    const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
+                         !tasks_before_.contains(id) || (*after)[id] < 0 ||
+                         (*after)[id] != tasks_before_[id];
+    if (touched && !pool_.owner(id).empty()) {
+      log(log_level::info, "kv.slot.overwritten",
+          {{"slot", std::to_string(id)},
+           {"session", std::string(core::abbrev(pool_.owner(id)))},
+           {"effect", "restores from its snapshot next time"}});
+    }
+    if (touched) pool_.forget_slot(id);
+  }
+}
+
+// Logged once per change: with the slot list unreadable (llama-server --no-slots answers 501),
+// kvpersist cannot tell which slot an unpinnable request ran on, so it forgets every owner.
+void overwrite_tracker::note_slots_readable(bool readable) {
+  if (readable == !slots_unreadable_) return;
+  slots_unreadable_ = !readable;
+  if (readable) {
+    log(log_level::info, "kv.slot.state_known", {{"server", server_name_}});
+    return;
+  }
+  log(log_level::warn, "kv.slot.state_unknown",
+      {{"server", server_name_},
+       {"code", std::string(core::to_string(core::errc::slot_state_invalid))},
+       {"reason", "the slot list could not be read: the slot an unpinnable request ran on is unknown"},
+       {"effect", "every slot restores from its snapshot after an unpinnable request"}});
+}
+
+}  // namespace kvp::proxy
