@@ -461,8 +461,13 @@ net::awaitable<bool> coordinator::checkpoint() {
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
-  for (int id : pool_.slot_ids())
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) co_await actions_.run_save(*s);
+  for (int id : pool_.slot_ids()) {
+    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+      // A failed save is logged by run_save; that session keeps its previous snapshot.
+      const auto saved = co_await actions_.run_save(*s);
+      (void)saved;
+    }
+  }
   co_await runtime_.begin_runtime_change();
 }
 
