@@ -300,12 +300,8 @@ net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
 net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket> t,
                                                     core::request_identity who,
                                                     bool fresh_upstream) {
-  prepare_result out;
-  if (!leases_.holds(t) || t->slot < 0) {
-    out.ok = false;
-    out.message = "lease not held";
-    co_return out;
-  }
+  if (!leases_.holds(t) || t->slot < 0)
+    co_return core::error{core::errc::invariant, 0, "lease not held"};
   const int slot = t->slot;
   if (fresh_upstream || runtime_.may_have_slept(slot, steady_clock::now()))
     runtime_.note_upstream_trouble();
@@ -325,11 +321,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   if (auto refused = new_sessions_.refusal(own, who.credential, steady_clock::now())) {
     release_and_wake(t);  // before the plan: no slot was touched
-    out.ok = false;
-    out.code = refused->code;
-    out.retry_after = std::chrono::seconds(refused->retry_after_s);
-    out.message = std::move(refused->message);
-    co_return out;
+    co_return std::move(*refused);
   }
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
@@ -351,10 +343,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   auto fail = [&](core::errc code, std::string why) {
     pool_.abort_prepare(slot);
     release_and_wake(t);
-    out.ok = false;
-    out.code = code;
-    out.message = std::move(why);
-    return out;
+    return prepare_result(core::error{code, 0, std::move(why)});
   };
   if (plan.fail)
     co_return fail(plan.fail_code, pool_.persistence_enabled()
@@ -366,18 +355,18 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
                                                          : done.failure->message);
   log_circuit_changes(pool_);
-  out.kind = pool_.start_inference(who, slot);
+  const auto kind = pool_.start_inference(who, slot);
   if (plan.kept)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
          {"links", std::to_string(plan.kept_links)},
          {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
-  else if (out.kind == core::prepare_kind::cold || out.kind == core::prepare_kind::cold_fallback)
+  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
-  co_return out;
+  co_return kind;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
@@ -396,29 +385,22 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
 }
 
 net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
-  prepare_result out;
-  if (!leases_.holds(t) || !t->exclusive) {
-    out.ok = false;
-    out.message = "exclusive lease not held";
-    co_return out;
-  }
+  if (!leases_.holds(t) || !t->exclusive)
+    co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
   co_await runtime_.refresh_runtime(pool_.slot_ids().front());
-  if (!pool_.persistence_enabled()) co_return out;
+  if (!pool_.persistence_enabled()) co_return core::prepare_kind::none;
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await actions_.run_save(*s);
       if (!saved && opts_.pool.strict) {
         release_and_wake(t);
-        out.ok = false;
-        out.code = saved.err().code;
-        out.message = "saving a session before an unpinnable request failed";
-        co_return out;
+        co_return core::error{saved.err().code, 0,
+                              "saving a session before an unpinnable request failed"};
       }
     }
   }
   co_await overwrites_.note_tasks_before();
-  out.kind = core::prepare_kind::auxiliary;
-  co_return out;
+  co_return core::prepare_kind::auxiliary;
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,

@@ -73,16 +73,10 @@ std::string sessions_page_json(const session_page& page);
 // One session as GET /kv/sessions/{id} shows it.
 std::string session_json(const session_row& row);
 
-// How a request was prepared, for the client session and its logs.
-struct prepare_result {
-  // false: strict mode, or a scope erase that failed: answer 503; a new session over its
-  // credential's rate: 429 (retry_after set). The lease is released either way.
-  bool ok = true;
-  core::prepare_kind kind = core::prepare_kind::none;
-  std::string message;          // why, when !ok
-  core::errc code = core::errc::invariant;  // what failed, when !ok (the answer's kv_code)
-  std::chrono::seconds retry_after{0};      // > 0: a limit, not a failure: try again then
-};
+// How a request was prepared, for the client session and its logs; or why it cannot run:
+// strict mode, or a scope erase that failed (answer 503), a new session over its credential's
+// rate (errc::session_rate with retry_after_s: 429). Either way the lease is released.
+using prepare_result = core::result<core::prepare_kind>;
 
 // What admit did with a ticket.
 struct admission {

@@ -24,7 +24,7 @@ lease::~lease() {
 lease lease::prepared_in_admission(coordinator& c, std::shared_ptr<lease_ticket> t,
                                   prepare_result pr) {
   lease l;
-  if (pr.ok) l.c_ = &c;  // else the coordinator released it: nothing to release
+  if (pr) l.c_ = &c;  // else the coordinator released it: nothing to release
   l.t_ = std::move(t);
   l.prepared_ = std::move(pr);
   return l;
@@ -37,7 +37,7 @@ net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool f
     pr = co_await c_->on_strand(c_->prepare_exclusive(t_));
   else
     pr = co_await c_->on_strand(c_->prepare(t_, std::move(who), fresh_upstream));
-  if (!pr.ok) c_ = nullptr;  // the coordinator released it
+  if (!pr) c_ = nullptr;  // the coordinator released it
   co_return pr;
 }
 

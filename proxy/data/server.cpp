@@ -122,14 +122,12 @@ core::error prediction_refused() {
                  "(upstream.predictRoute) is not forwarded");
 }
 
-// A slot kvpersist could not prepare: the coordinator's error, with its Retry-After.
-response prepare_failure(const prepare_result& pr, const http::request<http::string_body>& req) {
-  const auto retry_after_s = static_cast<unsigned>(pr.retry_after.count());
-  const core::error failed{pr.code, 0,
-                           retry_after_s > 0
-                               ? pr.message
-                               : fmt::format("kvpersist could not prepare the slot: {}", pr.message),
-                           retry_after_s};
+// A slot kvpersist could not prepare: the coordinator's error, with its Retry-After (a limit
+// says why itself; a failure says what could not be done).
+response prepare_failure(const core::error& e, const http::request<http::string_body>& req) {
+  core::error failed = e;
+  if (e.retry_after_s == 0)
+    failed.message = fmt::format("kvpersist could not prepare the slot: {}", e.message);
   return error_answer(failed, req.version(), req.keep_alive());
 }
 
@@ -510,11 +508,12 @@ net::awaitable<bool> server::handle_under_lease(upstream_entry& up, client_conn&
   if (acq.held.exclusive())
     co_return co_await run_exclusive(up, c, req, std::move(acq.held), std::move(conn.value()));
   const prepare_result pr = co_await acq.held.prepare(who, conn->fresh);
-  if (!pr.ok) {
+  if (!pr) {
     up.pool->release(std::move(conn->stream));
-    co_return co_await send(c, prepare_failure(pr, req));
+    co_return co_await send(c, prepare_failure(pr.err(), req));
   }
-  co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr, std::move(conn.value()), t0);
+  co_return co_await run_on_slot(up, c, req, std::move(acq.held), pr.value(),
+                                 std::move(conn.value()), t0);
 }
 
 // Persistence is off: the request runs with llama-server's own parallelism, on whatever
@@ -535,9 +534,9 @@ net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
                                            upstream_conn conn) {
   const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
   auto pr = co_await held.prepare(nobody, false);
-  if (!pr.ok) {
+  if (!pr) {
     up.pool->release(std::move(conn.stream));
-    co_return co_await send(c, prepare_failure(pr, req));
+    co_return co_await send(c, prepare_failure(pr.err(), req));
   }
   relay_state st;
   const bool keep = co_await forward(up, c, req, std::move(conn), st);
@@ -548,7 +547,7 @@ net::awaitable<bool> server::run_exclusive(upstream_entry& up, client_conn& c,
 // A prepared request on its slot: pinned there in managed mode, relayed, then finished.
 net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
                                          http::request<http::string_body>& req, lease held,
-                                         prepare_result pr, upstream_conn conn,
+                                         core::prepare_kind kind, upstream_conn conn,
                                          std::chrono::steady_clock::time_point t0) {
   if (c.pending.stopped()) {  // stopped while its slot was prepared: it never runs
     co_await held.finish(false);
@@ -573,12 +572,12 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   // Session requests read llama-server's timings back (the session's reuse counters and the
   // reuse metrics: README "Dashboard"), and their finish reason when checkpoint.onTurnEnd
   // needs it. Auxiliary calls and requests without persistence read nothing.
-  const bool watch = pr.kind == core::prepare_kind::restored ||
-                     pr.kind == core::prepare_kind::cold ||
-                     pr.kind == core::prepare_kind::cold_fallback ||
-                     pr.kind == core::prepare_kind::resident;
-  const bool watch_turn = up.coord->watches_turn_end() && pr.kind != core::prepare_kind::none &&
-                          pr.kind != core::prepare_kind::auxiliary;
+  const bool watch = kind == core::prepare_kind::restored ||
+                     kind == core::prepare_kind::cold ||
+                     kind == core::prepare_kind::cold_fallback ||
+                     kind == core::prepare_kind::resident;
+  const bool watch_turn = up.coord->watches_turn_end() && kind != core::prepare_kind::none &&
+                          kind != core::prepare_kind::auxiliary;
   std::string tail;
   relay_state st;
   const bool keep_after = co_await forward(up, c, req, std::move(conn), st,
@@ -588,7 +587,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
   std::optional<reply_report> reply;
-  if (watch && st.upstream_done) reply = reply_report{pr.kind, core::parse_response_timings(tail)};
+  if (watch && st.upstream_done) reply = reply_report{kind, core::parse_response_timings(tail)};
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
   held.finish_later(st.request_sent, turn_end, reply);
@@ -596,7 +595,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t0).count();
     log(log_level::debug, "kv.request.done",
-        {{"prepare", std::string(core::to_string(pr.kind))},
+        {{"prepare", std::string(core::to_string(kind))},
          {"status", std::to_string(st.status)},
          {"ms", fmt::format("{:.1f}", ms)},
          {"client_gone", st.end == relay_end::client_gone ? "1" : "0"}});

@@ -76,7 +76,7 @@ class server {
                                      upstream_conn conn);
   net::awaitable<bool> run_on_slot(upstream_entry& up, client_conn& c,
                                    http::request<http::string_body>& req, lease held,
-                                   prepare_result pr, upstream_conn conn,
+                                   core::prepare_kind kind, upstream_conn conn,
                                    std::chrono::steady_clock::time_point t0);
   bool abandoned(client_conn& c);
   net::awaitable<bool> departed(client_conn& c);

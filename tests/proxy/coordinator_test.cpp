@@ -129,14 +129,14 @@ struct harness : kvp::testing::coordinator_on_fake {
   // Starts, then A (1000 tokens, resident and dirty); forgets the calls so far.
   void start_with_a_dirty() {
     start();
-    request("A", 1000);
+    REQUIRE(request("A", 1000).ok());
     fake->clear_calls();
   }
   // Starts, then A (1000 tokens, saved when B took the slot) and B (500, resident and
   // dirty); forgets the calls so far.
   void start_with_a_saved_b_dirty() {
     start_with_a_dirty();
-    request("B", 500);
+    REQUIRE(request("B", 500).ok());
     fake->clear_calls();
   }
 
@@ -178,7 +178,13 @@ struct harness : kvp::testing::coordinator_on_fake {
                          const std::string& purpose = "", bool fresh_upstream = false) {
     return request_as(named(session, purpose), tokens, fresh_upstream);
   }
-  // The same for any identity (a credential, a prefix chain). A pooled request granted at
+  // A request whose outcome the test reads from the calls and the state it leaves (setup,
+  // or a fault it injected).
+  void turn(const std::string& session, std::uint64_t tokens) {
+    const auto prepared = request(session, tokens);
+    (void)prepared;
+  }
+  // request() for any identity (a credential, a prefix chain). A pooled request granted at
   // once is prepared on the same trip, as proxy/data/server.cpp sends it; one on a fresh
   // upstream connection prepares on its own.
   prepare_result request_as(kvp::core::request_identity who, std::uint64_t tokens,
@@ -187,9 +193,9 @@ struct harness : kvp::testing::coordinator_on_fake {
     auto a = run_client(acquire_for(who, !fresh_upstream));
     REQUIRE(a.what != outcome::rejected);
     REQUIRE(waits == queued_before);  // granted at once: nothing held the slot
-    prepare_result pr;  // pass_through: none, and nothing to prepare
+    prepare_result pr = prepare_kind::none;  // pass_through: nothing to prepare
     if (a.what == outcome::granted) pr = run_client(a.held.prepare(who, fresh_upstream));
-    if (pr.ok) {
+    if (pr.ok()) {
       fake->run_inference(tokens);
       run_client(a.held.finish(true));
     }
@@ -257,7 +263,7 @@ awaitable<void> client(coordinator* c, FakeBackend* fake, int id, std::vector<in
   order->push_back(id);
   auto preparing = acq.held.prepare(who, false);
   auto pr = co_await std::move(preparing);
-  if (!pr.ok) co_return;
+  if (!pr.ok()) co_return;
   fake->run_inference(100 * static_cast<std::uint64_t>(id));
   auto finishing = acq.held.finish(true);
   co_await std::move(finishing);
@@ -275,21 +281,21 @@ TEST_CASE("A, A, B, A makes exactly the milestone's management calls (docs/desig
   h.fake->clear_calls();
 
   auto r1 = h.request("A", 1000);
-  CHECK(r1.ok);
-  CHECK(r1.kind == prepare_kind::cold);
+  CHECK(r1.ok());
+  CHECK(r1.value() == prepare_kind::cold);
   CHECK(h.fake->calls() == calls{erase_call()});
 
   auto r2 = h.request("A", 1200);
-  CHECK(r2.ok);
-  CHECK(r2.kind == prepare_kind::resident);
+  CHECK(r2.ok());
+  CHECK(r2.value() == prepare_kind::resident);
   CHECK(h.fake->calls() == calls{erase_call()});  // nothing, not even a probe
 
   auto r3 = h.request("B", 500);
-  CHECK(r3.kind == prepare_kind::cold);
+  CHECK(r3.value() == prepare_kind::cold);
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
 
   auto r4 = h.request("A", 1300);
-  CHECK(r4.kind == prepare_kind::restored);
+  CHECK(r4.value() == prepare_kind::restored);
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                  save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
 
@@ -323,14 +329,14 @@ TEST_CASE("A, A, B, A under the default scope: B keeps the slot's content (docs/
   temp_dir tmp;
   harness h(tmp.path());
   h.start_quiet();
-  CHECK(h.request("A", 1000).kind == prepare_kind::cold);
+  CHECK(h.request("A", 1000).value() == prepare_kind::cold);
   CHECK(h.fake->calls() == calls{erase_call()});  // what the slot held before kvpersist: unknown
-  CHECK(h.request("A", 1200).kind == prepare_kind::resident);
+  CHECK(h.request("A", 1200).value() == prepare_kind::resident);
   // B (the same credential): A is saved, then B runs on A's KV, where llama-server reuses
   // whatever prefix they share: no erase.
-  CHECK(h.request("B", 500).kind == prepare_kind::cold);
+  CHECK(h.request("B", 500).value() == prepare_kind::cold);
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
-  CHECK(h.request("A", 1300).kind == prepare_kind::restored);
+  CHECK(h.request("A", 1300).value() == prepare_kind::restored);
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')),
                                  save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
 }
@@ -340,7 +346,7 @@ TEST_CASE("resident requests cost no management call and no disk write (docs/des
   temp_dir tmp;
   harness h(tmp.path());
   h.start_quiet();
-  for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok);
+  for (int i = 0; i < 5; ++i) CHECK(h.request("A", 100 + i).ok());
   CHECK(h.fake->calls() == calls{erase_call()});
   CHECK_FALSE(h.manifest_on_disk("A"));
   CHECK(h.slot0_state() == "dirty");
@@ -358,8 +364,8 @@ TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (
   }
 
   auto r = h.request("A", 1100);
-  CHECK(r.ok);
-  CHECK(r.kind == prepare_kind::cold_fallback);
+  CHECK(r.ok());
+  CHECK(r.value() == prepare_kind::cold_fallback);
   // The failed restore already cleared the slot: no erase.
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
   auto m = h.manifest_on_disk("A");
@@ -370,8 +376,8 @@ TEST_CASE("a corrupt snapshot is invalidated on disk and the session runs cold (
 
   // The session recovers: its next save goes to the other generation and is restorable.
   h.fake->clear_calls();
-  h.request("B", 600);
-  h.request("A", 1200);
+  h.turn("B", 600);
+  h.turn("A", 1200);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'b')), restore_call(h.file("B", 'a')),
                                  save_call(h.file("B", 'b')), restore_call(h.file("A", 'b'))});
   m = h.manifest_on_disk("A");
@@ -389,7 +395,7 @@ TEST_CASE("a restore that reports the wrong token count is erased and invalidate
   h.fake->put_snapshot(h.file("A", 'a'), 10);  // the file no longer holds what was saved
 
   auto r = h.request("A", 1100);
-  CHECK(r.kind == prepare_kind::cold_fallback);
+  CHECK(r.value() == prepare_kind::cold_fallback);
   CHECK(h.fake->calls() ==
         calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a')), erase_call()});
   auto m = h.manifest_on_disk("A");
@@ -407,15 +413,15 @@ TEST_CASE("an unreachable backend never blocks requests (docs/design.md §19 'ba
   CHECK_FALSE(h.persistence_on());
 
   auto r = h.request("A", 1000);
-  CHECK(r.ok);
-  CHECK(r.kind == prepare_kind::none);
-  CHECK(h.request("B", 1000).ok);
+  CHECK(r.ok());
+  CHECK(r.value() == prepare_kind::none);
+  CHECK(h.request("B", 1000).ok());
   CHECK(h.fake->slot_calls().empty());
 
   // Once the server answers, the next request turns persistence on and starts cold.
   h.fake->set_unreachable(false);
   auto r2 = h.request("A", 1000);
-  CHECK(r2.kind == prepare_kind::cold);
+  CHECK(r2.value() == prepare_kind::cold);
   CHECK(h.persistence_on());
   CHECK(h.fake->slot_calls() == calls{erase_call()});
 }
@@ -427,8 +433,8 @@ TEST_CASE("a server without --slot-save-path: requests are forwarded untouched",
   h.fake->slot_actions_disabled = true;
   h.start();
   CHECK_FALSE(h.persistence_on());
-  CHECK(h.request("A", 1000).kind == prepare_kind::none);
-  CHECK(h.request("B", 1000).kind == prepare_kind::none);
+  CHECK(h.request("A", 1000).value() == prepare_kind::none);
+  CHECK(h.request("B", 1000).value() == prepare_kind::none);
   CHECK(h.fake->calls() == calls{FakeBackend::probe_call()});  // no re-probing, no slot calls
 }
 
@@ -477,7 +483,7 @@ TEST_CASE("persistence back while requests pass through: no slot call until they
   CHECK(h.fake->slot_calls().empty());
   h.run_client(b.held.finish(true));
   auto c_lease = h.lease_of(c);
-  CHECK(h.run_client(c_lease.prepare(named("C"), false)).kind == prepare_kind::cold);
+  CHECK(h.run_client(c_lease.prepare(named("C"), false)).value() == prepare_kind::cold);
   // What ran on the slot meanwhile is unknown: erased before C's turn (docs/design.md §20).
   CHECK(h.fake->slot_calls() == calls{erase_call()});
   CHECK(h.fake->calls().front() == FakeBackend::probe_call());
@@ -512,14 +518,14 @@ TEST_CASE("persistence off while a lease is held: requests keep taking leases un
   harness h(tmp.path());
   h.start_with_a_dirty();
   auto a = h.acquire("A");
-  REQUIRE(h.run_client(a.prepare(named("A"), false)).kind == prepare_kind::resident);
+  REQUIRE(h.run_client(a.prepare(named("A"), false)).value() == prepare_kind::resident);
   auto b = h.enqueued("B");  // queued
   // llama-server restarted without --slot-save-path; B's fresh connection reads it.
   h.fake->slot_actions_disabled = true;
   h.fake->restart_server();
   h.run_client(a.finish(true));
   auto b_lease = h.lease_of(b);
-  CHECK(h.run_client(b_lease.prepare(named("B"), true)).kind == prepare_kind::none);
+  CHECK(h.run_client(b_lease.prepare(named("B"), true)).value() == prepare_kind::none);
   CHECK_FALSE(h.persistence_on());
   auto c = h.enqueued("C");  // queued: B holds the slot
   h.run_client(b_lease.finish(true));
@@ -540,7 +546,7 @@ TEST_CASE("strict mode never passes through: session requests are refused as bef
   auto a = h.run_client(h.acquire_for(named("A"), true));
   REQUIRE(a.what == outcome::granted);
   CHECK_FALSE(a.held);  // refused in admission's trip: the coordinator released it
-  CHECK_FALSE(h.run_client(a.held.prepare(named("A"), false)).ok);
+  CHECK_FALSE(h.run_client(a.held.prepare(named("A"), false)).ok());
   CHECK(h.passing_through() == 0);
 }
 
@@ -552,8 +558,8 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     h.start_with_a_dirty();
     h.fake->fail_next_save(failure::http(500));
     auto r = h.request("B", 500);
-    CHECK(r.ok);
-    CHECK(r.kind == prepare_kind::cold);
+    CHECK(r.ok());
+    CHECK(r.value() == prepare_kind::cold);
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});  // B keeps A's unsaved KV
     CHECK_FALSE(h.manifest_on_disk("A"));
     CHECK(h.owner_is("B"));
@@ -568,8 +574,8 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     auto t2 = h.enqueued("A");
     CHECK_FALSE(h.granted(t2));
     auto pr = h.run_client(t1.prepare(named("B"), false));
-    CHECK_FALSE(pr.ok);
-    CHECK_FALSE(pr.message.empty());
+    CHECK_FALSE(pr.ok());
+    CHECK_FALSE(pr.err().message.empty());
     CHECK_FALSE(t1);  // the coordinator released it
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
     CHECK(h.granted(t2));  // the lease moved on
@@ -578,8 +584,8 @@ TEST_CASE("a failed save of the previous owner (docs/design.md §19 'save failur
     // A is still in the slot, dirty: the next A request is resident.
     auto a_lease = h.lease_of(t2);
     auto pr2 = h.run_client(a_lease.prepare(named("A"), false));
-    CHECK(pr2.ok);
-    CHECK(pr2.kind == prepare_kind::resident);
+    CHECK(pr2.ok());
+    CHECK(pr2.value() == prepare_kind::resident);
     h.run_client(a_lease.finish(true));
     CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
     CHECK_FALSE(h.busy());
@@ -594,7 +600,7 @@ TEST_CASE("strict mode: a failed restore fails the request and frees the slot",
   h.fake->fail_next_restore(failure::http(400));
   auto t = h.acquire("A");
   auto pr = h.run_client(t.prepare(named("A"), false));
-  CHECK_FALSE(pr.ok);
+  CHECK_FALSE(pr.ok());
   CHECK_FALSE(h.busy());
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
   CHECK(h.owner_of_slot0().empty());  // the failed restore cleared the slot
@@ -614,13 +620,13 @@ TEST_CASE("auxiliary requests save the owner and never own the slot (docs/design
   SECTION("a request without a session") {}
 
   auto r = h.request(aux_session, 50, purpose);
-  CHECK(r.ok);
-  CHECK(r.kind == prepare_kind::auxiliary);
+  CHECK(r.ok());
+  CHECK(r.value() == prepare_kind::auxiliary);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a'))});
   CHECK(h.owner_of_slot0().empty());
 
   auto r2 = h.request("A", 1100);
-  CHECK(r2.kind == prepare_kind::restored);
+  CHECK(r2.value() == prepare_kind::restored);
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'a')), restore_call(h.file("A", 'a'))});
   auto m = h.manifest_on_disk("A");
   REQUIRE(m);
@@ -631,7 +637,7 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
   temp_dir tmp;
   harness h(tmp.path(), idle_checkpoint_options(50ms));
   h.start_quiet();
-  h.request("A", 1000);
+  h.turn("A", 1000);
   CHECK(h.fake->calls() == calls{erase_call()});
 
   kvp::testing::run_for(h.ioc, 300ms);
@@ -646,7 +652,7 @@ TEST_CASE("the idle checkpoint fires once after the idle time (docs/design.md §
 
   // A new turn re-arms it; the next save rotates the generation.
   auto r = h.request("A", 1200);
-  CHECK(r.kind == prepare_kind::resident);
+  CHECK(r.value() == prepare_kind::resident);
   kvp::testing::run_for(h.ioc, 300ms);
   CHECK(h.fake->calls() ==
         calls{erase_call(), save_call(h.file("A", 'a')), save_call(h.file("A", 'b'))});
@@ -657,7 +663,7 @@ TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordi
   temp_dir tmp;
   harness h(tmp.path(), idle_checkpoint_options(30ms));
   h.start_quiet();
-  h.request("A", 1000);
+  h.turn("A", 1000);
   h.fake->delay_save(200ms);
   drive_until(h.ioc, [&] { return h.fake->calls().size() == 2; });  // the idle save started
   REQUIRE(h.fake->calls().back() == save_call(h.file("A", 'a')));
@@ -666,7 +672,7 @@ TEST_CASE("a request arriving during an idle save waits for it", "[proxy][coordi
   CHECK(h.busy());
   auto a_lease = h.lease_of(t);
   auto pr = h.run_client(a_lease.prepare(named("A"), false));
-  CHECK(pr.kind == prepare_kind::resident);
+  CHECK(pr.value() == prepare_kind::resident);
   h.run_client(a_lease.finish(false));
   CHECK(h.fake->calls().size() == 2);
   // The request waited for llama-server's write only; the commit lands on its own.
@@ -682,7 +688,7 @@ TEST_CASE("the lease queue is FIFO and every waiter is woken", "[proxy][coordina
   h.start_quiet();
 
   auto t1 = h.acquire("S1");
-  REQUIRE(h.run_client(t1.prepare(named("S1"), false)).ok);
+  REQUIRE(h.run_client(t1.prepare(named("S1"), false)).ok());
   h.fake->run_inference(100);
 
   std::vector<int> order;
@@ -757,7 +763,7 @@ TEST_CASE("a waiter that gives up leaves the queue without touching the slot",
   CHECK_FALSE(h.busy());  // nobody was left to take it
   CHECK(h.fake->calls().empty());
   // The slot is free for the next one.
-  CHECK(h.request("A", 10).kind == prepare_kind::cold);
+  CHECK(h.request("A", 10).value() == prepare_kind::cold);
 }
 
 TEST_CASE("management calls are serialized with the lease (docs/design.md §5)", "[proxy][coordinator]") {
@@ -775,7 +781,7 @@ TEST_CASE("management calls are serialized with the lease (docs/design.md §5)",
   auto t2 = h.enqueued("B");
   CHECK_FALSE(h.granted(t2));
   drive_until(h.ioc, [&] { return is_ready(prep); });
-  CHECK(prep.get().kind == prepare_kind::restored);
+  CHECK(prep.get().value() == prepare_kind::restored);
   CHECK_FALSE(h.granted(t2));
   h.fake->run_inference(1100);
   h.run_client(t1.finish(true));
@@ -795,7 +801,7 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
   }
 
   SECTION("the dirty owner is saved, a second flush coalesces") {
-    h.request("A", 1000);
+    h.turn("A", 1000);
     CHECK(h.run(h.coord->checkpoint()));
     CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a'))});
     auto m = h.manifest_on_disk("A");
@@ -807,14 +813,14 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
   }
 
   SECTION("a failed save is reported") {
-    h.request("A", 1000);
+    h.turn("A", 1000);
     h.fake->fail_next_save(failure::http(500));
     CHECK_FALSE(h.run(h.coord->checkpoint()));
   }
 
   SECTION("it waits for the request holding the lease") {
     auto t = h.acquire("A");
-    REQUIRE(h.run_client(t.prepare(named("A"), false)).ok);
+    REQUIRE(h.run_client(t.prepare(named("A"), false)).ok());
     auto cp = h.spawn(h.coord->checkpoint());
     kvp::testing::run_for(h.ioc, 50ms);
     CHECK_FALSE(is_ready(cp));
@@ -836,7 +842,7 @@ TEST_CASE("after a proxy restart the session restores from its manifest (accepta
   {
     harness h1(tmp.path());
     h1.start();
-    h1.request("A", 1000);
+    h1.turn("A", 1000);
     REQUIRE(h1.run(h1.coord->checkpoint()));
     file = h1.file("A", 'a');
   }
@@ -845,7 +851,7 @@ TEST_CASE("after a proxy restart the session restores from its manifest (accepta
   h2.start();
   h2.fake->clear_calls();
   auto r = h2.request("A", 1100);
-  CHECK(r.kind == prepare_kind::restored);
+  CHECK(r.value() == prepare_kind::restored);
   CHECK(h2.fake->calls() == calls{restore_call(file)});
 }
 
@@ -854,13 +860,13 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
   temp_dir tmp;
   harness h(tmp.path());
   h.start();
-  h.request("A", 1000);
+  h.turn("A", 1000);
   REQUIRE(h.run(h.coord->checkpoint()));
   h.fake->clear_calls();
 
   SECTION("same server: GET /props, and GET /slots shows A's KV still there: resident") {
     auto r = h.request("A", 1100, "", true);
-    CHECK(r.kind == prepare_kind::resident);
+    CHECK(r.value() == prepare_kind::resident);
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), backend_call{"inspect", -1, ""}});
   }
   SECTION("restarted behind a pinned marker (LLAMA_MEDIA_MARKER): the empty slot tells") {
@@ -870,14 +876,14 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
     rt.media_marker = marker;
     h.fake->set_runtime(rt);
     auto r = h.request("A", 1100, "", true);
-    CHECK(r.kind == prepare_kind::restored);
+    CHECK(r.value() == prepare_kind::restored);
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), backend_call{"inspect", -1, ""},
                                    restore_call(h.file("A", 'a'))});
   }
   SECTION("restarted server: ownership is reset and A restores") {
     h.fake->restart_server();
     auto r = h.request("A", 1100, "", true);
-    CHECK(r.kind == prepare_kind::restored);
+    CHECK(r.value() == prepare_kind::restored);
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call(),
                                    restore_call(h.file("A", 'a'))});
   }
@@ -885,14 +891,14 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
     h.fake->restart_server();
     h.coord->note_upstream_trouble();
     auto r = h.request("A", 1100);
-    CHECK(r.kind == prepare_kind::restored);
+    CHECK(r.value() == prepare_kind::restored);
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call(),
                                    restore_call(h.file("A", 'a'))});
   }
   SECTION("without a reason to look, a restart goes unnoticed (no extra calls)") {
     h.fake->restart_server();
     auto r = h.request("A", 1100);
-    CHECK(r.kind == prepare_kind::resident);
+    CHECK(r.value() == prepare_kind::resident);
     CHECK(h.fake->calls().empty());
   }
   SECTION("a different model: a new session key, cold") {
@@ -902,7 +908,7 @@ TEST_CASE("a server restart is noticed on a fresh upstream connection (docs/desi
     h.fake->set_runtime(rt);
     h.fake->restart_server();
     auto r = h.request("A", 1100, "", true);
-    CHECK(r.kind == prepare_kind::cold);
+    CHECK(r.value() == prepare_kind::cold);
     // A new server process holds nothing: no erase (docs/design.md §20).
     CHECK(h.fake->calls() == calls{FakeBackend::props_call(), FakeBackend::probe_call()});
     CHECK(h.hash("A") != old_hash);
@@ -919,19 +925,19 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
   h.start_quiet();
   h.fake->set_unreachable(true);  // down after the startup probe
 
-  CHECK(h.request("A", 1000).ok);  // erase fails (1)
-  CHECK(h.request("B", 1000).ok);  // save A fails (2), erase fails (3)
+  CHECK(h.request("A", 1000).ok());  // erase fails (1)
+  CHECK(h.request("B", 1000).ok());  // save A fails (2), erase fails (3)
   CHECK(h.backend_state() == "open");
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call()});
 
   h.fake->set_unreachable(false);
   auto r = h.request("A", 1000);
-  CHECK(r.ok);
+  CHECK(r.ok());
   CHECK(h.fake->slot_calls().size() == 3);  // skipped while open
 
   kvp::testing::run_for(h.ioc, 250ms);
   auto r2 = h.request("B", 500);
-  CHECK(r2.ok);
+  CHECK(r2.ok());
   CHECK(h.fake->slot_calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                       save_call(h.file("A", 'a')), erase_call()});
   CHECK(h.backend_state() == "healthy");
@@ -947,10 +953,10 @@ TEST_CASE("a lease released after prepare still lets the shutdown checkpoint sav
   temp_dir tmp;
   harness h(tmp.path());
   h.start();
-  h.request("A", 1000);  // A dirty, never saved
+  h.turn("A", 1000);  // A dirty, never saved
   h.fake->clear_calls();
   auto t = h.acquire("A");
-  REQUIRE(h.run_client(t.prepare(named("A"), false)).kind == prepare_kind::resident);
+  REQUIRE(h.run_client(t.prepare(named("A"), false)).value() == prepare_kind::resident);
   h.run_client(t.release());
   CHECK_FALSE(h.busy());
   CHECK(h.run(h.coord->checkpoint()));
@@ -1029,7 +1035,7 @@ TEST_CASE("sessions_page: hash order, `next` until the last page", "[proxy][coor
   h.start();
   std::vector<std::string> hashes;
   for (const char* s : {"S0", "S1", "S2", "S3", "S4"}) {
-    h.request(s, 100);
+    h.turn(s, 100);
     hashes.push_back(h.hash(s));
   }
   std::sort(hashes.begin(), hashes.end());
@@ -1056,7 +1062,7 @@ TEST_CASE("server-owned budget: a new session's manifest makes the oldest clean 
   o.retention_interval = 1h;
   harness h(tmp.path(), o);
   h.start();
-  for (const char* s : {"S0", "S1", "S2", "S3"}) h.request(s, 100);  // S0, S1, S2 saved
+  for (const char* s : {"S0", "S1", "S2", "S3"}) h.turn(s, 100);  // S0, S1, S2 saved
   // S2 was saved while it still owned the slot; of S0 and S1 (saved within a second or
   // two), the older goes, by hash when the second is the same. No file is touched.
   const bool s0_kept = h.manifest_on_disk("S0").has_value();
@@ -1115,7 +1121,7 @@ TEST_CASE("a credential creating many sessions evicts its own, not another's",
   const auto a1 = write_old_manifest(tmp.path(), "A1", "key-A");
   harness h(tmp.path(), o);
   h.start();
-  for (int i = 0; i < 8; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok);
+  for (int i = 0; i < 8; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok());
   CHECK(h.run(h.coord->checkpoint()));  // B7's save too; every commit on disk
   CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a0 + ".json"));
   CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a1 + ".json"));
@@ -1131,7 +1137,7 @@ TEST_CASE("retention.maxSessionsPerCredential: a credential over its cap loses i
   const auto a0 = write_old_manifest(tmp.path(), "A0", "key-A");
   harness h(tmp.path(), o);
   h.start();
-  for (int i = 0; i < 4; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok);
+  for (int i = 0; i < 4; ++i) CHECK(h.request_as(as("key-B", "B" + std::to_string(i)), 100).ok());
   CHECK(h.run(h.coord->checkpoint()));
   CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + a0 + ".json"));
   CHECK(manifests_of(h, "B", 4) == 2);
@@ -1147,18 +1153,18 @@ TEST_CASE("a new session over its credential's rate is refused with Retry-After,
   o.new_sessions_per_minute = 2;
   harness h(tmp.path(), o);
   h.start_quiet();
-  CHECK(h.request_as(as("key-B", "B0"), 100).ok);
-  CHECK(h.request_as(as("key-B", "B1"), 100).ok);  // B0 saved; B1 resident and dirty
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok());
+  CHECK(h.request_as(as("key-B", "B1"), 100).ok());  // B0 saved; B1 resident and dirty
   h.fake->clear_calls();
   const auto refused = h.request_as(as("key-B", "B2"), 100);  // no lease left held: request()
-  CHECK_FALSE(refused.ok);
-  CHECK(refused.code == kvp::core::errc::session_rate);
-  CHECK(refused.retry_after == 30s);
+  CHECK_FALSE(refused.ok());
+  CHECK(refused.err().code == kvp::core::errc::session_rate);
+  CHECK(refused.err().retry_after_s == 30);
   CHECK(h.fake->slot_calls().empty());
   CHECK_FALSE(h.coord->admin().session("B2"));
   CHECK(h.owner_is("B1"));
-  CHECK(h.request_as(as("key-B", "B0"), 100).ok);  // a known session: B1 saved, B0 restored
-  CHECK(h.request_as(as("key-A", "A0"), 100).ok);  // another credential: its own bucket
+  CHECK(h.request_as(as("key-B", "B0"), 100).ok());  // a known session: B1 saved, B0 restored
+  CHECK(h.request_as(as("key-A", "A0"), 100).ok());  // another credential: its own bucket
 }
 
 // docs/design.md §12: a session whose saves come back empty (llama-server refused its
@@ -1171,8 +1177,8 @@ TEST_CASE("records without a snapshot are bounded by retention.maxSessions",
   o.retention_max_sessions = 3;  // retention.intervalMs 0: snapshots wait for POST /kv/gc
   harness h(tmp.path(), o);
   h.start_quiet();
-  h.request("A", 1000);  // saved when S0 takes the slot
-  for (int i = 0; i < 10; ++i) h.request("S" + std::to_string(i), 0);  // an empty slot each
+  h.turn("A", 1000);  // saved when S0 takes the slot
+  for (int i = 0; i < 10; ++i) h.turn("S" + std::to_string(i), 0);  // an empty slot each
   CHECK(h.fake->snapshot_tokens(h.file("S0", 'a')) == 0u);  // what an empty save leaves
   std::vector<std::string> known;
   for (const auto& row : h.coord->admin().sessions_page("", 100).sessions) known.push_back(row.hash);
@@ -1182,7 +1188,7 @@ TEST_CASE("records without a snapshot are bounded by retention.maxSessions",
   CHECK(h.manifest_on_disk("A"));
   h.fake->clear_calls();
   auto back = h.request("A", 1100);
-  CHECK(back.kind == prepare_kind::restored);
+  CHECK(back.value() == prepare_kind::restored);
   CHECK(h.fake->calls() == calls{save_call(h.file("S9", 'a')), restore_call(h.file("A", 'a'))});
 }
 
@@ -1229,9 +1235,9 @@ TEST_CASE("disk budget: a save that leaves no room overwrites the oldest session
   // Room for A's snapshot and one more as large: not for OLD's two files besides.
   harness h(tmp.path(), disk_budget_options(2 * snapshot_of_100 + 150'000));
   h.start();
-  h.request("A", 100);
+  h.turn("A", 100);
   h.fake->clear_calls();
-  h.request("B", 100);
+  h.turn("B", 100);
   // A saved; the slot, which held only A, erased and saved over OLD's generations (the one
   // its manifest does not name first); then B's cold start.
   const auto old_a = kvp::core::snapshot_filename(old, 'a');
@@ -1250,7 +1256,7 @@ TEST_CASE("disk budget: a save that leaves no room overwrites the oldest session
   CHECK(a->previous_bytes == 0u);
   // A comes back: its snapshot is restored, B's saved; nothing else to evict
   h.fake->clear_calls();
-  h.request("A", 150);
+  h.turn("A", 150);
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
 }
 
@@ -1260,16 +1266,16 @@ TEST_CASE("disk budget: both generations count, and a session a request uses is 
   // Room for one 100-token snapshot beside one more: A's two generations do not fit with B's.
   harness h(tmp.path(), disk_budget_options(2 * snapshot_of_100 + 1000));
   h.start();
-  h.request("A", 100);
-  h.request("B", 100);  // A.a saved: A alone fits
-  h.request("A", 100);  // B.a saved; A is the one being restored: kept, over budget
+  h.turn("A", 100);
+  h.turn("B", 100);  // A.a saved: A alone fits
+  h.turn("A", 100);  // B.a saved; A is the one being restored: kept, over budget
   h.fake->clear_calls();
-  h.request("B", 100);  // A.b saved (A: two generations); B is being restored: kept
+  h.turn("B", 100);  // A.b saved (A: two generations); B is being restored: kept
   CHECK(h.fake->calls() == calls{save_call(h.file("A", 'b')), restore_call(h.file("B", 'a'))});
   REQUIRE(h.manifest_on_disk("A"));
   CHECK(h.manifest_on_disk("A")->previous_bytes == snapshot_of_100);
   h.fake->clear_calls();
-  h.request("C", 100);  // B.b saved; C is new: A, the oldest clean, is overwritten
+  h.turn("C", 100);  // B.b saved; C is new: A, the oldest clean, is overwritten
   CHECK(h.fake->calls() ==
         calls{save_call(h.file("B", 'b')), erase_call(), save_call(h.file("A", 'a')),
               save_call(h.file("A", 'b')), erase_call()});
@@ -1277,7 +1283,7 @@ TEST_CASE("disk budget: both generations count, and a session a request uses is 
   CHECK(h.fake->snapshot_tokens(h.file("B", 'b')) == 100u);
   // A comes back: forgotten, so a cold start (no restore of its overwritten files)
   h.fake->clear_calls();
-  CHECK(h.request("A", 100).ok);
+  CHECK(h.request("A", 100).ok());
   CHECK(h.fake->calls() == calls{save_call(h.file("C", 'a')), erase_call(), save_call(h.file("B", 'a')),
                                  save_call(h.file("B", 'b')), erase_call()});
 }
@@ -1310,16 +1316,16 @@ TEST_CASE("disk budget: a snapshot that seeds new sessions ranks by its last use
     kvp::core::request_identity who{id, "", std::move(c), ""};
     return who;
   };
-  CHECK(h.request_as(with_chain("D", chain({1, 2, 3})), 100).ok);
-  CHECK(h.request_as(with_chain("X", chain({50, 51})), 100).ok);  // D saved
+  CHECK(h.request_as(with_chain("D", chain({1, 2, 3})), 100).ok());
+  CHECK(h.request_as(with_chain("X", chain({50, 51})), 100).ok());  // D saved
   std::this_thread::sleep_for(1100ms);                             // updatedAt: 1 s resolution
-  CHECK(h.request_as(with_chain("Y", chain({60, 61})), 100).ok);  // X saved, a second later
+  CHECK(h.request_as(with_chain("Y", chain({60, 61})), 100).ok());  // X saved, a second later
   std::this_thread::sleep_for(1100ms);
   h.fake->clear_calls();
-  CHECK(h.request_as(with_chain("N", chain({1, 2, 9})), 100).ok);  // Y saved; D seeds N
+  CHECK(h.request_as(with_chain("N", chain({1, 2, 9})), 100).ok());  // Y saved; D seeds N
   CHECK(h.fake->calls() == calls{save_call(h.file("Y", 'a')), restore_call(h.file("D", 'a'))});
   h.fake->clear_calls();
-  CHECK(h.request_as(with_chain("Z", chain({70, 71})), 100).ok);  // N saved: one must go
+  CHECK(h.request_as(with_chain("Z", chain({70, 71})), 100).ok());  // N saved: one must go
   // D was saved first but used last: X, the least recently saved or used, is overwritten
   // (Z's cold start keeps the slot's content under the default scope: it is empty already)
   CHECK(h.fake->calls() == calls{save_call(h.file("N", 'a')), erase_call(),
@@ -1336,14 +1342,14 @@ TEST_CASE("disk budget: an idle checkpoint over the budget overwrites from the s
   o.pool.idle_checkpoint = 50ms;
   harness h(tmp.path(), o);
   h.start_quiet();
-  h.request("A", 100);
+  h.turn("A", 100);
   kvp::testing::run_for(h.ioc, 300ms);
   CHECK(h.fake->calls() == calls{erase_call(), save_call(h.file("A", 'a')), erase_call(),
                                  save_call(kvp::core::snapshot_filename(old, 'b')),
                                  save_call(kvp::core::snapshot_filename(old, 'a'))});
   CHECK(h.owner_of_slot0().empty());  // its KV is gone from the slot: A restores next
   h.fake->clear_calls();
-  CHECK(h.request("A", 150).ok);
+  CHECK(h.request("A", 150).ok());
   CHECK(h.fake->calls() == calls{restore_call(h.file("A", 'a'))});
 }
 

@@ -83,10 +83,10 @@ awaitable<prepare_kind> serve(lease& l, std::string session, FakeBackend* fake,
                               std::uint64_t tokens) {
   const request_identity who{std::move(session), "", {}, ""};
   auto pr = co_await l.prepare(who, false);
-  if (!pr.ok) co_return pr.kind;
+  if (!pr) co_return prepare_kind::none;
   fake->run_inference(tokens);
   co_await l.finish(true);
-  co_return pr.kind;
+  co_return pr.value();
 }
 
 }  // namespace
@@ -112,8 +112,8 @@ TEST_CASE("a pooled request granted at once is prepared in the same trip", "[pro
   REQUIRE(a.what == outcome::granted);
   REQUIRE(a.held);
   const auto first = h.run(a.held.prepare({"A", "", {}, ""}, false));
-  REQUIRE(first.ok);
-  CHECK(first.kind == prepare_kind::cold);
+  REQUIRE(first.ok());
+  CHECK(first.value() == prepare_kind::cold);
   h.fake->run_inference(100);
   h.run(a.held.finish(true));
   // B's pooled request: the switch's save of A ran before acquire returned; prepare answers
@@ -125,8 +125,8 @@ TEST_CASE("a pooled request granted at once is prepared in the same trip", "[pro
   REQUIRE(saved_in_admission.size() == 1);
   CHECK(saved_in_admission[0].action == "save");
   const auto pb = h.run(b.held.prepare({"B", "", {}, ""}, false));
-  REQUIRE(pb.ok);
-  CHECK(pb.kind == prepare_kind::cold);
+  REQUIRE(pb.ok());
+  CHECK(pb.value() == prepare_kind::cold);
   CHECK(h.fake->slot_calls().size() == 1);
   h.fake->run_inference(100);
   h.run(b.held.finish(true));
@@ -134,7 +134,7 @@ TEST_CASE("a pooled request granted at once is prepared in the same trip", "[pro
   h.fake->clear_calls();
   auto again = h.run(h.acquire("B", true));
   REQUIRE(again.what == outcome::granted);
-  CHECK(h.run(again.held.prepare({"B", "", {}, ""}, false)).kind == prepare_kind::resident);
+  CHECK(h.run(again.held.prepare({"B", "", {}, ""}, false)).value() == prepare_kind::resident);
   CHECK(h.fake->slot_calls().empty());
   h.run(again.held.finish(true));
 }
@@ -151,7 +151,7 @@ TEST_CASE("a request without a pooled connection is prepared only when it asks",
   REQUIRE(b.what == outcome::granted);
   CHECK(h.fake->slot_calls().empty());  // nothing decided before its connection is known
   const auto pb = h.run(b.held.prepare({"B", "", {}, ""}, false));
-  REQUIRE(pb.ok);
+  REQUIRE(pb.ok());
   CHECK(h.fake->slot_calls().size() == 1);
   h.run(b.held.finish(true));
 }
@@ -241,7 +241,7 @@ TEST_CASE("a failed strict prepare empties the lease and frees the slot", "[prox
   REQUIRE(a.held);
   h.fake->fail_next_erase(kvp::testing::failure::http(500));
   auto pr = h.run(a.held.prepare({"A", "", {}, ""}, false));
-  CHECK_FALSE(pr.ok);
+  CHECK_FALSE(pr.ok());
   CHECK_FALSE(a.held);  // the coordinator released it
   CHECK(h.slot_free("B"));
 }
