@@ -64,7 +64,7 @@ rm -rf "$logs"
 mkdir -p "$logs"
 
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:hard_rss_limit_mb=8192:log_path=$logs/asan:${ASAN_OPTIONS:-}"
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan:${UBSAN_OPTIONS:-}"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/tests/ubsan.supp:log_path=$logs/ubsan:${UBSAN_OPTIONS:-}"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:hard_rss_limit_mb=8192:suppressions=$PWD/tests/tsan.supp:log_path=$logs/tsan:${TSAN_OPTIONS:-}"
 
 status=0
