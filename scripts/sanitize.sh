@@ -85,7 +85,13 @@ if [[ "${KVP_SKIP_INTEGRATION:-0}" != 1 ]]; then
   # quarantine, not kvpersist's; LeakSanitizer covers leaks here) and the systemd syscall-filter
   # test (it straces the daemon against the unit's allow-list, and the sanitizer runtimes make
   # syscalls of their own). Everything else runs as in CI.
-  deselect=(-k "not test_no_leak_over_rounds and not test_syscall_filter_allows_what_the_daemon_uses")
+  skip="not test_no_leak_over_rounds and not test_syscall_filter_allows_what_the_daemon_uses"
+  # Left to the plain and TSan builds under ASan+UBSan: the EMFILE test. With every descriptor
+  # taken, clang's UBSan runtime cannot open the pipe it checks memory with, so it reports the
+  # first virtual call it checks (Boost.System's error_category::message) as an "invalid vptr"
+  # ("memory cannot be printed"): the runtime's failure, not kvpersist's.
+  if [[ $kind == asan ]]; then skip+=" and not test_emfile_backs_off_with_a_rate_limited_log"; fi
+  deselect=(-k "$skip")
   ((${#pytest_args[@]})) || pytest_args=(tests/integration)
   env "${env_extra[@]}" /usr/bin/python3 -m pytest -q -p no:cacheprovider --upstream=fake \
       "${deselect[@]}" "${pytest_args[@]}" || status=1
