@@ -33,18 +33,6 @@ core::slot_pool_options pool_options(const coordinator_options& o) {
   return pool;
 }
 
-// What the lease queue asks of the pool: the pool itself, and the mode.
-slot_chooser chooser_of(const core::slot_pool& pool, const coordinator_options& o) {
-  slot_chooser c;
-  c.slot_ids = [&pool] { return pool.slot_ids(); };
-  c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
-    return pool.choose_slot(who, free);
-  };
-  c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
-  c.pins_requests = [&pool, &o] { return !o.single_slot && pool.slot_ids().size() > 1; };
-  return c;
-}
-
 // A ticket granted after it had to wait: expiry in the past completes the wait whether or not
 // it has started yet.
 void wake(const std::shared_ptr<lease_ticket>& t) {
@@ -119,6 +107,17 @@ void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
 
 }  // namespace
 
+slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot) {
+  slot_chooser c;
+  c.slot_ids = [&pool] { return pool.slot_ids(); };
+  c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
+    return pool.choose_slot(who, free);
+  };
+  c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
+  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.slot_ids().size() > 1; };
+  return c;
+}
+
 coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_backend> backend,
                          manifest_store store, coordinator_options opts)
     : strand_(net::make_strand(ioc)),
@@ -126,7 +125,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       store_(std::move(store)),
       opts_(std::move(opts)),
       pool_(pool_options(opts_)),
-      leases_(opts_.max_waiting, chooser_of(pool_, opts_), wake),
+      leases_(opts_.max_waiting, chooser_of(pool_, opts_.single_slot), wake),
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
                    .slot_error = [this](const core::error& e) { runtime_.note_slot_error(e); },

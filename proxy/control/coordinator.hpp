@@ -58,6 +58,10 @@ struct coordinator_options {
   std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
 };
 
+// What a coordinator's lease queue asks of its pool: the pool itself, and the mode
+// (`single_slot`: requests are never pinned).
+slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot);
+
 using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
 

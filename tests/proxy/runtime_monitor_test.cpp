@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/identity.hpp"
+#include "proxy/control/coordinator.hpp"
 #include "tests/support/control_parts.hpp"
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
@@ -39,21 +40,10 @@ runtime_monitor_options no_background_probe() {
   return o;
 }
 
-// What the lease queue asks of the pool, as the coordinator answers it.
-kvp::proxy::slot_chooser chooser_of(const kvp::core::slot_pool& pool) {
-  kvp::proxy::slot_chooser c;
-  c.slot_ids = [&pool] { return pool.slot_ids(); };
-  c.choose_slot = [&pool](const request_identity& who, const std::vector<int>& free) {
-    return pool.choose_slot(who, free);
-  };
-  c.session_key = [&pool](const request_identity& who) { return pool.hash_for(who); };
-  c.pins_requests = [&pool] { return pool.slot_ids().size() > 1; };
-  return c;
-}
-
 // A runtime_monitor over the coordinator's parts on a FakeBackend; the leases are taken by hand.
 struct harness : kvp::testing::control_parts {
-  lease_queue leases{8, chooser_of(pool), [](const std::shared_ptr<lease_ticket>&) {}};
+  lease_queue leases{8, kvp::proxy::chooser_of(pool, false),
+                     [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   runtime_monitor monitor;
 
