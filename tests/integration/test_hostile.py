@@ -468,8 +468,12 @@ def test_session_id_at_info_level_not_logged(stack):
 TOKEN = "kvp-admin-" + uuid.uuid4().hex
 
 
+# ids name each case without the token: the token is random per process, and pytest-xdist's
+# workers must collect the same test names.
 @pytest.mark.parametrize("auth", [None, "Bearer wrong", "Bearer " + TOKEN + "x", "bearer " + TOKEN,
-                                  "Basic " + TOKEN, TOKEN, "Bearer  " + TOKEN, "Bearer " + TOKEN[:-1]])
+                                  "Basic " + TOKEN, TOKEN, "Bearer  " + TOKEN, "Bearer " + TOKEN[:-1]],
+                         ids=["none", "wrong", "token-plus-a-byte", "lowercase-scheme", "basic-scheme",
+                              "no-scheme", "two-spaces", "token-less-a-byte"])
 def test_admin_token_required(stack, auth):
     stack.start(config={"admin": {"listen": "127.0.0.1:0", "token": TOKEN}})
     A = Conversation(sid("A"))

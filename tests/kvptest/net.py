@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
+import tempfile
 import time
 
 HOST = "127.0.0.1"
@@ -43,8 +46,55 @@ def read_until_closed(s: socket.socket, deadline: float) -> tuple[bytes, bool]:
     return bytes(out), False
 
 
+# free_port() hands out ports below the kernel's ephemeral range: bind(0) and outgoing
+# connections take theirs from that range, so none of them takes a port between free_port()
+# and the caller's bind. Each process (a pytest run, an xdist worker, a suite beside another
+# in CI) draws from a block of its own, claimed by an flock on a file held until the process
+# ends, so two processes never hand out the same port.
+_PORT_BLOCK = 256
+_PORTS_FIRST = 10000
+_block_lock = None          # the open file whose flock holds this process's block
+_block_ports: list[int] = []
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _claim_block() -> list[int]:
+    global _block_lock
+    lock_dir = os.path.join(tempfile.gettempdir(), "kvptest-port-blocks-%d" % os.getuid())
+    os.makedirs(lock_dir, exist_ok=True)
+    for first in range(_PORTS_FIRST, _ephemeral_floor() - _PORT_BLOCK + 1, _PORT_BLOCK):
+        f = open(os.path.join(lock_dir, "%d.lock" % first), "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _block_lock = f
+        return list(range(first, first + _PORT_BLOCK))
+    raise RuntimeError("free_port: every port block below the ephemeral range is taken")
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A loopback port that was free a moment ago and that nothing else hands out: from this
+    process's block, in turn (a port comes back only after the other 255), skipping any that
+    does not bind now (a listener of another program, a connection in TIME_WAIT)."""
+    global _block_ports
+    if not _block_ports:
+        _block_ports = _claim_block()
+    for _ in range(len(_block_ports)):
+        port = _block_ports.pop(0)
+        _block_ports.append(port)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("free_port: no port of this process's block binds")
