@@ -2,17 +2,22 @@
 # Builds kvpersist and its tests under sanitizers and runs the unit and fake-integration suites,
 # failing on any sanitizer report.
 #
-# Usage: scripts/sanitize.sh [asan|tsan] [--no-build|--build-only] [-- PYTEST_ARGS...]
+# Usage: scripts/sanitize.sh [asan|tsan] [--no-build|--build-only|--configure-only] [-- PYTEST_ARGS...]
 #   asan  (default) build-asan, clang++: AddressSanitizer + UndefinedBehaviorSanitizer
 #         (+ LeakSanitizer at exit); kvpersist runs with its default single io_context thread.
+#         The same build holds the libFuzzer targets (scripts/fuzz.sh runs them): its code
+#         carries libFuzzer's coverage hooks, which the sanitizer runtime answers with no-ops
+#         outside a fuzz target, so one clang++ build serves both.
 #   tsan  build-tsan, g++: ThreadSanitizer; every kvpersist the integration harness starts runs
 #         with `threads: 4` (KVP_THREADS=4), so the coordinator strand, client sessions and
 #         timers really run on several threads. Suppressions: tests/tsan.supp.
 #   --no-build   reuse the build directory as it is
 #   --build-only build, run nothing (.ci/run builds while other suites run, then tests)
+#   --configure-only  configure the build directory, build and run nothing (scripts/fuzz.sh)
 #   PYTEST_ARGS  replace the default pytest selection `tests/integration` (e.g.
 #                -- tests/integration/test_faults.py -k breaker)
 # Env:   KVP_SAN_JOBS  parallel compile jobs (default: nproc)
+#        KVP_TEST_WORKERS  pytest-xdist workers for the integration suite (default 3; 0: serial)
 #        KVP_SKIP_UNIT=1 / KVP_SKIP_INTEGRATION=1  run only one half
 #
 # Reports go to files (log_path) under <build>/sanitizer-logs/, one per process, so a report
@@ -25,12 +30,14 @@ cd "$(dirname "$0")/.."
 kind=asan
 build_it=1
 test_it=1
+configure_only=0
 pytest_args=()
 while (($#)); do
   case "$1" in
     asan|tsan) kind=$1 ;;
     --no-build) build_it=0 ;;
     --build-only) test_it=0 ;;
+    --configure-only) configure_only=1 ;;
     --) shift; pytest_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "sanitize.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -43,8 +50,8 @@ done
 # generation is the costly part), TSan g++ 37 s against clang++ 45 s. CI so compiles the code
 # with both compilers (plain and TSan g++, ASan and fuzz clang++).
 case $kind in
-  asan) build=build-asan; sanitize=address,undefined; cxx=clang++ ;;
-  tsan) build=build-tsan; sanitize=thread; cxx=g++ ;;
+  asan) build=build-asan; sanitize=address,undefined; cxx=clang++; fuzz=ON ;;
+  tsan) build=build-tsan; sanitize=thread; cxx=g++; fuzz=OFF ;;
 esac
 
 if ((build_it)); then
@@ -54,7 +61,8 @@ if ((build_it)); then
   # with RelWithDebInfo's -O2 -g (g++ 12), and the sanitizer builds are most of a fresh CI's.
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_WERROR=OFF \
         -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-        -DKVP_SANITIZE="$sanitize" >/dev/null
+        -DKVP_SANITIZE="$sanitize" -DKVP_FUZZ="$fuzz" >/dev/null
+  ((configure_only)) && exit 0
   ninja -C "$build" -j "${KVP_SAN_JOBS:-$(nproc)}"
 fi
 ((test_it)) || exit 0
@@ -70,7 +78,7 @@ export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:hard_rss_limit_mb=8
 status=0
 if [[ "${KVP_SKIP_UNIT:-0}" != 1 ]]; then
   echo "== $kind: unit tests" >&2
-  ctest --test-dir "$build" -L unit --output-on-failure --timeout 600 || status=1
+  ctest --test-dir "$build" -L unit -j "$(nproc)" --output-on-failure --timeout 600 || status=1
 fi
 
 if [[ "${KVP_SKIP_INTEGRATION:-0}" != 1 ]]; then
@@ -93,8 +101,9 @@ if [[ "${KVP_SKIP_INTEGRATION:-0}" != 1 ]]; then
   if [[ $kind == asan ]]; then skip+=" and not test_emfile_backs_off_with_a_rate_limited_log"; fi
   deselect=(-k "$skip")
   ((${#pytest_args[@]})) || pytest_args=(tests/integration)
+  # In parallel workers as in the plain build (tests/CMakeLists.txt, KVP_TEST_WORKERS).
   env "${env_extra[@]}" /usr/bin/python3 -m pytest -q -p no:cacheprovider --upstream=fake \
-      "${deselect[@]}" "${pytest_args[@]}" || status=1
+      -n "${KVP_TEST_WORKERS:-3}" "${deselect[@]}" "${pytest_args[@]}" || status=1
 fi
 
 reports=$(grep -l -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: " \
