@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "core/retention.hpp"
 #include "tests/support/chains.hpp"
 
 namespace {
@@ -110,4 +111,24 @@ TEST_CASE("a forgotten donor's wishes go, and may be asked for again", "[core][p
   REQUIRE(w.pending() == 1);
   CHECK(w.take()->donor == "kept");
   CHECK(w.note_seed("k1", "another", 4, 1000, 100, request, 1));
+}
+
+// Retention keeps a prefix snapshot while it seeds: proxy/control/retention_keeper.cpp ranks
+// every snapshot by its last save or restore, and a seed is a restore of the prefix snapshot.
+TEST_CASE("retention keeps a prefix snapshot while it seeds", "[core][prefix_snapshot]") {
+  constexpr std::int64_t now = 1'800'000'000;
+  // Made long ago, restored a minute ago as a seed: newer than both conversations.
+  const std::vector<retention_entry> used = {{"prefix", false, now - 60, 1, false, "k"},
+                                            {"a", false, now - 600, 4, false, "k"},
+                                            {"b", false, now - 300, 4, false, "k"}};
+  auto p = plan_retention(used, retention_limits{0, 2, 0, 0}, now);
+  REQUIRE(p.evict.size() == 1);
+  CHECK(p.evict[0].hash == "a");
+  // Not used since it was made, before the conversations were: it goes first.
+  const std::vector<retention_entry> unused = {{"prefix", false, now - 900, 1, false, "k"},
+                                              {"a", false, now - 600, 4, false, "k"},
+                                              {"b", false, now - 300, 4, false, "k"}};
+  p = plan_retention(unused, retention_limits{0, 2, 0, 0}, now);
+  REQUIRE(p.evict.size() == 1);
+  CHECK(p.evict[0].hash == "prefix");
 }

@@ -283,3 +283,44 @@ TEST_CASE("a seed that fails verification is invalidated, the requester runs col
   CHECK(p.start_inference(B, only_slot) == prepare_kind::cold_fallback);
   CHECK(p.owner(only_slot) == p.hash_for("B"));
 }
+
+// How the proxy makes a prefix snapshot (docs/design.md §3, "Prefix snapshots"): a request of
+// the session prefix:<last shared link>, whose chain is the shared links, planned like any
+// other. It is seeded from the donor, runs the cut request, and its save is a snapshot whose
+// manifest names only the shared links, under the donor's credential; the next new session
+// sharing them starts from it, not from the donor.
+TEST_CASE("a prefix snapshot is made as a session of its own and then seeds",
+          "[core][seeding][prefix_snapshot]") {
+  auto p = make_pool(true, true);  // sharing: credential
+  const auto donor = who("donor", chain({1, 2, 3, 4}));
+  saved_of_size(p, donor, 4'000'000);
+  evict(p);
+  const auto shared = std::vector<chain_link>{chain({1})[0]};
+  const auto maker = who(prefix_session_id(shared.back()), shared);
+  auto plan = p.prepare(maker, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(donor));
+  CHECK(plan.restore->seed_for == p.hash_for(maker));
+  CHECK(run(p, maker, plan) == prepare_kind::restored);
+  auto s = p.checkpoint_slot(only_slot, t0);
+  REQUIRE(s);
+  CHECK(s->hash == p.hash_for(maker));
+  auto m = p.on_save(*s, slot_saved{1000, 1'000'000, 1.0}, t0, wall);
+  REQUIRE(m.ok());
+  CHECK(m->chain == shared);
+  CHECK(m->credential == "k1");
+  CHECK(is_prefix_session(m->session_id));
+  p.store_manifest(m.value());
+  evict(p);
+  const auto B = who("B", chain({1, 9}));
+  plan = p.prepare(B, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(maker));
+  CHECK(plan.restore->expected_bytes == 1'000'000);
+  run(p, B, plan);
+  // Another credential's request sharing the preamble: neither the donor nor its prefix.
+  evict(p);
+  const auto other = who("other-key", chain({1, 9}), "k2");
+  plan = p.prepare(other, only_slot, t0, wall);
+  CHECK_FALSE(plan.restore);
+}
