@@ -8,11 +8,11 @@ namespace {
 
 constexpr std::string_view prefix_id_head = "prefix:";
 
-std::string wish_key(const std::string& credential, const chain_link& last) {
-  return credential + ';' + to_hex(last);
-}
-
 }  // namespace
+
+std::string prefix_key(std::string_view credential, const chain_link& last) {
+  return std::string(credential) + ';' + to_hex(last);
+}
 
 std::optional<seed_candidate> fewest_bytes_seed(const std::vector<seed_candidate>& candidates) {
   const seed_candidate* best = nullptr;
@@ -49,7 +49,7 @@ bool prefix_wishes::note_seed(const std::string& credential, const std::string& 
   if (common == 0 || common > request_chain.size() || common >= donor_links) return false;
   if (!worth_prefix_snapshot(restored, reused) || pending_.size() >= max_pending_) return false;
   const chain_link& last = request_chain[common - 1];
-  auto key = wish_key(credential, last);
+  auto key = prefix_key(credential, last);
   if (known(key)) return false;
   remember(std::move(key));
   pending_.push_back(prefix_wish{credential, donor, restored,
@@ -59,7 +59,7 @@ bool prefix_wishes::note_seed(const std::string& credential, const std::string& 
 }
 
 void prefix_wishes::note_made(const std::string& credential, const chain_link& last) {
-  auto key = wish_key(credential, last);
+  auto key = prefix_key(credential, last);
   if (!known(key)) remember(std::move(key));
 }
 
@@ -73,7 +73,7 @@ std::optional<prefix_wish> prefix_wishes::take() {
 void prefix_wishes::drop_donor(const std::string& donor) {
   std::erase_if(pending_, [&](const prefix_wish& w) {
     if (w.donor != donor) return false;
-    forget(wish_key(w.credential, w.links.back()));  // nothing was tried: another seed may ask
+    forget(prefix_key(w.credential, w.links.back()));  // nothing was tried: another seed may ask
     return true;
   });
 }

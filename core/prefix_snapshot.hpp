@@ -40,6 +40,9 @@ bool worth_prefix_snapshot(std::uint64_t restored_tokens, std::uint64_t reused_t
 std::string prefix_session_id(const chain_link& last);
 bool is_prefix_session(std::string_view session_id);
 
+// What a wish is known by: the credential and the last shared link.
+std::string prefix_key(std::string_view credential, const chain_link& last);
+
 // A prefix snapshot to make: restore `donor`'s snapshot, send the seeded request cut after
 // its first `links.size()` links (the proxy keeps that body, bounded like a chained one),
 // save the slot as prefix_session_id(links.back()) under `credential`.
