@@ -111,3 +111,46 @@ def test_no_prefix_snapshot_when_the_seed_reused_most_of_it(stack):
     idle(stack.proxy)
     assert not wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 1.5)
     assert not stack.proxy.events("kv.prefix.wanted")
+
+
+def restore_event(proxy, source: str, donor_hash: str):
+    found = [e for e in proxy.events("kv.session.restore.success")
+             if e.fields["source"] == source and e.fields["from"] == donor_hash[:8]]
+    assert found, [e.raw for e in proxy.events("kv.session.restore.success")]
+    return found[-1]
+
+
+def test_a_seed_reads_at_most_125x_the_prefix_it_reuses(stack):
+    """The issue's figure, from the restore replies (kvpersist logs llama-server's n_read as
+    `bytes`): a seed from a donor four times the shared prefix read 4x the bytes it reused;
+    the next session, seeded from the prefix snapshot, reads at most 1.25x. Bytes of the
+    reused prefix: the tokens llama-server reused (cache_n) times the donor's bytes per token."""
+    stack.start({"checkpoint": {"idleMs": 300}}, n_ctx=8192)
+    A = agent("A")
+    ok(A.turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), timeout=300), "A")
+    ok(Conversation(sid("O"), system_words=60, tag="unrelated").turn(stack.port, timeout=120), "O")
+    idle(stack.proxy)
+    settled_calls(stack, timeout=30)
+    donor = manifest_for(stack.state_dir, A.session)
+    assert donor and donor["state"] == "ready", donor
+    rb = ok(agent("B").turn(stack.port, text="task B: write the docs", timeout=300), "B")
+    idle(stack.proxy)
+    seed_b = restore_event(stack.proxy, "seed", donor["sessionHash"])
+    bytes_per_token = int(seed_b.fields["bytes"]) / int(seed_b.fields["tokens"])
+    ratio_b = int(seed_b.fields["bytes"]) / (cached_tokens(rb) * bytes_per_token)
+    assert stack.proxy.wait_for_log("kv.prefix.saved", timeout=120), \
+        [e.raw for e in stack.proxy.events("kv.prefix.skipped")]
+    pm = prefix_manifest(stack.state_dir)
+    assert pm and pm["state"] == "ready", pm
+    ok(Conversation(sid("O2"), system_words=60, tag="unrelated-2").turn(stack.port, timeout=120), "O2")
+    idle(stack.proxy)
+    rc = ok(agent("C").turn(stack.port, text="task C: review", timeout=300), "C")
+    idle(stack.proxy)
+    seed_c = restore_event(stack.proxy, "seed", pm["sessionHash"])
+    ratio_c = int(seed_c.fields["bytes"]) / (cached_tokens(rc) * bytes_per_token)
+    print("donor %d tokens; B read %s bytes for %d reused tokens (%.2fx); C read %s bytes for %d "
+          "(%.2fx) from the prefix snapshot of %d tokens"
+          % (donor["tokens"], seed_b.fields["bytes"], cached_tokens(rb), ratio_b,
+             seed_c.fields["bytes"], cached_tokens(rc), ratio_c, pm["tokens"]))
+    assert ratio_b >= 3.0, ratio_b  # the donor is about four times the shared prefix
+    assert ratio_c <= 1.25, ratio_c
