@@ -99,6 +99,45 @@ def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(sta
 
 
 @pytest.mark.fake_only
+def test_the_prefix_is_cut_from_the_smallest_snapshot_that_holds_it(stack):
+    """The slot no longer holds the prefix when the snapshot is made (another session took it
+    right after the seeded one): the snapshot that reads the fewest bytes for the shared links
+    is restored (here the seeded session's own, smaller than the donor), then the cut
+    request, then the save of prefix:<link>."""
+    stack.start({"checkpoint": {"idleMs": 300}})
+    fake = stack.upstream.fake
+    A = agent("A")
+    ok(A.turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), timeout=60), "A")
+    O = Conversation(sid("O"), system_words=60, tag="unrelated")
+    ok(O.turn(stack.port), "other")
+    idle(stack.proxy)
+    assert wait_until(lambda: manifest_for(stack.state_dir, O.session) is not None, 5.0)
+    settled_calls(stack)
+    donor = manifest_for(stack.state_dir, A.session)
+    B = agent("B")
+    ok(B.turn(stack.port, text="task B: write the docs", timeout=60), "B")
+    since = max(r["time"] for r in fake.inference_requests())  # B's request
+    ok(Conversation(sid("O2"), system_words=60, tag="unrelated-2").turn(stack.port), "O2 at once")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0), \
+        stack.proxy.events("kv.prefix.skipped")
+    settled_calls(stack)
+    mb = manifest_for(stack.state_dir, B.session)
+    assert mb and mb["bytes"] < donor["bytes"], (mb, donor)
+    pm = prefix_manifest(stack.state_dir)
+    seq = management_and_cut_requests(fake, since)
+    names = [a for _, a, _ in seq]
+    # B saved at the switch, O2's turn, O2's idle checkpoint; then the prefix: a restore of
+    # B's snapshot (the fewest bytes sharing the prefix), the cut request, its save.
+    assert names == ["save", "inference", "save", "restore", "inference", "save"], names
+    assert seq[0][2]["filename"] == mb["snapshotFile"]
+    assert seq[3][2]["filename"] == mb["snapshotFile"], (seq[3][2]["filename"], donor["snapshotFile"])
+    cut = seq[4][2]["json"]
+    assert cut["max_tokens"] == 1 and cut["id_slot"] == 0, cut
+    assert seq[5][2]["filename"] == pm["snapshotFile"]
+    assert pm["prefixChain"] == donor["prefixChain"][:1] and pm["tokens"] < mb["tokens"] + 2, pm
+
+
+@pytest.mark.fake_only
 def test_no_prefix_snapshot_when_the_seed_reused_most_of_it(stack):
     """B's request continues A's whole content: nothing is wasted, nothing is made."""
     stack.start({"checkpoint": {"idleMs": 300}})
