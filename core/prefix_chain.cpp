@@ -12,10 +12,8 @@
 
 #include "core/identity.hpp"
 #include "core/json.hpp"
+#include "core/json_writer.hpp"
 #include "core/request_class.hpp"
-
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
 
 namespace kvp::core {
 
@@ -303,7 +301,7 @@ std::optional<std::string> cut_after_links(const inference_route* route, const s
   cut_messages(messages, leading + links - 1, doc.GetAllocator());
   ask_for_one_token(doc, l->family);
   rapidjson::StringBuffer sb;
-  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  json_writer w(sb);  // the client's strings as parsed: the bytes it sent, escaped anew
   doc.Accept(w);
   std::string out(sb.GetString(), sb.GetSize());
   // The cut must say what it is: the same first links, whatever the empty user message adds.

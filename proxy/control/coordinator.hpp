@@ -3,7 +3,7 @@
 // through proxy/control/lease.hpp) and the order of the steps of each request, checkpoint and
 // admin operation. The steps themselves are its parts': lease_queue (who holds which slot, who
 // waits), runtime_monitor (probes, restarts, sleep), slot_actions (a core::slot_pool plan's
-// save, restore and erase), idle_checkpointer, overwrite_tracker, retention_keeper,
+// save, restore and erase), idle_checkpointer, prefix_maker, overwrite_tracker, retention_keeper,
 // session_admin, hint_log and new_session_gate. All its state lives on its strand; client
 // sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
