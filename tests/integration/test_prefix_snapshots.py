@@ -138,6 +138,26 @@ def test_the_prefix_is_cut_from_the_smallest_snapshot_that_holds_it(stack):
 
 
 @pytest.mark.fake_only
+def test_a_prefix_snapshot_seeds_only_its_credential(stack):
+    """`sharing: credential`: the prefix snapshot key A's seed asked for is key A's; key B's
+    new session with the same system prompt never restores it (nor A's donor)."""
+    stack.start({"sharing": "credential", "checkpoint": {"idleMs": 300}})
+    key_a, key_b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    ok(agent("A").turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), headers=key_a,
+                       timeout=60), "A")
+    ok(Conversation(sid("O"), system_words=60, tag="unrelated").turn(stack.port, headers=key_a), "O")
+    settled_calls(stack)
+    ok(agent("B").turn(stack.port, text="task B", headers=key_a, timeout=60), "B")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0)
+    settled_calls(stack)
+    pm = prefix_manifest(stack.state_dir)
+    ok(agent("C").turn(stack.port, text="task C", headers=key_b, timeout=60), "key b")
+    calls = settled_calls(stack)
+    assert "restore" not in acts(calls), calls
+    assert pm["snapshotFile"] not in [c.filename for c in calls], calls
+
+
+@pytest.mark.fake_only
 def test_no_prefix_snapshot_when_the_seed_reused_most_of_it(stack):
     """B's request continues A's whole content: nothing is wasted, nothing is made."""
     stack.start({"checkpoint": {"idleMs": 300}})
