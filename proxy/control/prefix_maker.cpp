@@ -62,11 +62,16 @@ void prefix_maker::note_manifests(const std::vector<core::manifest>& manifests) 
       wishes_.note_made(m.credential, m.chain.back());
 }
 
-// A slot nobody leases whose owner is saved (or that nobody owns), or -1.
+// A slot nobody leases and nobody owns, else one whose owner is saved (its next request
+// restores), or -1.
 int prefix_maker::free_clean_slot() const {
-  for (int id : pool_.slot_ids())
-    if (id != pool_.aux_slot() && !leases_.is_leased(id) && !pool_.owner_dirty(id)) return id;
-  return -1;
+  int clean = -1;
+  for (int id : pool_.slot_ids()) {
+    if (id == pool_.aux_slot() || leases_.is_leased(id) || pool_.owner_dirty(id)) continue;
+    if (pool_.owner(id).empty()) return id;
+    if (clean < 0) clean = id;
+  }
+  return clean;
 }
 
 void prefix_maker::arm() {
