@@ -74,16 +74,24 @@ int prefix_maker::free_clean_slot() const {
   return clean;
 }
 
-void prefix_maker::arm() {
-  if (running_ || stopped_ || wishes_.empty() || !pool_.persistence_enabled()) return;
-  if (!leases_.nothing_leased() || leases_.waiting() > 0 || leases_.passing_through() > 0) return;
-  const int slot = free_clean_slot();
-  if (slot < 0) return;
-  running_ = true;
-  net::co_spawn(strand_, make(slot), log_exception);
+bool prefix_maker::quiet() const {
+  return !stopped_ && pool_.persistence_enabled() && leases_.nothing_leased() &&
+         leases_.waiting() == 0 && leases_.passing_through() == 0;
 }
 
-net::awaitable<void> prefix_maker::make(int slot) {
+void prefix_maker::arm() {
+  if (running_ || wishes_.empty() || !quiet() || free_clean_slot() < 0) return;
+  running_ = true;
+  net::co_spawn(strand_, make(), log_exception);
+}
+
+net::awaitable<void> prefix_maker::make() {
+  // co_spawn runs this later on the strand: a request may have taken the slot meanwhile.
+  const int slot = quiet() ? free_clean_slot() : -1;
+  if (slot < 0) {
+    running_ = false;  // the next release or commit arms again
+    co_return;
+  }
   auto w = wishes_.take();
   const auto key = w ? core::prefix_key(w->credential, w->links.back()) : std::string();
   const auto cut = cuts_.find(key);

@@ -70,8 +70,10 @@ class prefix_maker {
     std::string target;
     std::string body;
   };
+  // Nothing leased, waiting or passing through, persistence on, not stopped.
+  bool quiet() const;
   int free_clean_slot() const;
-  net::awaitable<void> make(int slot);
+  net::awaitable<void> make();
   // Under the slot's lease: the plan, the cut request and the save; whether it was saved.
   net::awaitable<bool> make_on(int slot, const core::prefix_wish& w, const cut_request& cut);
 
