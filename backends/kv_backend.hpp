@@ -57,6 +57,15 @@ class kv_backend {
     (void)slot;
     co_return core::behaviour_signature{};
   }
+  // Runs kvpersist's own inference request `body` (pinned to `slot` already: "id_slot") on the
+  // inference route `target`, for what it leaves in the slot: the cut request that makes a
+  // prefix snapshot (docs/design.md §3, "Prefix snapshots"). The reply is not read beyond its
+  // status. The default cannot.
+  virtual net::awaitable<core::result<core::unit>> run_on_slot(int slot, std::string target,
+                                                               std::string body) {
+    (void)slot, (void)target, (void)body;
+    co_return core::error{core::errc::backend_unsupported, 0, "no inference through the backend"};
+  }
 };
 
 }  // namespace kvp::backends

@@ -417,4 +417,20 @@ net::awaitable<core::result<core::behaviour_signature>> llama_http_backend::prob
   co_return parse_behaviour_reply(r->body);
 }
 
+net::awaitable<core::result<core::unit>> llama_http_backend::run_on_slot(int slot,
+                                                                         std::string target,
+                                                                         std::string body) {
+  auto r = co_await http_call(ep_, http::verb::post, target_for(std::move(target)),
+                              std::move(body), timeout_);
+  core::log(core::log_level::debug, "kv.backend.call",
+            {{"action", "prefix_request"},
+             {"slot", std::to_string(slot)},
+             {"status", r ? std::to_string(r->status) : std::string("error")}});
+  if (!r) co_return r.err();
+  if (r->status != 200)
+    co_return core::error{core::errc::backend_unavailable, r->status,
+                          fmt::format("prefix request: {} {}", r->status, error_message(r->body))};
+  co_return core::unit{};
+}
+
 }  // namespace kvp::backends

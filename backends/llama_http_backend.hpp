@@ -27,6 +27,8 @@ class llama_http_backend final : public kv_backend {
                                                             std::string filename) override;
   net::awaitable<core::result<core::slot_erased>> erase(int slot) override;
   net::awaitable<core::result<core::behaviour_signature>> probe_behaviour(int slot) override;
+  net::awaitable<core::result<core::unit>> run_on_slot(int slot, std::string target,
+                                                       std::string body) override;
 
  private:
   net::awaitable<core::result<http_reply>> slot_action(int slot, const char* action,

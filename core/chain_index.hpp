@@ -32,6 +32,16 @@ class chain_index {
   std::optional<match> longest(const std::vector<chain_link>& chain, std::size_t min_common,
                                const std::function<bool(const std::string&)>& accept) const;
 
+  // The sessions `accept` takes among those sharing the most links with `chain` (at least
+  // `min_common`); empty when none does. What seeding chooses the smallest from
+  // (core/prefix_snapshot.hpp): first every one whose chain ends at that link (a prefix
+  // snapshot, or a session that holds nothing more), then at most `max_others` of the rest,
+  // the one indexed last first, so that 10,000 snapshots sharing a preamble cost 64 checks.
+  static constexpr std::size_t default_max_others = 64;
+  std::vector<match> all_longest(const std::vector<chain_link>& chain, std::size_t min_common,
+                                 const std::function<bool(const std::string&)>& accept,
+                                 std::size_t max_others = default_max_others) const;
+
   std::size_t sessions() const { return chains_.size(); }
 
  private:
@@ -40,6 +50,10 @@ class chain_index {
   };
   std::unordered_map<std::string, std::vector<chain_link>> chains_;  // session -> its links
   std::unordered_map<chain_link, std::vector<std::string>, link_hash> holders_;
+  // link -> the sessions whose indexed chain ends there
+  std::unordered_map<chain_link, std::vector<std::string>, link_hash> enders_;
+  static void remove_from(std::unordered_map<chain_link, std::vector<std::string>, link_hash>& m,
+                          const chain_link& l, const std::string& hash);
 };
 
 }  // namespace kvp::core

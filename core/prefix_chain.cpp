@@ -12,6 +12,7 @@
 
 #include "core/identity.hpp"
 #include "core/json.hpp"
+#include "core/json_writer.hpp"
 #include "core/request_class.hpp"
 
 namespace kvp::core {
@@ -247,6 +248,69 @@ std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const 
     chain.named = last;
   }
   return chain;
+}
+
+namespace {
+
+void set_member(rapidjson::Document& d, std::string_view key, rapidjson::Value v) {
+  const auto it = d.FindMember(rapidjson::StringRef(key.data(), key.size()));
+  if (it != d.MemberEnd()) {
+    it->value = v;
+    return;
+  }
+  d.AddMember(rapidjson::Value(key.data(), static_cast<rapidjson::SizeType>(key.size()),
+                               d.GetAllocator()),
+              v, d.GetAllocator());
+}
+
+// Keeps the first `keep` elements of `messages`; adds an empty user message when none is left.
+void cut_messages(rapidjson::Value& messages, std::size_t keep,
+                  rapidjson::Document::AllocatorType& a) {
+  messages.Erase(messages.Begin() + keep, messages.End());
+  for (const auto& m : messages.GetArray())
+    if (has_role(m, "user")) return;
+  rapidjson::Value user(rapidjson::kObjectType);
+  user.AddMember("role", "user", a);
+  user.AddMember("content", "", a);
+  messages.PushBack(user, a);
+}
+
+// One token, not streamed, whichever member the route reads its limit from.
+void ask_for_one_token(rapidjson::Document& d, std::string_view family) {
+  for (const char* drop : {"max_completion_tokens", "stream_options", "n"}) d.RemoveMember(drop);
+  set_member(d, family == "responses" ? "max_output_tokens" : "max_tokens", rapidjson::Value(1));
+  set_member(d, "stream", rapidjson::Value(false));
+}
+
+}  // namespace
+
+std::optional<std::string> cut_after_links(const inference_route* route, const std::string& body,
+                                           std::size_t links) {
+  const layout* l = layout_of(route);
+  if (!l || l->raw_text || links == 0 || body.size() > max_chained_body_bytes) return std::nullopt;
+  const auto whole = prefix_chain_of(route, body);
+  if (!whole || whole->links.size() < links) return std::nullopt;
+  rapidjson::Document doc;
+  if (!parse_json_bounded(body, doc) || !doc.IsObject()) return std::nullopt;
+  const auto list = doc.FindMember(rapidjson::StringRef(l->messages.data(), l->messages.size()));
+  if (list == doc.MemberEnd() || !list->value.IsArray()) return std::nullopt;
+  rapidjson::Value& messages = list->value;
+  std::size_t leading = 0;
+  while (leading < messages.Size() && is_system_part(messages[leading])) ++leading;
+  if (leading + links - 1 > messages.Size()) return std::nullopt;
+  cut_messages(messages, leading + links - 1, doc.GetAllocator());
+  ask_for_one_token(doc, l->family);
+  rapidjson::StringBuffer sb;
+  json_writer w(sb);  // the client's strings as parsed: the bytes it sent, escaped anew
+  doc.Accept(w);
+  std::string out(sb.GetString(), sb.GetSize());
+  // The cut must say what it is: the same first links, whatever the empty user message adds.
+  const auto cut = prefix_chain_of(route, out);
+  if (!cut || cut->links.size() < links ||
+      !std::equal(whole->links.begin(), whole->links.begin() + static_cast<std::ptrdiff_t>(links),
+                  cut->links.begin()))
+    return std::nullopt;
+  return out;
 }
 
 std::string to_hex(const chain_link& link) { return hex_bytes(link.data(), link.size()); }

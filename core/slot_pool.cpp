@@ -1,6 +1,7 @@
 #include "core/slot_pool.hpp"
 
 #include "core/log.hpp"
+#include "core/prefix_snapshot.hpp"
 
 #include <algorithm>
 #include <utility>
@@ -517,22 +518,28 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
 }
 
 // Another session's ready snapshot of this runtime, within the sharing scope, sharing more
-// than `better_than` (and at least one) links with the request: the one sharing most.
+// than `better_than` (and at least one) links with the request: among those sharing most, the
+// one that reads the fewest bytes (a prefix snapshot before a whole donor, docs/design.md §3).
 std::optional<chain_index::match> slot_pool::best_seed(const request_identity& who,
                                                        const std::string& own,
                                                        std::size_t better_than) const {
   if (!seeding_allowed() || who.chain.empty()) return std::nullopt;
-  return index_.longest(who.chain, std::max(who.min_shared_links, better_than + 1),
-                        [&](const std::string& h) {
-                          if (h == own) return false;
-                          const auto it = sessions_.find(h);
-                          if (it == sessions_.end() || !it->second.snapshot) return false;
-                          const manifest& m = *it->second.snapshot;
-                          return m.state == snapshot_state::ready &&
-                                 m.runtime_fingerprint == fingerprint_ &&
-                                 (!opts_.seed_within_credential ||
-                                  m.credential == who.credential);
-                        });
+  const auto matches = index_.all_longest(
+      who.chain, std::max(who.min_shared_links, better_than + 1), [&](const std::string& h) {
+        if (h == own) return false;
+        const auto it = sessions_.find(h);
+        if (it == sessions_.end() || !it->second.snapshot) return false;
+        const manifest& m = *it->second.snapshot;
+        return m.state == snapshot_state::ready && m.runtime_fingerprint == fingerprint_ &&
+               (!opts_.seed_within_credential || m.credential == who.credential);
+      });
+  std::vector<seed_candidate> candidates;
+  candidates.reserve(matches.size());
+  for (const auto& m : matches)
+    candidates.push_back({m.hash, m.common, sessions_.at(m.hash).snapshot->bytes});
+  const auto best = fewest_bytes_seed(candidates);
+  if (!best) return std::nullopt;
+  return chain_index::match{best->hash, best->common};
 }
 
 result<manifest> slot_pool::on_save(const save_step& step, const result<slot_saved>& r,

@@ -129,7 +129,13 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
                    .slot_error = [this](const core::error& e) { runtime_.note_slot_error(e); },
-                   .commit_ended = [this] { log_circuit_changes(pool_); },
+                   .commit_ended =
+                       [this] {
+                         log_circuit_changes(pool_);
+                         // A save landed: its session is clean, the moment a prefix
+                         // snapshot may be made (docs/design.md §3).
+                         prefix_.arm();
+                       },
                    .session_added = [this] { return retention_.enforce_session_budget(); },
                    .saved = [this](int slot, core::manifest saved) {
                      return retention_.keep_disk_budget(slot, std::move(saved));
@@ -194,6 +200,7 @@ net::awaitable<void> coordinator::load_state() {
       log(log_level::warn, "kv.manifest.skipped",
           {{"file", s}, {"code", std::string(core::to_string(core::errc::manifest_invalid))}});
     const auto count = loaded->manifests.size();
+    prefix_.note_manifests(loaded->manifests);
     for (auto& m : loaded->manifests) pool_.add_manifest(std::move(m));
     log(log_level::info, "kv.state.loaded",
         {{"dir", store_.dir()}, {"manifests", std::to_string(count)}});
@@ -223,6 +230,7 @@ void coordinator::stop() {
   idle_.stop();
   runtime_.stop();
   retention_.stop();
+  prefix_.stop();
 }
 
 net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
@@ -285,6 +293,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
   if (leases_.nothing_leased()) runtime_.apply_pending_probe();
   leases_.grant_waiting();
   idle_.arm();
+  prefix_.arm();
 }
 
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
@@ -354,6 +363,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
                                                          : done.failure->message);
   log_circuit_changes(pool_);
+  prefix_.note_plan(slot, plan, who);
   const auto kind = pool_.start_inference(who, slot);
   if (plan.kept)
     log(log_level::info, "kv.session.cold",
@@ -372,7 +382,11 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
   if (!leases_.holds(t) || t->slot < 0) co_return;
-  if (reply) record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+  if (reply) {
+    record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+    prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
+                                           std::move(reply->body), std::move(reply->target)});
+  }
   runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs

@@ -3,7 +3,7 @@
 // through proxy/control/lease.hpp) and the order of the steps of each request, checkpoint and
 // admin operation. The steps themselves are its parts': lease_queue (who holds which slot, who
 // waits), runtime_monitor (probes, restarts, sleep), slot_actions (a core::slot_pool plan's
-// save, restore and erase), idle_checkpointer, overwrite_tracker, retention_keeper,
+// save, restore and erase), idle_checkpointer, prefix_maker, overwrite_tracker, retention_keeper,
 // session_admin, hint_log and new_session_gate. All its state lives on its strand; client
 // sessions reach it only through co_spawn onto that strand (no global mutex).
 #pragma once
@@ -30,6 +30,7 @@
 #include "proxy/control/new_session_gate.hpp"
 #include "proxy/control/idle_checkpointer.hpp"
 #include "proxy/control/overwrite_tracker.hpp"
+#include "proxy/control/prefix_maker.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/runtime_monitor.hpp"
 #include "proxy/control/session_admin.hpp"
@@ -69,6 +70,10 @@ using core::response_timings;
 struct reply_report {
   core::prepare_kind kind = core::prepare_kind::none;
   response_timings timings;
+  // After a restore: the request as forwarded and its target, which a seed that read much
+  // more than it reused makes a prefix snapshot from (proxy/control/prefix_maker.hpp).
+  std::shared_ptr<const std::string> body;
+  std::string target;
 };
 
 // A page of GET /kv/sessions as JSON.
@@ -260,6 +265,8 @@ class coordinator {
   retention_keeper retention_;
   // The admin API's session operations and reads.
   session_admin admin_;
+  // Snapshots of shared preambles alone, made when nothing waits (docs/design.md §3).
+  prefix_maker prefix_{strand_, prefix_maker_parts{pool_, leases_, actions_, *backend_}};
 };
 
 }  // namespace kvp::proxy

@@ -359,6 +359,7 @@ void coordinator::write_metrics(core::prom_writer& w) const {
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());
   hints_.write_metrics(w, m.labels);
+  prefix_.write_metrics(w, m.labels);
   m.counter("kvpersist_gc_evicted_total", "Snapshots removed by retention.",
             retention_.counters().gc_evicted);
   m.counter("kvpersist_gc_freed_bytes_total", "Bytes freed by retention.",

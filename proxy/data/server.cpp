@@ -13,6 +13,7 @@
 
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/prefix_chain.hpp"
 #include "core/reply_end.hpp"
 #include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
@@ -587,10 +588,19 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
   std::optional<reply_report> reply;
-  if (watch && st.upstream_done) reply = reply_report{kind, core::parse_response_timings(tail)};
+  if (watch && st.upstream_done) {
+    reply = reply_report{kind, core::parse_response_timings(tail), {}, {}};
+    // After a restore (maybe a seed) the request goes with its reply, moved, not copied: a
+    // seed that read much more than it reused makes a prefix snapshot from it (docs/design.md
+    // §3). Only a body small enough to be chained can have been seeded.
+    if (kind == core::prepare_kind::restored && req.body().size() <= core::max_chained_body_bytes) {
+      reply->body = std::make_shared<const std::string>(std::move(req.body()));
+      reply->target = std::string(req.target());
+    }
+  }
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
-  held.finish_later(st.request_sent, turn_end, reply);
+  held.finish_later(st.request_sent, turn_end, std::move(reply));
   if (core::log_enabled(log_level::debug)) {
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t0).count();

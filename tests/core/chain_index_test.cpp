@@ -50,6 +50,35 @@ TEST_CASE("rejected candidates give way to shorter matches", "[core][chain_index
   CHECK(ix.longest(chain({1, 2}), 1, any)->hash == "C");
 }
 
+TEST_CASE("all_longest gives the chains ending there first, then a bounded few others",
+          "[core][chain_index]") {
+  chain_index ix;
+  ix.put("prefix", chain({1}));
+  for (int s = 0; s < 10; ++s) ix.put("s" + std::to_string(s), chain({1, 100 + s}));
+  ix.put("deeper", chain({1, 2, 3}));
+  auto all = ix.all_longest(chain({1, 50}), 1, any, 3);
+  REQUIRE(all.size() == 4);
+  CHECK(all[0].hash == "prefix");  // indexed first, yet not cut by the bound
+  CHECK(all[1].hash == "deeper");  // then the others, the one indexed last first
+  CHECK(all[2].hash == "s9");
+  CHECK(all[3].hash == "s8");
+  for (const auto& m : all) CHECK(m.common == 1);
+  // Only the longest match counts; rejected ones give way to shorter matches.
+  all = ix.all_longest(chain({1, 2, 3, 4}), 1, any);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].hash == "deeper");
+  CHECK(all[0].common == 3);
+  all = ix.all_longest(chain({1, 2}), 1, [](const std::string& h) { return h != "deeper"; });
+  CHECK(all.size() == 11);
+  CHECK(all[0].hash == "prefix");
+  CHECK(ix.all_longest(chain({1, 2}), 3, any).empty());
+  // Erased: no longer an ender.
+  ix.erase("prefix");
+  CHECK(ix.all_longest(chain({1, 50}), 1, any, 1).front().hash == "deeper");
+  ix.put("deeper", chain({1}));  // replaced by a shorter chain: now it ends at link 0
+  CHECK(ix.all_longest(chain({1, 50}), 1, any, 0).front().hash == "deeper");
+}
+
 TEST_CASE("put replaces and erase removes a session's links", "[core][chain_index]") {
   chain_index ix;
   ix.put("A", chain({1, 2, 3}));
@@ -104,4 +133,11 @@ TEST_CASE("lookups among 10,000 snapshots", "[core][chain_index][.cost]") {
   const auto own = make(777, 41);
   REQUIRE(ix.longest(own, 1, any)->common == 40);
   WARN("chain_index::longest with 10000 sessions: " << us.count() / n << " us per lookup");
+  ix.put("prefix", make(0, 1));  // the shared preamble alone
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) REQUIRE(ix.all_longest(probe, 1, any).front().hash == "prefix");
+  const auto all_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1);
+  WARN("chain_index::all_longest with 10000 sessions: " << all_us.count() / n
+                                                        << " us per lookup");
 }

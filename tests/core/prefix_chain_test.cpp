@@ -4,8 +4,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+
+#include <rapidjson/document.h>
+
+#include "core/request_class.hpp"
 
 namespace {
 
@@ -274,4 +279,66 @@ TEST_CASE("members llama-server does not render are not chained", "[core][prefix
   // Chat completions keep every member: a message's name is rendered by some templates.
   CHECK(chain(body(R"({"role":"user","content":"x","id":"1"})")).links !=
         chain(body(R"({"role":"user","content":"x","id":"2"})")).links);
+}
+
+TEST_CASE("a prefix snapshot's request is the body cut after its shared links",
+          "[core][prefix_chain][prefix_snapshot]") {
+  const auto* route = inference_route_of(chat);
+  const auto whole = body(sys + "," + u1 + "," + a1 + "," + u2,
+                          R"("tools":)" + tools + R"(,"max_completion_tokens":900,"n":1,)");
+  const auto full = chain(whole);
+  // After link 0: the tools and the system prompt, an empty user message, one token.
+  auto cut = cut_after_links(route, whole, 1);
+  REQUIRE(cut);
+  rapidjson::Document d;
+  REQUIRE(d.Parse(cut->c_str()).IsObject() == true);
+  CHECK(d["max_tokens"].GetInt() == 1);
+  CHECK_FALSE(d["stream"].GetBool());
+  CHECK_FALSE(d.HasMember("max_completion_tokens"));
+  CHECK_FALSE(d.HasMember("n"));
+  CHECK(d["model"] == "m");
+  REQUIRE(d["messages"].Size() == 2);
+  CHECK(d["messages"][1]["role"] == "user");
+  CHECK(d["messages"][1]["content"] == "");
+  auto c = chain(*cut);
+  CHECK(c.links[0] == full.links[0]);
+  CHECK(c.links.size() == 2);
+  CHECK(c.links[1] != full.links[1]);
+  // After three links: system, u1, a1; a user message is left, so nothing is added.
+  cut = cut_after_links(route, whole, 3);
+  REQUIRE(cut);
+  c = chain(*cut);
+  REQUIRE(c.links.size() == 3);
+  CHECK(std::equal(c.links.begin(), c.links.end(), full.links.begin()));
+}
+
+TEST_CASE("no cut beyond the body, of raw prompts, or of other bodies",
+          "[core][prefix_chain][prefix_snapshot]") {
+  const auto* route = inference_route_of(chat);
+  const auto whole = body(sys + "," + u1);
+  CHECK(cut_after_links(route, whole, 2));
+  CHECK_FALSE(cut_after_links(route, whole, 3));
+  CHECK_FALSE(cut_after_links(route, whole, 0));
+  CHECK_FALSE(cut_after_links(route, "{not json", 1));
+  CHECK_FALSE(cut_after_links(route, R"({"messages":"text"})", 1));
+  CHECK_FALSE(cut_after_links(inference_route_of("/completion"), R"({"prompt":"abc"})", 1));
+  CHECK_FALSE(cut_after_links(inference_route_of("/v1/embeddings"), whole, 1));
+  CHECK_FALSE(cut_after_links(nullptr, whole, 1));
+}
+
+TEST_CASE("a /v1/messages cut keeps its system and asks one token", "[core][prefix_chain][prefix_snapshot]") {
+  const auto* route = inference_route_of("/v1/messages");
+  const std::string whole =
+      R"({"model":"m","max_tokens":4096,"stream":true,"system":"Be brief.","messages":[)" + u1 +
+      "," + a1 + "]}";
+  const auto full = chain(whole, "/v1/messages");
+  const auto cut = cut_after_links(route, whole, 1);
+  REQUIRE(cut);
+  rapidjson::Document d;
+  REQUIRE(d.Parse(cut->c_str()).IsObject() == true);
+  CHECK(d["max_tokens"].GetInt() == 1);
+  CHECK(d["system"] == "Be brief.");
+  REQUIRE(d["messages"].Size() == 1);
+  CHECK(d["messages"][0]["content"] == "");
+  CHECK(chain(*cut, "/v1/messages").links[0] == full.links[0]);
 }

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "core/prefix_snapshot.hpp"
 #include "tests/support/chains.hpp"
 #include "tests/support/plan_calls.hpp"
 
@@ -60,6 +61,16 @@ void saved(slot_pool& p, const request_identity& a) {
   p.store_manifest(d.value());
 }
 
+// `a`'s turn saved as a snapshot of `bytes` bytes.
+void saved_of_size(slot_pool& p, const request_identity& a, std::uint64_t bytes) {
+  request(p, a);
+  auto s = p.checkpoint_slot(only_slot, t0);
+  REQUIRE(s);
+  auto d = p.on_save(*s, slot_saved{bytes / 1000, bytes, 1.0}, t0, wall);
+  REQUIRE(d.ok());
+  p.store_manifest(d.value());
+}
+
 // Another session with an unrelated prompt takes the slot (A is saved first if dirty).
 void evict(slot_pool& p) { request(p, who("other", chain({99, 98}))); }
 
@@ -90,6 +101,35 @@ TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core
   REQUIRE(d.ok());
   CHECK(d->chain == B.chain);
   CHECK(d->credential == "k1");
+}
+
+TEST_CASE("among snapshots sharing most links the seed reads the fewest bytes",
+          "[core][seeding][prefix_snapshot]") {
+  auto p = make_pool();
+  // A donor four times the preamble, then the preamble alone (a prefix snapshot), then
+  // another donor indexed last: the prefix snapshot seeds, though not indexed last.
+  const auto donor = who("donor", chain({1, 2, 3, 4}));
+  const auto prefix = who(prefix_session_id(chain({1})[0]), chain({1}));
+  const auto later = who("later", chain({1, 6, 7}));
+  saved_of_size(p, donor, 4'000'000);
+  evict(p);
+  saved_of_size(p, prefix, 1'000'000);
+  evict(p);
+  saved_of_size(p, later, 3'000'000);
+  evict(p);
+  const auto B = who("B", chain({1, 9}));
+  auto plan = p.prepare(B, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(prefix));
+  CHECK(plan.restore->expected_bytes == 1'000'000);
+  CHECK(plan.restore->common_links == 1);
+  run(p, B, plan);
+  // A request sharing two links with the donor still starts from the donor: more reused.
+  const auto C = who("C", chain({1, 2, 8}));
+  plan = p.prepare(C, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(donor));
+  CHECK(plan.restore->common_links == 2);
 }
 
 TEST_CASE("no seed without the first link in common", "[core][seeding]") {
@@ -242,4 +282,45 @@ TEST_CASE("a seed that fails verification is invalidated, the requester runs col
   REQUIRE(p.on_erase(only_slot, slot_erased{0}, t0));
   CHECK(p.start_inference(B, only_slot) == prepare_kind::cold_fallback);
   CHECK(p.owner(only_slot) == p.hash_for("B"));
+}
+
+// How the proxy makes a prefix snapshot (docs/design.md §3, "Prefix snapshots"): a request of
+// the session prefix:<last shared link>, whose chain is the shared links, planned like any
+// other. It is seeded from the donor, runs the cut request, and its save is a snapshot whose
+// manifest names only the shared links, under the donor's credential; the next new session
+// sharing them starts from it, not from the donor.
+TEST_CASE("a prefix snapshot is made as a session of its own and then seeds",
+          "[core][seeding][prefix_snapshot]") {
+  auto p = make_pool(true, true);  // sharing: credential
+  const auto donor = who("donor", chain({1, 2, 3, 4}));
+  saved_of_size(p, donor, 4'000'000);
+  evict(p);
+  const auto shared = std::vector<chain_link>{chain({1})[0]};
+  const auto maker = who(prefix_session_id(shared.back()), shared);
+  auto plan = p.prepare(maker, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(donor));
+  CHECK(plan.restore->seed_for == p.hash_for(maker));
+  CHECK(run(p, maker, plan) == prepare_kind::restored);
+  auto s = p.checkpoint_slot(only_slot, t0);
+  REQUIRE(s);
+  CHECK(s->hash == p.hash_for(maker));
+  auto m = p.on_save(*s, slot_saved{1000, 1'000'000, 1.0}, t0, wall);
+  REQUIRE(m.ok());
+  CHECK(m->chain == shared);
+  CHECK(m->credential == "k1");
+  CHECK(is_prefix_session(m->session_id));
+  p.store_manifest(m.value());
+  evict(p);
+  const auto B = who("B", chain({1, 9}));
+  plan = p.prepare(B, only_slot, t0, wall);
+  REQUIRE(plan.restore);
+  CHECK(plan.restore->hash == p.hash_for(maker));
+  CHECK(plan.restore->expected_bytes == 1'000'000);
+  run(p, B, plan);
+  // Another credential's request sharing the preamble: neither the donor nor its prefix.
+  evict(p);
+  const auto other = who("other-key", chain({1, 9}), "k2");
+  plan = p.prepare(other, only_slot, t0, wall);
+  CHECK_FALSE(plan.restore);
 }
