@@ -325,7 +325,19 @@ def test_random_walk_invariants(stack, scope):
     for _ in range(STEPS):
         w.step()
     print("random walk: %d steps in %.1f s, kinds %s" % (STEPS, now() - t0, sorted(w.stats.items())))
-    # the walk must have exercised the interesting parts
-    calls = stack.fake.management_calls()
-    for action in ("save", "restore", "erase"):
-        assert any(m["action"] == action and m["status"] == 200 for m in calls), "no successful %s" % action
+    # The walk must have exercised the interesting parts. A walk of random steps may, for some
+    # seeds, not have (under sharing: credential an erase is rare: another conversation of the
+    # same key runs on the slot's content or is seeded, KVP_FAULT_SEED=767064807 had none in 200
+    # steps), so it goes on, checking every step as before, until it has, for at most twice as
+    # many steps again: a seed that still has not is a finding, not bad luck.
+    def unexercised():
+        calls = stack.fake.management_calls()
+        return [a for a in ("save", "restore", "erase")
+                if not any(m["action"] == a and m["status"] == 200 for m in calls)]
+    extra = 0
+    while unexercised() and extra < 2 * STEPS:
+        w.step()
+        extra += 1
+    if extra:
+        print("random walk: %d more steps until save, restore and erase had each succeeded" % extra)
+    assert not unexercised(), w.fail_msg("no successful %s" % ", ".join(unexercised()))
