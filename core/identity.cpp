@@ -58,7 +58,8 @@ std::string session_hash(std::string_view instance_key, std::string_view model_i
 }
 
 std::string bounded_session_id(std::string_view session_id) {
-  if (session_id.size() <= max_session_id_bytes) return std::string(session_id);
+  if (session_id.size() <= max_session_id_bytes && !session_id.starts_with(own_session_id_head))
+    return std::string(session_id);
   return "sha256:" + sha256_hex(session_id);
 }
 

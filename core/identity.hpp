@@ -42,7 +42,11 @@ struct runtime_info {
 // The most bytes of a session id kvpersist keeps (docs/design.md §3): a longer id (a header
 // value may be 64 KiB) is replaced by "sha256:" and the hex SHA-256 of the whole id, so one
 // id still names one session and what is kept of it (records, manifests) stays small.
+// The session ids kvpersist gives its own sessions (prefix snapshots, core/prefix_snapshot.hpp)
+// begin with this. A client's id that begins so is kept as its digest too, so no request can
+// name, resume or overwrite one of kvpersist's own sessions.
 inline constexpr std::size_t max_session_id_bytes = 256;
+inline constexpr std::string_view own_session_id_head = "prefix:";
 std::string bounded_session_id(std::string_view session_id);
 
 // The session's snapshot key: hash of the server instance, the model and the session id.

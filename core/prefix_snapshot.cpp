@@ -2,11 +2,13 @@
 
 #include <algorithm>
 
+#include "core/identity.hpp"
+
 namespace kvp::core {
 
 namespace {
 
-constexpr std::string_view prefix_id_head = "prefix:";
+constexpr std::string_view prefix_id_head = own_session_id_head;  // core/identity.hpp
 
 }  // namespace
 

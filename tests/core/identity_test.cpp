@@ -79,6 +79,15 @@ TEST_CASE("a session id over 256 bytes is kept as its digest", "[core][identity]
   CHECK(bounded_session_id(header_sized) == bounded_session_id(std::string(64 * 1024, 'k')));
 }
 
+TEST_CASE("a client's session id in kvpersist's own namespace is kept as its digest",
+          "[core][identity]") {
+  const std::string own = std::string(own_session_id_head) + std::string(32, 'a');
+  CHECK(bounded_session_id(own) == "sha256:" + sha256_hex(own));
+  CHECK(bounded_session_id(own) != own);
+  CHECK(bounded_session_id("prefi:x") == "prefi:x");
+  CHECK(bounded_session_id("my-prefix:x") == "my-prefix:x");
+}
+
 TEST_CASE("snapshot filenames are 64 hex digits and a generation, never the raw id",
           "[core][identity]") {
   const std::string hostile[] = {
