@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <utility>
 
 #include "core/reuse_stats.hpp"
 #include "core/slot_pool.hpp"
@@ -32,14 +33,15 @@ struct control_parts {
   net::io_context ioc;
   FakeBackend fake;
   proxy::manifest_store store{dir.path()};
-  core::slot_pool pool{control_pool_options()};
+  core::slot_pool pool;
   proxy::file_io files;
   proxy::commit_pipeline commits{ioc.get_executor()};
   proxy::snapshot_files snapshots{""};
   core::reuse_stats reuse;
 
-  explicit control_parts(std::chrono::milliseconds file_timeout = std::chrono::seconds(5))
-      : files(1, 8, file_timeout) {}
+  explicit control_parts(std::chrono::milliseconds file_timeout = std::chrono::seconds(5),
+                         core::slot_pool_options pool_options = control_pool_options())
+      : pool(std::move(pool_options)), files(1, 8, file_timeout) {}
 };
 
 }  // namespace kvp::testing

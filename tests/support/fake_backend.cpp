@@ -61,7 +61,8 @@ void FakeBackend::restart_server() {
 std::vector<backend_call> FakeBackend::slot_calls() const {
   std::vector<backend_call> out;
   for (const auto& c : calls_)
-    if (c.action == "save" || c.action == "restore" || c.action == "erase") out.push_back(c);
+    if (c.action == "save" || c.action == "restore" || c.action == "erase" || c.action == "run")
+      out.push_back(c);
   return out;
 }
 
@@ -135,6 +136,15 @@ net::awaitable<core::result<core::slot_erased>> FakeBackend::erase(int slot) {
   const auto n = slot_tokens_;
   slot_tokens_ = 0;
   co_return core::slot_erased{n};
+}
+
+net::awaitable<core::result<core::unit>> FakeBackend::run_on_slot(int slot, std::string target,
+                                                                 std::string body) {
+  calls_.push_back({"run", slot, std::move(target)});
+  last_run_body_ = std::move(body);
+  if (auto e = refused(core::errc::backend_unavailable, fail_run_, "inference failed")) co_return *e;
+  slot_tokens_ = run_leaves_;
+  co_return core::unit{};
 }
 
 }  // namespace kvp::testing

@@ -19,7 +19,8 @@
 namespace kvp::testing {
 
 struct backend_call {
-  std::string action;  // "probe", "props" (read_runtime), "inspect", "save", "restore", "erase"
+  std::string action;  // "probe", "props" (read_runtime), "inspect", "save", "restore", "erase",
+                       // "run" (run_on_slot; filename holds its target)
   int slot = -1;       // -1 for calls that name no slot
   std::string filename;
 
@@ -53,11 +54,16 @@ class FakeBackend final : public backends::kv_backend {
   net::awaitable<core::result<core::slot_restored>> restore(int slot,
                                                             std::string filename) override;
   net::awaitable<core::result<core::slot_erased>> erase(int slot) override;
+  // kvpersist's own request on the slot (a prefix snapshot's cut request): recorded as
+  // {"run", slot, target}; afterwards the slot holds what leave_after_run set.
+  net::awaitable<core::result<core::unit>> run_on_slot(int slot, std::string target,
+                                                       std::string body) override;
 
   // Controls. A "next" failure applies to the next call of that kind only.
   void fail_next_save(failure f) { fail_save_ = f; }
   void fail_next_restore(failure f) { fail_restore_ = f; }
   void fail_next_erase(failure f) { fail_erase_ = f; }
+  void fail_next_run(failure f) { fail_run_ = f; }
   // The next restores/saves complete only after `d` (a steady_timer on the caller's executor).
   void delay_restore(std::chrono::milliseconds d) { restore_delay_ = d; }
   void delay_save(std::chrono::milliseconds d) { save_delay_ = d; }
@@ -80,12 +86,17 @@ class FakeBackend final : public backends::kv_backend {
   void restart_server();
   // Simulates a request on the slot: afterwards the slot holds `tokens` tokens.
   void run_inference(std::uint64_t tokens) { slot_tokens_ = tokens; }
+  // What the slot holds after a run_on_slot (llama-server keeps the common prefix of what it
+  // held and the request, and adds the few tokens it evaluates and generates).
+  void leave_after_run(std::uint64_t tokens) { run_leaves_ = tokens; }
+  // The body of the last run_on_slot.
+  const std::string& last_run_body() const { return last_run_body_; }
   // llama-server emptied the slot on its own (--cache-idle-slots): a save then writes 0 tokens.
   void clear_slot() { slot_tokens_ = 0; }
 
   // Observations.
   const std::vector<backend_call>& calls() const { return calls_; }
-  std::vector<backend_call> slot_calls() const;  // save/restore/erase only
+  std::vector<backend_call> slot_calls() const;  // save/restore/erase and run only
   static backend_call probe_call() { return {"probe", -1, ""}; }
   static backend_call props_call() { return {"props", -1, ""}; }
   void clear_calls() { calls_.clear(); }
@@ -106,7 +117,9 @@ class FakeBackend final : public backends::kv_backend {
   std::uint64_t slot_tokens_ = 0;
   std::map<std::string, std::uint64_t> files_;
   std::set<std::string> corrupt_;
-  std::optional<failure> fail_save_, fail_restore_, fail_erase_;
+  std::optional<failure> fail_save_, fail_restore_, fail_erase_, fail_run_;
+  std::uint64_t run_leaves_ = 0;
+  std::string last_run_body_;
   std::chrono::milliseconds restore_delay_{0}, save_delay_{0};
   bool unreachable_ = false;
   bool probe_failing_ = false;
