@@ -39,8 +39,10 @@ def management_and_cut_requests(fake, since: float) -> list[tuple[float, str, di
     return sorted(out, key=lambda e: e[0])
 
 
-@pytest.mark.fake_only
-def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(stack):
+def saved_donor_then_another(stack) -> tuple:
+    """kvpersist over the fake with a 300 ms idle checkpoint; A (the donor, four times the
+    shared system prompt) saved, then an unrelated session on the slot, saved too. Returns
+    the fake and A's manifest."""
     stack.start({"checkpoint": {"idleMs": 300}})
     fake = stack.upstream.fake
     A = agent("A")
@@ -50,7 +52,12 @@ def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(sta
     idle(stack.proxy)
     assert wait_until(lambda: manifest_for(stack.state_dir, O.session) is not None, 5.0)
     settled_calls(stack)
-    donor = manifest_for(stack.state_dir, A.session)
+    return fake, manifest_for(stack.state_dir, A.session)
+
+
+@pytest.mark.fake_only
+def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(stack):
+    fake, donor = saved_donor_then_another(stack)
     assert donor and donor["state"] == "ready", donor
 
     # B shares only the system prompt with A: seeded from A, it reuses about a quarter of it.
@@ -104,16 +111,7 @@ def test_the_prefix_is_cut_from_the_smallest_snapshot_that_holds_it(stack):
     right after the seeded one): the snapshot that reads the fewest bytes for the shared links
     is restored (here the seeded session's own, smaller than the donor), then the cut
     request, then the save of prefix:<link>."""
-    stack.start({"checkpoint": {"idleMs": 300}})
-    fake = stack.upstream.fake
-    A = agent("A")
-    ok(A.turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), timeout=60), "A")
-    O = Conversation(sid("O"), system_words=60, tag="unrelated")
-    ok(O.turn(stack.port), "other")
-    idle(stack.proxy)
-    assert wait_until(lambda: manifest_for(stack.state_dir, O.session) is not None, 5.0)
-    settled_calls(stack)
-    donor = manifest_for(stack.state_dir, A.session)
+    fake, donor = saved_donor_then_another(stack)
     B = agent("B")
     ok(B.turn(stack.port, text="task B: write the docs", timeout=60), "B")
     since = max(r["time"] for r in fake.inference_requests())  # B's request

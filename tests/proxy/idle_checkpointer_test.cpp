@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,22 +27,11 @@ using kvp::testing::backend_call;
 using kvp::testing::save_call;
 using calls = std::vector<backend_call>;
 
-kvp::proxy::slot_chooser one_slot() {
-  kvp::proxy::slot_chooser c;
-  c.slot_ids = [] { return std::vector<int>{0}; };
-  c.choose_slot = [](const request_identity&, const std::vector<int>& free) -> std::optional<int> {
-    if (free.empty()) return std::nullopt;
-    return free.front();
-  };
-  c.session_key = [](const request_identity& who) { return who.session_id; };
-  c.pins_requests = [] { return false; };
-  return c;
-}
-
 // An idle checkpointer over the coordinator's parts, checkpoint.idleMs 50 ms; it counts the
 // after-save calls and whether the slot's lease was held during each.
 struct harness : kvp::testing::control_parts {
-  lease_queue leases{8, one_slot(), [](const std::shared_ptr<lease_ticket>&) {}};
+  lease_queue leases{8, kvp::testing::one_slot_chooser(),
+                     [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   int after_saves = 0;
   int saves_under_lease = 0;

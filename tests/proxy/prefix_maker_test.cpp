@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,20 +49,9 @@ kvp::core::slot_pool_options seeding_pool_options() {
   return o;
 }
 
-kvp::proxy::slot_chooser one_slot() {
-  kvp::proxy::slot_chooser c;
-  c.slot_ids = [] { return std::vector<int>{0}; };
-  c.choose_slot = [](const request_identity&, const std::vector<int>& free) -> std::optional<int> {
-    if (free.empty()) return std::nullopt;
-    return free.front();
-  };
-  c.session_key = [](const request_identity& who) { return who.session_id; };
-  c.pins_requests = [] { return false; };
-  return c;
-}
-
 struct harness : kvp::testing::control_parts {
-  lease_queue leases{8, one_slot(), [](const std::shared_ptr<lease_ticket>&) {}};
+  lease_queue leases{8, kvp::testing::one_slot_chooser(),
+                     [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::prefix_maker maker{ioc.get_executor(), {pool, leases, actions, fake}};
 

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
+#include <vector>
 #include <utility>
 
 #include "core/reuse_stats.hpp"
 #include "core/slot_pool.hpp"
 #include "proxy/control/commit_pipeline.hpp"
 #include "proxy/control/file_io.hpp"
+#include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
 #include "proxy/control/snapshot_files.hpp"
 #include "tests/support/fake_backend.hpp"
@@ -25,6 +28,21 @@ inline core::slot_pool_options control_pool_options() {
   o.idle_checkpoint = std::chrono::milliseconds(0);
   o.seed_across_sessions = false;
   return o;
+}
+
+// A lease queue's chooser for one slot, 0: a request takes it when it is free; every session
+// is its own key and nothing is pinned.
+inline proxy::slot_chooser one_slot_chooser() {
+  proxy::slot_chooser c;
+  c.slot_ids = [] { return std::vector<int>{0}; };
+  c.choose_slot = [](const core::request_identity&,
+                     const std::vector<int>& free) -> std::optional<int> {
+    if (free.empty()) return std::nullopt;
+    return free.front();
+  };
+  c.session_key = [](const core::request_identity& who) { return who.session_id; };
+  c.pins_requests = [] { return false; };
+  return c;
 }
 
 // Server-owned snapshots (llama-server's files), manifests in `dir`.
