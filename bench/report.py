@@ -21,7 +21,7 @@ import sys
 
 import lib
 
-ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall"]
+ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall", "policy", "seedbytes", "churn"]
 
 
 def sh(cmd: list[str]) -> str:
@@ -131,7 +131,7 @@ plot "{dat}" u 1:2:8:9 w yerrorlines lw 2 pt 7 t "cold re-prefill", \\
      "" u 1:6 w lp lw 2 pt 5 dt 2 t "after restart: direct", \\
      "" u 1:7 w lp lw 2 pt 5 t "after restart: kvpersist", \\
      "" u 1:4:10:11 w yerrorlines lw 2 pt 9 t "switch: kvpersist, save on the path", \\
-     "" u 1:14:15:16 w yerrorlines lw 2 pt 13 t "switch: kvpersist, early checkpoint", \\
+     "" u 1:14:15:16 w yerrorlines lw 2 pt 13 t "switch: kvpersist, default config", \\
      "" u 1:3:12:13 w yerrorlines lw 2 pt 11 dt 3 t "switch: llama-server RAM cache", \\
      "" u 1:5 w lp lw 1 pt 1 t "resident"
 """
@@ -157,7 +157,23 @@ def headlines(results: dict) -> list[str]:
                    "cache evicted) vs %.1f s directly (the RAM cache is gone, so it is a cold prefill): **%.0fx**."
                    % (big, h["kv_restart"]["median"], h["ramcache_restart"]["median"] / 1000,
                       h["ramcache_restart"]["median"] / h["kv_restart"]["median"]))
-        if "early_switch" in h:
+        if "default_switch" in h:
+            per = [(k, sw[k]) for k in sorted(sizes, key=int)]
+            n_ok = sum(v.get("default_no_wait", 0) for _, v in per)
+            n_all = sum(v.get("default_switches", 0) for _, v in per)
+            out.append("**Session switch with the default configuration** (sent %g s after the previous reply, like a "
+                       "user): switches that waited for no save: %s; in all **%d of %d (%.0f%%)**. Default switch / "
+                       "llama-server's RAM cache TTFT: %s. An owner who answers the moment the early checkpoint starts "
+                       "(%s tokens) waits %.0f ms more than a resident turn (%.0f vs %.0f ms)."
+                       % (h.get("pause_s", 3), ", ".join("%s tokens %d of %d" % (k, v["default_no_wait"],
+                                                                                  v["default_switches"])
+                                                         for k, v in per),
+                          n_ok, n_all, 100.0 * n_ok / max(1, n_all),
+                          ", ".join("%s tokens **%.2fx**" % (k, v["default_switch"]["median"] / v["ramcache"]["median"])
+                                    for k, v in per),
+                          big, h["midsave"]["median"] - h["midsave_resident"]["median"], h["midsave"]["median"],
+                          h["midsave_resident"]["median"]))
+        elif "early_switch" in h:
             out.append("**With the early checkpoint** (checkpoint.earlyMs, %s tokens): the switch is a restore only, "
                        "%.0f ms: **%.2fx** llama-server's RAM cache. An owner who answers the moment that checkpoint "
                        "starts waits %.0f ms more than a resident turn (%.0f vs %.0f ms)."
@@ -168,12 +184,16 @@ def headlines(results: dict) -> list[str]:
                    "llama-server's save_ms %.1f - restore_ms %.1f - resident TTFT %.0f ms)%s."
                    % (big, h["share_ms"]["median"], h["kv_switch"]["median"], h["save_ms"]["median"],
                       h["restore_ms"]["median"], h["kv_resident"]["median"],
+                      "; with the default configuration %.1f ms" % h["default_share_ms"]["median"]
+                      if "default_share_ms" in h else
                       "; with the early checkpoint %.1f ms" % h["early_share_ms"]["median"]
                       if "early_share_ms" in h else ""))
-        if h.get("early_own_ms", {}).get("median") is not None:
+        own = h.get("default_own_ms") or h.get("early_own_ms") or {}
+        if own.get("median") is not None:
             out.append("**kvpersist's own time before forwarding a switch** (%s tokens, from its log): %.1f ms with "
-                       "the early checkpoint, %.1f ms with the save on the path (the rest of the share above is "
-                       "llama-server's)." % (big, h["early_own_ms"]["median"], h["own_ms"]["median"]))
+                       "the %s, %.1f ms with the save on the path (the rest of the share above is "
+                       "llama-server's)." % (big, own["median"], "default configuration" if "default_own_ms" in h
+                                             else "early checkpoint", h["own_ms"]["median"]))
         if sw.get("skipped"):
             out.append("Not measured (over the time budget): %s-token prompts." % ", ".join(map(str, sw["skipped"])))
     sd = results.get("seed", {}).get("headline", {})
@@ -190,6 +210,31 @@ def headlines(results: dict) -> list[str]:
                    "%d manifest writes timed out into the failure policy."
                    % (sl["stalled"]["p99"], sl["stalled"]["max"], sl["quiet"]["p99"], sl["quiet"]["max"],
                       sl["file_timeouts"]))
+    po = results.get("policy", {}).get("headline", {})
+    if po.get("default"):
+        out.append("**The default policy and a single conversation** (%d turns %g s apart, %s tokens, %s model): "
+                   "turns 2..%d TTFT %s ms with the default configuration vs %s ms with checkpoint.earlyMs 0 "
+                   "(**%.2fx**); save calls during the turns: %d vs %d."
+                   % (po["turns"], po["pause_s"], po["tokens"], po.get("model", "?"), po["turns"],
+                      lib.fmt_mmm(po["default"], 0), lib.fmt_mmm(po["early_off"], 0), po["ratio"],
+                      po["saves_default"], po["saves_early_off"]))
+    sb = results.get("seedbytes", {}).get("headline", {})
+    if sb:
+        out.append("**Bytes a seed reads per byte of prefix it reuses** (new sessions sharing %s tokens; bytes from "
+                   "llama-server's restore replies): %s."
+                   % (next(iter(sb.values()))["shared_tokens"],
+                      "; ".join("donor of %s tokens: first seed **%.2fx** (from: %s), the following ones **%s** "
+                                "(from: %s)" % (v["donor_tokens"], v["first"], v["first_from"],
+                                                   lib.fmt_mmm(v["later"], 2, "x"), " / ".join(v["later_from"]))
+                                for _, v in sorted(sb.items(), key=lambda kv: int(kv[0])))))
+    ch = results.get("churn", {}).get("headline", {})
+    if ch.get("budget"):
+        out.append("**Disk budget over a churn of %d sessions** (server-owned mode, prompts of %d-%d tokens, "
+                   "retention.maxTotalBytes %s bytes, about %g snapshots): at most %s bytes in the slot directory, "
+                   "**%.2fx the budget**; %d files at the end (%d of them empty-slot headers), %d sessions evicted."
+                   % (ch["sessions"], ch["tokens"][0], ch["tokens"][1], "{:,}".format(ch["budget"]),
+                      ch["budget_sessions"], "{:,}".format(ch["max_bytes"]), ch["max_ratio"], ch["files_end"],
+                      ch["headers_end"], ch["evicted"]))
     ov = results.get("overhead", {}).get("headline", {})
     if ov.get("stub"):
         c1 = ov["stub"]["1"]

@@ -8,25 +8,34 @@
 #                                   writes to a temporary directory unless --out is given. Exits 0
 #                                   when the benchmark machinery worked (CI runs this); the numbers
 #                                   are not meant to be quoted.
-#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed | stall
+#   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed | stall |
+#                                   policy | seedbytes | churn
 #                                   (repeatable; RESULTS.md is regenerated from every results/*.json)
 #   Options: --out DIR (where RESULTS.md and results/ go), --keep (keep the work directory with
 #            every log), --wait-quiet S (before each benchmark wait up to S seconds for the 1-minute
 #            load average to drop below 1.5; default 300 for a full run, 0 with --quick),
-#            --sizes LIST (switch prompt sizes, default 2048,4096,8192,16384), --no-build,
+#            --sizes LIST (switch prompt sizes, default 4096,8192,16384), --no-build,
 #            --nice N (run the benchmarks at this niceness; default -5 for a full run when
 #            permitted, so that other work on a shared machine disturbs them less; 0 with --quick).
 #
 # Benchmarks (see each driver's docstring for the method)
 #   overhead   bench/overhead.py   resident-path latency/throughput: direct, kvpersist, nginx (wrk)
 #   streaming  bench/streaming.py  per-event SSE delay and merged events (stub and llama-server)
-#   switch     bench/switch.py     TTFT of a returning session: kvpersist, cold, llama-server RAM
-#                                  cache, after a restart (bench model; ci model with --quick)
+#   switch     bench/switch.py     TTFT of a returning session: kvpersist (save on the path, and the
+#                                  default configuration with a user's pause: switches that waited for
+#                                  no save), cold, llama-server RAM cache, after a restart (bench
+#                                  model; ci model with --quick)
 #   footprint  bench/footprint.py  RSS idle / 256 streams; callgrind instructions per request/event
 #   seed       bench/seed.py       TTFT of a new session's first turn seeded from a saved prefix vs
 #                                  cold, 4K/8K/16K shared tokens (bench model; ci model with --quick)
 #   stall      bench/stall.py      per-event SSE delay on one server while another server's manifest
 #                                  writes hang in fsync (stubs and a preloaded shim; no model)
+#   policy     bench/policy.py     one conversation's TTFT and save calls, default config vs
+#                                  checkpoint.earlyMs 0 (bench model at 8K; ci model with --quick)
+#   seedbytes  bench/seedbytes.py  bytes a seed reads per byte of prefix it reuses, first seed and
+#                                  after the prefix snapshot, donors 1x/4x/8x of 4K shared (ci model)
+#   churn      bench/churn.py      disk used vs retention.maxTotalBytes over 100 sessions of churn,
+#                                  server-owned mode (ci model)
 #
 # Environment: LLAMA_SERVER, KVP_CACHE_DIR (see scripts/llama-server.sh), KVPERSIST_BIN (use this
 # binary instead of building build/kvpersist), TMPDIR.
@@ -58,7 +67,7 @@ while (($#)); do
   esac
   shift
 done
-all=(overhead streaming switch footprint seed stall)
+all=(overhead streaming switch footprint seed stall policy seedbytes churn)
 ((${#only[@]})) || only=("${all[@]}")
 for n in "${only[@]}"; do
   [[ " ${all[*]} " == *" $n "* ]] || { echo "run.sh: unknown benchmark '$n' (one of: ${all[*]})" >&2; exit 2; }
@@ -200,6 +209,16 @@ for n in "${only[@]}"; do
       else
         run_bench seed 2400 --llama-server "$ls_bin" --model "$bench_model" --model-name bench
       fi ;;
+    policy)
+      if ((quick)); then
+        run_bench policy 180 --llama-server "$ls_bin" --model "$ci_model" --model-name ci
+      else
+        run_bench policy 900 --llama-server "$ls_bin" --model "$bench_model" --model-name bench
+      fi ;;
+    seedbytes)
+      run_bench seedbytes $((quick ? 180 : 1200)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
+    churn)
+      run_bench churn $((quick ? 180 : 1200)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
   esac
 done
 

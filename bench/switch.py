@@ -12,11 +12,18 @@ them alike:
              A + restore B), B again (resident). Then llama-server is restarted (snapshot files
              evicted from the page cache first: a real disk read) and A returns (and again for
              B): kvpersist notices the restart and restores from disk.
-  early      the same with checkpoint.earlyMs (--early-ms, default 1000): after each turn end
-             the departing session is checkpointed ahead of time, and the next switch (sent
-             once that checkpoint is done) is a restore only. Once per return it also sends the
-             owner's next turn the moment the early checkpoint starts ("mid-save"): what the
-             early checkpoint costs an owner who comes back at the worst moment.
+  default    the same with kvpersist's default configuration (no checkpoint settings: the early
+             checkpoint, checkpoint.earlyMs 1000, runs since two sessions take turns on one
+             slot), and each switch is sent like a user would: --pause seconds (default 3)
+             after the previous turn's reply ended, whatever the checkpoint is doing. Each
+             return of a session is preceded by two turns of the departing one: a resident
+             turn, then its next turn sent the moment its early checkpoint starts ("mid-save":
+             what the early checkpoint costs an owner who comes back at the worst moment);
+             the switch follows that turn's reply after the pause. For every switch the
+             driver records whether it waited for a save: whether a save call on the slot
+             (kv.session.save.start to the end of its /slots call, kv.backend.call
+             action=save, in kvpersist's debug log) was in flight or started between the
+             request being sent and its first SSE data event.
   ram-cache  llama-server's own prompt cache, no kvpersist (defaults: --cache-ram 8192, idle
              slots cached): the same turns, then a restart, then A returns (the RAM cache is
              empty, so this is a cold prefill).
@@ -66,7 +73,9 @@ class Conversation:
     def turn(self, port: int, max_tokens: int, timeout: float) -> dict:
         body = {"messages": self.messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
                 "seed": 1, "logit_bias": lib.BAN_BYTE_TOKENS}
+        wall_off = time.time() - time.monotonic_ns() / 1e9   # log timestamps are wall-clock
         r = lib.sse_request(port, "/v1/chat/completions", body, {"X-Session-Id": self.sid}, timeout=timeout)
+        t_end = time.monotonic()
         if not r["events"]:
             raise BenchError("no SSE events from port %d" % port)
         ttft = next(((t - r["t_send"]) / 1e9 for t, ev, _ in r["events"] if ev.startswith(b"data:")), None)
@@ -87,7 +96,8 @@ class Conversation:
         self.messages.append({"role": "user", "content": FOLLOWUPS[self.k % len(FOLLOWUPS)]})
         self.k += 1
         return {"ttft": ttft, "first_token": first_tok, "pings": len(r["comments"]), "prompt_n": timings.get("prompt_n"),
-                "cache_n": timings.get("cache_n"), "prompt_ms": timings.get("prompt_ms")}
+                "cache_n": timings.get("cache_n"), "prompt_ms": timings.get("prompt_ms"),
+                "t_send_wall": r["t_send"] / 1e9 + wall_off, "t_end": t_end}
 
 
 def evict_page_cache(d: str) -> int:
@@ -133,7 +143,8 @@ def timed_lines(kv: lib.KvPersist, mark: int):
         if len(parts) < 3:
             continue
         try:
-            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() * 1000
+            t = datetime.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp() * 1000
         except ValueError:
             continue
         yield t, parts[2], raw
@@ -159,12 +170,31 @@ def wait_event(kv: lib.KvPersist, mark: int, event: str, timeout: float) -> None
                    "kvpersist to log %s" % event, [kv.proc], interval=0.002)
 
 
-def wait_clean(kv: lib.KvPersist, timeout: float) -> None:
-    """Waits until the slot's owner has nothing unsaved (its checkpoint committed): /kv/status."""
-    def clean():
-        st, body = lib.http_request(kv.admin_port, "GET", "/kv/status", timeout=5)
-        return st == 200 and json.loads(body)["servers"][0]["slots"][0]["state"] != "dirty"
-    lib.wait_until(clean, timeout, "kvpersist's early checkpoint", [kv.proc], interval=0.05)
+def save_calls(kv: lib.KvPersist, mark: int, slot: str = "0") -> list[list]:
+    """[start ms, end ms or None] of each save call on the slot after line `mark`, from kvpersist's
+    debug log: kv.session.save.start to the end of its /slots call (kv.backend.call action=save);
+    saves of one slot never overlap."""
+    calls = []
+    for t, event, raw in timed_lines(kv, mark):
+        if event == "kv.session.save.start" and re.search(r" slot=%s\b" % slot, raw):
+            calls.append([t, None])
+        elif event == "kv.backend.call" and "action=save" in raw and re.search(r" slot=%s\b" % slot, raw):
+            for c in calls:
+                if c[1] is None:
+                    c[1] = t
+                    break
+    return calls
+
+
+def waited_for_save(kv: lib.KvPersist, mark: int, r: dict) -> dict:
+    """Did the request r wait for a save? A save call on its slot that was in flight when it was
+    sent or started before its first SSE data event (log timestamps: 1 ms). `mark` must be from
+    before any save that could still be in flight at the send."""
+    t_send = r["t_send_wall"] * 1000
+    t_first = t_send + r["ttft"] * 1000
+    hit = [c for c in save_calls(kv, mark) if c[0] < t_first and (c[1] is None or c[1] > t_send)]
+    return {"waited": bool(hit), "save_started_ms": [round(c[0] - t_send, 1) for c in hit],
+            "save_call_ms": [None if c[1] is None else round(c[1] - c[0], 1) for c in hit]}
 
 
 def own_ms(kv: lib.KvPersist, mark: int) -> float | None:
@@ -193,31 +223,32 @@ def log_turn(cfg: str, size: int, what: str, r: dict) -> None:
 
 
 def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> None:
-    """The three configurations run side by side (three llama-server processes, only one busy at a
+    """The four configurations run side by side (four llama-server processes, only one busy at a
     time), their turns interleaved, so that machine noise hits them alike."""
     d = os.path.join(work, "size-%d" % size)
     sd = os.path.join(d, "slots")
     os.makedirs(sd, exist_ok=True)
-    sd_early = os.path.join(d, "slots-early")
-    os.makedirs(sd_early, exist_ok=True)
+    sd_default = os.path.join(d, "slots-default")
+    os.makedirs(sd_default, exist_ok=True)
     servers = {
         "kvpersist": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-kvpersist", slot_dir=sd),
-        "early": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-early", slot_dir=sd_early),
+        "default": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-default", slot_dir=sd_default),
         "ramcache": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-ramcache", no_cache_idle=False),
         "cold": lib.LlamaServer(a.llama_server, a.model, a.ctx, d, name="llama-cold", cache_ram=0),
     }
-    kv = kve = None
+    kv = kvd = None
     try:
         for cfg, ls in servers.items():
             ls.start()
             out["cmd_" + cfg] = ls.command_line()
         kv = lib.KvPersist(a.kvpersist, servers["kvpersist"].port, d,
                            extra={"log": {"level": "debug"}, "checkpoint": {"idleMs": 0}})
-        kve = lib.KvPersist(a.kvpersist, servers["early"].port, d, name="kvpersist-early",
-                            extra={"log": {"level": "debug"}, "checkpoint": {"earlyMs": a.early_ms}})
-        port = {"kvpersist": kv.port, "early": kve.port, "ramcache": servers["ramcache"].port,
+        # the default configuration: debug level only, to read the save calls
+        kvd = lib.KvPersist(a.kvpersist, servers["default"].port, d, name="kvpersist-default",
+                            extra={"log": {"level": "debug"}})
+        port = {"kvpersist": kv.port, "default": kvd.port, "ramcache": servers["ramcache"].port,
                 "cold": servers["cold"].port}
-        proxy = {"kvpersist": kv, "early": kve}
+        proxy = {"kvpersist": kv, "default": kvd}
         conv = {cfg: {s: Conversation("bench-%s-%d" % (s, size), prompts[s]) for s in "AB"} for cfg in servers}
 
         def turn(cfg, s, what):
@@ -239,9 +270,17 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                         if n_cold >= a.cold_reps:
                             continue
                         n_cold += 1
-                    if cfg == "early":
-                        # the switch comes once the departing session's early checkpoint is done
-                        wait_clean(kve, a.early_ms / 1000 + 120)
+                    block_mark = proxy[cfg].lines() if cfg in proxy else 0
+                    if cfg == "default":
+                        # the departing session takes a resident turn, then answers the moment its
+                        # early checkpoint starts (mid-save); the switch comes --pause s after that reply
+                        dep = "B" if s == "A" else "A"
+                        pre = turn(cfg, dep, "resident")
+                        wait_event(kvd, kvd.lines(), "kv.session.save.start", 120)
+                        mid = turn(cfg, dep, "mid-save")
+                        mid["resident"] = pre["ttft"]
+                        out.setdefault("default_midsave", []).append(mid)
+                        time.sleep(max(0.0, mid["t_end"] + a.pause - time.monotonic()))
                     mark = proxy[cfg].lines() if cfg in proxy else 0
                     r = turn(cfg, s, "returns")
                     if cfg in proxy:
@@ -251,25 +290,22 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                             raise BenchError("%s did not restore session %s on its return (log: %s)" % (cfg, s, evs))
                         r.update(save_ms=save, restore_ms=restore, calls_ms=calls,
                                  manifest_ms=manifest_ms(proxy[cfg], mark), own_ms=own_ms(proxy[cfg], mark))
-                    res_mark = kve.lines()
+                        r.update(waited_for_save(proxy[cfg], block_mark, r))
+                        if cfg == "default" and r["waited"]:
+                            lib.log("switch default %d: %s's return waited for a save (started %s ms after "
+                                    "the request; calls %s ms)" % (size, s, r["save_started_ms"], r["save_call_ms"]))
                     res_r = turn(cfg, s, "resident")
                     r["resident"] = res_r["ttft"]
                     if cfg in proxy:
                         r["share"] = r["ttft"] - (r["save_ms"] + r["restore_ms"]) / 1000 - res_r["ttft"]
                         r["outside_calls"] = r["ttft"] - r["calls_ms"] / 1000 - res_r["ttft"]
-                    if cfg == "early":
-                        # the owner answers the moment its early checkpoint starts
-                        wait_event(kve, res_mark, "kv.session.save.start", a.early_ms / 1000 + 120)
-                        mid = turn(cfg, s, "mid-save")
-                        mid["resident"] = res_r["ttft"]
-                        out.setdefault("early_midsave", []).append(mid)
-                    key = {"kvpersist": "kv_switch", "early": "early_switch", "ramcache": "ramcache_return",
+                    key = {"kvpersist": "kv_switch", "default": "default_switch", "ramcache": "ramcache_return",
                            "cold": "cold_return"}[cfg]
                     out.setdefault(key, []).append(r)
-                    out.setdefault({"kvpersist": "kv", "early": "early", "ramcache": "ramcache", "cold": "cold"}[cfg]
-                                   + "_resident", []).append(res_r)
+                    out.setdefault({"kvpersist": "kv", "default": "default", "ramcache": "ramcache",
+                                    "cold": "cold"}[cfg] + "_resident", []).append(res_r)
         servers["cold"].stop()
-        servers["early"].stop()
+        servers["default"].stop()
         # restarts: llama-server goes away and comes back. kvpersist restores from disk (snapshot files
         # evicted from the page cache first); llama-server's RAM cache is empty (a cold prefill, costly,
         # so only one at large sizes).
@@ -293,7 +329,7 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
                 ls.start()
                 out.setdefault("ramcache_restart", []).append(turn("ramcache", s, "after restart"))
     finally:
-        for k in (kv, kve):
+        for k in (kv, kvd):
             if k:
                 k.stop()
         for ls in servers.values():
@@ -311,12 +347,13 @@ def main() -> int:
     ap.add_argument("--cold-reps", type=int, default=None, help="cold returns per size (besides B's first turn)")
     ap.add_argument("--restarts", type=int, default=None, choices=(1, 2),
                     help="llama-server restarts per config and size (default 2; 1 with --quick)")
-    ap.add_argument("--early-ms", type=int, default=1000, help="checkpoint.earlyMs of the early configuration")
+    ap.add_argument("--pause", type=float, default=3.0,
+                    help="seconds between a reply and the next switch in the default configuration (a user)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip a size whose estimated run time (from the previous size's cold prefill) exceeds this")
     a = ap.parse_args()
     lib.install_signal_handlers()
-    sizes = [int(x) for x in (a.sizes or ("1024,2048" if a.quick else "2048,4096,8192,16384")).split(",")]
+    sizes = [int(x) for x in (a.sizes or ("1024,2048" if a.quick else "4096,8192,16384")).split(",")]
     a.ctx = a.ctx or (max(sizes) + 4096 if max(sizes) >= 8192 else 4096)
     reps = a.reps or (1 if a.quick else 3)
     a.restarts = a.restarts or (1 if a.quick else 2)
@@ -356,13 +393,15 @@ def main() -> int:
     for size, o in data.items():
         cold = S(o["cold_return"], scale=ms)
         kvs = S(o["kv_switch"], scale=ms)
-        ear = S(o["early_switch"], scale=ms)
+        ear = S(o["default_switch"], scale=ms)
+        waits = [x for x in o["default_switch"] if x.get("waited") is not None]
+        no_wait = sum(1 for x in waits if not x["waited"])
         ram = S(o["ramcache_return"], scale=ms)
         kres = S(o["kv_resident"], scale=ms)
         kvr = S(o["kv_restart"], scale=ms)
         ramr = S(o["ramcache_restart"], scale=ms)
-        mid = S(o["early_midsave"], scale=ms)
-        mid_res = S(o["early_midsave"], "resident", ms)
+        mid = S(o["default_midsave"], scale=ms)
+        mid_res = S(o["default_midsave"], "resident", ms)
         sp_cold = mmm([c / k for c in [x["ttft"] for x in o["cold_return"]] for k in [x["ttft"] for x in o["kv_switch"]]])
         rows.append([size, fmt_mmm(cold, 0), fmt_mmm(ram, 0), fmt_mmm(kvs, 0), fmt_mmm(ear, 0), fmt_mmm(kres, 0),
                      fmt_mmm(ramr, 0), fmt_mmm(kvr, 0),
@@ -377,32 +416,48 @@ def main() -> int:
         cl = S(o["kv_switch"], "calls_ms")
         oc = S(o["kv_switch"], "outside_calls", ms)
         mf = S(o["kv_switch"], "manifest_ms")
-        esh = S(o["early_switch"], "share", ms)
+        esh = S(o["default_switch"], "share", ms)
         shares.append([size, "save on the path", fmt_mmm(kvs, 0), fmt_mmm(sv, 1), fmt_mmm(rs, 1), fmt_mmm(cl, 1),
                        fmt_mmm(kres, 1), fmt_mmm(sh, 1), fmt(100 * sh["median"] / kvs["median"], 1) + "%",
                        fmt_mmm(oc, 1), fmt_mmm(mf, 0), fmt_mmm(S(o["kv_switch"], "own_ms"), 1)])
-        shares.append([size, "early checkpoint", fmt_mmm(ear, 0), fmt_mmm(S(o["early_switch"], "save_ms"), 1),
-                       fmt_mmm(S(o["early_switch"], "restore_ms"), 1), fmt_mmm(S(o["early_switch"], "calls_ms"), 1),
-                       fmt_mmm(S(o["early_resident"], scale=ms), 1), fmt_mmm(esh, 1),
+        shares.append([size, "default", fmt_mmm(ear, 0), fmt_mmm(S(o["default_switch"], "save_ms"), 1),
+                       fmt_mmm(S(o["default_switch"], "restore_ms"), 1), fmt_mmm(S(o["default_switch"], "calls_ms"), 1),
+                       fmt_mmm(S(o["default_resident"], scale=ms), 1), fmt_mmm(esh, 1),
                        fmt(100 * esh["median"] / ear["median"], 1) + "%",
-                       fmt_mmm(S(o["early_switch"], "outside_calls", ms), 1), "-",
-                       fmt_mmm(S(o["early_switch"], "own_ms"), 1)])
-        o["summary"] = {"cold": cold, "kv_switch": kvs, "early_switch": ear, "ramcache": ram, "kv_resident": kres,
+                       fmt_mmm(S(o["default_switch"], "outside_calls", ms), 1), fmt_mmm(S(o["default_switch"], "manifest_ms"), 0),
+                       fmt_mmm(S(o["default_switch"], "own_ms"), 1)])
+        o["summary"] = {"cold": cold, "kv_switch": kvs, "default_switch": ear, "ramcache": ram, "kv_resident": kres,
+                        "default_no_wait": no_wait, "default_switches": len(waits), "pause_s": a.pause,
                         "kv_restart": kvr, "ramcache_restart": ramr, "speedup_vs_cold": sp_cold, "save_ms": sv,
-                        "restore_ms": rs, "share_ms": sh, "early_share_ms": esh, "calls_ms": cl,
+                        "restore_ms": rs, "share_ms": sh, "default_share_ms": esh, "calls_ms": cl,
                         "outside_calls_ms": oc, "manifest_ms": mf, "midsave": mid, "midsave_resident": mid_res,
-                        "own_ms": S(o["kv_switch"], "own_ms"), "early_own_ms": S(o["early_switch"], "own_ms")}
+                        "own_ms": S(o["kv_switch"], "own_ms"), "default_own_ms": S(o["default_switch"], "own_ms")}
     if not data:
         raise BenchError("no size was measured")
     first = data[next(iter(data))]
     head = ["prompt tokens", "cold re-prefill", "RAM cache (built-in)", "kvpersist switch",
-            "kvpersist switch, early checkpoint", "resident", "restart: direct", "restart: kvpersist",
-            "cold / kvpersist", "kvpersist / RAM cache", "early / RAM cache", "restart: direct / kvpersist"]
+            "kvpersist switch, default config", "resident", "restart: direct", "restart: kvpersist",
+            "cold / kvpersist", "kvpersist / RAM cache", "default / RAM cache", "restart: direct / kvpersist"]
     res.table("TTFT of a returning session, ms, %s model (-c %d; median (min..max); %d returns per config and "
               "size, %d cold)" % (a.model_name, a.ctx, 2 * reps, 1 + a.cold_reps), md_table(head, rows),
-              command="kvpersist: %s + kvpersist serve (checkpoint.idleMs 0; early: checkpoint.earlyMs %d); "
-                      "RAM cache: %s; cold: %s" % (first["cmd_kvpersist"], a.early_ms, first["cmd_ramcache"],
-                                                   first["cmd_cold"]))
+              command="kvpersist: %s + kvpersist serve (checkpoint.idleMs 0; default: no checkpoint settings, "
+                      "each switch %g s after the previous reply); RAM cache: %s; cold: %s"
+                      % (first["cmd_kvpersist"], a.pause, first["cmd_ramcache"], first["cmd_cold"]))
+    res.table("Switches with the default configuration that waited for no save (--pause %g s after the previous "
+              "reply, like a user)" % a.pause,
+              md_table(["prompt tokens", "switches that waited for no save", "default switch TTFT",
+                        "RAM cache TTFT", "default / RAM cache", "save calls on a switch's path: started at, ms"],
+                       [[size, "%d of %d (%.0f%%)" % (o["summary"]["default_no_wait"], o["summary"]["default_switches"],
+                                                      100.0 * o["summary"]["default_no_wait"]
+                                                      / max(1, o["summary"]["default_switches"])),
+                         fmt_mmm(o["summary"]["default_switch"], 0), fmt_mmm(o["summary"]["ramcache"], 0),
+                         "%.2fx" % (o["summary"]["default_switch"]["median"] / o["summary"]["ramcache"]["median"]),
+                         "; ".join("%s (call %s)" % (x["save_started_ms"], x["save_call_ms"])
+                                   for x in o["default_switch"] if x.get("waited")) or "-"]
+                        for size, o in data.items()]),
+              command="a switch waited for a save when a save call on the slot (kv.session.save.start to its "
+                      "kv.backend.call action=save, debug log, 1 ms timestamps) was in flight when the request was "
+                      "sent or started before its first SSE data event; \"started at\" is relative to the send")
     res.table("kvpersist's own share of a switch, ms: switch TTFT - (save_ms + restore_ms) - resident TTFT",
               md_table(["prompt tokens", "kvpersist", "switch TTFT", "save_ms", "restore_ms",
                         "save+restore HTTP calls", "resident TTFT", "kvpersist share", "share of switch",
@@ -411,13 +466,13 @@ def main() -> int:
               command="save_ms/restore_ms: llama-server's timings, from kvpersist's kv.session.save.success / "
                       "restore.success lines; HTTP calls: wall time of the /slots calls (kv.backend.call, "
                       "--log-level debug)")
-    res.table("What the early checkpoint costs its owner: the owner's next turn sent the moment the early "
-              "checkpoint starts, ms",
+    res.table("What the default policy costs an owner who comes back at the worst moment: its next turn sent the "
+              "moment its early checkpoint starts, ms",
               md_table(["prompt tokens", "resident TTFT before", "TTFT mid-save", "added"],
                        [[size, fmt_mmm(o["summary"]["midsave_resident"], 0), fmt_mmm(o["summary"]["midsave"], 0),
                          fmt(o["summary"]["midsave"]["median"] - o["summary"]["midsave_resident"]["median"], 0)]
                         for size, o in data.items()]),
-              command="early configuration: after a resident turn, wait for kv.session.save.start, then send")
+              command="default configuration: after a resident turn, wait for kv.session.save.start, then send")
     res.note("\"share outside the calls\" = switch TTFT - wall time of the /slots HTTP calls - resident TTFT: "
              "kvpersist's own work on a switch. \"save call end to commit\": from kvpersist's log timestamps "
              "(1 ms resolution), the time between the end of the save call and kv.session.save.success, i.e. the "
@@ -425,10 +480,11 @@ def main() -> int:
              "alongside the arriving session's restore (docs/design.md §11), so only the part that outlasts the "
              "restore is on the switch's path. The difference between the calls' wall time and llama-server's "
              "save_ms + restore_ms is llama-server's task queue and HTTP handling around the file I/O. With the "
-             "early checkpoint the switch is sent once the departing session's checkpoint has been committed, "
-             "so save_ms is 0: the switch is a restore only.")
+             "default configuration the early checkpoint (checkpoint.earlyMs 1000, on while more sessions take "
+             "turns than there are slots) saves the departing session before the switch arrives %g s after its "
+             "reply, so save_ms is 0 unless the switch waited for a save." % a.pause)
     res.dat("switch.dat", "tokens cold ramcache kv_switch resident ramcache_restart kv_restart cold_min cold_max "
-            "kv_min kv_max ram_min ram_max early early_min early_max", prow)
+            "kv_min kv_max ram_min ram_max default default_min default_max", prow)
     res.plots.append("switch.png")
     for size, o in data.items():
         kr = o["kv_restart"][0]
