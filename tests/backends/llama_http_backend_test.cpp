@@ -7,6 +7,8 @@
 
 #include <string>
 
+namespace llama_http_backend_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::backends;
@@ -300,3 +302,5 @@ TEST_CASE("parse_behaviour_reply reads the ranked ids llama-server returns", "[b
     CHECK(bad.err().code == errc::backend_unsupported);
   }
 }
+
+}  // namespace llama_http_backend_test

@@ -6,6 +6,8 @@
 
 #include "backends/llama_http_backend.hpp"
 
+namespace llama_router_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::backends;
@@ -77,3 +79,5 @@ TEST_CASE("a router model's management calls name it and never load it", "[backe
   CHECK(slot_action_body("f.bin", "alpha") == R"({"filename":"f.bin","model":"alpha"})");
   CHECK(behaviour_probe_body(0, "alpha").find(R"("model":"alpha")") != std::string::npos);
 }
+
+}  // namespace llama_router_test

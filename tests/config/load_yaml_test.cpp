@@ -18,6 +18,8 @@
 
 #include "tests/support/temp_dir.hpp"
 
+namespace load_yaml_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -843,3 +845,5 @@ TEST_CASE("upstream.url given or left to the default address", "[config][load_ya
   CHECK(cfg.upstream.url_given);
   CHECK(cfg.upstream.url == "http://127.0.0.1:9931");
 }
+
+}  // namespace load_yaml_test

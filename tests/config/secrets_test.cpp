@@ -12,6 +12,8 @@
 
 #include "tests/support/temp_dir.hpp"
 
+namespace secrets_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::config;
@@ -165,3 +167,5 @@ TEST_CASE("the environment, then systemd credentials, fill secrets the config le
     CHECK(cfg.servers[0].upstream.api_key.empty());
   }
 }
+
+}  // namespace secrets_test

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace behaviour_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -40,3 +42,5 @@ TEST_CASE("a probe belongs to the first known class it matches", "[core][behavio
   CHECK(behaviour_class_id(a).size() == 16);
   CHECK(behaviour_class_id(a) != behaviour_class_id(b));
 }
+
+}  // namespace behaviour_test

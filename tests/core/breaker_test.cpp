@@ -9,6 +9,8 @@
 
 #include "tests/support/core_strings.hpp"
 
+namespace breaker_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -111,3 +113,5 @@ TEST_CASE("breaker states have stable names", "[core][breaker]") {
   CHECK(kvp::core::to_string(state::open) == "open");
   CHECK(kvp::core::to_string(state::half_open) == "half_open");
 }
+
+}  // namespace breaker_test

@@ -9,6 +9,8 @@
 
 #include "tests/support/chains.hpp"
 
+namespace chain_index_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -141,3 +143,5 @@ TEST_CASE("lookups among 10,000 snapshots", "[core][chain_index][.cost]") {
   WARN("chain_index::all_longest with 10000 sessions: " << all_us.count() / n
                                                         << " us per lookup");
 }
+
+}  // namespace chain_index_test

@@ -8,6 +8,8 @@
 
 #include "core/log.hpp"
 
+namespace event_history_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -48,3 +50,5 @@ TEST_CASE("log() records info and above in the history whatever the level", "[co
 }
 
 }  // namespace
+
+}  // namespace event_history_test

@@ -12,6 +12,8 @@
 
 #include "tests/support/runtime.hpp"
 
+namespace identity_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -183,3 +185,5 @@ TEST_CASE("identity derivations are pinned to golden digests", "[core][identity]
   CHECK(probed.fingerprint() ==
         "3656a87bb627c3c82f91fdcb12e07f35d0e54f0e95298832cae009e00cdb1ff0");
 }
+
+}  // namespace identity_test

@@ -5,6 +5,8 @@
 
 #include <string>
 
+namespace json_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -82,3 +84,5 @@ TEST_CASE("json_nesting_exceeds counts brackets outside strings only", "[core][j
   CHECK_FALSE(json_nesting_exceeds("{\"p\":\"" + std::string(1000, '[')));
   CHECK(json_nesting_exceeds(" \n\t[" + std::string(300000, '[')));
 }
+
+}  // namespace json_test

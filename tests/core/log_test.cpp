@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace log_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -157,3 +159,5 @@ TEST_CASE("log levels parse from their config names", "[core][log]") {
   CHECK(l == log_level::error);
   CHECK(to_string(log_level::warn) == "WARN");
 }
+
+}  // namespace log_test

@@ -14,6 +14,8 @@
 
 #include "core/identity.hpp"
 
+namespace manifest_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -293,3 +295,5 @@ TEST_CASE("previousBytes survives a round trip; without it the other file counts
   require_rejected(with_member("previousBytes", "-1"));
   require_rejected(with_member("previousBytes", "\"12\""));
 }
+
+}  // namespace manifest_test

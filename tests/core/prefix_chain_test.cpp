@@ -12,6 +12,8 @@
 
 #include "core/request_class.hpp"
 
+namespace prefix_chain_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -342,3 +344,5 @@ TEST_CASE("a /v1/messages cut keeps its system and asks one token", "[core][pref
   CHECK(d["messages"][0]["content"] == "");
   CHECK(chain(*cut, "/v1/messages").links[0] == full.links[0]);
 }
+
+}  // namespace prefix_chain_test

@@ -9,6 +9,8 @@
 #include "core/retention.hpp"
 #include "tests/support/chains.hpp"
 
+namespace prefix_snapshot_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -132,3 +134,5 @@ TEST_CASE("retention keeps a prefix snapshot while it seeds", "[core][prefix_sna
   REQUIRE(p.evict.size() == 1);
   CHECK(p.evict[0].hash == "prefix");
 }
+
+}  // namespace prefix_snapshot_test

@@ -6,6 +6,8 @@
 
 #include <string>
 
+namespace reply_end_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::classify_reply_end;
@@ -163,3 +165,5 @@ TEST_CASE("the head and tail the relay keeps of a long reply are enough, and quo
   // whitespace around the colon (a re-serializing proxy in between)
   CHECK(classify_reply_end(R"({"choices":[{"finish_reason" : "tool_calls"}]})") == reply_end::tool_call);
 }
+
+}  // namespace reply_end_test

@@ -10,6 +10,8 @@
 
 #include "tests/support/core_strings.hpp"
 
+namespace request_class_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 using kind = kvp::core::endpoint_kind;
 
@@ -175,3 +177,5 @@ TEST_CASE("one route table: kind, pinning and body format of each inference rout
     CHECK(rc.unpinnable() == (route && !route->pinnable));
   }
 }
+
+}  // namespace request_class_test

@@ -8,6 +8,8 @@
 
 #include "core/prefix_chain.hpp"
 
+namespace request_hints_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::has_attribution_header;
@@ -112,3 +114,5 @@ TEST_CASE("a chained /v1/messages body carries the attribution check, parsed onc
   REQUIRE(c);
   CHECK_FALSE(c->attribution_block);
 }
+
+}  // namespace request_hints_test

@@ -6,6 +6,8 @@
 
 #include <string>
 
+namespace response_timings_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 using kvp::core::parse_response_timings;
 
 TEST_CASE("a stream's last timings win", "[core][timings]") {
@@ -66,3 +68,5 @@ TEST_CASE("keys are found wherever the kept bytes end", "[core][timings]") {
   CHECK(t.prompt_n == 7);
   CHECK(t.prompt_ms == 2.5);
 }
+
+}  // namespace response_timings_test

@@ -9,6 +9,8 @@
 
 #include "core/request_class.hpp"
 
+namespace resumable_stream_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -89,3 +91,5 @@ TEST_CASE("a lookup body or reply of another shape is refused", "[stream]") {
 }
 
 }  // namespace
+
+}  // namespace resumable_stream_test

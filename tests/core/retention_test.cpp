@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+namespace retention_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::plan_retention;
@@ -178,3 +180,5 @@ TEST_CASE("parse_utc reads the manifests' timestamps", "[retention]") {
   CHECK(kvp::core::parse_utc("1970-01-02T00:00:01Z") == 86401);
   CHECK(kvp::core::parse_utc("garbage") == 0);
 }
+
+}  // namespace retention_test

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace reuse_stats_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::prepare_kind;
@@ -95,3 +97,5 @@ TEST_CASE("resident responses and unreported reuse leave the aggregates alone",
   s.forget("A");
   CHECK_FALSE(s.last_restore("A"));
 }
+
+}  // namespace reuse_stats_test

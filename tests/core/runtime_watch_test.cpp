@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace runtime_watch_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp::core;
@@ -242,3 +244,5 @@ TEST_CASE("sleep: without an awake look the idle time bounds it; configured wins
   CHECK(configured.sleep_period() == 20s);
   CHECK(learned.sleep_period() == 0s);  // until the coordinator adopts what it learned
 }
+
+}  // namespace runtime_watch_test

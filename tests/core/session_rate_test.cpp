@@ -7,6 +7,8 @@
 #include <chrono>
 #include <string>
 
+namespace session_rate_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -74,3 +76,5 @@ TEST_CASE("full buckets are forgotten as new credentials arrive", "[session_rate
   for (int i = 0; i < 1000; ++i) r.take("later-" + std::to_string(i), t0 + 2s);
   CHECK(r.tracked() < 1100);
 }
+
+}  // namespace session_rate_test

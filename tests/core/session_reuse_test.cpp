@@ -13,6 +13,8 @@
 #include "tests/support/core_strings.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace session_reuse_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 // Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
@@ -104,3 +106,5 @@ TEST_CASE("reuse of an unknown or forgotten session is not recorded", "[core][re
   REQUIRE(request(p, A) == prepare_kind::cold);
   CHECK(reuse_of(p, "A").reused_tokens == 0);
 }
+
+}  // namespace session_reuse_test

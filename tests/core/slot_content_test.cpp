@@ -12,6 +12,8 @@
 #include "tests/support/plan_calls.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace slot_content_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 // Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
@@ -228,3 +230,5 @@ TEST_CASE("a credential is the key as llama-server reads it", "[core][slot_conte
   CHECK(credential_key("").empty());
   CHECK(credential_key("Bearer ").empty());
 }
+
+}  // namespace slot_content_test

@@ -11,6 +11,8 @@
 #include "tests/support/core_strings.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace slot_pool_plans_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 // Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
@@ -1233,3 +1235,5 @@ TEST_CASE("hash_for is the session hash under the current model, memoized per ru
   CHECK(c.hash_for("S1") == session_hash("test-instance", "/models/other.gguf", "S1"));
   CHECK(c.hash_for("S1") != session_hash("test-instance", rt.model_path, "S1"));
 }
+
+}  // namespace slot_pool_plans_test

@@ -13,6 +13,8 @@
 
 #include "tests/support/runtime.hpp"
 
+namespace slot_pool_seeding_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 // Single-slot pools (slot_pool_options::slot_id left at its default): their one slot.
@@ -324,3 +326,5 @@ TEST_CASE("a prefix snapshot is made as a session of its own and then seeds",
   plan = p.prepare(other, only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
 }
+
+}  // namespace slot_pool_seeding_test

@@ -19,6 +19,8 @@
 
 #include "tests/support/core_strings.hpp"
 
+namespace slot_pool_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -671,3 +673,5 @@ TEST_CASE("a record a slot holds or a request is prepared for is never forgotten
                                                    c.hash_for("D"), c.hash_for("E")});
   c.abort_prepare(*e_slot);
 }
+
+}  // namespace slot_pool_test

@@ -5,6 +5,8 @@
 
 #include "core/retention.hpp"
 
+namespace utc_time_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono;
@@ -39,3 +41,5 @@ TEST_CASE("parse_utc reads what format_utc writes", "[utc_time]") {
   CHECK(kvp::core::parse_utc(format_utc(t, utc_precision::seconds)) ==
         duration_cast<seconds>(t.time_since_epoch()).count());
 }
+
+}  // namespace utc_time_test

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+namespace body_budget_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::proxy::body_budget;
@@ -66,3 +68,5 @@ TEST_CASE("a chunked body is refused at the chunk that crosses", "[proxy][body_b
   }
   CHECK(budget.in_use() == 30);
 }
+
+}  // namespace body_budget_test

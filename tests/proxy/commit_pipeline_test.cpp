@@ -9,6 +9,8 @@
 
 #include "tests/support/run.hpp"
 
+namespace commit_pipeline_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::errc;
@@ -104,3 +106,5 @@ TEST_CASE("waiting for all commits ends when the last lands, a failed one includ
   all.get();
   CHECK(h.commits.empty());
 }
+
+}  // namespace commit_pipeline_test

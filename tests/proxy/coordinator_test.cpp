@@ -27,6 +27,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace coordinator_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -1367,3 +1369,5 @@ TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot
   CHECK(h.fake->calls().empty());
   CHECK(std::filesystem::exists(tmp.path() + "/sessions/" + old + ".json"));
 }
+
+}  // namespace coordinator_test

@@ -14,6 +14,8 @@
 #include "core/errc.hpp"
 #include "tests/support/run.hpp"
 
+namespace file_io_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -132,3 +134,5 @@ TEST_CASE("destroying the pool while a thread is stuck delivers nothing afterwar
   CHECK(finished->load());
   std::this_thread::sleep_for(20ms);
 }
+
+}  // namespace file_io_test

@@ -16,6 +16,8 @@
 #include "tests/support/log_capture.hpp"
 #include "tests/support/run.hpp"
 
+namespace hint_log_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::hint_id;
@@ -104,3 +106,5 @@ TEST_CASE("hint_log: notes from other threads are all counted, the sighting reco
 }
 
 }  // namespace
+
+}  // namespace hint_log_test

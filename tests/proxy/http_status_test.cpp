@@ -7,6 +7,8 @@
 
 #include <string>
 
+namespace http_status_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::core::errc;
@@ -77,3 +79,5 @@ TEST_CASE("upstream transport failures answer 502, a timeout 504, without kv_cod
   CHECK(res.body().find("kv_code") == std::string::npos);
   CHECK(res.body().find("connection refused") == std::string::npos);  // the cause is logged only
 }
+
+}  // namespace http_status_test

@@ -17,6 +17,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace idle_checkpointer_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -120,3 +122,5 @@ TEST_CASE("idle_checkpointer: nothing is saved after stop", "[proxy][idle_checkp
 }
 
 }  // namespace
+
+}  // namespace idle_checkpointer_test

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace lease_queue_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::proxy::lease_queue;
@@ -253,3 +255,5 @@ TEST_CASE("lease queue: the idle checkpoint's hold keeps a slot from the queue",
   CHECK(a->granted);
   CHECK(a->slot == 0);
 }
+
+}  // namespace lease_queue_test

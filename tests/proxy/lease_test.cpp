@@ -17,6 +17,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace lease_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -274,3 +276,5 @@ TEST_CASE("one runtime change at a time: a second one is refused while the first
   CHECK(third.what == outcome::granted);
   h.run(kvp::proxy::end_runtime_change(std::move(third.held), false));
 }
+
+}  // namespace lease_test

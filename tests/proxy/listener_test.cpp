@@ -13,6 +13,8 @@
 #include "proxy/data/server.hpp"
 #include "tests/support/run.hpp"
 
+namespace listener_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -149,3 +151,5 @@ TEST_CASE("the proxy's cap leaves room for the admin cap, upstream pools and fil
   cfg.upstream.max_idle_connections = 40;  // each server's idle pool
   CHECK(reserved_descriptors(cfg) == with_admin - 17 + 24);
 }
+
+}  // namespace listener_test

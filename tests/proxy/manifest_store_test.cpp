@@ -15,6 +15,8 @@
 #include "core/json.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace manifest_store_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -344,3 +346,5 @@ TEST_CASE("hints.json entries kvpersist does not know, or garbage, are no hints"
     CHECK(store.read_hints().empty());
   }
 }
+
+}  // namespace manifest_store_test

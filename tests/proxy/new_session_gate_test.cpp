@@ -14,6 +14,8 @@
 #include "tests/support/log_capture.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace new_session_gate_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -86,3 +88,5 @@ TEST_CASE("new_session_gate: no limit configured refuses nothing", "[proxy][new_
 }
 
 }  // namespace
+
+}  // namespace new_session_gate_test

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace options_for_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -31,3 +33,5 @@ TEST_CASE("options_for gives each server its name, mode and probe", "[proxy][ser
 }
 
 }  // namespace
+
+}  // namespace options_for_test

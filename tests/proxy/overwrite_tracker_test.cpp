@@ -19,6 +19,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace overwrite_tracker_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using kvp::backends::slot_info;
@@ -157,3 +159,5 @@ TEST_CASE("overwrite_tracker: an unreadable slot list forgets every owner, logge
 }
 
 }  // namespace
+
+}  // namespace overwrite_tracker_test

@@ -21,6 +21,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/runtime.hpp"
 
+namespace prefix_maker_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -175,3 +177,5 @@ TEST_CASE("prefix_maker: a failed cut request saves nothing and leaves the slot 
 }
 
 }  // namespace
+
+}  // namespace prefix_maker_test

@@ -20,6 +20,8 @@
 
 #include "tests/support/run.hpp"
 
+namespace relay_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 namespace test = boost::beast::test;
@@ -623,3 +625,5 @@ TEST_CASE("the kept body is its first KiB and its last 8-16 KiB", "[relay][tail]
   const auto tail_len = kept.size() - kept_head_bytes;
   CHECK(kept.substr(kept_head_bytes) == body.substr(body.size() - tail_len));
 }
+
+}  // namespace relay_test

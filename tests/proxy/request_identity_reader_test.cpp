@@ -8,6 +8,8 @@
 #include "core/identity.hpp"
 #include "core/prefix_chain.hpp"
 
+namespace request_identity_reader_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp;
@@ -194,3 +196,5 @@ TEST_CASE("describe_content reports Claude Code's attribution block from the cha
 }
 
 }  // namespace
+
+}  // namespace request_identity_reader_test

@@ -17,6 +17,8 @@
 #include "tests/support/runtime.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace retention_keeper_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -248,3 +250,5 @@ TEST_CASE("the gc loop runs gc on its interval with the whole server held, until
   loop.get();
   CHECK(h.holds_released == h.holds_taken);
 }
+
+}  // namespace retention_keeper_test

@@ -17,6 +17,8 @@
 #include "tests/support/fake_backend.hpp"
 #include "tests/support/run.hpp"
 
+namespace runtime_monitor_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -338,3 +340,5 @@ TEST_CASE("runtime_monitor: a runtime change that changed the adapters resets re
 }
 
 }  // namespace
+
+}  // namespace runtime_monitor_test

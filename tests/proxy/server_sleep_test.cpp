@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace server_sleep_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -18,3 +20,5 @@ TEST_CASE("the idle checkpoint comes before llama-server sleeps", "[proxy][serve
 }
 
 }  // namespace
+
+}  // namespace server_sleep_test

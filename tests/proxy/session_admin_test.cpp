@@ -18,6 +18,8 @@
 #include "tests/support/runtime.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace session_admin_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -207,3 +209,5 @@ TEST_CASE("the session list pages in hash order; one session by id or hash",
   CHECK(a->snapshot->tokens == 1000);
   CHECK_FALSE(h.admin.session("nobody"));
 }
+
+}  // namespace session_admin_test

@@ -18,6 +18,8 @@
 #include "tests/support/runtime.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace slot_actions_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -218,3 +220,5 @@ TEST_CASE("a file operation past its deadline is reported to the breaker",
   CHECK(r.err().code == errc::file_io_timeout);
   CHECK(h.pool.circuit().consecutive_failures() == before + 1);
 }
+
+}  // namespace slot_actions_test

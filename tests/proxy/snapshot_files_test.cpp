@@ -20,6 +20,8 @@
 #include "proxy/control/private_dir.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace snapshot_files_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -200,3 +202,5 @@ TEST_CASE("checksum speed on a 512 MiB snapshot in the page cache",
   WARN("verify (read + XXH3-128) of " << (data.size() >> 20) << " MiB: " << s.count() * 1000
                                       << " ms, " << (data.size() >> 20) / s.count() << " MiB/s");
 }
+
+}  // namespace snapshot_files_test

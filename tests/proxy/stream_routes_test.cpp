@@ -14,6 +14,8 @@
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
 
+namespace stream_routes_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp;
@@ -235,3 +237,5 @@ TEST_CASE("a lookup asks the stream's server with namespaced ids and answers wit
 }
 
 }  // namespace
+
+}  // namespace stream_routes_test

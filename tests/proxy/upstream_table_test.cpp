@@ -9,6 +9,8 @@
 
 #include "tests/support/temp_dir.hpp"
 
+namespace upstream_table_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
 namespace {
 
 using namespace kvp;
@@ -166,3 +168,5 @@ TEST_CASE("prepare_request drops kvpersist's headers and adds the server's host 
 }
 
 }  // namespace
+
+}  // namespace upstream_table_test
