@@ -166,8 +166,10 @@ cmake_args=(
 # network (LLGuidance via ExternalProject, Windows OpenMP download, KleidiAI via
 # FetchContent): turn them off when the tree declares them. LLAMA_CURL is only
 # a deprecated no-op in 3.21.1's tree (passing it just prints a warning), so it
-# is added only where it is still a real option().
-for opt in LLAMA_CURL LLAMA_LLGUIDANCE GGML_OPENMP_FETCH GGML_CPU_KLEIDIAI; do
+# is added only where it is still a real option(). GGML_CCACHE too: ggml
+# compiles through ccache when it finds one, but the binary itself is cached
+# here, so a compiler cache would only add its work to every compile.
+for opt in LLAMA_CURL LLAMA_LLGUIDANCE GGML_OPENMP_FETCH GGML_CPU_KLEIDIAI GGML_CCACHE; do
     if grep -qsE "option\\(${opt}[[:space:]]" "$src/CMakeLists.txt" "$src/ggml/CMakeLists.txt"; then
         cmake_args+=("-D$opt=OFF")
     fi
