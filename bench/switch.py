@@ -7,7 +7,8 @@ only one of them busy at a time, and their turns are interleaved so that machine
 them alike:
 
   kvpersist  llama-server --slot-save-path --no-cache-idle-slots, kvpersist in front with
-             checkpoint.idleMs 0, so that every switch saves on its path: A (cold), B (cold),
+             checkpoint.idleMs 0 and earlyMs 0 (no checkpoint ahead of time), so that every
+             switch saves on its path: A (cold), B (cold),
              then R times: A returns (save B + restore A), A again (resident), B returns (save
              A + restore B), B again (resident). Then llama-server is restarted (snapshot files
              evicted from the page cache first: a real disk read) and A returns (and again for
@@ -242,7 +243,7 @@ def run_size(a, size: int, prompts: dict, reps: int, work: str, out: dict) -> No
             ls.start()
             out["cmd_" + cfg] = ls.command_line()
         kv = lib.KvPersist(a.kvpersist, servers["kvpersist"].port, d,
-                           extra={"log": {"level": "debug"}, "checkpoint": {"idleMs": 0}})
+                           extra={"log": {"level": "debug"}, "checkpoint": {"idleMs": 0, "earlyMs": 0}})
         # the default configuration: debug level only, to read the save calls
         kvd = lib.KvPersist(a.kvpersist, servers["default"].port, d, name="kvpersist-default",
                             extra={"log": {"level": "debug"}})
@@ -440,7 +441,7 @@ def main() -> int:
             "cold / kvpersist", "kvpersist / RAM cache", "default / RAM cache", "restart: direct / kvpersist"]
     res.table("TTFT of a returning session, ms, %s model (-c %d; median (min..max); %d returns per config and "
               "size, %d cold)" % (a.model_name, a.ctx, 2 * reps, 1 + a.cold_reps), md_table(head, rows),
-              command="kvpersist: %s + kvpersist serve (checkpoint.idleMs 0; default: no checkpoint settings, "
+              command="kvpersist: %s + kvpersist serve (checkpoint.idleMs 0, earlyMs 0; default: no checkpoint settings, "
                       "each switch %g s after the previous reply); RAM cache: %s; cold: %s"
                       % (first["cmd_kvpersist"], a.pause, first["cmd_ramcache"], first["cmd_cold"]))
     res.table("Switches with the default configuration that waited for no save (--pause %g s after the previous "
