@@ -146,10 +146,14 @@ def headlines(results: dict) -> list[str]:
     if sizes:
         big = max(sizes, key=int)
         h = sw[big]
+        # a run whose save-on-the-path arm saved nothing on the path says so (bench/switch.py's notes)
+        no_save = h.get("save_ms", {}).get("max", 1) == 0
         out.append("**Session switch, %s-token prompts**: a returning session's first token after %.0f ms through "
-                   "kvpersist vs %.1f s with a cold re-prefill: **%.0fx faster** (median; min..max of all pairs "
+                   "kvpersist%s vs %.1f s with a cold re-prefill: **%.0fx faster** (median; min..max of all pairs "
                    "%.0fx..%.0fx). llama-server's own RAM prompt cache: %.0f ms (kvpersist / RAM cache = **%.2fx**)."
-                   % (big, h["kv_switch"]["median"], h["cold"]["median"] / 1000,
+                   % (big, h["kv_switch"]["median"],
+                      " (in this run a restore only: the departing session had been saved ahead, see the notes "
+                      "of section 3 in bench/RESULTS.md)" if no_save else "", h["cold"]["median"] / 1000,
                       h["cold"]["median"] / h["kv_switch"]["median"], h["speedup_vs_cold"]["min"],
                       h["speedup_vs_cold"]["max"], h["ramcache"]["median"],
                       h["kv_switch"]["median"] / h["ramcache"]["median"]))
@@ -214,9 +218,11 @@ def headlines(results: dict) -> list[str]:
     if po.get("default"):
         out.append("**The default policy and a single conversation** (%d turns %g s apart, %s tokens, %s model): "
                    "turns 2..%d TTFT %s ms with the default configuration vs %s ms with checkpoint.earlyMs 0 "
-                   "(**%.2fx**); save calls during the turns: %d vs %d."
+                   "(**%.2fx**); save calls %s: %d vs %d."
                    % (po["turns"], po["pause_s"], po["tokens"], po.get("model", "?"), po["turns"],
                       lib.fmt_mmm(po["default"], 0), lib.fmt_mmm(po["early_off"], 0), po["ratio"],
+                      "during " + po["saves_counted"] if "saves_counted" in po else
+                      "from the first request (see the notes of \"The default checkpoint policy\")",
                       po["saves_default"], po["saves_early_off"]))
     sb = results.get("seedbytes", {}).get("headline", {})
     if sb:
