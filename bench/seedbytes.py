@@ -147,9 +147,13 @@ def main() -> int:
             r["kind"] = kind(r["source"])
         f, later = o["new"][0], o["new"][1:]
         lr = mmm([r["ratio"] for r in later])
-        saved = [fl for ev, fl in o["prefix_events"] if ev == "kv.prefix.saved"]
+        # prefix snapshots of the shared system prompt: made from the donor or a new session (the
+        # unrelated sessions share a short system prompt of their own and may get one too)
+        saved = [fl for ev, fl in o["prefix_events"] if ev == "kv.prefix.saved"
+                 and not names.get(fl.get("from", ""), "").startswith("bench-other")]
         rows.append([o["donor_tokens"], shared_tokens, "%.0f" % bpt, "{:,}".format(f["read"]), f["cache_n"],
-                     "%.2fx" % f["ratio"], f["kind"], fmt_mmm(lr, 2, "x"),
+                     "%.2fx" % f["ratio"], f["kind"], fmt_mmm(mmm([r["cache_n"] or 0 for r in later]), 0),
+                     fmt_mmm(lr, 2, "x"),
                      ", ".join(sorted(set(r["kind"] for r in later))) or "-",
                      "%s tokens" % saved[-1].get("tokens") if saved else "none"])
         head[str(D)] = {"donor_tokens": o["donor_tokens"], "shared_tokens": shared_tokens, "bytes_per_token": bpt,
@@ -162,7 +166,8 @@ def main() -> int:
               "(-c %d; %d new sessions per donor: the first, then the following ones, median (min..max))"
               % (shared_tokens, a.model_name, a.ctx, a.new),
               md_table(["donor tokens", "shared tokens", "bytes per token", "1st seed: bytes read", "1st: reused tokens",
-                        "1st: read / reused", "1st: from", "following: read / reused", "following: from",
+                        "1st: read / reused", "1st: from", "following: reused tokens", "following: read / reused",
+                        "following: from",
                         "prefix snapshot made"], rows),
               command="%s + kvpersist serve (default configuration, log.level debug)" % first["cmd"])
     res.note("Bytes read: llama-server's n_read for each seed's restore (kvpersist's kv.session.restore.success "
