@@ -185,36 +185,25 @@ run_bench() {
   fi
 }
 
+# The drivers that time prefills use the bench model in a full run, the ci model with --quick.
+sized_model=(--llama-server "$ls_bin" --model "$bench_model" --model-name bench)
+((quick)) && sized_model=(--llama-server "$ls_bin" --model "$ci_model" --model-name ci)
 for n in "${only[@]}"; do
   case "$n" in
     overhead)
       run_bench overhead $((quick ? 240 : 1200)) --llama-server "$ls_bin" --model "$ci_model" ;;
     streaming)
-      run_bench streaming $((quick ? 180 : 900)) --llama-server "$ls_bin" \
-        --model "$([[ $quick == 1 ]] && echo "$ci_model" || echo "$bench_model")" ;;
+      run_bench streaming $((quick ? 180 : 900)) "${sized_model[@]:0:4}" ;;
     switch)
-      if ((quick)); then
-        run_bench switch 300 --llama-server "$ls_bin" --model "$ci_model" --model-name ci ${sizes:+--sizes "$sizes"}
-      else
-        run_bench switch 5400 --llama-server "$ls_bin" --model "$bench_model" --model-name bench \
-          ${sizes:+--sizes "$sizes"}
-      fi ;;
+      run_bench switch $((quick ? 300 : 5400)) "${sized_model[@]}" ${sizes:+--sizes "$sizes"} ;;
     footprint)
       run_bench footprint $((quick ? 240 : 1800)) ;;
     stall)
       run_bench stall $((quick ? 120 : 300)) ;;
     seed)
-      if ((quick)); then
-        run_bench seed 240 --llama-server "$ls_bin" --model "$ci_model" --model-name ci
-      else
-        run_bench seed 2400 --llama-server "$ls_bin" --model "$bench_model" --model-name bench
-      fi ;;
+      run_bench seed $((quick ? 240 : 2400)) "${sized_model[@]}" ;;
     policy)
-      if ((quick)); then
-        run_bench policy 180 --llama-server "$ls_bin" --model "$ci_model" --model-name ci
-      else
-        run_bench policy 900 --llama-server "$ls_bin" --model "$bench_model" --model-name bench
-      fi ;;
+      run_bench policy $((quick ? 180 : 900)) "${sized_model[@]}" ;;
     seedbytes)
       run_bench seedbytes $((quick ? 180 : 1200)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
     churn)
