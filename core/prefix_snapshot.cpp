@@ -6,12 +6,6 @@
 
 namespace kvp::core {
 
-namespace {
-
-constexpr std::string_view prefix_id_head = own_session_id_head;  // core/identity.hpp
-
-}  // namespace
-
 std::string prefix_key(std::string_view credential, const chain_link& last) {
   return std::string(credential) + ';' + to_hex(last);
 }
@@ -33,11 +27,11 @@ bool worth_prefix_snapshot(std::uint64_t restored_tokens, std::uint64_t reused_t
 }
 
 std::string prefix_session_id(const chain_link& last) {
-  return std::string(prefix_id_head) + to_hex(last);
+  return std::string(own_session_id_head) + to_hex(last);
 }
 
 bool is_prefix_session(std::string_view session_id) {
-  return session_id.starts_with(prefix_id_head);
+  return session_id.starts_with(own_session_id_head);
 }
 
 prefix_wishes::prefix_wishes(std::size_t max_pending, std::size_t max_known)
