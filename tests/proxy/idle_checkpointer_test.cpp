@@ -97,8 +97,7 @@ TEST_CASE("idle_checkpointer: a leased slot is left to its request; the next arm
           "[proxy][idle_checkpointer]") {
   harness h;
   h.take_slot("A", 1000);
-  auto held = std::make_shared<lease_ticket>(h.ioc.get_executor());
-  h.leases.hold_slot(0, held);
+  const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);
   h.idle.arm();
   kvp::testing::run_for(h.ioc, 120ms);
   CHECK(h.fake.slot_calls().empty());

@@ -151,8 +151,7 @@ TEST_CASE("prefix_maker: a leased slot waits for its release", "[proxy][prefix_m
   harness h;
   h.fake.leave_after_run(310);
   h.donor_then_seed(300);
-  auto held = std::make_shared<lease_ticket>(h.ioc.get_executor());
-  h.leases.hold_slot(0, held);
+  const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);
   h.maker.arm();
   kvp::testing::run_for(h.ioc, 100ms);
   CHECK(h.fake.slot_calls().empty());

@@ -71,7 +71,7 @@ struct harness : kvp::testing::control_parts {
   // `id` owns `slot` after a request that left `tokens` there (dirty), run under the slot's
   // lease as the coordinator runs it.
   void take_slot(const std::string& id, std::uint64_t tokens, int slot = 0) {
-    const auto held = lease_slot(slot);
+    const auto held = kvp::testing::hold_slot(leases, ioc, slot);
     request_identity who;
     who.session_id = id;
     pool.resolve_session(who);
@@ -83,11 +83,6 @@ struct harness : kvp::testing::control_parts {
     (void)pool.end_inference(slot, true, now);
     leases.release(held);
     fake.clear_calls();
-  }
-  std::shared_ptr<lease_ticket> lease_slot(int slot) {
-    auto t = std::make_shared<lease_ticket>(ioc.get_executor());
-    leases.hold_slot(slot, t);
-    return t;
   }
 };
 
@@ -158,7 +153,7 @@ TEST_CASE("runtime_monitor: a leased slot is not read for the restart sign",
   h.start();
   h.take_slot("A", 1000);
   h.fake.clear_slot();
-  const auto held = h.lease_slot(0);  // another request holds it: its content is changing
+  const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);  // another request holds it: its content is changing
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(-1));
   CHECK(h.fake.calls() == calls{props});
@@ -236,7 +231,7 @@ TEST_CASE("runtime_monitor: managed mode takes every slot; a new layout waits fo
 
   rt.total_slots = 3;
   h.fake.set_runtime(rt);
-  const auto held = h.lease_slot(0);
+  const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);
   // A slot action answered "no such slot": the whole probe runs before the next plan.
   h.monitor.note_slot_error(kvp::core::error{kvp::core::errc::slot_not_found, 404, "no slot"});
   h.run(h.monitor.look_for_changes(0));
@@ -306,7 +301,7 @@ TEST_CASE("runtime_monitor: the background probe applies a restart when nothing 
   }());
   h.start();
   h.take_slot("A", 1000);
-  const auto held = h.lease_slot(0);
+  const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);
   h.fake.restart_server();
   kvp::testing::drive_until(h.ioc, [&] { return h.monitor.probe_pending(); });
   CHECK_FALSE(h.pool.owner(0).empty());  // kept while the slot is leased

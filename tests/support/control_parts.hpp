@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <vector>
 #include <utility>
@@ -43,6 +44,15 @@ inline proxy::slot_chooser one_slot_chooser() {
   c.session_key = [](const core::request_identity& who) { return who.session_id; };
   c.pins_requests = [] { return false; };
   return c;
+}
+
+// Holds `slot` as a running request's lease would, until `leases.release(ticket)`: what a
+// part under test must wait for or leave alone.
+inline std::shared_ptr<proxy::lease_ticket> hold_slot(proxy::lease_queue& leases,
+                                                      net::io_context& ioc, int slot) {
+  auto ticket = std::make_shared<proxy::lease_ticket>(ioc.get_executor());
+  leases.hold_slot(slot, ticket);
+  return ticket;
 }
 
 // Server-owned snapshots (llama-server's files), manifests in `dir`.
