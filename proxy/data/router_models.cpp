@@ -16,7 +16,7 @@ using namespace net::experimental::awaitable_operators;
 namespace {
 // How often a caller looks whether another caller's switch has ended, and whether the client
 // of a load is still there.
-constexpr std::chrono::milliseconds switch_poll{10};
+constexpr std::chrono::milliseconds model_switch_poll{10};
 constexpr std::chrono::milliseconds load_poll{100};
 
 const backends::router_model* status_of(const std::vector<backends::router_model>& models,
@@ -82,7 +82,7 @@ net::awaitable<void> router_models::before_serving(const member& m, bool load,
         break;
       }
     }
-    co_await pause(switch_poll);
+    co_await pause(model_switch_poll);
   }
   co_await switch_to(m, load, wanted);
   std::lock_guard lock(mu_);

@@ -11,7 +11,7 @@ using core::log_level;
 namespace {
 // How often a caller looks whether another caller's switch has ended: a switch is a few saves,
 // so a short poll costs nothing and needs no timer shared between threads.
-constexpr std::chrono::milliseconds switch_poll{10};
+constexpr std::chrono::milliseconds group_switch_poll{10};
 }  // namespace
 
 const swap_groups::member* swap_groups::find(const std::string& server) const {
@@ -37,7 +37,7 @@ net::awaitable<void> swap_groups::before_serving(const std::string& server) {
       }
     }
     if (!wait) break;
-    steady_timer t(co_await net::this_coro::executor, switch_poll);
+    steady_timer t(co_await net::this_coro::executor, group_switch_poll);
     auto [ec] = co_await t.async_wait(token);
     (void)ec;
   }
