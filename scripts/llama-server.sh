@@ -35,6 +35,7 @@ set -euo pipefail
 
 readonly NLC_VERSION="3.21.1"
 readonly NLC_SHA1="f7579ace3d45c8e93856cebbd8671fa43c2eef1b"
+here="$(cd "$(dirname "$0")" && pwd)"
 readonly OVERRIDE_HINT="Or set LLAMA_SERVER=/path/to/llama-server to use an existing build."
 
 log() { printf '[llama-server.sh] %s\n' "$*" >&2; }
@@ -180,14 +181,23 @@ fi
 
 jobs="${KVP_BUILD_JOBS:-$(nproc)}"
 partial="$dir/build.partial"
-rm -rf -- "$partial" "$stamp"   # never resume a half-done build: redo it cleanly
-log "configuring llama.cpp in $partial ..."
-cmake -S "$src" -B "$partial" "${cmake_args[@]}" >&2 \
-    || die "cmake configure failed (see above). Is cmake >= 3.14 and a C++17 compiler installed? $OVERRIDE_HINT"
-log "building target llama-server with $jobs jobs (4-13 minutes on 2 cores) ..."
+# configure_and_build [CMAKE_ARGS...]: a clean configure and build of llama-server in $partial
+# (never resume a half-done build: redo it cleanly).
+configure_and_build() {
+    rm -rf -- "$partial" "$stamp"
+    log "configuring llama.cpp in $partial ..."
+    cmake -S "$src" -B "$partial" "${cmake_args[@]}" "$@" >&2 \
+        || die "cmake configure failed (see above). Is cmake >= 3.19 and a C++17 compiler installed? $OVERRIDE_HINT"
+    log "building target llama-server with $jobs jobs (4-13 minutes on 2 cores) ..."
+    cmake --build "$partial" --target llama-server -j "$jobs" >&2
+}
 start=$SECONDS
-cmake --build "$partial" --target llama-server -j "$jobs" >&2 \
-    || die "building llama-server failed (see above). $OVERRIDE_HINT"
+# Unity builds of its heaviest libraries first (scripts/llama-unity.cmake says which and why);
+# should this llama.cpp have files that cannot share a translation unit, file by file.
+if ! configure_and_build "-DCMAKE_PROJECT_INCLUDE=$here/llama-unity.cmake"; then
+    log "the unity build failed (see above); building file by file instead"
+    configure_and_build || die "building llama-server failed (see above). $OVERRIDE_HINT"
+fi
 log "build finished in $((SECONDS - start)) s"
 
 rm -rf -- "$build"
