@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import tempfile
 import time
 
 HOST = "127.0.0.1"
@@ -50,9 +49,13 @@ def read_until_closed(s: socket.socket, deadline: float) -> tuple[bytes, bool]:
 # connections take theirs from that range, so none of them takes a port between free_port()
 # and the caller's bind. Each process (a pytest run, an xdist worker, a suite beside another
 # in CI) draws from a block of its own, claimed by an flock on a file held until the process
-# ends, so two processes never hand out the same port.
+# ends, so two processes never hand out the same port. The lock files sit in /tmp itself, not
+# in $TMPDIR: ports belong to the machine, and CI gives each suite a TMPDIR of its own (two
+# processes with different TMPDIRs once drew the same block, and a test's llama-server found
+# its port taken by the bench beside it).
 _PORT_BLOCK = 256
 _PORTS_FIRST = 10000
+_PORT_LOCK_ROOT = "/tmp"
 _block_lock = None          # the open file whose flock holds this process's block
 _block_ports: list[int] = []
 
@@ -67,7 +70,7 @@ def _ephemeral_floor() -> int:
 
 def _claim_block() -> list[int]:
     global _block_lock
-    lock_dir = os.path.join(tempfile.gettempdir(), "kvptest-port-blocks-%d" % os.getuid())
+    lock_dir = os.path.join(_PORT_LOCK_ROOT, "kvptest-port-blocks-%d" % os.getuid())
     os.makedirs(lock_dir, exist_ok=True)
     for first in range(_PORTS_FIRST, _ephemeral_floor() - _PORT_BLOCK + 1, _PORT_BLOCK):
         f = open(os.path.join(lock_dir, "%d.lock" % first), "w")

@@ -123,6 +123,12 @@ class RealUpstream(Upstream):
         return self
 
     def _healthy(self):
+        """Whether our llama-server answers /health. Fails at once if it has exited: another
+        process on its port (it could not bind) would answer for it."""
+        if self.proc.poll() is not None:
+            with open(self.log_path, "rb") as f:
+                tail = f.read()[-2000:].decode("utf-8", "replace")
+            raise RuntimeError("llama-server on port %d exited with %s:\n%s" % (self.port, self.proc.returncode, tail))
         try:
             return http_request(self.port, "GET", "/health", timeout=2).status == 200
         except OSError:
