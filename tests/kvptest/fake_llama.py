@@ -615,10 +615,17 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = lambda self: self._dispatch()  # noqa: E731
 
     # --- routing ---------------------------------------------------------------
+    def _lets_sleep(self, method, path) -> bool:
+        """Whether a request leaves a sleeping server asleep (docs/llama-server.md §11): health
+        and /props post no task, nor does a slot list refused with 501 (--no-slots)."""
+        if method != "GET":
+            return False
+        return path in ("/health", "/v1/health", "/props") or (path == "/slots" and self.fake.slots_status != 200)
+
     def _route(self, path, query, body_json, body):
         f = self.fake
         m = self.command
-        if f.sleeping and not (m == "GET" and path in ("/health", "/v1/health", "/props")):
+        if f.sleeping and not self._lets_sleep(m, path):
             with f._lock:
                 f.sleeping = False
                 f.wakes += 1
