@@ -14,7 +14,7 @@ from kvptest.http_client import HOST, http_request
 from kvptest.kvpersist_process import KvPersist
 from kvptest.llama import llama_server_cmd
 from kvptest.net import free_port
-from kvptest.procs import stop_process
+from kvptest.procs import stop_process, tail
 from kvptest.waiting import wait_quiet, wait_until
 
 
@@ -126,9 +126,8 @@ class RealUpstream(Upstream):
         """Whether our llama-server answers /health. Fails at once if it has exited: another
         process on its port (it could not bind) would answer for it."""
         if self.proc.poll() is not None:
-            with open(self.log_path, "rb") as f:
-                tail = f.read()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError("llama-server on port %d exited with %s:\n%s" % (self.port, self.proc.returncode, tail))
+            raise RuntimeError("llama-server on port %d exited with %s:\n%s"
+                               % (self.port, self.proc.returncode, tail(self.log_path, 20)))
         try:
             return http_request(self.port, "GET", "/health", timeout=2).status == 200
         except OSError:
