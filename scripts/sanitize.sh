@@ -22,7 +22,8 @@
 #        KVP_SAN_OPT   the libraries' optimization (default: -O0 for asan, -O1 for tsan)
 #        KVP_SKIP_UNIT=1 / KVP_SKIP_INTEGRATION=1  run only one half
 #
-# Reports go to files (log_path) under <build>/sanitizer-logs/, one per process, so a report
+# Reports go to files (log_path) in a directory under /tmp that every user can write (linked as
+# <build>/sanitizer-logs), one per process, so a report
 # from a kvpersist that a test killed afterwards is still seen; the script fails if any file
 # holds a report, and prints them. halt_on_error=1 stops a process at its first report;
 # hard_rss_limit_mb=8192 stops a runaway process before it takes the machine.
@@ -84,9 +85,16 @@ if ((build_it)); then
 fi
 ((test_it)) || exit 0
 
-logs="$PWD/$build/sanitizer-logs"
-rm -rf "$logs"
-mkdir -p "$logs"
+# The reports' directory is under /tmp with mode 1777 (as /tmp itself), not in the build
+# directory: tests start some processes as another user (test_faults.py runs kvpersist as
+# nobody), and a process that cannot open its log_path loses its report (TSan: "Can't open
+# file ... reason: 13") while the suite says "no sanitizer reports". A checkout under a private
+# home directory would keep such a process from reaching the build directory at all.
+# <build>/sanitizer-logs names the directory of the last run.
+logs=$(mktemp -d "/tmp/kvp-sanitizer-logs-$kind.XXXXXX")
+chmod 1777 "$logs"
+rm -rf "$build/sanitizer-logs"
+ln -s "$logs" "$build/sanitizer-logs"
 
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:hard_rss_limit_mb=8192:log_path=$logs/asan:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/tests/ubsan.supp:log_path=$logs/ubsan:${UBSAN_OPTIONS:-}"
