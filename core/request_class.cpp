@@ -11,7 +11,7 @@ namespace kvp::core {
 
 namespace {
 
-constexpr std::array<inference_route, 21> inference_routes = {{
+constexpr std::array<inference_route, 21> route_table = {{
     {"/completion", true, body_format::prompt},
     {"/completions", true, body_format::prompt},
     {"/v1/completions", true, body_format::prompt},
@@ -112,12 +112,14 @@ std::string routed_path(std::string_view target) {
 namespace {
 
 const inference_route* route_for_path(std::string_view path) {
-  for (const auto& r : inference_routes)
+  for (const auto& r : route_table)
     if (path == r.path) return &r;
   return nullptr;
 }
 
 }  // namespace
+
+std::span<const inference_route> inference_route_table() { return route_table; }
 
 const inference_route* inference_route_of(std::string_view target) {
   return route_for_path(routed_path(target));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,9 @@ struct inference_route {
   bool pinnable;  // llama-server honours "id_slot" there (docs/llama-server.md §4)
   body_format format;
 };
+
+// Every row of the route table, for tests that must cover each route (tests/core/slot_door_test.cpp).
+std::span<const inference_route> inference_route_table();
 
 // The route table's row for the decoded path of `target`, nullptr when it is no inference
 // route (exact paths only).

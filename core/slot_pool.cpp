@@ -22,15 +22,6 @@ std::string_view to_string(slot_state s) {
   return "unknown";
 }
 
-std::string_view to_string(content_whose w) {
-  switch (w) {
-    case content_whose::empty: return "empty";
-    case content_whose::known: return "known";
-    case content_whose::unknown: return "unknown";
-  }
-  return "unknown";
-}
-
 std::string_view to_string(prepare_kind k) {
   switch (k) {
     case prepare_kind::none: return "none";
@@ -197,32 +188,12 @@ void slot_pool::resolve_session(request_identity& who) const {
   who.session_id = sub_session_id(who.session_id, to_hex(who.chain.front()).substr(0, 16));
 }
 
-bool slot_pool::may_share(const slot_content& c, const std::string& hash,
-                          const std::string& credential, bool aux) const {
-  switch (c.whose) {
-    case content_whose::empty: return true;
-    case content_whose::unknown: return false;  // as before scopes: a first request erases
-    case content_whose::known: break;
-  }
-  if (!opts_.seed_across_sessions) return !aux && !hash.empty() && c.session == hash;
-  if (opts_.seed_within_credential) return c.credential == credential;
-  return true;
-}
-
-// A scope erase must succeed (or the request fails) when the slot is known to hold another
-// credential's KV, or when its content is unknown and more than one credential has been
-// seen: with one credential only (one user, or no keys at all) nothing of another tenant
-// can be there, and a failed erase falls back to a cold run as any persistence failure does.
-// Under `session`, another session of the same credential is no tenant: its erase is tried,
-// not required.
-bool slot_pool::isolation_at_stake(const slot_content& c, const std::string& credential) const {
-  if (!scoped_by_credential()) return false;
-  switch (c.whose) {
-    case content_whose::empty: return false;
-    case content_whose::known: return c.credential != credential;
-    case content_whose::unknown: return several_credentials_;
-  }
-  return true;
+// docs/design.md §24: the sharing scope as the door reads it, and what it knows of credentials.
+slot_door slot_pool::door() const {
+  const door_scope scope = !opts_.seed_across_sessions ? door_scope::session
+                           : opts_.seed_within_credential ? door_scope::credential
+                                                          : door_scope::instance;
+  return slot_door{scope, several_credentials_};
 }
 
 void slot_pool::note_credential(const std::string& credential) {
@@ -231,11 +202,16 @@ void slot_pool::note_credential(const std::string& credential) {
   else if (*first_credential_ != credential) several_credentials_ = true;
 }
 
-bool slot_pool::may_run_on(int slot, const request_identity& who) const {
+door_answer slot_pool::door_for(int slot, const request_identity& who) const {
   const slot_rec* sl = find_slot(slot);
-  if (!sl) return false;
+  if (!sl) return door_answer::erase_or_refuse;
   const bool aux = who.session_id.empty() || !who.purpose.empty();
-  return may_share(sl->content, aux ? std::string() : hash_for(who), who.credential, aux);
+  const std::string hash = aux ? std::string() : hash_for(who);
+  return door().ask(sl->content, {who.credential, hash, aux});
+}
+
+bool slot_pool::may_run_on(int slot, const request_identity& who) const {
+  return door_for(slot, who) == door_answer::run;
 }
 
 const slot_content& slot_pool::content(int slot) const {
@@ -404,11 +380,13 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
     return plan;
   }
 
-  // docs/design.md §20: may the request run on what the slot holds? If not, it is erased
-  // first on every path, and a failed erase fails the request.
+  // docs/design.md §20, §24: the door says whether the request may run on what the slot
+  // holds; if not, it is erased first on every path, and a required erase that fails fails
+  // the request.
   note_credential(who.credential);
-  const bool shareable = may_share(sl.content, sl.pending_hash, who.credential, sl.pending_aux);
-  const bool must_erase = !shareable && isolation_at_stake(sl.content, who.credential);
+  const auto answer = door().ask(sl.content, {who.credential, sl.pending_hash, sl.pending_aux});
+  const bool shareable = answer == door_answer::run;
+  const bool must_erase = answer == door_answer::erase_or_refuse;
   auto isolate = [&] {
     plan.erase = true;
     plan.erase_required = must_erase;
@@ -441,7 +419,7 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   // An auxiliary call runs on what the slot holds within the scope. Content nobody knows
   // of with one credential seen (a slot no request used yet) is no other tenant's: no erase.
   if (sl.pending_aux) {
-    if (must_erase || (!shareable && sl.content.whose == content_whose::known)) isolate();
+    if (!shareable) isolate();
     return plan;
   }
 
@@ -512,7 +490,7 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
     return 0;
   const auto it = sessions_.find(sl.owner);
   if (it == sessions_.end()) return 0;
-  if (!may_share(sl.content, sl.pending_hash, who.credential, false)) return 0;
+  if (!door().lets_run(sl.content, {who.credential, sl.pending_hash, false})) return 0;
   const std::size_t common = common_links(it->second.chain, who.chain);
   return common >= who.min_shared_links ? common : 0;
 }
@@ -629,7 +607,8 @@ restore_decision slot_pool::on_restore(const restore_step& step,
     // docs/design.md §20: what the failed restore left is unknown; where isolation is at
     // stake nobody may run on it before an erase.
     sl.content = {};
-    if (isolation_at_stake(sl.content, {})) d.need_erase = d.erase_required = true;
+    if (door().ask(sl.content, {}) == door_answer::erase_or_refuse)
+      d.need_erase = d.erase_required = true;
   } else {
     sl.content = {content_whose::empty, {}, {}};  // llama-server cleared the slot
   }

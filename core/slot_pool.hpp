@@ -26,6 +26,7 @@
 #include "core/request_class.hpp"
 #include "core/result.hpp"
 #include "core/retention.hpp"
+#include "core/slot_door.hpp"
 
 namespace kvp::core {
 
@@ -65,20 +66,6 @@ struct slot_pool_options {
   // back empty): beyond this many the least recently used one that no slot holds or is being
   // prepared for is forgotten (docs/design.md §12). Those with a snapshot are retention's.
   std::size_t max_records_without_snapshot = default_record_limit;
-};
-
-// What a slot's KV holds, as far as kvpersist knows (docs/design.md §20).
-enum class content_whose {
-  empty,    // erased, cleared by a failed restore, or a new server process
-  known,    // the last request that ran there, or the snapshot restored into it
-  unknown,  // something kvpersist did not plan may have run there
-};
-std::string_view to_string(content_whose w);
-
-struct slot_content {
-  content_whose whose = content_whose::unknown;
-  std::string credential;  // credential_key() of whoever put it there
-  std::string session;     // the session's hash; "" for an auxiliary call
 };
 
 enum class slot_state { unknown, idle, saving, restoring, ready, inference, dirty };
@@ -200,6 +187,9 @@ class slot_pool {
   // call, a sub-agent) becomes the sub-session `<id>#<its preamble link>` (docs/design.md
   // §20). Called on the strand before the request queues and again when it is planned.
   void resolve_session(request_identity& who) const;
+  // What the door (core/slot_door.hpp, docs/design.md §24) answers for `who` on what `slot`
+  // holds: run, erase, or erase and refuse the request if the erase fails.
+  door_answer door_for(int slot, const request_identity& who) const;
   // Whether `who` may run on what `slot` holds without an erase first (the sharing scope).
   bool may_run_on(int slot, const request_identity& who) const;
   const slot_content& content(int slot) const;
@@ -352,10 +342,8 @@ class slot_pool {
   bool scoped_by_credential() const {
     return opts_.seed_within_credential || !opts_.seed_across_sessions;
   }
-  bool may_share(const slot_content& c, const std::string& hash, const std::string& credential,
-                 bool aux) const;
+  slot_door door() const;
   bool keeps_content() const;
-  bool isolation_at_stake(const slot_content& c, const std::string& credential) const;
   void note_credential(const std::string& credential);
   std::string scoped_hash(std::string_view session_id, std::string_view credential) const;
   static slot_rec make_slot(int id);

@@ -1,0 +1,77 @@
+"""The one door (docs/design.md §24): every inference route of kvpersist's route table, sent by
+a second credential right after a first credential's turn, runs only after the first
+credential's KV was erased from the slot.
+
+The routes come from the table itself (core/request_class.cpp, the one list kvpersist routes
+by), so a route added there is tested here without anyone remembering to: if its requests
+reached llama-server without passing the door, the erase would be missing before it.
+
+    KVPERSIST_BIN=$PWD/build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_door.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from kvptest.chat import Conversation
+from kvptest.checks import acts, ok, settled_calls
+from kvptest.identity import sid
+from kvptest.paths import REPO_ROOT
+
+pytestmark = pytest.mark.fake_only
+
+KEY_A, KEY_B = "Bearer door-key-A", "Bearer door-key-B"
+USER_B = "What did the other tenant write"
+
+
+def route_table() -> list[tuple[str, bool, str]]:
+    """(path, pinnable, body format) of every row of core/request_class.cpp's route table."""
+    with open(os.path.join(REPO_ROOT, "core", "request_class.cpp"), encoding="utf-8") as fh:
+        text = fh.read()
+    table = text[text.index("route_table = {{"):]
+    table = table[:table.index("}};")]
+    rows = re.findall(r'\{"(/[^"]*)", (true|false), body_format::(\w+)\}', table)
+    assert len(rows) >= 21, "the route table could not be read: %r" % table[:200]
+    return [(path, pinnable == "true", fmt) for path, pinnable, fmt in rows]
+
+
+ROUTES = route_table()
+
+
+def body_of(fmt: str, system: dict) -> dict:
+    """A body of the route's format that starts with tenant A's system prompt."""
+    user = {"role": "user", "content": USER_B}
+    if fmt == "chat":
+        return {"model": "m", "messages": [system, user]}
+    if fmt == "messages":
+        return {"model": "m", "system": system["content"], "max_tokens": 4, "messages": [user]}
+    if fmt == "responses":
+        return {"model": "m", "input": [system, user]}
+    text = system["content"] + " " + USER_B
+    if fmt == "prompt":
+        return {"model": "m", "prompt": text, "max_tokens": 4}
+    return {"model": "m", "input": text, "input_prefix": text, "input_suffix": "", "query": USER_B,
+            "documents": [text]}
+
+
+@pytest.mark.parametrize("path,pinnable,fmt", ROUTES, ids=[r[0] for r in ROUTES])
+def test_second_credential_passes_the_door_on_every_route(stack, path, pinnable, fmt):
+    stack.start({"sharing": "credential"})
+    A = Conversation(sid("door-A"), system_words=120, tag="tenant A's secret 4 1 7")
+    ok(A.turn(stack.port, headers={"Authorization": KEY_A}), "A's turn")
+    settled_calls(stack)
+    before = len(stack.fake.requests_to(path))
+    r = stack.proxy.request("POST", path, headers={"Authorization": KEY_B},
+                            body=body_of(fmt, A.messages[0]), timeout=15)
+    calls = settled_calls(stack)
+    forwarded = stack.fake.requests_to(path)[before:]
+    assert r.status != 403, "kvpersist refused %s: %r" % (path, r.body[:200])
+    assert len(forwarded) == 1, "%s was not forwarded once: %d" % (path, len(forwarded))
+    assert acts(calls) == ["save", "erase"], \
+        "%s of another key ran after %s, not after saving and erasing A's slot" % (path, acts(calls))
+    erases = [m for m in stack.fake.management_calls() if m["action"] == "erase" and m["status"] == 200]
+    assert erases and erases[-1]["done"] <= forwarded[0]["time"], \
+        "%s: the erase did not precede the forwarded request" % path
