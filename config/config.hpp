@@ -65,7 +65,7 @@ struct upstream_config {
 // docs/design.md §20).
 enum class harness_role {
   sub_session,  // another conversation of the session: the sub-session `<session>#<value>`
-  auxiliary,    // a side call (compaction, memory): auxiliary, the owner saved first
+  auxiliary,    // a side call (compaction, memory, a title): auxiliary, the owner saved first
 };
 
 struct harness_header {
@@ -73,6 +73,8 @@ struct harness_header {
   harness_role role = harness_role::sub_session;
   std::string field;                // the value is a JSON object: read this member's string
   std::vector<std::string> values;  // only these values; empty: any non-empty value
+  std::string prefix;               // only values that begin with it and go on after it
+  std::string purpose;              // auxiliary: the purpose it gives ("": `<name>: <value>`)
 
   bool operator==(const harness_header&) const = default;
 };
@@ -87,11 +89,14 @@ struct session_config {
   std::vector<std::string> strip_headers;
   unmanaged_policy unmanaged = unmanaged_policy::content;
   // Checked in order, first match wins; only for requests that have a session.
+  // A session header may be one too: Kilo Code sends its title call under
+  // `x-session-id: title-<session id>`.
   std::vector<harness_header> harness_headers = {
-      {"x-openai-subagent", harness_role::auxiliary, "", {"compact", "memory_consolidation"}},
-      {"x-openai-subagent", harness_role::sub_session, "", {}},
-      {"x-codex-turn-metadata", harness_role::auxiliary, "request_kind", {"compaction", "memory"}},
-      {"x-claude-code-agent-id", harness_role::sub_session, "", {}},
+      {"x-session-id", harness_role::auxiliary, "", {}, "title-", "session-title"},
+      {"x-openai-subagent", harness_role::auxiliary, "", {"compact", "memory_consolidation"}, "", ""},
+      {"x-openai-subagent", harness_role::sub_session, "", {}, "", ""},
+      {"x-codex-turn-metadata", harness_role::auxiliary, "request_kind", {"compaction", "memory"}, "", ""},
+      {"x-claude-code-agent-id", harness_role::sub_session, "", {}, "", ""},
   };
 
   bool operator==(const session_config&) const = default;

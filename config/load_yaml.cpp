@@ -252,7 +252,9 @@ std::vector<std::string> reader::read_string_list(const YAML::Node& node,
   return out;
 }
 
-// sessions.harnessHeaders: a list of {header, role, field, values}; `header` is required.
+// sessions.harnessHeaders: a list of {header, role, field, values, prefix, purpose};
+// `header` is required, and `purpose` names what an auxiliary call is for, so only
+// `role: auxiliary` takes it.
 std::vector<harness_header> reader::read_harness_headers(const YAML::Node& node,
                                                          const std::string& path) {
   if (node.IsNull()) return {};
@@ -265,6 +267,7 @@ std::vector<harness_header> reader::read_harness_headers(const YAML::Node& node,
     const std::string ip = fmt::format("{}[{}]", path, i);
     marks_[ip] = item.Mark();
     harness_header h;
+    std::optional<YAML::Mark> purpose_mark;
     read_map(item, ip, {
       {"header", [&](const YAML::Node& v, const std::string& p) { h.name = read_string(v, p); }},
       {"role", [&](const YAML::Node& v, const std::string& p) {
@@ -273,8 +276,15 @@ std::vector<harness_header> reader::read_harness_headers(const YAML::Node& node,
       }},
       {"field", [&](const YAML::Node& v, const std::string& p) { h.field = read_string(v, p); }},
       {"values", [&](const YAML::Node& v, const std::string& p) { h.values = read_string_list(v, p); }},
+      {"prefix", [&](const YAML::Node& v, const std::string& p) { h.prefix = read_string(v, p); }},
+      {"purpose", [&](const YAML::Node& v, const std::string& p) {
+        h.purpose = read_string(v, p);
+        purpose_mark = v.Mark();
+      }},
     });
     if (h.name.empty()) fail(item.Mark(), fmt::format("{}.header: a header name is required", ip));
+    if (purpose_mark && h.role != harness_role::auxiliary)
+      fail(*purpose_mark, fmt::format("{}.purpose: only a `role: auxiliary` entry has a purpose", ip));
     out.push_back(std::move(h));
   }
   return out;

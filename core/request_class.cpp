@@ -146,7 +146,8 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
 }
 
 std::string harness_header_value(std::string_view header_value, std::string_view field,
-                                 const std::vector<std::string>& values) {
+                                 const std::vector<std::string>& values,
+                                 std::string_view prefix) {
   std::string v;
   if (field.empty()) {
     v = std::string(header_value);
@@ -157,7 +158,7 @@ std::string harness_header_value(std::string_view header_value, std::string_view
     if (it == d.MemberEnd() || !it->value.IsString()) return {};
     v.assign(it->value.GetString(), it->value.GetStringLength());
   }
-  if (v.empty()) return {};
+  if (v.size() <= prefix.size() || !v.starts_with(prefix)) return {};  // empty, or no more than it
   if (values.empty()) return v;
   for (const auto& want : values)
     if (v == want) return v;

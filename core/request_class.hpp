@@ -95,9 +95,12 @@ bool client_key_matches(std::string_view authorization, std::string_view x_api_k
 
 // What a harness's own header says (docs/design.md §20, README "Harnesses"): the value that
 // decides, or "" when the header does not match. `field` names a string member of a JSON
-// object value ("" = the value itself); `values` lists the values that match (empty: any).
+// object value ("" = the value itself); `values` lists the values that match (empty: any);
+// a non-empty `prefix` matches only values that begin with it and go on after it
+// (case-sensitive: `title-` matches `title-s1`, not `titles-1`, `Title-s1` or `title-`).
 std::string harness_header_value(std::string_view header_value, std::string_view field,
-                                 const std::vector<std::string>& values);
+                                 const std::vector<std::string>& values,
+                                 std::string_view prefix);
 
 // The sub-session of `session_id` that `tag` names: "<id>#<tag>", a long tag hashed to 16
 // hex digits so that the id stays bounded.

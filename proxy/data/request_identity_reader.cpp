@@ -35,16 +35,17 @@ core::request_identity request_identity_reader::identity_of(
 }
 
 // A harness's own headers say which side of its session a request is (README "Harnesses"):
-// a sub-agent is a sub-session, a compaction or memory call is auxiliary. First match wins.
+// a sub-agent is a sub-session, a compaction, memory or title call is auxiliary (a session
+// header may say so itself: Kilo Code's `x-session-id: title-<id>`). First match wins.
 void request_identity_reader::apply_harness_headers(const http::request<http::string_body>& req,
                                                     core::request_identity& id) const {
   for (const auto& h : sessions_.harness_headers) {
     auto it = req.find(h.name);
     if (it == req.end()) continue;
-    const auto v = core::harness_header_value(it->value(), h.field, h.values);
+    const auto v = core::harness_header_value(it->value(), h.field, h.values, h.prefix);
     if (v.empty()) continue;
     if (h.role == config::harness_role::auxiliary)
-      id.purpose = h.name + ": " + v;
+      id.purpose = h.purpose.empty() ? h.name + ": " + v : h.purpose;
     else
       id.session_id = core::sub_session_id(id.session_id, v);
     return;

@@ -201,6 +201,8 @@ sessions:
       role: auxiliary
       field: kind
       values: [title, summary]
+      prefix: t-
+      purpose: side-call
 sharing: credential
 checkpoint:
   onSwitch: false
@@ -302,6 +304,8 @@ routes:
   CHECK(cfg.sessions.harness_headers[0].role == harness_role::auxiliary);
   CHECK(cfg.sessions.harness_headers[0].field == "kind");
   CHECK(cfg.sessions.harness_headers[0].values == std::vector<std::string>{"title", "summary"});
+  CHECK(cfg.sessions.harness_headers[0].prefix == "t-");
+  CHECK(cfg.sessions.harness_headers[0].purpose == "side-call");
   CHECK(cfg.sharing == sharing_scope::credential);
   CHECK_FALSE(cfg.checkpoint.on_switch);
   CHECK_FALSE(cfg.checkpoint.on_shutdown);
@@ -748,15 +752,47 @@ TEST_CASE("sessions.harnessHeaders reads a list of header roles", "[config][load
       "      values: [compaction]\n");
   REQUIRE(cfg.sessions.harness_headers.size() == 2);
   CHECK(cfg.sessions.harness_headers[0] ==
-        harness_header{"x-agent", harness_role::sub_session, "", {}});
+        harness_header{"x-agent", harness_role::sub_session, "", {}, "", ""});
   CHECK(cfg.sessions.harness_headers[1] ==
-        harness_header{"x-meta", harness_role::auxiliary, "kind", {"compaction"}});
+        harness_header{"x-meta", harness_role::auxiliary, "kind", {"compaction"}, "", ""});
   CHECK(load_ok("sessions:\n  harnessHeaders: []\n").sessions.harness_headers.empty());
   require_error_at("sessions:\n  harnessHeaders:\n    - role: auxiliary\n", 3, "header name is required");
   require_error_at("sessions:\n  harnessHeaders:\n    - header: x\n      role: side\n", 4,
                    "subSession, auxiliary");
   require_error_at("sessions:\n  harnessHeaders:\n    - header: \"bad header\"\n", 3,
                    "harnessHeaders[0]");
+}
+
+TEST_CASE("sessions.harnessHeaders: a session header's value prefix marks a side call",
+          "[config][load_yaml]") {
+  using kvp::config::harness_header;
+  using kvp::config::harness_role;
+  // The default: Kilo Code's title call, `x-session-id: title-<session id>`, is auxiliary.
+  const auto defaults = load_ok("");
+  REQUIRE_FALSE(defaults.sessions.harness_headers.empty());
+  CHECK(defaults.sessions.harness_headers[0] ==
+        harness_header{"x-session-id", harness_role::auxiliary, "", {}, "title-", "session-title"});
+  // An operator's own rule replaces the list: with the title rule left out, none remains.
+  const auto cfg = load_ok(
+      "sessions:\n"
+      "  harnessHeaders:\n"
+      "    - header: X-Session-Id\n"
+      "      role: auxiliary\n"
+      "      prefix: summary-\n"
+      "      purpose: session-summary\n"
+      "    - header: x-claude-code-agent-id\n");
+  REQUIRE(cfg.sessions.harness_headers.size() == 2);
+  CHECK(cfg.sessions.harness_headers[0] ==
+        harness_header{"X-Session-Id", harness_role::auxiliary, "", {}, "summary-", "session-summary"});
+  CHECK(cfg.sessions.harness_headers[1] ==
+        harness_header{"x-claude-code-agent-id", harness_role::sub_session, "", {}, "", ""});
+  // A purpose names an auxiliary call: a sub-session rule with one is an error at the key.
+  require_error_at("sessions:\n  harnessHeaders:\n    - header: x-session-id\n"
+                   "      prefix: title-\n      purpose: session-title\n",
+                   5, 16, {"harnessHeaders[0].purpose", "role: auxiliary"});
+  require_error_at("sessions:\n  harnessHeaders:\n    - header: x-session-id\n"
+                   "      prefix: [title-]\n",
+                   4, 15, {"harnessHeaders[0].prefix"});
 }
 
 TEST_CASE("servers.<name>.swapGroup names the server's swap group", "[config][load_yaml]") {

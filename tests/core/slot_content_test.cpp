@@ -200,18 +200,34 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
 }
 
 TEST_CASE("harness headers: the deciding value of a header", "[core][request_class]") {
-  CHECK(harness_header_value("agent-7", "", {}) == "agent-7");
-  CHECK(harness_header_value("", "", {}).empty());
-  CHECK(harness_header_value("compact", "", {"compact", "memory_consolidation"}) == "compact");
-  CHECK(harness_header_value("review", "", {"compact", "memory_consolidation"}).empty());
+  CHECK(harness_header_value("agent-7", "", {}, "") == "agent-7");
+  CHECK(harness_header_value("", "", {}, "").empty());
+  CHECK(harness_header_value("compact", "", {"compact", "memory_consolidation"}, "") == "compact");
+  CHECK(harness_header_value("review", "", {"compact", "memory_consolidation"}, "").empty());
   CHECK(harness_header_value(R"({"request_kind":"compaction","turn":3})", "request_kind",
-                             {"compaction", "memory"}) == "compaction");
+                             {"compaction", "memory"}, "") == "compaction");
   CHECK(harness_header_value(R"({"request_kind":"turn"})", "request_kind",
-                             {"compaction", "memory"})
+                             {"compaction", "memory"}, "")
             .empty());
-  CHECK(harness_header_value(R"({"request_kind":7})", "request_kind", {}).empty());
-  CHECK(harness_header_value("not json", "request_kind", {}).empty());
-  CHECK(harness_header_value(R"(["request_kind"])", "request_kind", {}).empty());
+  CHECK(harness_header_value(R"({"request_kind":7})", "request_kind", {}, "").empty());
+  CHECK(harness_header_value("not json", "request_kind", {}, "").empty());
+  CHECK(harness_header_value(R"(["request_kind"])", "request_kind", {}, "").empty());
+}
+
+TEST_CASE("harness headers: a prefix matches only values that go on after it",
+          "[core][request_class]") {
+  CHECK(harness_header_value("title-ses_01J9", "", {}, "title-") == "title-ses_01J9");
+  // Conversation ids that merely look alike are not side calls.
+  CHECK(harness_header_value("title-", "", {}, "title-").empty());
+  CHECK(harness_header_value("titles-1", "", {}, "title-").empty());
+  CHECK(harness_header_value("Title-s1", "", {}, "title-").empty());
+  CHECK(harness_header_value("subtitle-s1", "", {}, "title-").empty());
+  CHECK(harness_header_value("ses_title-s1", "", {}, "title-").empty());
+  CHECK(harness_header_value("title", "", {}, "title-").empty());
+  // With `values` too, the whole value must be one of them.
+  CHECK(harness_header_value("title-a", "", {"title-a"}, "title-") == "title-a");
+  CHECK(harness_header_value("title-b", "", {"title-a"}, "title-").empty());
+  CHECK(harness_header_value(R"({"id":"title-s1"})", "id", {}, "title-") == "title-s1");
 }
 
 TEST_CASE("sub-session ids stay bounded", "[core][request_class]") {

@@ -108,6 +108,43 @@ TEST_CASE("a harness's headers make a sub-session or an auxiliary call", "[proxy
   CHECK(reader.identity_of(with_purpose).session_id == "s");
 }
 
+TEST_CASE("a title- session id is Kilo Code's title call: auxiliary, whoever else looks alike",
+          "[proxy][identity]") {
+  const request_identity_reader reader{config::session_config{}};
+  auto with_session = [](std::string_view header, std::string_view value) {
+    auto req = chat();
+    req.set(header, value);
+    return req;
+  };
+  const auto title = reader.identity_of(with_session("x-session-id", "title-ses_01J9"));
+  CHECK(title.session_id == "title-ses_01J9");
+  CHECK(title.purpose == "session-title");
+  // The header's spelling does not matter (HTTP field names are case-insensitive).
+  CHECK(reader.identity_of(with_session("X-Session-Id", "title-s1")).purpose == "session-title");
+  // Real conversation ids that only look alike stay sessions of their own.
+  for (const char* id : {"titles-1", "Title-s1", "subtitle-s1", "ses_title-s1", "title", "title-"}) {
+    const auto who = reader.identity_of(with_session("x-session-id", id));
+    CHECK(who.session_id == id);
+    CHECK(who.purpose.empty());
+  }
+  // The rule reads x-session-id only: another harness's session header is never a title call.
+  const auto claude = reader.identity_of(with_session("x-claude-code-session-id", "title-s1"));
+  CHECK(claude.session_id == "title-s1");
+  CHECK(claude.purpose.empty());
+
+  // An operator's rule: another prefix and purpose; without the default rule, a title- id is
+  // a session again.
+  config::session_config own;
+  own.harness_headers = {{"x-session-id", config::harness_role::auxiliary, "", {}, "summary-", "session-summary"}};
+  const request_identity_reader custom{own};
+  CHECK(custom.identity_of(with_session("x-session-id", "summary-s1")).purpose == "session-summary");
+  CHECK(custom.identity_of(with_session("x-session-id", "title-s1")).purpose.empty());
+  // Without a purpose of its own, an auxiliary rule's purpose is `<header>: <value>`.
+  own.harness_headers[0].purpose.clear();
+  CHECK(request_identity_reader{own}.identity_of(with_session("x-session-id", "summary-s1")).purpose ==
+        "x-session-id: summary-s1");
+}
+
 TEST_CASE("describe_content gives a session request its credential and chain",
           "[proxy][identity]") {
   const request_identity_reader reader{config::session_config{}};
