@@ -14,6 +14,7 @@ import pytest
 from kvptest.admin_client import idle, scrape
 from kvptest.chat import Conversation, cached_tokens, words
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
 from kvptest.manifests import manifest_for, manifests
 from kvptest.prometheus import value
@@ -103,6 +104,36 @@ def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(sta
     assert n_restored <= 1.25 * cached_tokens(rc), (n_restored, cached_tokens(rc))
     print("C: restored %d tokens for %d reused (%.2fx); the donor held %d"
           % (n_restored, cached_tokens(rc), n_restored / cached_tokens(rc), donor["tokens"]))
+
+
+# Members a client may add that change what llama-server computes or how long it runs; a
+# cut request that kept them (issue 36) ran n_predict tokens (llama-server's n_predict beats
+# max_tokens), ignored EOS, applied the client's LoRA scales, sampled n_cmpl completions, ...
+GENERATION_OPTIONS = {"n_predict": 4096, "ignore_eos": True, "lora": [{"id": 0, "scale": 1.0}],
+                      "n_probs": 5, "samplers": ["top_k"], "n_cmpl": 2, "t_max_prompt_ms": 1,
+                      "n_keep": -1, "cache_prompt": False, "temperature": 0.3,
+                      "max_completion_tokens": 900, "grammar": "root ::= \"x\""}
+
+
+@pytest.mark.fake_only
+def test_the_cut_request_carries_only_what_renders_the_prompt(stack):
+    fake, donor = saved_donor_then_another(stack)
+    B = agent("B")
+    before_b = max(m["time"] for m in fake.management_calls())
+    body = B.body("task B: write the docs", tool_choice="none", max_tokens=8, **GENERATION_OPTIONS)
+    ok(http_request(stack.port, "POST", "/v1/chat/completions", headers=B.headers(), body=body,
+                    timeout=60), "B")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0), \
+        stack.proxy.events("kv.prefix.skipped")
+    settled_calls(stack)
+    seq = management_and_cut_requests(fake, before_b)
+    assert [a for _, a, _ in seq] == ["restore", "inference", "save", "inference", "save"], seq
+    assert seq[1][2]["json"]["n_predict"] == 4096  # B's own request went as sent
+    cut = seq[3][2]["json"]
+    assert sorted(cut) == ["cache_prompt", "id_slot", "max_tokens", "messages", "model", "stream",
+                           "tool_choice"], cut
+    assert cut["max_tokens"] == 1 and cut["cache_prompt"] is True and cut["stream"] is False, cut
+    assert cut["tool_choice"] == "none" and cut["model"] == body["model"], cut
 
 
 @pytest.mark.fake_only
