@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvptest import fake_llama
 from kvptest.admin_client import idle, scrape
 from kvptest.chat import Conversation, cached_tokens, words
 from kvptest.checks import acts, ok, settled_calls
@@ -40,11 +41,12 @@ def management_and_cut_requests(fake, since: float) -> list[tuple[float, str, di
     return sorted(out, key=lambda e: e[0])
 
 
-def saved_donor_then_another(stack) -> tuple:
-    """kvpersist over the fake with a 300 ms idle checkpoint; A (the donor, four times the
-    shared system prompt) saved, then an unrelated session on the slot, saved too. Returns
-    the fake and A's manifest."""
-    stack.start({"checkpoint": {"idleMs": 300}})
+def saved_donor_then_another(stack, base_path: str = "") -> tuple:
+    """kvpersist over the fake (below `base_path`) with a 300 ms idle checkpoint; A (the donor,
+    four times the shared system prompt) saved, then an unrelated session on the slot, saved
+    too. Returns the fake and A's manifest."""
+    stack.start_upstream()
+    stack.start_proxy({"checkpoint": {"idleMs": 300}}, upstream_url=stack.upstream.url + base_path)
     fake = stack.upstream.fake
     A = agent("A")
     ok(A.turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), timeout=60), "A")
@@ -134,6 +136,46 @@ def test_the_cut_request_carries_only_what_renders_the_prompt(stack):
                            "tool_choice"], cut
     assert cut["max_tokens"] == 1 and cut["cache_prompt"] is True and cut["stream"] is False, cut
     assert cut["tool_choice"] == "none" and cut["model"] == body["model"], cut
+
+
+BASE_PATH = "/upstream/fake"  # llama-swap's per-model path (README "Swap groups")
+
+
+def fake_below_base_path(monkeypatch) -> list[str]:
+    """The fake serves below BASE_PATH, as a model behind llama-swap: the prefix is taken off
+    before the fake routes. Returns the targets that came without it (the fake answers them
+    as before, so the test reads them instead of chasing a failure)."""
+    outside: list[str] = []
+    dispatch = fake_llama._Handler._dispatch
+
+    def below_base_path(handler):
+        if handler.path.startswith(BASE_PATH + "/"):
+            handler.path = handler.path[len(BASE_PATH):]
+        else:
+            outside.append(handler.path)
+        return dispatch(handler)
+
+    monkeypatch.setattr(fake_llama._Handler, "_dispatch", below_base_path)
+    return outside
+
+
+@pytest.mark.fake_only
+def test_a_prefix_snapshot_is_made_behind_a_base_path(stack, monkeypatch):
+    """Issue 36: with upstream.url below a base path, the seeded request's target was kept as
+    forwarded (base path included), which names no inference route: no cut, no prefix
+    snapshot. Every request, slot action and cut request goes below the base path."""
+    outside = fake_below_base_path(monkeypatch)
+    fake, donor = saved_donor_then_another(stack, BASE_PATH)
+    assert donor and donor["state"] == "ready", donor
+    before_b = max(m["time"] for m in fake.management_calls())
+    ok(agent("B").turn(stack.port, text="task B: write the docs", timeout=60), "B")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0), \
+        (stack.proxy.events("kv.prefix.wanted"), stack.proxy.events("kv.prefix.skipped"))
+    settled_calls(stack)
+    seq = management_and_cut_requests(fake, before_b)
+    assert [a for _, a, _ in seq] == ["restore", "inference", "save", "inference", "save"], seq
+    assert seq[3][2]["path"] == "/v1/chat/completions" and seq[3][2]["json"]["max_tokens"] == 1
+    assert outside == [], outside
 
 
 @pytest.mark.fake_only
