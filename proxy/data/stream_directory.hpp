@@ -2,7 +2,7 @@
 // stop and lookup reach the llama-server that buffers it. Bounded, and shared fairly between
 // credentials: when it is full, the credential holding the most entries forgets its oldest
 // (llama-server itself keeps a finished stream for minutes, not forever), so one client's
-// conversation ids never push out another's while it holds more than they do (issue 36).
+// conversation ids never push out another's that holds fewer (issue 36).
 // Thread-safe: connections of every I/O thread share it.
 //
 // It also knows the streams kvpersist holds: a request with a conversation id that is not
@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -39,8 +40,8 @@ class stream_directory {
     std::lock_guard lock(mu_);
     auto [it, fresh] = servers_.insert_or_assign(upstream_id, server);
     if (!fresh) return;
-    order_[credential].push_back(upstream_id);
-    if (servers_.size() > capacity_) forget_oldest_of_largest(credential);
+    order_[credential].push_back({next_seq_++, upstream_id});
+    if (servers_.size() > capacity_) forget_oldest_of_largest();
   }
 
   // The server named for `upstream_id`, nullopt when none was (or it was forgotten).
@@ -82,13 +83,23 @@ class stream_directory {
   }
 
  private:
-  // The credential holding the most entries forgets its oldest; of several holding as many,
-  // the one that just added (`newest`), so a newcomer never costs another its share.
-  void forget_oldest_of_largest(const std::string& newest) {
-    auto largest = order_.find(newest);
-    for (auto it = order_.begin(); it != order_.end(); ++it)
-      if (it->second.size() > largest->second.size()) largest = it;
-    servers_.erase(largest->second.front());
+  struct remembered {
+    std::uint64_t seq;  // the order of remember() calls
+    std::string id;
+  };
+
+  // The credential holding the most entries forgets its oldest; among several holding as
+  // many, the oldest entry of theirs goes, so equals share the directory oldest first out.
+  void forget_oldest_of_largest() {
+    auto largest = order_.begin();
+    for (auto it = order_.begin(); it != order_.end(); ++it) {
+      const auto& own = it->second;
+      const auto& most = largest->second;
+      if (own.size() > most.size() ||
+          (own.size() == most.size() && own.front().seq < most.front().seq))
+        largest = it;
+    }
+    servers_.erase(largest->second.front().id);
     largest->second.pop_front();
     if (largest->second.empty()) order_.erase(largest);
   }
@@ -97,7 +108,8 @@ class stream_directory {
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::string> servers_;  // guarded by mu_
   // guarded by mu_: each credential's entries, oldest first
-  std::unordered_map<std::string, std::deque<std::string>> order_;
+  std::unordered_map<std::string, std::deque<remembered>> order_;
+  std::uint64_t next_seq_ = 0;  // guarded by mu_
   std::unordered_map<std::string, std::shared_ptr<held_stream>> held_;  // guarded by mu_
 };
 

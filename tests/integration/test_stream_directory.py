@@ -52,3 +52,21 @@ def test_one_credential_cannot_flush_anothers_streams(two):
     r = http_request(port, "GET", "/v1/stream?conv_id=conv-a-%d&from=0" % (DIRECTORY_IDS + 7),
                      headers={"Authorization": KEY_A})
     assert replays_reaching(two.fakes["alpha"]) == before["alpha"] + 1
+
+
+def test_requests_without_the_key_leave_no_stream_ids(two):
+    """alpha requires a key: requests with made-up keys, each a credential of its own, start no
+    stream there (llama-server answers 401), so they fill no entry of the directory. Had they
+    counted, the directory's oldest entry among those equals, B's, would have gone."""
+    two.start({"servers": {"alpha": {"apiKey": "alpha-key"}}})
+    port = two.port
+    r = http_request(port, "GET", "/props", headers={
+        "X-Backend": "beta", "Authorization": KEY_B, "X-Conversation-Id": "conv-b"})
+    assert r.status == 200, (r.status, r.body[:200])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for i in range(DIRECTORY_IDS + 8):
+            http_request(port, "GET", "/health", sock=sock, headers={
+                "Authorization": "Bearer made-up-%d" % i, "X-Conversation-Id": "conv-x"})
+    before = replays_reaching(two.fakes["beta"])
+    http_request(port, "GET", "/v1/stream?conv_id=conv-b&from=0", headers={"Authorization": KEY_B})
+    assert replays_reaching(two.fakes["beta"]) == before + 1, "B's stream id was forgotten"
