@@ -130,11 +130,13 @@ std::optional<invalid_field> check_upstream_url(const std::string& key, const st
     return problem(key,
                    fmt::format("'{}' is not an http://host[:port] URL", url));
   }
-  if (!base_path.empty()) {
-    // The proxy forwards request targets unchanged, so a prefix would be silently dropped.
+  // A base path is a swapper's per-model prefix (llama-swap's /upstream/<model>): every
+  // request and slot action goes below it (upstream_table::prepare_request, http_call). One
+  // ending in /v1 is an OpenAI client's base URL, which would double every route's /v1.
+  if (base_path.ends_with("/v1")) {
     return problem(key,
-                   fmt::format("'{}': a path ('{}') is not supported; give llama-server's root, "
-                               "http://host[:port]",
+                   fmt::format("'{}': a path ending in /v1 ('{}') is an OpenAI client's base "
+                               "URL; give llama-server's root, http://host[:port][/prefix]",
                                url, base_path));
   }
   return std::nullopt;

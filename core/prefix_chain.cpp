@@ -38,6 +38,9 @@ struct layout {
   // inside it (a message's content blocks, a tool), never deeper (a tool's JSON schema may
   // name a property so).
   std::vector<std::string_view> unrendered;
+  // Other members llama-server hands the chat template (tool choice, schema, reasoning
+  // options): a prefix snapshot's cut request keeps them with the preamble, nothing else.
+  std::vector<std::string_view> template_inputs;
 };
 
 const layout* layout_of(const inference_route* route) {
@@ -46,16 +49,24 @@ const layout* layout_of(const inference_route* route) {
                            false,
                            false,
                            {"chat_template_kwargs", "functions", "response_format", "tools"},
-                           {}};
+                           {},
+                           {"json_schema", "parallel_tool_calls", "reasoning_effort",
+                            "reasoning_format", "tool_choice"}};
   static const layout messages{"messages",
                                "messages",
                                false,
                                false,
                                {"system", "thinking", "tools"},
-                               {"cache_control", "signature"}};
-  static const layout responses{
-      "responses", "input", true, false, {"instructions", "tools"}, {"id", "status"}};
-  static const layout raw{"prompt", "prompt", false, true, {}, {}};
+                               {"cache_control", "signature"},
+                               {"tool_choice"}};
+  static const layout responses{"responses",
+                                "input",
+                                true,
+                                false,
+                                {"instructions", "tools"},
+                                {"id", "status"},
+                                {"parallel_tool_calls", "reasoning", "tool_choice"}};
+  static const layout raw{"prompt", "prompt", false, true, {}, {}, {}};
   switch (route ? route->format : body_format::none) {
     case body_format::prompt: return &raw;
     case body_format::chat: return &chat;
@@ -275,10 +286,23 @@ void cut_messages(rapidjson::Value& messages, std::size_t keep,
   messages.PushBack(user, a);
 }
 
-// One token, not streamed, whichever member the route reads its limit from.
-void ask_for_one_token(rapidjson::Document& d, std::string_view family) {
-  for (const char* drop : {"max_completion_tokens", "stream_options", "n"}) d.RemoveMember(drop);
-  set_member(d, family == "responses" ? "max_output_tokens" : "max_tokens", rapidjson::Value(1));
+// Whether a cut request keeps the body's member `name`: the model (a router's or a swapper's
+// choice), the messages, the preamble and the other chat template inputs.
+bool renders_prompt(const layout& l, std::string_view name) {
+  const auto in = [name](const std::vector<std::string_view>& names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  return name == "model" || name == l.messages || in(l.preamble) || in(l.template_inputs);
+}
+
+// What the prompt is made of, asking one token, not streamed, whichever member the route
+// reads its limit from. Everything else goes: llama-server's n_predict beats max_tokens, and
+// ignore_eos, lora, n_cmpl, n_probs, samplers, grammar, n_keep, t_max_prompt_ms and the like
+// change what the cut computes or how long it runs (docs/design.md §3, "Prefix snapshots").
+void keep_prompt_ask_one_token(rapidjson::Document& d, const layout& l) {
+  for (auto it = d.MemberBegin(); it != d.MemberEnd();)
+    it = renders_prompt(l, name_of(*it)) ? it + 1 : d.EraseMember(it);
+  set_member(d, l.family == "responses" ? "max_output_tokens" : "max_tokens", rapidjson::Value(1));
   set_member(d, "stream", rapidjson::Value(false));
 }
 
@@ -299,7 +323,7 @@ std::optional<std::string> cut_after_links(const inference_route* route, const s
   while (leading < messages.Size() && is_system_part(messages[leading])) ++leading;
   if (leading + links - 1 > messages.Size()) return std::nullopt;
   cut_messages(messages, leading + links - 1, doc.GetAllocator());
-  ask_for_one_token(doc, l->family);
+  keep_prompt_ask_one_token(doc, *l);
   rapidjson::StringBuffer sb;
   json_writer w(sb);  // the client's strings as parsed: the bytes it sent, escaped anew
   doc.Accept(w);

@@ -77,11 +77,12 @@ std::optional<prefix_chain> prefix_chain_of(const inference_route* route, const 
 
 // The body of a request that makes a prefix snapshot (docs/design.md §3, "Prefix snapshots"):
 // `body` (a chat completions, /v1/messages or /v1/responses request with a message list) cut
-// after its first `links` links, with its route and template options as they were, asking
-// for one token, not streamed. A cut that leaves no user message gets an empty one, which
-// templates require and which renders after the prefix, so llama-server keeps the prefix and
-// evaluates a few tokens more. nullopt when the body is no such request, has fewer links, or
-// when the cut body's chain would not start with exactly those `links` links.
+// after its first `links` links, keeping only its model and what llama-server renders the
+// prompt from (preamble, template options), asking for one token, not streamed. A cut that
+// leaves no user message gets an empty one, which templates require and which renders after
+// the prefix, so llama-server keeps the prefix and evaluates a few tokens more. nullopt when
+// the body is no such request, has fewer links, or when the cut body's chain would not start
+// with exactly those `links` links.
 std::optional<std::string> cut_after_links(const inference_route* route, const std::string& body,
                                            std::size_t links);
 

@@ -579,6 +579,9 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
                      kind == core::prepare_kind::resident;
   const bool watch_turn = up.coord->watches_turn_end() && kind != core::prepare_kind::none &&
                           kind != core::prepare_kind::auxiliary;
+  // The route as the client sent it: forward() puts the server's base path before it.
+  std::string seeded_target;
+  if (kind == core::prepare_kind::restored) seeded_target = std::string(req.target());
   std::string tail;
   relay_state st;
   const bool keep_after = co_await forward(up, c, req, std::move(conn), st,
@@ -595,7 +598,7 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
     // §3). Only a body small enough to be chained can have been seeded.
     if (kind == core::prepare_kind::restored && req.body().size() <= core::max_chained_body_bytes) {
       reply->body = std::make_shared<const std::string>(std::move(req.body()));
-      reply->target = std::string(req.target());
+      reply->target = std::move(seeded_target);
     }
   }
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees

@@ -1,7 +1,9 @@
 // Which server runs each resumable stream (core/resumable_stream.hpp), so that its replay,
-// stop and lookup reach the llama-server that buffers it. Bounded: the oldest entries go
-// first (llama-server itself keeps a finished stream for minutes, not forever). Thread-safe:
-// connections of every I/O thread share it.
+// stop and lookup reach the llama-server that buffers it. Bounded, and shared fairly between
+// credentials: when it is full, the credential holding the most entries forgets its oldest
+// (llama-server itself keeps a finished stream for minutes, not forever), so one client's
+// conversation ids never push out another's that holds fewer (issue 36).
+// Thread-safe: connections of every I/O thread share it.
 //
 // It also knows the streams kvpersist holds: a request with a conversation id that is not
 // forwarded yet (queued for its slot, its slot being prepared, its model loading). llama-server
@@ -12,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -30,16 +33,15 @@ class stream_directory {
 
   explicit stream_directory(std::size_t capacity = 4096) : capacity_(capacity) {}
 
-  // `upstream_id` (an upstream_conversation_id) runs on the server named `server`.
-  void remember(const std::string& upstream_id, const std::string& server) {
+  // `upstream_id` (an upstream_conversation_id of `credential`, its credential_key) runs on
+  // the server named `server`.
+  void remember(const std::string& credential, const std::string& upstream_id,
+                const std::string& server) {
     std::lock_guard lock(mu_);
     auto [it, fresh] = servers_.insert_or_assign(upstream_id, server);
     if (!fresh) return;
-    order_.push_back(upstream_id);
-    if (order_.size() > capacity_) {
-      servers_.erase(order_.front());
-      order_.pop_front();
-    }
+    order_[credential].push_back({next_seq_++, upstream_id});
+    if (servers_.size() > capacity_) forget_oldest_of_largest();
   }
 
   // The server named for `upstream_id`, nullopt when none was (or it was forgotten).
@@ -81,10 +83,33 @@ class stream_directory {
   }
 
  private:
+  struct remembered {
+    std::uint64_t seq;  // the order of remember() calls
+    std::string id;
+  };
+
+  // The credential holding the most entries forgets its oldest; among several holding as
+  // many, the oldest entry of theirs goes, so equals share the directory oldest first out.
+  void forget_oldest_of_largest() {
+    auto largest = order_.begin();
+    for (auto it = order_.begin(); it != order_.end(); ++it) {
+      const auto& own = it->second;
+      const auto& most = largest->second;
+      if (own.size() > most.size() ||
+          (own.size() == most.size() && own.front().seq < most.front().seq))
+        largest = it;
+    }
+    servers_.erase(largest->second.front().id);
+    largest->second.pop_front();
+    if (largest->second.empty()) order_.erase(largest);
+  }
+
   const std::size_t capacity_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::string> servers_;  // guarded by mu_
-  std::deque<std::string> order_;                         // guarded by mu_: oldest first
+  // guarded by mu_: each credential's entries, oldest first
+  std::unordered_map<std::string, std::deque<remembered>> order_;
+  std::uint64_t next_seq_ = 0;  // guarded by mu_
   std::unordered_map<std::string, std::shared_ptr<held_stream>> held_;  // guarded by mu_
 };
 

@@ -28,10 +28,13 @@ stream_hold stream_routes::hold_conversation(const upstream_entry& up,
                                              http::request<http::string_body>& req) {
   auto it = req.find(core::conversation_header);
   if (it == req.end()) return {};
-  std::string id = core::upstream_conversation_id(core::credential_key(credential_header(req)), it->value());
+  const std::string credential = core::credential_key(credential_header(req));
+  std::string id = core::upstream_conversation_id(credential, it->value());
   req.erase(core::conversation_header);  // every instance: llama-server reads one
   req.set(core::conversation_header, id);
-  directory_.remember(id, up.cfg.name);
+  // Without llama-server's key the request starts no stream (it answers 401): nothing to find.
+  if (client_may_use(up.cfg.upstream.api_key, req))
+    directory_.remember(credential, id, up.cfg.name);
   return stream_hold(directory_, std::move(id));
 }
 

@@ -487,6 +487,14 @@ TEST_CASE("validation errors point at the offending key", "[config][load_yaml]")
     CHECK(load_error("upstream:\n  url: 127.0.0.1:8080\n").line == 2);
     CHECK(contains(load_error("upstream:\n  url: http://h:0\n").message, "upstream.url"));
     CHECK(contains(load_error("upstream:\n  url: http://h:1/v1\n").message, "path"));
+    CHECK(contains(load_error("upstream:\n  url: http://h:1/upstream/m/v1/\n").message,
+                   "OpenAI client's base URL"));
+  }
+  SECTION("a swapper's per-model base path is a server's URL (README \"Swap groups\")") {
+    CHECK(load_ok("upstream:\n  url: http://h:1/upstream/qwen\n").upstream.url ==
+          "http://h:1/upstream/qwen");
+    CHECK(load_ok("servers:\n  qwen: {url: \"http://h:1/upstream/qwen\", swapGroup: g}\n")
+              .servers.size() == 1);
   }
   SECTION("shared-filesystem without a path") {
     require_error_at("snapshots:\n  management: shared-filesystem\n", 2, "requires snapshots.path");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <rapidjson/document.h>
 
@@ -343,6 +344,50 @@ TEST_CASE("a /v1/messages cut keeps its system and asks one token", "[core][pref
   REQUIRE(d["messages"].Size() == 1);
   CHECK(d["messages"][0]["content"] == "");
   CHECK(chain(*cut, "/v1/messages").links[0] == full.links[0]);
+}
+
+// Issue 36: a client's n_predict beat the cut's max_tokens (llama-server's n_predict wins), and
+// ignore_eos, lora and the other generation options went along into the cut request.
+TEST_CASE("a cut keeps only the model and what renders the prompt",
+          "[core][prefix_chain][prefix_snapshot]") {
+  const std::string generation =
+      R"("n_predict":4096,"ignore_eos":true,"lora":[{"id":0,"scale":1.0}],"n_probs":5,)"
+      R"("samplers":["top_k"],"grammar":"root ::= \"x\"","n_cmpl":4,"n_keep":-1,)"
+      R"("t_max_prompt_ms":1,"cache_prompt":false,"id_slot":3,"max_tokens":900,)"
+      R"("max_tokens":901,"stream_options":{"include_usage":true},"temperature":0.2,)";
+  const std::string prompt =
+      R"("tools":)" + tools +
+      R"(,"tool_choice":"required","parallel_tool_calls":false,"reasoning_effort":"low",)"
+      R"("chat_template_kwargs":{"enable_thinking":false},"response_format":{"type":"text"},)";
+  const std::string whole = body(sys + "," + u1 + "," + a1 + "," + u2, generation + prompt);
+  const auto cut = cut_after_links(inference_route_of(chat), whole, 2);
+  REQUIRE(cut);
+  rapidjson::Document d;
+  REQUIRE(d.Parse(cut->c_str()).IsObject() == true);
+  std::vector<std::string> kept;
+  for (const auto& m : d.GetObject()) kept.emplace_back(m.name.GetString());
+  std::sort(kept.begin(), kept.end());
+  CHECK(kept == std::vector<std::string>{"chat_template_kwargs", "max_tokens", "messages", "model",
+                                         "parallel_tool_calls", "reasoning_effort",
+                                         "response_format", "stream", "tool_choice", "tools"});
+  CHECK(d["max_tokens"].GetInt() == 1);  // one, not a duplicate llama-server reads last
+  CHECK(d["tool_choice"] == "required");
+  CHECK(common_links(chain(whole).links, chain(*cut).links) == 2);
+
+  // /v1/responses: its limit is max_output_tokens; reasoning and tool_choice stay.
+  const std::string responses =
+      R"({"model":"m","instructions":"Be brief.","reasoning":{"effort":"low"},"text":{},)"
+      R"("max_output_tokens":500,"n_predict":500,"ignore_eos":true,"input":[)" + u1 + "," +
+      a1 + "," + u2 + "]}";
+  const auto rcut = cut_after_links(inference_route_of("/v1/responses"), responses, 2);
+  REQUIRE(rcut);
+  REQUIRE(d.Parse(rcut->c_str()).IsObject() == true);
+  kept.clear();
+  for (const auto& m : d.GetObject()) kept.emplace_back(m.name.GetString());
+  std::sort(kept.begin(), kept.end());
+  CHECK(kept == std::vector<std::string>{"input", "instructions", "max_output_tokens", "model",
+                                         "reasoning", "stream"});
+  CHECK(d["max_output_tokens"].GetInt() == 1);
 }
 
 }  // namespace prefix_chain_test

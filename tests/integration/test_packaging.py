@@ -569,6 +569,31 @@ def _opt(argv, name):
     return argv[argv.index(name) + 1] if name in argv else None
 
 
+def _check_llama_server_is_kvpersists_alone(c):
+    """Issue 36: llama-server listened on the compose network without a key, so any container
+    there reached /slots. Now it sits on an internal network only kvpersist joins and takes
+    its key from a secret, which kvpersist reads too (the credential upstream-api-key in
+    $CREDENTIALS_DIRECTORY, config/secrets.hpp); without the secret it never turns healthy."""
+    svcs = c["services"]
+    kvp, llama = svcs["kvpersist"], svcs["llama"]
+    key_file = _opt(_argv(llama["command"]), "--api-key-file")
+    assert key_file, "llama-server runs without --api-key-file"
+    secret = os.path.basename(key_file)
+    assert key_file == "/run/secrets/" + secret and secret in (c.get("secrets") or {}), key_file
+    assert secret in llama.get("secrets", []) and secret in kvp.get("secrets", []), secret
+    assert secret == "upstream-api-key", "kvpersist reads the credential upstream-api-key"
+    assert (kvp.get("environment") or {}).get("CREDENTIALS_DIRECTORY") == "/run/secrets"
+    assert "test -s %s" % key_file in " ".join(_argv(llama["healthcheck"]["test"]))
+    networks = c.get("networks") or {}
+    for net in llama.get("networks") or ["default"]:
+        assert (networks.get(net) or {}).get("internal") is True, "llama-server on network %s" % net
+        assert net in kvp["networks"]
+        others = [n for n, svc in svcs.items() if n not in ("llama", "kvpersist")
+                  and net in (svc.get("networks") or ["default"])]
+        assert not others, "%s share llama-server's network" % others
+    assert not llama.get("ports"), "llama-server's port is published"
+
+
 def test_compose_lint():
     c = load_yaml(COMPOSE)
     assert isinstance(c, dict) and "services" in c
@@ -597,6 +622,7 @@ def test_compose_lint():
     assert shared in volumes, "the snapshot volume %r is not a named volume" % shared
     llama_port = _opt(largv, "--port")
     assert _opt(largv, "--host") == "0.0.0.0"
+    _check_llama_server_is_kvpersists_alone(c)
 
     # kvpersist: the same volume, the config it is given, a state volume
     kcfg_path = next((src for dst, src in kmounts.items() if dst == "/etc/kvpersist/kvpersist.yaml"), None)
@@ -674,8 +700,14 @@ def test_compose_lint():
 def test_compose_config_starts_the_daemon(stack, monkeypatch):
     """docker/kvpersist.yaml is a valid config: the binary starts with it (addresses moved to
     loopback, the upstream to the fake) and serves its admin API with the token from
-    KVP_ADMIN_TOKEN, in shared-filesystem mode."""
+    KVP_ADMIN_TOKEN, in shared-filesystem mode; llama-server's key comes from the secret
+    compose mounts in $CREDENTIALS_DIRECTORY, and every call kvpersist makes carries it."""
     monkeypatch.setenv("KVP_ADMIN_TOKEN", "compose-token")
+    secrets = os.path.join(stack.workdir, "secrets")
+    os.makedirs(secrets)
+    with open(os.path.join(secrets, "upstream-api-key"), "w") as f:
+        f.write("compose-llama-key\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", secrets)
     stack.start_upstream()
     # JsonKvPersist: the config logs JSON lines
     p = JsonKvPersist(stack.upstream.url, stack.state_dir, work_dir=stack.workdir, log_level="info",
@@ -685,8 +717,12 @@ def test_compose_config_starts_the_daemon(stack, monkeypatch):
     assert p.admin("GET", "/kv/status").status == 401
     st = p.admin("GET", "/kv/status", token="compose-token").json
     assert st["servers"][0]["enabled"] is True
-    r = Conversation("compose-A").turn(p.port)
+    assert Conversation("compose-keyless").turn(p.port).status == 401
+    r = Conversation("compose-A").turn(p.port, headers={"Authorization": "Bearer compose-llama-key"})
     assert r.status == 200
+    calls = [q for q in stack.fake.requests if q["path"] == "/props" or q["path"].startswith("/slots")]
+    assert calls and all(q["headers_lower"].get("authorization") == "Bearer compose-llama-key"
+                         for q in calls), [(q["path"], q["headers_lower"].get("authorization")) for q in calls]
     assert p.stop() == 0
 
 

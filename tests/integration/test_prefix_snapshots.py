@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvptest import fake_llama
 from kvptest.admin_client import idle, scrape
 from kvptest.chat import Conversation, cached_tokens, words
 from kvptest.checks import acts, ok, settled_calls
+from kvptest.http_client import http_request
 from kvptest.identity import sid
 from kvptest.manifests import manifest_for, manifests
 from kvptest.prometheus import value
@@ -39,11 +41,12 @@ def management_and_cut_requests(fake, since: float) -> list[tuple[float, str, di
     return sorted(out, key=lambda e: e[0])
 
 
-def saved_donor_then_another(stack) -> tuple:
-    """kvpersist over the fake with a 300 ms idle checkpoint; A (the donor, four times the
-    shared system prompt) saved, then an unrelated session on the slot, saved too. Returns
-    the fake and A's manifest."""
-    stack.start({"checkpoint": {"idleMs": 300}})
+def saved_donor_then_another(stack, base_path: str = "") -> tuple:
+    """kvpersist over the fake (below `base_path`) with a 300 ms idle checkpoint; A (the donor,
+    four times the shared system prompt) saved, then an unrelated session on the slot, saved
+    too. Returns the fake and A's manifest."""
+    stack.start_upstream()
+    stack.start_proxy({"checkpoint": {"idleMs": 300}}, upstream_url=stack.upstream.url + base_path)
     fake = stack.upstream.fake
     A = agent("A")
     ok(A.turn(stack.port, text="task A: " + words(DONOR_WORDS, "donor"), timeout=60), "A")
@@ -103,6 +106,76 @@ def test_a_wasteful_seed_makes_a_prefix_snapshot_that_seeds_the_next_session(sta
     assert n_restored <= 1.25 * cached_tokens(rc), (n_restored, cached_tokens(rc))
     print("C: restored %d tokens for %d reused (%.2fx); the donor held %d"
           % (n_restored, cached_tokens(rc), n_restored / cached_tokens(rc), donor["tokens"]))
+
+
+# Members a client may add that change what llama-server computes or how long it runs; a
+# cut request that kept them (issue 36) ran n_predict tokens (llama-server's n_predict beats
+# max_tokens), ignored EOS, applied the client's LoRA scales, sampled n_cmpl completions, ...
+GENERATION_OPTIONS = {"n_predict": 4096, "ignore_eos": True, "lora": [{"id": 0, "scale": 1.0}],
+                      "n_probs": 5, "samplers": ["top_k"], "n_cmpl": 2, "t_max_prompt_ms": 1,
+                      "n_keep": -1, "cache_prompt": False, "temperature": 0.3,
+                      "max_completion_tokens": 900, "grammar": "root ::= \"x\""}
+
+
+@pytest.mark.fake_only
+def test_the_cut_request_carries_only_what_renders_the_prompt(stack):
+    fake, donor = saved_donor_then_another(stack)
+    B = agent("B")
+    before_b = max(m["time"] for m in fake.management_calls())
+    body = B.body("task B: write the docs", tool_choice="none", max_tokens=8, **GENERATION_OPTIONS)
+    ok(http_request(stack.port, "POST", "/v1/chat/completions", headers=B.headers(), body=body,
+                    timeout=60), "B")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0), \
+        stack.proxy.events("kv.prefix.skipped")
+    settled_calls(stack)
+    seq = management_and_cut_requests(fake, before_b)
+    assert [a for _, a, _ in seq] == ["restore", "inference", "save", "inference", "save"], seq
+    assert seq[1][2]["json"]["n_predict"] == 4096  # B's own request went as sent
+    cut = seq[3][2]["json"]
+    assert sorted(cut) == ["cache_prompt", "id_slot", "max_tokens", "messages", "model", "stream",
+                           "tool_choice"], cut
+    assert cut["max_tokens"] == 1 and cut["cache_prompt"] is True and cut["stream"] is False, cut
+    assert cut["tool_choice"] == "none" and cut["model"] == body["model"], cut
+
+
+BASE_PATH = "/upstream/fake"  # llama-swap's per-model path (README "Swap groups")
+
+
+def fake_below_base_path(monkeypatch) -> list[str]:
+    """The fake serves below BASE_PATH, as a model behind llama-swap: the prefix is taken off
+    before the fake routes. Returns the targets that came without it (the fake answers them
+    as before, so the test reads them instead of chasing a failure)."""
+    outside: list[str] = []
+    dispatch = fake_llama._Handler._dispatch
+
+    def below_base_path(handler):
+        if handler.path.startswith(BASE_PATH + "/"):
+            handler.path = handler.path[len(BASE_PATH):]
+        else:
+            outside.append(handler.path)
+        return dispatch(handler)
+
+    monkeypatch.setattr(fake_llama._Handler, "_dispatch", below_base_path)
+    return outside
+
+
+@pytest.mark.fake_only
+def test_a_prefix_snapshot_is_made_behind_a_base_path(stack, monkeypatch):
+    """Issue 36: with upstream.url below a base path, the seeded request's target was kept as
+    forwarded (base path included), which names no inference route: no cut, no prefix
+    snapshot. Every request, slot action and cut request goes below the base path."""
+    outside = fake_below_base_path(monkeypatch)
+    fake, donor = saved_donor_then_another(stack, BASE_PATH)
+    assert donor and donor["state"] == "ready", donor
+    before_b = max(m["time"] for m in fake.management_calls())
+    ok(agent("B").turn(stack.port, text="task B: write the docs", timeout=60), "B")
+    assert wait_until(lambda: prefix_manifest(stack.state_dir) is not None, 10.0), \
+        (stack.proxy.events("kv.prefix.wanted"), stack.proxy.events("kv.prefix.skipped"))
+    settled_calls(stack)
+    seq = management_and_cut_requests(fake, before_b)
+    assert [a for _, a, _ in seq] == ["restore", "inference", "save", "inference", "save"], seq
+    assert seq[3][2]["path"] == "/v1/chat/completions" and seq[3][2]["json"]["max_tokens"] == 1
+    assert outside == [], outside
 
 
 @pytest.mark.fake_only

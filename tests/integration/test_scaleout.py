@@ -285,6 +285,14 @@ def test_compose_example_is_consistent(tmp_path):
     assert sv["kvp-a"]["command"] == ["--upstream", "http://llama-a:8080"]
     assert sv["kvp-b"]["command"] == ["--upstream", "http://llama-b:8080"]
     assert "./nginx-scaleout.conf:/etc/nginx/nginx.conf:ro" in sv["nginx"]["volumes"]
+    # Issue 36: the llama-servers take a key from a secret the kvpersists read too, on a
+    # network nginx does not join.
+    assert "--api-key-file /run/secrets/upstream-api-key" in sv["llama-a"]["command"]
+    assert d["networks"]["llama"]["internal"] is True and "upstream-api-key" in d["secrets"]
+    for k in ("llama-a", "llama-b", "kvp-a", "kvp-b"):
+        assert "llama" in sv[k]["networks"] and sv[k]["secrets"] == ["upstream-api-key"], sv[k]
+    assert sv["llama-a"]["networks"] == ["llama"] and "llama" not in sv["nginx"].get("networks", [])
+    assert sv["kvp-a"]["environment"]["CREDENTIALS_DIRECTORY"] == "/run/secrets"
     # The embedded kvpersist config: the binary starts with it (upstream unreachable is fine).
     binary = kvpersist_bin()
     if not os.access(binary, os.X_OK):
