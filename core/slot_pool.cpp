@@ -981,6 +981,7 @@ std::optional<slot_pool::session_view> slot_pool::session(
   v.dirty = it->second.dirty() && v.resident;
   v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
   v.reuse = it->second.reuse;
+  v.credential = it->second.credential;
   return v;
 }
 
