@@ -947,7 +947,7 @@ std::vector<retention_entry> slot_pool::retention_entries() const {
     if (!r.snapshot) continue;
     out.push_back({h, r.snapshot->state == snapshot_state::invalid,
                    parse_utc(r.snapshot->updated_at), r.snapshot->disk_bytes(), in_use(h),
-                   r.credential});
+                   r.credential, r.snapshot->bytes});
   }
   return out;
 }
