@@ -17,10 +17,17 @@ bool evicts_before(const retention_entry& a, const retention_entry& b) {
   return a.updated_s != b.updated_s ? a.updated_s < b.updated_s : a.hash < b.hash;
 }
 
+// `budget` less `room`, still a limit (at least 1 byte); 0 (no limit) stays 0.
+std::uint64_t budget_less_room(std::uint64_t budget, std::uint64_t room) {
+  if (budget == 0) return 0;
+  return budget - std::min(budget - 1, room);
+}
+
 // One credential's sessions while a plan is made.
 struct tenant {
   std::size_t sessions = 0;  // not yet evicted, in use or not
   std::uint64_t bytes = 0;
+  std::uint64_t room = 0;    // its largest last_file_bytes among the entries not too old
   std::deque<const retention_entry*> evictable;  // not in use, in eviction order
 };
 
@@ -44,8 +51,9 @@ struct rank_order {
 
 class retention_planner {
  public:
-  retention_planner(std::vector<retention_entry> entries, const retention_limits& limits)
-      : entries_(std::move(entries)), limits_(limits) {
+  retention_planner(std::vector<retention_entry> entries, const retention_limits& limits,
+                    retention_room room)
+      : entries_(std::move(entries)), limits_(limits), room_(std::move(room)) {
     std::sort(entries_.begin(), entries_.end(), evicts_before);
     plan_.remaining_sessions = entries_.size();
     for (const auto& e : entries_) plan_.remaining_bytes += e.bytes;
@@ -53,6 +61,7 @@ class retention_planner {
 
   retention_plan run(std::int64_t now_s) {
     forget_old(now_s);
+    keep_room_for_the_saver();
     cap_credentials();
     for (auto& [credential, t] : tenants_) rank(t);
     meet_budgets();
@@ -64,7 +73,7 @@ class retention_planner {
     return limits_.max_sessions > 0 && plan_.remaining_sessions > limits_.max_sessions;
   }
   bool over_bytes() const {
-    return limits_.max_total_bytes > 0 && plan_.remaining_bytes > limits_.max_total_bytes;
+    return max_total_bytes_ > 0 && plan_.remaining_bytes > max_total_bytes_;
   }
 
   // Evicts what is too old; everything else joins its credential's tenant.
@@ -78,13 +87,23 @@ class retention_planner {
       auto& t = tenants_[e.credential];
       ++t.sessions;
       t.bytes += e.bytes;
+      t.room = std::max(t.room, e.last_file_bytes);
       if (!e.in_use) t.evictable.push_back(&e);
     }
   }
 
+  // The whole byte budget less the saver's room (none when no save is named).
+  void keep_room_for_the_saver() {
+    std::uint64_t room = 0;
+    if (room_.saver)
+      if (const auto it = tenants_.find(*room_.saver); it != tenants_.end()) room = it->second.room;
+    max_total_bytes_ = budget_less_room(limits_.max_total_bytes, room);
+  }
+
   bool over_credential_caps(const tenant& t) const {
     const auto sessions = limits_.max_sessions_per_credential;
-    const auto bytes = limits_.max_bytes_per_credential;
+    const auto bytes = budget_less_room(limits_.max_bytes_per_credential,
+                                        room_.per_credential ? t.room : 0);
     return (sessions > 0 && t.sessions > sessions) || (bytes > 0 && t.bytes > bytes);
   }
 
@@ -133,6 +152,8 @@ class retention_planner {
 
   std::vector<retention_entry> entries_;
   retention_limits limits_;
+  retention_room room_;
+  std::uint64_t max_total_bytes_ = 0;  // limits_.max_total_bytes less the saver's room
   std::map<std::string, tenant> tenants_;
   std::set<tenant_rank, rank_order> by_sessions_;
   std::set<tenant_rank, rank_order> by_bytes_;
@@ -142,8 +163,8 @@ class retention_planner {
 }  // namespace
 
 retention_plan plan_retention(std::vector<retention_entry> entries, const retention_limits& limits,
-                              std::int64_t now_s) {
-  return retention_planner(std::move(entries), limits).run(now_s);
+                              std::int64_t now_s, const retention_room& room) {
+  return retention_planner(std::move(entries), limits, room).run(now_s);
 }
 
 std::int64_t parse_utc(std::string_view s) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,16 @@ struct retention_entry {
   std::uint64_t bytes = 0;     // its files on disk (0 when kvpersist cannot see them)
   bool in_use = false;         // owns a slot or is being prepared on one: never forgotten
   std::string credential;      // credential_key() of its requests ("" without one)
+  std::uint64_t last_file_bytes = 0;  // its last snapshot's file (the manifest's `bytes`)
+};
+
+// The room a disk budget keeps for a snapshot llama-server has yet to write, whose size
+// kvpersist learns only after it is written (docs/design.md §12, "Disk budget"): as large as
+// the largest last_file_bytes of the credential that will write it, among the entries kept.
+struct retention_room {
+  bool per_credential = false;  // each credential's share less its own room
+  // Whose save the whole budget keeps room for; none: no room in the whole budget.
+  std::optional<std::string> saver;
 };
 
 struct retention_eviction {
@@ -57,8 +68,9 @@ struct retention_plan {
 //   the most sessions, or bytes for the byte budget (ties: the one whose candidate is older,
 //   then by hash), so that a tenant that churns sessions evicts its own ("sessions", "bytes").
 // With one credential this is the least recently updated first, invalid before valid.
+// `room`: the byte budgets are checked less the room it names.
 retention_plan plan_retention(std::vector<retention_entry> entries, const retention_limits& limits,
-                              std::int64_t now_s);
+                              std::int64_t now_s, const retention_room& room = {});
 
 // Seconds since the epoch of an RFC 3339 UTC time "YYYY-MM-DDTHH:MM:SSZ"; 0 if malformed.
 std::int64_t parse_utc(std::string_view s);

@@ -926,7 +926,7 @@ std::vector<retention_entry> slot_pool::retention_entries() const {
     if (!r.snapshot) continue;
     out.push_back({h, r.snapshot->state == snapshot_state::invalid,
                    parse_utc(r.snapshot->updated_at), r.snapshot->disk_bytes(), in_use(h),
-                   r.credential});
+                   r.credential, r.snapshot->bytes});
   }
   return out;
 }
@@ -960,6 +960,7 @@ std::optional<slot_pool::session_view> slot_pool::session(
   v.dirty = it->second.dirty() && v.resident;
   v.snapshot = it->second.snapshot ? &*it->second.snapshot : nullptr;
   v.reuse = it->second.reuse;
+  v.credential = it->second.credential;
   return v;
 }
 

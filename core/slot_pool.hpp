@@ -282,6 +282,7 @@ class slot_pool {
     int slot = -1;
     const manifest* snapshot = nullptr;
     session_reuse reuse;
+    std::string credential;  // credential_key() of its requests (of its manifest before any)
   };
   std::vector<session_view> sessions() const;
   // The first `n` sessions whose hash is greater than `after`, in hash order (a listing page).

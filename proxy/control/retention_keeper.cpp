@@ -158,31 +158,20 @@ bool retention_keeper::disk_budget_on() const {
          (limits_.max_total_bytes > 0 || limits_.max_bytes_per_credential > 0);
 }
 
-// Every limit, each byte budget less room for one more snapshot as large as the largest seen:
-// llama-server writes a save before kvpersist learns its size, so the room is made before.
-core::retention_limits retention_keeper::disk_budget_limits() const {
-  const auto less_room = [this](std::uint64_t budget) -> std::uint64_t {
-    if (budget == 0) return 0;  // no limit
-    return budget - std::min(budget - 1, largest_snapshot_file_);
-  };
-  auto limits = limits_;
-  limits.max_total_bytes = less_room(limits_.max_total_bytes);
-  limits.max_bytes_per_credential = less_room(limits_.max_bytes_per_credential);
-  return limits;
-}
-
 net::awaitable<void> retention_keeper::keep_disk_budget(int slot, core::manifest saved) {
   if (!disk_budget_on()) co_return;
-  largest_snapshot_file_ = std::max(largest_snapshot_file_, saved.bytes);
   auto entries = retention_by_use();
   // The session just saved counts as its commit will record it, and is never evicted by its
   // own save (a budget smaller than its snapshot keeps it alone, docs/design.md §12).
   std::erase_if(entries, [&](const auto& e) { return e.hash == saved.session_hash; });
   entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
-                     saved.credential});
+                     saved.credential, saved.bytes});
   for (auto& e : entries)
     e.in_use = e.in_use || commits_.in_flight(e.hash) || actions_.restoring(e.hash);
-  auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
+  // Room for the saving credential's next save, in its share and in the whole budget; every
+  // other credential's share keeps room for its own (docs/design.md §12, "Disk budget").
+  const core::retention_room room{true, saved.credential};
+  auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now(), room);
   const bool over =
       limits_.max_total_bytes > 0 && plan.remaining_bytes > limits_.max_total_bytes;
   if (over && !warned_over_budget_)
@@ -251,7 +240,10 @@ net::awaitable<gc_report> retention_keeper::run_gc_overwriting() {
   }
   auto entries = retention_by_use();
   for (auto& e : entries) e.in_use = e.in_use || commits_.in_flight(e.hash);
-  auto plan = core::plan_retention(std::move(entries), disk_budget_limits(), detail::unix_now());
+  // No save is coming that gc knows of: each share keeps room for its own credential's next
+  // one; the whole budget's room is kept by each save for its saver.
+  const core::retention_room room{true, std::nullopt};
+  auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now(), room);
   gc_report done;
   if (!plan.evict.empty()) done = co_await overwrite_evicted(slot, std::move(plan.evict));
   co_return report(done);

@@ -75,8 +75,9 @@ class retention_keeper {
   // budget (keep_disk_budget applies the counts at every save).
   net::awaitable<void> enforce_session_budget();
   // After a save that wrote `saved` on `slot`, with a disk budget: forgets, by overwriting
-  // their files from that slot, the sessions that leave no room for one more snapshot under
-  // the budget. The saved session, the sessions in use, with a commit in flight or being
+  // their files from that slot, the sessions that leave no room under the budget for one
+  // more snapshot of the saving credential, as large as its largest kept, nor under each
+  // credential's share for one more of its own (core::retention_room). The saved session, the sessions in use, with a commit in flight or being
   // restored are kept. Without a disk budget: nothing.
   // REQUIRES: the slot's lease; its content is saved (the slot is erased when it evicts).
   net::awaitable<void> keep_disk_budget(int slot, core::manifest saved);
@@ -106,7 +107,6 @@ class retention_keeper {
   // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
   // a snapshot that seeds new sessions stays while it is used.
   std::vector<core::retention_entry> retention_by_use() const;
-  core::retention_limits disk_budget_limits() const;
   // Erases `slot` once and overwrites each evicted session's files from it; stops at the
   // first failure (that session is kept). Returns how many were forgotten and their bytes.
   net::awaitable<gc_report> overwrite_evicted(int slot,
@@ -140,7 +140,6 @@ class retention_keeper {
   // Session hash -> when its snapshot was last restored (its own, or as a seed), seconds since
   // the epoch.
   std::map<std::string, std::int64_t> restored_at_;
-  std::uint64_t largest_snapshot_file_ = 0;  // n_written of the largest save seen
   bool warned_over_budget_ = false;          // kv.gc.over_budget logged since the last fit
   retention_counters counters_;
 };

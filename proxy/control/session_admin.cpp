@@ -46,6 +46,16 @@ session_admin::session_ref session_admin::resolve_session(const std::string& has
   return {pool_.hash_for(id), id};
 }
 
+core::request_identity session_admin::restore_identity(const session_ref& ref) const {
+  core::request_identity who;
+  who.session_id = ref.session_id;
+  if (const auto* m = pool_.find_manifest(ref.hash))
+    who.credential = m->credential;
+  else if (const auto known = pool_.session(ref.hash))
+    who.credential = known->credential;
+  return who;
+}
+
 net::awaitable<admin_outcome> session_admin::save(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   const auto hold = co_await hooks_.hold_server();
@@ -71,8 +81,7 @@ net::awaitable<admin_outcome> session_admin::restore(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
-  core::request_identity who;
-  who.session_id = resolve_session(hash_or_id).session_id;
+  const auto who = restore_identity(resolve_session(hash_or_id));
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
   auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) {

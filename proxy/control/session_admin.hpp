@@ -113,6 +113,11 @@ class session_admin {
   // The one rule of every admin session route: the hash of a known session names it,
   // anything else is a harness's session id.
   session_ref resolve_session(const std::string& hash_or_id) const;
+  // The identity a request of the session would carry for a restore (docs/design.md §20): its
+  // id and the credential recorded in its manifest (of its requests, without one), so that a
+  // credential-scoped session plans its own hash and the slot's content and the session stay
+  // that credential's. An unknown session gets none.
+  core::request_identity restore_identity(const session_ref& ref) const;
   session_row row_with_reuse(core::slot_pool::session_view v) const;
 
   std::string server_name_;

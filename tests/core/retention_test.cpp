@@ -167,6 +167,67 @@ TEST_CASE("maxBytesPerCredential: a credential above its bytes loses its own old
   }
 }
 
+// The disk budget's room (docs/design.md §12, "Disk budget"): each credential's own.
+namespace {
+
+// A snapshot of `file` bytes, saved twice: both generations on disk.
+retention_entry saved_twice(const std::string& credential, const std::string& hash,
+                            std::int64_t age_s, std::uint64_t file, bool in_use = false) {
+  retention_entry e = of(credential, hash, age_s, 2 * file, false, in_use);
+  e.last_file_bytes = file;
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("a share keeps room for its own credential's next save, never another's",
+          "[retention]") {
+  // A just saved a 400-byte snapshot (800 with both generations); B holds 3 x 50-byte ones.
+  // A cap of 1000 each: A's share keeps 400 for A (A's older a1 goes), B's keeps 50 for B.
+  std::vector<retention_entry> all = {saved_twice("A", "a1", 900, 100),
+                                      saved_twice("A", "a-saved", 0, 400, true),
+                                      saved_twice("B", "b1", 300, 50),
+                                      saved_twice("B", "b2", 200, 50),
+                                      saved_twice("B", "b3", 100, 50)};
+  retention_limits caps;
+  caps.max_bytes_per_credential = 1000;
+  auto p = plan_retention(all, caps, now, {true, "A"});
+  CHECK(hashes_of(p) == std::vector<std::string>{"a1"});
+  CHECK(p.evict[0].why == "credential");
+
+  SECTION("B's share: 300 held, room for 50 of its own: a cap of 349 takes one") {
+    caps.max_bytes_per_credential = 349;
+    CHECK(hashes_of(plan_retention(all, caps, now, {true, "A"})) ==
+          std::vector<std::string>{"a1", "b1"});
+  }
+  SECTION("without room, the same cap keeps B whole and keeps a1 beside A's save") {
+    caps.max_bytes_per_credential = 1000;
+    CHECK(plan_retention(all, caps, now).evict.empty());
+  }
+}
+
+TEST_CASE("the whole budget keeps room for the saver's largest snapshot, while it is kept",
+          "[retention]") {
+  // 1100 bytes held: A's two 400-byte files and B's 50-byte ones, under a budget of 1400.
+  std::vector<retention_entry> all = {saved_twice("A", "a1", 900, 400),
+                                      saved_twice("B", "b1", 300, 50),
+                                      saved_twice("B", "b2", 200, 50, true),
+                                      saved_twice("B", "b3", 100, 50)};
+  const retention_limits budget{1400, 0, 0, 0};
+  // B saves: room for 50 more, 1350 left for what stays: nothing goes.
+  CHECK(plan_retention(all, budget, now, {true, "B"}).evict.empty());
+  // A saves: room for 400, 1000 left: A, holding the most, loses a1.
+  CHECK(hashes_of(plan_retention(all, budget, now, {true, "A"})) ==
+        std::vector<std::string>{"a1"});
+  // A's large snapshot gone (purged or evicted), A's room is its largest kept one: 420
+  // bytes held fit 500 less 60 (not less 400).
+  all.front() = saved_twice("A", "a2", 10, 60);
+  CHECK(plan_retention(all, retention_limits{500, 0, 0, 0}, now, {true, "A"}).evict.empty());
+  // gc names no saver: the whole budget as it is.
+  all.front() = saved_twice("A", "a1", 900, 400);
+  CHECK(plan_retention(all, budget, now, {true, std::nullopt}).evict.empty());
+}
+
 TEST_CASE("one credential: fairness is the plain least recently updated order", "[retention]") {
   std::vector<retention_entry> all = {of("", "c", 10), of("", "a", 30), of("", "b", 20),
                                       of("", "d", 5)};

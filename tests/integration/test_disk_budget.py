@@ -127,3 +127,35 @@ def test_a_credential_over_its_byte_share_overwrites_only_its_own(stack):
     stack.upstream.take_calls()
     ok(A[0].turn(stack.port, headers=key_a))                # A's snapshot serves
     assert "restore" in acts(settled_calls(stack))
+
+
+def test_a_large_snapshot_of_one_key_leaves_another_keys_share_alone(stack):
+    """Each share keeps room for its own credential's next save (issue 36, hole 4): key A's
+    large snapshot, saved under retention.maxBytesPerCredential, evicts none of key B's
+    sessions that fit B's share with room for B's own next save. Before, the room was the
+    largest snapshot any key had saved, taken from every share for the life of the process:
+    A's save overwrote B's sessions."""
+    stack.start_upstream()
+    share = 40_000
+    stack.start_proxy({"retention": {"maxBytesPerCredential": share}})
+    key_a, key_b = {"Authorization": "Bearer key-A"}, {"Authorization": "Bearer key-B"}
+    B = [Conversation(sid("small-b%d" % i)) for i in range(2)]
+    for c in B:
+        ok(c.turn(stack.port, headers=key_b), c.session)
+    big = Conversation(sid("big-a"), system_words=800)
+    ok(big.turn(stack.port, headers=key_a), "A's large session")              # B's second saved
+    ok(Conversation(sid("small-a")).turn(stack.port, headers=key_a), "A's key, another session")  # A's saved
+    assert wait_until(lambda: manifest_for(stack.state_dir, big.session), 5)
+    b = [manifest_for(stack.state_dir, c.session) for c in B]
+    assert all(b), "B's sessions were forgotten after A's save: %s" % stack.proxy.events("kv.gc.evicted")
+    a_file = manifest_for(stack.state_dir, big.session)["bytes"]
+    b_room = max(m["bytes"] for m in b)
+    b_held = sum(m["bytes"] + m.get("previousBytes", 0) for m in b)
+    assert b_held + b_room <= share, (b_held, b_room)   # B within its share, room for its own save
+    assert b_held > share - a_file, (b_held, a_file)    # ... but not beside A's room: the old rule evicted
+    assert stack.proxy.events("kv.gc.evicted") == []
+    # B's first session comes back: its own snapshot is restored
+    stack.upstream.take_calls()
+    ok(B[0].turn(stack.port, headers=key_b))
+    calls = settled_calls(stack)
+    assert [c.filename for c in calls if c.action == "restore"] == [b[0]["snapshotFile"]], calls

@@ -48,8 +48,8 @@ CREDENTIAL = {"sharing": "credential"}
 PURPOSE = {"X-Session-Purpose": "title"}
 
 
-def auth(key: str) -> dict:
-    return {"Authorization": key}
+def auth(key: str | None) -> dict:
+    return {"Authorization": key} if key is not None else {}
 
 
 # ============================================================================ tenant A
@@ -296,6 +296,37 @@ def test_other_key_with_a_saved_session_id(stack):
     a_turn(stack, A, "A after B")
     calls = settled_calls(stack)
     assert acts(calls) == ["save", "restore"] and calls[1].filename == m["snapshotFile"], calls
+
+
+# ============================================================================ the admin API's eager restore
+@pytest.mark.parametrize("key", [KEY_A, KEY_B, None], ids=["same-key", "other-key", "no-key"])
+@pytest.mark.parametrize("header", [True, False], ids=["header-session", "content-session"])
+def test_admin_restore_keeps_the_sessions_credential(stack, header, key):
+    """POST /kv/sessions/{hash}/restore puts A's snapshot in the slot as the KV of A's key (its
+    manifest's credential): a request without a key, or with B's, then runs on an erased slot;
+    one of A's key runs on it. Before, the restore ran under no credential: a content
+    session's restored KV became "no key"'s, read back by a client without a key, and a header
+    session's credential-scoped hash was never planned (nothing restored)."""
+    stack.start(CREDENTIAL)
+    A = tenant_a() if header else Conversation(None, system_words=SYSTEM_WORDS, tag=tenant_a().tag)
+    a_turn(stack, A)
+    settled_calls(stack)
+    ok(Conversation(sid("O"), system_words=40, tag="unrelated").turn(stack.port, headers=auth(KEY_A)),
+       "A's key, unrelated session")
+    calls = settled_calls(stack)
+    assert acts(calls)[:1] == ["save"], calls
+    (m,) = [m for m in manifests(stack.state_dir) if m["snapshotFile"] == calls[0].filename]
+    assert m["sessionId"].startswith("content:") != header, m
+    r = stack.proxy.admin("POST", "/kv/sessions/%s/restore" % m["sessionHash"])
+    assert r.status == 200 and r.json == {"result": "restored"}, (r.status, r.body[:300])
+    calls = settled_calls(stack)
+    assert acts(calls) == ["save", "restore"] and calls[1].filename == m["snapshotFile"], calls
+    r, rec, calls = send(stack, "content", A, key)
+    if key == KEY_A:
+        assert_shared("key A after the admin restore", r, rec, calls, A, expect=())
+    else:
+        assert_isolated(stack, "%s after the admin restore of A" % (key or "no key"), r, rec, calls,
+                        dirty_owner=False)
 
 
 # ============================================================================ erase failures

@@ -80,10 +80,12 @@ struct harness : kvp::testing::control_parts {
   std::string file(const std::string& id, char generation) const {
     return kvp::core::snapshot_filename(hash(id), generation);
   }
-  // A snapshot an earlier process saved for `id` in generation a: its manifest on disk and
-  // known to the pool, its file with llama-server.
-  void add_snapshot(const std::string& id, std::uint64_t bytes, const std::string& updated_at) {
+  // A snapshot an earlier process saved for `id` (of `credential`, a credential_key()) in
+  // generation a: its manifest on disk and known to the pool, its file with llama-server.
+  void add_snapshot(const std::string& id, std::uint64_t bytes, const std::string& updated_at,
+                    const std::string& credential = "") {
     kvp::core::manifest m;
+    m.credential = credential;
     m.session_id = id;
     m.session_hash = hash(id);
     m.instance_key = "test";
@@ -100,10 +102,13 @@ struct harness : kvp::testing::control_parts {
   bool forgotten(const std::string& id) const {
     return pool.find_manifest(hash(id)) == nullptr && !store.read(hash(id)).has_value();
   }
-  // `id` takes slot 0 (its cold start erases it) and leaves `tokens` there, then is saved.
-  void save_in_slot(const std::string& id, std::uint64_t tokens) {
+  // `id`, sent with `credential`, takes slot 0 (its cold start erases it) and leaves `tokens`
+  // there, then is saved.
+  void save_in_slot(const std::string& id, std::uint64_t tokens,
+                    const std::string& credential = "") {
     request_identity who;
     who.session_id = id;
+    who.credential = credential;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
@@ -126,6 +131,12 @@ kvp::core::retention_limits max_sessions(std::size_t n) {
 kvp::core::retention_limits max_bytes(std::uint64_t n) {
   kvp::core::retention_limits l;
   l.max_total_bytes = n;
+  return l;
+}
+
+kvp::core::retention_limits max_bytes_per_credential(std::uint64_t n) {
+  kvp::core::retention_limits l;
+  l.max_bytes_per_credential = n;
   return l;
 }
 
@@ -224,6 +235,50 @@ TEST_CASE("a save under a disk budget makes room for the next one from its own s
   CHECK(h.fake.snapshot_tokens(h.file("C", 'a')) == 10u);
   CHECK(h.keeper.counters().gc_evicted == 1);
   CHECK(h.keeper.counters().gc_freed_bytes == 10'000);
+}
+
+// docs/design.md §12, "Disk budget": a credential's share keeps room for its own next save.
+// Key A's save of 24 + 10 * 1024 = 10264 bytes leaves B's share (12000) to B: B's 4000 bytes
+// stay, with room for B's own next snapshot (2000). Before, the room was the largest file
+// any credential had saved, taken from every share: B's share became 1736 bytes and A's save
+// overwrote B's sessions.
+TEST_CASE("a save keeps room in the saving credential's share, not in another's",
+          "[proxy][retention_keeper]") {
+  harness h(max_bytes_per_credential(12'000));
+  h.add_snapshot("B1", 2'000, "2026-01-01T00:00:01Z", "key-B");
+  h.add_snapshot("B2", 2'000, "2026-01-01T00:00:02Z", "key-B");
+  h.fake.clear_calls();
+  h.save_in_slot("A", 10, "key-A");
+  request_identity a;
+  a.session_id = "A";
+  a.credential = "key-A";
+  const auto a_file = kvp::core::snapshot_filename(h.pool.hash_for(a), 'a');
+  CHECK(h.fake.slot_calls() == calls{erase_call(0), save_call(a_file)});
+  CHECK(h.known("B1"));
+  CHECK(h.known("B2"));
+  CHECK(h.pool.find_manifest(h.pool.hash_for(a)));  // alone over its share: the one just saved
+  CHECK(h.keeper.counters().gc_evicted == 0);
+}
+
+// The room kept for the next save is the saver's largest snapshot that is still kept: it goes
+// down once the large one is gone. A 10264-byte snapshot purged, then a 2072-byte save
+// (24 + 2 * 1024) beside X and Y (4000 each): room for 4000 more under 16000, all stay.
+// Before, the room stayed 10264 for the life of the process and X was overwritten.
+TEST_CASE("the room kept for the next save goes down when the large snapshot is gone",
+          "[proxy][retention_keeper]") {
+  harness h(max_bytes(16'000));
+  h.save_in_slot("big", 10);
+  REQUIRE_FALSE(h.run(h.keeper.overwrite_snapshots(h.hash("big"))));
+  (void)h.run(h.keeper.drop_session(h.hash("big")));
+  REQUIRE(h.forgotten("big"));
+  h.add_snapshot("X", 4'000, "2026-01-01T00:00:01Z");
+  h.add_snapshot("Y", 4'000, "2026-01-01T00:00:02Z");
+  h.fake.clear_calls();
+  h.save_in_slot("small", 2);
+  CHECK(h.fake.slot_calls() == calls{save_call(h.file("small", 'a'))});  // the purge erased it
+  CHECK(h.known("X"));
+  CHECK(h.known("Y"));
+  CHECK(h.keeper.counters().gc_evicted == 0);
 }
 
 TEST_CASE("without a disk budget a save evicts nothing", "[proxy][retention_keeper]") {

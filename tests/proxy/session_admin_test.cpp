@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -47,7 +48,8 @@ struct harness : kvp::testing::control_parts {
   std::vector<int> refreshed_while_held;  // the slot of each refresh, if the hold was held
   session_admin admin{"default", pool, actions, keeper, snapshots, reuse, hooks()};
 
-  harness() {
+  explicit harness(kvp::core::slot_pool_options options = kvp::testing::control_pool_options())
+      : control_parts(std::chrono::seconds(5), std::move(options)) {
     REQUIRE(store.open().ok());
     pool.set_runtime(kvp::testing::qwen7b_runtime());
     REQUIRE(pool.persistence_enabled());
@@ -77,11 +79,10 @@ struct harness : kvp::testing::control_parts {
   std::string file(const std::string& id, char generation) const {
     return kvp::core::snapshot_filename(hash(id), generation);
   }
-  // `id` takes slot 0 and leaves `tokens` in it, dirty.
-  void take_slot(const std::string& id, std::uint64_t tokens) {
-    request_identity who;
-    who.session_id = id;
-    pool.resolve_session(who);
+  // `id`, sent with `credential` (a credential_key(), "" for none), takes slot 0 and leaves
+  // `tokens` in it, dirty.
+  void take_slot(const std::string& id, std::uint64_t tokens, const std::string& credential = "") {
+    const auto who = identity(id, credential);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
     REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
@@ -89,7 +90,29 @@ struct harness : kvp::testing::control_parts {
     fake.run_inference(tokens);
     (void)pool.end_inference(0, true, now);
   }
+  static request_identity identity(const std::string& id, const std::string& credential) {
+    request_identity who;
+    who.session_id = id;
+    who.credential = credential;
+    return who;
+  }
+  // The plan a request of `id` sent with `credential` would get on slot 0 now; nothing runs.
+  kvp::core::prepare_plan plan_for(const std::string& id, const std::string& credential) {
+    const auto plan = pool.prepare(identity(id, credential), 0, std::chrono::steady_clock::now(),
+                                   "2026-06-01T00:00:00Z");
+    pool.abort_prepare(0);
+    return plan;
+  }
 };
+
+// `sharing: credential` (docs/design.md §20): a request may run on what its own credential
+// put in the slot.
+kvp::core::slot_pool_options credential_sharing() {
+  auto o = kvp::testing::control_pool_options();
+  o.seed_across_sessions = true;
+  o.seed_within_credential = true;
+  return o;
+}
 
 }  // namespace
 
@@ -129,6 +152,42 @@ TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
   CHECK(h.run(h.admin.restore("A")).result == admin_result::resident);
   CHECK(h.fake.slot_calls().size() == 1);
   CHECK(h.holds_taken == h.holds_released);
+}
+
+// docs/design.md §20: what a restore puts in the slot is the snapshot's, and so is its
+// credential. An admin restore has no request, so it must take the credential from the
+// session's manifest; without it the slot held a key's KV recorded as "no key"'s.
+TEST_CASE("admin restore puts the session's KV in the slot under its manifest's credential",
+          "[proxy][session_admin]") {
+  harness h(credential_sharing());
+  // A header session's hash is scoped by its key; a content session's id holds its key.
+  const std::string id = GENERATE(as<std::string>{}, "A", "content:A");
+  h.take_slot(id, 1000, "key-A");
+  const auto a = h.pool.hash_for(harness::identity(id, "key-A"));
+  REQUIRE(h.run(h.admin.save(a)).result == admin_result::saved);
+  h.take_slot("B", 200, "key-B");  // A saved on the way out, B erased first
+  const auto b = h.pool.hash_for(harness::identity("B", "key-B"));
+  REQUIRE(h.run(h.admin.save(b)).result == admin_result::saved);
+  h.fake.clear_calls();
+
+  CHECK(h.run(h.admin.restore(a)).result == admin_result::restored);
+  CHECK(h.fake.slot_calls() == calls{restore_call(kvp::core::snapshot_filename(a, 'a'))});
+  CHECK(h.pool.slot_of(a) == 0);
+  CHECK(h.pool.content(0).credential == "key-A");
+  const auto entries = h.pool.retention_entries();
+  const auto rec = std::find_if(entries.begin(), entries.end(),
+                                [&](const auto& e) { return e.hash == a; });
+  REQUIRE(rec != entries.end());
+  CHECK(rec->credential == "key-A");
+  // A's own next turn runs on the restored KV, and so may A's key's other sessions; a request
+  // without a key, or with B's, may not: its plan erases first, and a failed erase fails it.
+  CHECK(h.pool.session(a)->resident);
+  CHECK(h.pool.may_run_on(0, harness::identity("X", "key-A")));
+  CHECK_FALSE(h.pool.may_run_on(0, harness::identity("X", "key-B")));
+  CHECK_FALSE(h.pool.may_run_on(0, harness::identity("X", "")));
+  const auto plan = h.plan_for("X", "");
+  CHECK(plan.erase);
+  CHECK(plan.erase_required);
 }
 
 TEST_CASE("admin dispose saves the session, then lets its slot go; not when the save fails",
