@@ -5,10 +5,12 @@ The default `sessions.harnessHeaders` rule makes such a call auxiliary (purpose
 is owned by nobody, so it neither gets a snapshot of its own nor has to be saved before the
 conversation's next turn.
 
-Against the fake llama-server (exact management-call sequences and cache_n):
+Against the fake llama-server (exact management-call sequences and cache_n); the managed-slots
+test also against the real one (`-np 2`), where cache_n shows the conversation stayed in its
+slot (the fake keeps one token list for all slots):
 
     KVPERSIST_BIN=$PWD/build/kvpersist python3 -m pytest -q -p no:cacheprovider \
-      --upstream=fake tests/integration/test_side_calls.py
+      tests/integration/test_side_calls.py [--upstream=real]
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import signal
 
 import pytest
 
-from kvptest.chat import Conversation, cache_n
+from kvptest.chat import Conversation, cache_n, reported
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 from kvptest.manifests import manifests
 
-pytestmark = pytest.mark.fake_only  # the fake's exact call sequences and reuse counts
+fake_only = pytest.mark.fake_only  # the fake's exact call sequences and reuse counts
 
 TITLE_TEXT = "Generate a short title for this conversation."
 
@@ -38,6 +40,7 @@ def saved_sessions(stack) -> set[str]:
     return {m["sessionId"] for m in manifests(stack.state_dir)}
 
 
+@fake_only
 def test_a_title_call_is_auxiliary_and_never_saved(stack):
     """S, title-S, S, title-S, shutdown -> erase | save S | restore S (what was saved) | save S
     | nothing. Before item 6 title-S was a header session: S's return saved it first, and the
@@ -72,26 +75,32 @@ def test_a_title_call_is_auxiliary_and_never_saved(stack):
 
 def test_a_title_call_keeps_the_conversation_resident_on_its_slot(stack):
     """Managed slots (2): S on one slot, its title call on the other with no management call,
-    S's next turn pinned to its own slot, resident (no call); a shutdown saves S only. Before
-    item 6 the title call's slot was erased for a new session, which the shutdown saved."""
-    stack.start({"mode": "managed-slots"}, total_slots=2)
+    S's next turn pinned to its own slot, resident (no call; on the real server it reuses all
+    of its previous prompt); a shutdown saves S only. Before item 6 the title call's slot was
+    erased for a new session, which the shutdown saved."""
+    two_slots = {"total_slots": 2} if stack.kind == "fake" else {"extra_args": ["-np", "2"]}
+    stack.start({"mode": "managed-slots"}, **two_slots)
     port = stack.port
     S = Conversation(sid("S"))
-    ok(S.turn(port), "S")
+    first = ok(S.turn(port), "S")
     settled_calls(stack)
 
     title_call(port, S.session)
     assert acts(settled_calls(stack)) == []
-    ok(S.turn(port), "S after the title call")
+    r = ok(S.turn(port), "S after the title call")
     assert acts(settled_calls(stack)) == []
-    s_slot, title_slot, s_again = [(r["json"] or {}).get("id_slot") for r in stack.fake.inference_requests()]
-    assert s_again == s_slot != title_slot, (s_slot, title_slot, s_again)
+    if stack.kind == "fake":
+        s_slot, title_slot, s_again = [(q["json"] or {}).get("id_slot") for q in stack.fake.inference_requests()]
+        assert s_again == s_slot != title_slot, (s_slot, title_slot, s_again)
+    else:  # on S's slot, the title call would have left S only the template's first tokens
+        assert cache_n(r) >= reported(first, "usage", "prompt_tokens"), (cache_n(r), first.body[:300])
 
     assert stack.proxy.stop(signal.SIGTERM) == 0, stack.proxy.log_text()
     assert acts(stack.upstream.take_calls()) == ["save"]
     assert saved_sessions(stack) == {S.session}
 
 
+@fake_only
 def test_a_title_call_never_shares_another_credentials_slot(stack):
     """Credential B's conversation T holds the slot; A's title call for S runs only after an
     erase (B's KV is not A's to read), and what it leaves is A's: B's new conversation U
