@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <array>
 
 #include "core/identity.hpp"
@@ -88,16 +89,23 @@ std::string decode_path(std::string_view path) {
   return out;
 }
 
+std::string decode_query_component(std::string_view component) {
+  std::string plus(component);
+  for (auto& ch : plus)
+    if (ch == '+') ch = ' ';
+  return decode_path(plus);
+}
+
 std::optional<std::string> query_param(std::string_view target, std::string_view name) {
   const auto q = target.find('?');
   if (q == std::string_view::npos) return std::nullopt;
-  const std::string_view query = target.substr(q + 1);
+  const std::string_view query = target.substr(q + 1, target.find('#', q) - q - 1);
   for (std::size_t pos = 0; pos <= query.size();) {
-    const auto amp = query.find('&', pos);
-    const auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
-    if (part.size() > name.size() && part.starts_with(name) && part[name.size()] == '=')
-      return decode_path(part.substr(name.size() + 1));
-    if (amp == std::string_view::npos) break;
+    const auto amp = std::min(query.find('&', pos), query.size());
+    const std::string_view part = query.substr(pos, amp - pos);
+    const auto eq = part.find('=');
+    if (decode_query_component(part.substr(0, eq)) == name)
+      return eq == std::string_view::npos ? "" : decode_query_component(part.substr(eq + 1));
     pos = amp + 1;
   }
   return std::nullopt;

@@ -42,7 +42,14 @@ const inference_route* inference_route_of(std::string_view target);
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);
 
-// The percent-decoded value of the query parameter `name` in `target`, nullopt when absent.
+// A query key or value as cpp-httplib decodes it for llama-server's get_param: '+' is a
+// space, then decode_path's escapes.
+std::string decode_query_component(std::string_view component);
+
+// The value of the first query parameter of `target` whose key is `name`, both decoded by
+// decode_query_component, as llama-server reads it (its HTTP library drops the fragment and
+// decodes keys too, so "?%6Dodel=x" names the model); nullopt when absent. A parameter
+// without '=' has the value "".
 std::optional<std::string> query_param(std::string_view target, std::string_view name);
 
 // The path llama-server routes `target` to. Its HTTP library percent-decodes the path

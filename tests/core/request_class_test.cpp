@@ -89,6 +89,31 @@ TEST_CASE("%uXXXX escapes are decoded as llama-server's HTTP library does",
   CHECK(kind_of("/v1/chat/%u0063ompletions") == kind::inference);
 }
 
+// The router picks a GET's model by ?model= as cpp-httplib parses the query (docs/llama-server.md
+// §14): keys are decoded like values, '+' is a space, the fragment is not part of it. A key
+// kvpersist compared raw let "?%6Dodel=beta" load beta with nothing saved (issue 36, hole 2).
+TEST_CASE("query_param decodes keys and values as llama-server's HTTP library does",
+          "[core][request_class]") {
+  using kvp::core::query_param;
+  CHECK(query_param("/props?model=beta", "model") == "beta");
+  CHECK(query_param("/props?%6Dodel=beta", "model") == "beta");
+  CHECK(query_param("/props?%6d%6F%64%65%6c=beta", "model") == "beta");
+  CHECK(query_param("/props?%u006Dodel=beta", "model") == "beta");
+  CHECK(query_param("/props?model=be%74a", "model") == "beta");
+  CHECK(query_param("/props?model=my+model%2Bx", "model") == "my model+x");
+  CHECK(query_param("/props?model=beta#frag", "model") == "beta");
+  CHECK(query_param("/props?x=1#&model=beta", "model") == std::nullopt);
+  CHECK(query_param("/props?model", "model") == "");  // no '=': an empty value
+  CHECK(query_param("/props?model=", "model") == "");
+  CHECK(query_param("/props?&&model=beta&", "model") == "beta");
+  CHECK(query_param("/props?mode=beta&models=x", "model") == std::nullopt);
+  CHECK(query_param("/props", "model") == std::nullopt);
+  // The first of repeated keys, however each is spelled.
+  CHECK(query_param("/props?%6Dodel=alpha&model=beta", "model") == "alpha");
+  CHECK(query_param("/props?model=alpha&%6Dodel=beta", "model") == "alpha");
+  CHECK(query_param("/props?a=%3D&model=x%3Dy", "model") == "x=y");
+}
+
 TEST_CASE("only POST on an inference path needs the slot", "[core][request_class]") {
   const auto needs_slot = [](std::string_view method, std::string_view target) {
     return kvp::core::classify(method, target).needs_slot;
