@@ -404,7 +404,9 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (rc.stream != core::stream_route::none)
     co_return co_await streams_.forward(rc.stream, req, stream_io_of(c));
   auto who = identities_.identity_of(req);
-  auto& up = upstreams_.model_entry(upstreams_.route(req), req);
+  auto entry = upstreams_.model_entry(upstreams_.route(req), req);
+  if (!entry) co_return co_await send(c, error_answer(entry.err(), version, keep));
+  auto& up = *entry.value();
   c.pending = streams_.hold_conversation(up, req);
   if (rc.is_prediction(up.cfg.upstream.predict_route))
     co_return co_await send(c, error_answer(prediction_refused(), version, keep));
