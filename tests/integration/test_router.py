@@ -234,6 +234,25 @@ def test_an_encoded_query_key_saves_first(world, target):
     assert [l.fields["from"] for l in world.proxy.events("kv.router.saved")] == ["alpha"]
 
 
+# Issue 36, item 4: every request the router's own entry forwards that may make the router
+# unload a model goes through the save-first path. A model the router gained after kvpersist
+# started has no entry of its own; a request for it made the router unload alpha unsaved.
+def test_a_model_the_router_gained_later_saves_the_running_ones_first(world):
+    world.start(max_instances=1)
+    assert ask(world.port, "alpha", "r-a").status == 200
+    alpha_child = world.router.child("alpha")
+    world.router.models["delta"] = ["d"]   # listed by the router now, unknown to kvpersist
+    assert ask(world.port, "d", "r-d").status == 200
+    assert world.router.running() == ["delta"] and world.router.unloads == ["alpha"]
+    assert [m["action"] for m in alpha_child.management_calls()] == ["erase", "save"]
+    assert [(l.fields["from"], l.fields["to"]) for l in world.proxy.events("kv.router.saved")] == [("alpha", "delta")]
+    # delta runs now: its next request costs no save; alpha's return restores its session
+    n = len(world.router.requests)
+    assert ask(world.port, "delta", "r-d", "again").status == 200
+    assert not [x for x in world.router.requests[n:] if x["path"] == "/slots/0"], world.router.requests[n:]
+    assert ask(world.port, "alpha", "r-a", "back").status == 200
+    assert [m["action"] for m in world.router.child("alpha").management_calls()] == ["restore"]
+
 # Regression test for 766825d: with upstream.apiKey, a client without the key makes nothing
 # move. Its requests for another model, by body or query, and the router's own load and unload
 # get the router's (or kvpersist's) 401 before kvpersist reads the router's models, saves or
