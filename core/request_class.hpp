@@ -42,14 +42,15 @@ const inference_route* inference_route_of(std::string_view target);
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);
 
-// A query key or value as cpp-httplib decodes it for llama-server's get_param: '+' is a
-// space, then decode_path's escapes.
+// A query key or value as cpp-httplib decodes it for llama-server's get_param: %XX and '+'
+// as a space (no %uXXXX, unlike a path); malformed escapes are kept as they are.
 std::string decode_query_component(std::string_view component);
 
-// The value of the first query parameter of `target` whose key is `name`, both decoded by
-// decode_query_component, as llama-server reads it (its HTTP library drops the fragment and
-// decodes keys too, so "?%6Dodel=x" names the model); nullopt when absent. A parameter
-// without '=' has the value "".
+// The query parameter `name` of `target` as llama-server's get_param reads it
+// (tools/server/server-http.cpp get_params, docs/llama-server.md §9): the fragment dropped,
+// keys decoded like values (so "?%6Dodel=x" names the model), a pair repeated verbatim read
+// once, and of several pairs with the key the last one counts. nullopt when absent; a
+// parameter without '=' has the value "".
 std::optional<std::string> query_param(std::string_view target, std::string_view name);
 
 // The path llama-server routes `target` to. Its HTTP library percent-decodes the path

@@ -3,7 +3,7 @@ FakeLlamaServer processes-in-a-thread started on demand, one per model, sharing 
 directory; at most `max_instances` run, and starting another first stops the least recently
 used idle one (every POST counts as a use), which loses its KV. Requests pick their model by
 the body's "model" (POST, read as llama-server's JSON parser reads it: up to a NUL byte, past a
-UTF-8 BOM) or ?model= (GET, the query as cpp-httplib parses it: keys decoded too, the first
+UTF-8 BOM) or ?model= (GET, the query as llama-server reads it: keys decoded too, the last
 of repeated keys); `autoload` as the router's. With `api_key`, a request without it gets
 401 (docs/llama-server.md §8). A load takes `load_delay_s`, and is dropped when the client
 of the request that made it leaves meanwhile (llama-server drops a queued one so).
@@ -33,12 +33,10 @@ def nlohmann_text(body: bytes) -> bytes:
 
 
 def httplib_query(raw_query: str) -> dict[str, str]:
-    """cpp-httplib's parse of a query for get_param: keys and values decoded ('+' a space),
-    the first of repeated keys."""
-    query: dict[str, str] = {}
-    for k, v in urllib.parse.parse_qsl(raw_query, keep_blank_values=True):
-        query.setdefault(k, v)
-    return query
+    """llama-server's get_param of a query (docs/llama-server.md §9): keys and values decoded
+    ('+' a space), a pair repeated verbatim read once, the last of repeated keys."""
+    pairs = list(dict.fromkeys(p for p in raw_query.split("&") if p))
+    return dict(urllib.parse.parse_qsl("&".join(pairs), keep_blank_values=True))
 
 
 class FakeRouter:

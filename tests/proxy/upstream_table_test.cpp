@@ -160,6 +160,7 @@ TEST_CASE("a router's model is read as the router reads it; an unreadable body i
   CHECK(entry_for(table, front, get("/props?%6Dodel=gemma")) == gemma);
   CHECK(entry_for(table, front, get("/props?%6d%6f%64%65%6c=gem%6Da&autoload=true")) == gemma);
   CHECK(entry_for(table, front, get("/props?model=gemma#x")) == gemma);
+  CHECK(entry_for(table, front, get("/props?model=qwen&%6Dodel=gemma")) == gemma);
   CHECK(entry_for(table, front, request{http::verb::head, "/props?%6Dodel=gemma", 11}) == gemma);
   // A leading UTF-8 BOM: both parsers skip it.
   CHECK(entry_for(table, front, post("/v1/chat/completions", "\xEF\xBB\xBF{\"model\":\"gemma\"}")) == gemma);
