@@ -281,13 +281,14 @@ def test_a_client_without_the_key_starts_no_save_and_no_load(world):
     assert len(world.proxy.events("kv.router.loaded")) == loads
 
 
-def send_and_leave(port: int, body: dict, leave_after_s: float):
-    """Sends a chat request on a raw connection and closes it `leave_after_s` later, unread."""
+def send_and_leave(port: int, body: dict, leave_when) -> bool:
+    """Sends a chat request on a raw connection and closes it, unread, once `leave_when()`
+    holds (at most 10 s); whether it held."""
     data = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"X-Session-Id: r-gone\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
-        time.sleep(leave_after_s)
+        return wait_until(leave_when, 10)
 
 
 # Regression test for d444425 (and 766825d): a client that leaves while its model loads makes
@@ -295,9 +296,14 @@ def send_and_leave(port: int, body: dict, leave_after_s: float):
 # router's switch nor a lease stays held: the next requests, for the running model and for the
 # one whose load was dropped, are served at once.
 def test_a_client_that_leaves_during_its_load_leaves_nothing_held(world):
-    world.start(max_instances=1, load_delay_s=3.0)
-    assert ask(world.port, "alpha", "r-a", timeout=30).status == 200
-    send_and_leave(world.port, chat_body("beta", "r-gone"), 0.8)
+    world.start(max_instances=1)
+    assert ask(world.port, "alpha", "r-a").status == 200
+    world.router.load_delay_s = 10.0   # beta's load outlasts its client
+
+    def loading():   # kvpersist's load of beta reached the router
+        return any(x["path"] == "/props" and x["model"] == "beta" and x["query"].get("autoload") == "true"
+                   for x in world.router.requests)
+    assert send_and_leave(world.port, chat_body("beta", "r-gone"), loading), world.router.requests
     assert wait_until(lambda: world.proxy.events("kv.router.load_abandoned"), 10), world.proxy.log_text()
     assert wait_until(lambda: world.router.dropped_loads == ["beta"], 10), world.router.requests
     assert ("POST", "/v1/chat/completions", "beta") not in world.router.calls()
