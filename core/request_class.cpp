@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <array>
 
 #include "core/identity.hpp"
@@ -88,19 +89,40 @@ std::string decode_path(std::string_view path) {
   return out;
 }
 
+std::string decode_query_component(std::string_view component) {
+  std::string out;
+  out.reserve(component.size());
+  for (std::size_t i = 0; i < component.size(); ++i) {
+    const bool escape = component[i] == '%' && i + 2 < component.size();
+    const int hi = escape ? hex_value(component[i + 1]) : -1;
+    const int lo = escape ? hex_value(component[i + 2]) : -1;
+    if (hi >= 0 && lo >= 0) {
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else {
+      out += component[i] == '+' ? ' ' : component[i];
+    }
+  }
+  return out;
+}
+
 std::optional<std::string> query_param(std::string_view target, std::string_view name) {
   const auto q = target.find('?');
   if (q == std::string_view::npos) return std::nullopt;
-  const std::string_view query = target.substr(q + 1);
+  const std::string_view query = target.substr(q + 1, target.find('#', q) - q - 1);
+  std::optional<std::string> value;
+  std::vector<std::string_view> seen;  // cpp-httplib skips a pair it has read before
   for (std::size_t pos = 0; pos <= query.size();) {
-    const auto amp = query.find('&', pos);
-    const auto part = query.substr(pos, amp == std::string_view::npos ? std::string_view::npos : amp - pos);
-    if (part.size() > name.size() && part.starts_with(name) && part[name.size()] == '=')
-      return decode_path(part.substr(name.size() + 1));
-    if (amp == std::string_view::npos) break;
+    const auto amp = std::min(query.find('&', pos), query.size());
+    const std::string_view part = query.substr(pos, amp - pos);
     pos = amp + 1;
+    if (std::find(seen.begin(), seen.end(), part) != seen.end()) continue;
+    seen.push_back(part);
+    const auto eq = part.find('=');
+    if (decode_query_component(part.substr(0, eq)) == name)
+      value = eq == std::string_view::npos ? "" : decode_query_component(part.substr(eq + 1));
   }
-  return std::nullopt;
+  return value;
 }
 
 std::string routed_path(std::string_view target) {

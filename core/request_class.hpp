@@ -46,7 +46,15 @@ const inference_route* inference_route_of(std::string_view target);
 // (%2F becomes '/'); malformed escapes are kept as they are.
 std::string decode_path(std::string_view path);
 
-// The percent-decoded value of the query parameter `name` in `target`, nullopt when absent.
+// A query key or value as cpp-httplib decodes it for llama-server's get_param: %XX and '+'
+// as a space (no %uXXXX, unlike a path); malformed escapes are kept as they are.
+std::string decode_query_component(std::string_view component);
+
+// The query parameter `name` of `target` as llama-server's get_param reads it
+// (tools/server/server-http.cpp get_params, docs/llama-server.md §9): the fragment dropped,
+// keys decoded like values (so "?%6Dodel=x" names the model), a pair repeated verbatim read
+// once, and of several pairs with the key the last one counts. nullopt when absent; a
+// parameter without '=' has the value "".
 std::optional<std::string> query_param(std::string_view target, std::string_view name);
 
 // The path llama-server routes `target` to. Its HTTP library percent-decodes the path

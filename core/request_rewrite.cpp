@@ -41,15 +41,21 @@ result<std::string> pin_request_body(std::string_view body, int slot) {
   return out;
 }
 
-std::string request_model(std::string_view body) {
+result<std::string> read_request_model(std::string_view body) {
   rapidjson::Document d;
-  if (!parse_json_bounded(body, d) || !d.IsObject()) return {};
+  if (auto parsed = parse_json_bounded(body, d); !parsed) return parsed.err();
+  if (!d.IsObject()) return std::string();
   // llama-server's parser keeps the last of duplicate keys; route on the model it will see.
   const rapidjson::Value* model = nullptr;
   for (const auto& m : d.GetObject())
     if (std::string_view(m.name.GetString(), m.name.GetStringLength()) == "model") model = &m.value;
-  if (model == nullptr || !model->IsString()) return {};
+  if (model == nullptr || !model->IsString()) return std::string();
   return std::string(model->GetString(), model->GetStringLength());
+}
+
+std::string request_model(std::string_view body) {
+  auto model = read_request_model(body);
+  return model ? std::move(model.value()) : std::string();
 }
 
 }  // namespace kvp::core

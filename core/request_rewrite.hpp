@@ -19,10 +19,15 @@ namespace kvp::core {
 // the caller refuses such a request in managed mode rather than run it unpinned.
 result<std::string> pin_request_body(std::string_view body, int slot);
 
-// The "model" member of a JSON request body, or "" (used for routing to a server). Of
-// duplicate "model" keys the last counts, as in llama-server; "" when that one is no string,
-// or when the body is not JSON parse_json_bounded accepts: such a body routes like one
-// without a model, to the first server, which answers it itself.
+// The "model" member of a JSON request body, "" when it has none (used for routing to a
+// server). Of duplicate "model" keys the last counts, as in llama-server; "" when that one
+// is no string. An error (its message fit for the client's 400) when the body is not JSON
+// parse_json_bounded accepts: llama-server's parser may still read a model in it (it stops
+// at a NUL byte, docs/llama-server.md §14), so a router's request is refused then.
+result<std::string> read_request_model(std::string_view body);
+
+// read_request_model's model, "" for a body it cannot read: routes: send such a body where
+// they send one without a model, to the first server.
 std::string request_model(std::string_view body);
 
 }  // namespace kvp::core

@@ -9,19 +9,6 @@
 
 namespace kvp::core {
 
-namespace {
-
-// A query value as cpp-httplib decodes it for llama-server's get_param: '+' is a space,
-// then %XX (decode_path's rules).
-std::string decode_query_value(std::string_view v) {
-  std::string plus(v);
-  for (auto& ch : plus)
-    if (ch == '+') ch = ' ';
-  return decode_path(plus);
-}
-
-}  // namespace
-
 stream_route stream_route_of(std::string_view method, std::string_view path) {
   if (path == "/v1/stream") {
     if (method == "GET") return stream_route::replay;
@@ -53,9 +40,9 @@ namespaced_target namespace_stream_target(std::string_view target, std::string_v
     const auto eq = param.find('=');
     const std::string_view key = param.substr(0, eq);
     if (pos > 0) out += '&';
-    if (decode_query_value(key) == "conv_id") {
+    if (decode_query_component(key) == "conv_id") {
       const std::string_view value = eq == std::string_view::npos ? "" : param.substr(eq + 1);
-      auto id = upstream_conversation_id(credential, decode_query_value(value));
+      auto id = upstream_conversation_id(credential, decode_query_component(value));
       out += "conv_id=" + id;
       if (res.conversation.empty()) res.conversation = std::move(id);
     } else {

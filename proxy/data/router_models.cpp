@@ -70,23 +70,39 @@ void router_models::note_status(const std::vector<backends::router_model>& model
   status_known_ = true;
 }
 
-net::awaitable<void> router_models::before_serving(const member& m, bool load,
-                                                   const std::function<bool()>& wanted) {
+net::awaitable<bool> router_models::take_switch(const member* m) {
   for (;;) {
     {
       std::lock_guard lock(mu_);
-      served_[m.model] = ++clock_;
+      if (m) served_[m->model] = ++clock_;
       if (!switching_) {
-        if (known_running(m)) co_return;
+        if (m && known_running(*m)) co_return false;
         switching_ = true;
-        break;
+        co_return true;
       }
     }
     co_await pause(model_switch_poll);
   }
-  co_await switch_to(m, load, wanted);
+}
+
+void router_models::end_switch() {
   std::lock_guard lock(mu_);
   switching_ = false;
+}
+
+net::awaitable<void> router_models::before_serving(const member& m, bool load,
+                                                   const std::function<bool()>& wanted) {
+  const bool switching = co_await take_switch(&m);
+  if (!switching) co_return;
+  co_await switch_to(m, load, wanted);
+  end_switch();
+}
+
+net::awaitable<void> router_models::before_unmanaged(std::string_view model) {
+  const bool switching = co_await take_switch(nullptr);
+  if (!switching) co_return;
+  co_await save_before_unmanaged(model);
+  end_switch();
 }
 
 net::awaitable<void> router_models::before_unload(const member& m) {
@@ -105,15 +121,19 @@ net::awaitable<void> router_models::save(const member& m, std::string_view to) {
        {"ok", out.result == admin_result::flushed ? "1" : "0"}});
 }
 
-net::awaitable<void> router_models::switch_to(const member& m, bool load,
-                                              const std::function<bool()>& wanted) {
+net::awaitable<core::result<std::vector<backends::router_model>>> router_models::read_models() {
   auto models = co_await backends::read_router_models(ep_, call_timeout_);
-  if (!models) {
+  if (!models)
     log(log_level::warn, "kv.router.unavailable",
         {{"server", server_}, {"reason", models.err().message},
          {"effect", "forwarded without saving the other models' sessions"}});
-    co_return;
-  }
+  co_return models;
+}
+
+net::awaitable<void> router_models::switch_to(const member& m, bool load,
+                                              const std::function<bool()>& wanted) {
+  auto models = co_await read_models();
+  if (!models) co_return;
   {
     std::lock_guard lock(mu_);
     note_status(models.value());
@@ -125,7 +145,7 @@ net::awaitable<void> router_models::switch_to(const member& m, bool load,
   const auto running = std::count_if(models->begin(), models->end(),
                                      [](const backends::router_model& rm) { return rm.running(); });
   if (info_.max_instances > 0 && running >= info_.max_instances)
-    co_await save_running_others(m, models.value());
+    co_await save_running_others(m.model, models.value());
   // A new child: its /props has a new media marker, so its sessions restore (§4).
   m.coord->note_upstream_trouble();
   if (!load || !wanted()) co_return;  // a client's own POST /models/load follows
@@ -137,10 +157,10 @@ net::awaitable<void> router_models::switch_to(const member& m, bool load,
 // Saved least recently served first: each save is a POST, which the router counts as a use,
 // so the order the router will unload in is kept, and whichever model it unloads is saved.
 net::awaitable<void> router_models::save_running_others(
-    const member& to, const std::vector<backends::router_model>& models) {
+    std::string_view to, const std::vector<backends::router_model>& models) {
   std::vector<const member*> others;
   for (const auto& m : members_)
-    if (&m != &to)
+    if (m.model != to)
       if (const auto* st = status_of(models, m.model); st && st->running()) others.push_back(&m);
   {
     std::lock_guard lock(mu_);
@@ -148,7 +168,29 @@ net::awaitable<void> router_models::save_running_others(
       return served_[a->model] < served_[b->model];
     });
   }
-  for (const member* m : others) co_await save(*m, to.model);
+  for (const member* m : others) co_await save(*m, to);
+}
+
+net::awaitable<void> router_models::save_before_unmanaged(std::string_view model) {
+  auto models = co_await read_models();
+  if (!models) co_return;
+  const auto named = std::find_if(models->begin(), models->end(), [&](const auto& rm) {
+    return rm.id == model || std::find(rm.aliases.begin(), rm.aliases.end(), model) != rm.aliases.end();
+  });
+  const auto running = std::count_if(models->begin(), models->end(),
+                                     [](const backends::router_model& rm) { return rm.running(); });
+  // A model the router does not know it answers itself; one it runs costs no unload.
+  if (named == models->end() || named->running()) co_return;
+  {
+    // The request may change what runs: the next one reads the status again.
+    std::lock_guard lock(mu_);
+    status_known_ = false;
+  }
+  log(log_level::info, "kv.router.unmanaged_model",
+      {{"server", server_}, {"model", named->id},
+       {"effect", "runs without persistence until kvpersist restarts"}});
+  if (info_.max_instances > 0 && running >= info_.max_instances)
+    co_await save_running_others(named->id, models.value());
 }
 
 // The load is a request of the router's own kind, held open until the model runs: when the

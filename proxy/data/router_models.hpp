@@ -48,13 +48,26 @@ class router_models {
                                       const std::function<bool()>& wanted);
   // Before a client's POST /models/unload of `m`: its dirty sessions are saved.
   net::awaitable<void> before_unload(const member& m);
+  // Before a request naming `model`, which is no member (the router gained it after
+  // kvpersist's start), is forwarded: when the router lists it, does not run it and runs
+  // max_instances models, every running member's dirty sessions are saved, as before a
+  // member's load, since the router may start it and unload any of them. Loads nothing.
+  net::awaitable<void> before_unmanaged(std::string_view model);
 
   static constexpr std::chrono::seconds load_timeout{600};
 
  private:
+  // Waits until no other caller is switching, then switches itself (true); false at once,
+  // switching nothing, when `m` (nullptr: none) runs as last read.
+  net::awaitable<bool> take_switch(const member* m);
+  void end_switch();
+  // The router's /v1/models now; an error is logged.
+  net::awaitable<core::result<std::vector<backends::router_model>>> read_models();
   net::awaitable<void> switch_to(const member& m, bool load, const std::function<bool()>& wanted);
+  net::awaitable<void> save_before_unmanaged(std::string_view model);
   net::awaitable<void> save(const member& m, std::string_view to);
-  net::awaitable<void> save_running_others(const member& to,
+  // Saves every running member but the one named `to`, least recently served first.
+  net::awaitable<void> save_running_others(std::string_view to,
                                            const std::vector<backends::router_model>& models);
   net::awaitable<bool> load_and_wait(const member& m, const std::function<bool()>& wanted);
   // Whether the last status read says `m` runs and is fresh enough to trust.

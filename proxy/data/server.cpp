@@ -132,6 +132,23 @@ response prepare_failure(const core::error& e, const http::request<http::string_
   return error_answer(failed, req.version(), req.keep_alive());
 }
 
+// The router's routes that list its models: they start and stop none.
+bool lists_router_models(std::string_view path) {
+  return path == "/models" || path == "/models/sse" || path == "/v1/models";
+}
+
+// A router's request naming a model kvpersist does not manage (docs/design.md §15): one the
+// router gained since kvpersist started may still make it unload a managed model, so their
+// sessions are saved first where it would. An unload of such a model unloads no other.
+net::awaitable<void> before_unmanaged_model(router_models& router,
+                                            const http::request<http::string_body>& req,
+                                            std::string_view path) {
+  if (lists_router_models(path) || path == "/models/unload") co_return;
+  const auto model = router_request_model(req);
+  if (!model || model->empty()) co_return;
+  co_await router.before_unmanaged(model.value());
+}
+
 net::awaitable<void> stop_coordinator(coordinator* co) {
   co->stop();
   co_return;
@@ -181,7 +198,7 @@ net::awaitable<void> server::before_router_request(upstream_entry& up, client_co
   const std::function<bool()> wanted = [this, &c] { return !abandoned(c); };
   if (path == "/models/unload") co_return co_await up.of_router->before_unload(m);
   if (path == "/models/load") co_return co_await up.of_router->before_serving(m, false, wanted);
-  if (path == "/models" || path == "/models/sse" || path == "/v1/models") co_return;
+  if (lists_router_models(path)) co_return;
   co_await up.of_router->before_serving(m, true, wanted);
 }
 
@@ -404,13 +421,19 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   if (rc.stream != core::stream_route::none)
     co_return co_await streams_.forward(rc.stream, req, stream_io_of(c));
   auto who = identities_.identity_of(req);
-  auto& up = upstreams_.model_entry(upstreams_.route(req), req);
+  auto entry = upstreams_.model_entry(upstreams_.route(req), req);
+  if (!entry) co_return co_await send(c, error_answer(entry.err(), version, keep));
+  auto& up = *entry.value();
   c.pending = streams_.hold_conversation(up, req);
   if (rc.is_prediction(up.cfg.upstream.predict_route))
     co_return co_await send(c, error_answer(prediction_refused(), version, keep));
   relay_state st;
   // A router's request for no model kvpersist manages: the router picks (or refuses) it.
-  if (up.router) co_return co_await forward(up, c, req, std::nullopt, st);
+  if (up.router) {
+    if (client_may_use(up.cfg.upstream.api_key, req))
+      co_await before_unmanaged_model(*up.router, req, rc.path);
+    co_return co_await forward(up, c, req, std::nullopt, st);
+  }
   // A router starts the model a request names, and may unload another to do so; a client
   // without the key makes nothing move (the router answers it 401).
   if (up.of_router && client_may_use(up.cfg.upstream.api_key, req)) {

@@ -2,10 +2,13 @@
 
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "backends/llama_http_backend.hpp"
 #include "core/identity.hpp"
 #include "core/log.hpp"
 #include "core/request_rewrite.hpp"
+#include "proxy/http/http_status.hpp"
 
 namespace kvp::proxy {
 
@@ -163,17 +166,29 @@ upstream_entry& upstream_table::route(const http::request<http::string_body>& re
   return *ups_.front();
 }
 
-upstream_entry& upstream_table::model_entry(upstream_entry& up,
-                                            const http::request<http::string_body>& req) {
-  if (!up.router) return up;
-  const auto model = req.method() == http::verb::get || req.method() == http::verb::head
-                         ? core::query_param(req.target(), "model").value_or("")
-                         : core::request_model(req.body());
-  const auto* m = model.empty() ? nullptr : up.router->find(model);
-  if (!m) return up;
+core::result<std::string> router_request_model(const http::request<http::string_body>& req) {
+  if (req.method() == http::verb::get || req.method() == http::verb::head)
+    return core::query_param(req.target(), "model").value_or("");
+  if (req.method() != http::verb::post) return std::string();
+  auto read = core::read_request_model(req.body());
+  if (!read)
+    return refused(http::status::bad_request,
+                   fmt::format("request body: {}; kvpersist cannot tell which of the router's "
+                               "models it names",
+                               read.err().message));
+  return read;
+}
+
+core::result<upstream_entry*> upstream_table::model_entry(
+    upstream_entry& up, const http::request<http::string_body>& req) {
+  if (!up.router) return &up;
+  auto model = router_request_model(req);
+  if (!model) return model.err();
+  const auto* m = model->empty() ? nullptr : up.router->find(model.value());
+  if (!m) return &up;
   for (auto& e : ups_)
-    if (e->of_router == up.router.get() && e->router_model == m->model) return *e;
-  return up;
+    if (e->of_router == up.router.get() && e->router_model == m->model) return e.get();
+  return &up;
 }
 
 upstream_entry* upstream_table::server_named(const std::string& name) {

@@ -42,6 +42,12 @@ struct upstream_entry {
   router_models* of_router = nullptr;
 };
 
+// The model a llama-server router reads in `req` (docs/llama-server.md §14): a POST's body
+// "model", ?model= on a GET or HEAD (its query decoded as the router decodes it), else "".
+// An error (a 400 for the client) for a POST body kvpersist's JSON parser cannot read: the
+// router's parser may still read a model in it (docs/design.md §15).
+core::result<std::string> router_request_model(const http::request<http::string_body>& req);
+
 class upstream_table {
  public:
   // One entry per server of config::effective_servers(cfg), in configuration order.
@@ -57,8 +63,11 @@ class upstream_table {
   // The first of the configuration's routes that `req` matches (its header, its body's
   // "model"), else the first server.
   upstream_entry& route(const http::request<http::string_body>& req);
-  // A router's entry for the model `req` names (body "model", or ?model= on a GET), else `up`.
-  upstream_entry& model_entry(upstream_entry& up, const http::request<http::string_body>& req);
+  // A router's entry for the model router_request_model reads in `req`, else `up`. Its
+  // error for a request to a router: forwarded through the router's own entry, such a body
+  // would run, and load its model, unmanaged (docs/design.md §15).
+  core::result<upstream_entry*> model_entry(upstream_entry& up,
+                                            const http::request<http::string_body>& req);
   // The entry named `name` (a configured server, or "<router>/<model>"); nullptr when none.
   upstream_entry* server_named(const std::string& name);
 

@@ -89,6 +89,37 @@ TEST_CASE("%uXXXX escapes are decoded as llama-server's HTTP library does",
   CHECK(kind_of("/v1/chat/%u0063ompletions") == kind::inference);
 }
 
+// The router picks a GET's model by ?model= as llama-server reads its query (docs/llama-server.md
+// §9, §14): keys are decoded like values, '+' is a space, the fragment is not part of it, the
+// last of repeated keys counts. A key kvpersist compared raw let "?%6Dodel=beta" load beta
+// with nothing saved (issue 36, hole 2).
+TEST_CASE("query_param reads a query as llama-server's get_param does", "[core][request_class]") {
+  using kvp::core::query_param;
+  CHECK(query_param("/props?model=beta", "model") == "beta");
+  CHECK(query_param("/props?%6Dodel=beta", "model") == "beta");
+  CHECK(query_param("/props?%6d%6F%64%65%6c=beta", "model") == "beta");
+  CHECK(query_param("/props?model=be%74a", "model") == "beta");
+  CHECK(query_param("/props?model=my+model%2Bx", "model") == "my model+x");
+  CHECK(query_param("/props?model=beta%", "model") == "beta%");  // malformed: kept
+  CHECK(query_param("/props?model=%zzbeta", "model") == "%zzbeta");
+  // No %uXXXX form in a query (cpp-httplib's decode_query_component), unlike in a path.
+  CHECK(query_param("/props?%u006Dodel=beta", "model") == std::nullopt);
+  CHECK(query_param("/props?model=beta#frag", "model") == "beta");
+  CHECK(query_param("/props?x=1#&model=beta", "model") == std::nullopt);
+  CHECK(query_param("/props?model", "model") == "");  // no '=': an empty value
+  CHECK(query_param("/props?model=", "model") == "");
+  CHECK(query_param("/props?&&model=beta&", "model") == "beta");
+  CHECK(query_param("/props?mode=beta&models=x", "model") == std::nullopt);
+  CHECK(query_param("/props", "model") == std::nullopt);
+  CHECK(query_param("/props?a=%3D&model=x%3Dy", "model") == "x=y");
+  // get_params copies the parsed pairs into a map: the last of repeated keys, however each
+  // is spelled, wins; a pair repeated verbatim was parsed once, at its first place.
+  CHECK(query_param("/props?model=alpha&%6Dodel=beta", "model") == "beta");
+  CHECK(query_param("/props?%6Dodel=alpha&model=beta", "model") == "beta");
+  CHECK(query_param("/props?model=alpha&model=beta&model=alpha", "model") == "beta");
+  CHECK(query_param("/props?model=alpha&model=beta&%6Dodel=alpha", "model") == "alpha");
+}
+
 TEST_CASE("only POST on an inference path needs the slot", "[core][request_class]") {
   const auto needs_slot = [](std::string_view method, std::string_view target) {
     return kvp::core::classify(method, target).needs_slot;

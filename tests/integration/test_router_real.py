@@ -14,6 +14,7 @@ return is a full prefill.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -147,3 +148,45 @@ def test_doctor_names_the_router_and_its_models(router, tmp_path):
         assert status == ("loaded" if name in running else "unloaded (checked when a request loads it)"), r.stdout
     assert "Slot API" in lines and "enabled" in lines["Slot API"], r.stdout
     assert router.running() == running   # doctor loaded nothing
+
+
+def test_a_body_the_router_reads_past_a_nul_is_refused(router, tmp_path):
+    """Issue 36, hole 1: llama-server's JSON parser stops at a NUL byte, so a chat body followed
+    by one names its model for the router, while kvpersist's parser refuses it. kvpersist
+    answers 400 and the router loads nothing; the control, sent to the router directly, runs."""
+    running = router.running()
+    other = "alpha" if running == ["beta"] else "beta"
+    body = json.dumps({"model": other, "messages": [{"role": "user", "content": "Say hi."}],
+                       "stream": False, "max_tokens": 1, **REAL_MODEL_BODY}).encode() + b"\0junk"
+    stack = Stack(str(tmp_path), "real")
+    try:
+        proxy = stack.start_proxy({}, upstream_url=router.url)
+        r = http_request(proxy.port, "POST", "/v1/chat/completions", body=body, timeout=60)
+        assert r.status == 400 and "NUL" in r.json["error"]["message"], r.body[:300]
+        assert router.running() == running
+        assert proxy.alive()
+    finally:
+        stack.close()
+    r = http_request(router.port, "POST", "/v1/chat/completions", body=body, timeout=180)
+    assert r.status == 200, r.body[:300]   # the control: the router read the body up to the NUL
+    assert router.running() == [other]
+
+
+def test_an_encoded_query_key_saves_first(router, tmp_path):
+    """Issue 36, hole 2: the router decodes query keys, so GET /props?%6Dodel=beta loads beta
+    (and unloads alpha). kvpersist reads the key the same way: alpha's sessions are saved
+    before kvpersist loads beta; on main the request went through the router's own entry."""
+    stack = Stack(str(tmp_path), "real")
+    try:
+        proxy = stack.start_proxy({}, upstream_url=router.url)
+        turn(proxy.port, "alpha", "A-query", conversation("A-query"))
+        assert router.running() == ["alpha"]
+        saved, loaded = len(proxy.events("kv.router.saved")), len(proxy.events("kv.router.loaded"))
+        r = http_request(proxy.port, "GET", "/props?%6Dodel=beta", timeout=180)
+        assert r.status == 200, r.body[:300]
+        assert router.running() == ["beta"]
+        saves = [(l.fields["from"], l.fields["to"]) for l in proxy.events("kv.router.saved")[saved:]]
+        assert saves == [("alpha", "beta")], proxy.log_text()[-3000:]
+        assert [l.fields["model"] for l in proxy.events("kv.router.loaded")[loaded:]] == ["beta"]
+    finally:
+        stack.close()

@@ -2,7 +2,11 @@
 FakeLlamaServer processes-in-a-thread started on demand, one per model, sharing one slot save
 directory; at most `max_instances` run, and starting another first stops the least recently
 used idle one (every POST counts as a use), which loses its KV. Requests pick their model by
-the body's "model" (POST) or ?model= (GET); `autoload` as the router's.
+the body's "model" (POST, read as llama-server's JSON parser reads it: up to a NUL byte, past a
+UTF-8 BOM) or ?model= (GET, the query as llama-server reads it: keys decoded too, the last
+of repeated keys); `autoload` as the router's. With `api_key`, a request without it gets
+401 (docs/llama-server.md §8). A load takes `load_delay_s`, and is dropped when the client
+of the request that made it leaves meanwhile (llama-server drops a queued one so).
 
 Everything the router was asked is in `requests` (method, path, query, model), in order.
 """
@@ -13,20 +17,39 @@ import http.client
 import itertools
 import json
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kvptest.fake_llama import FakeLlamaServer, err_body
+from kvptest.fake_llama import FakeLlamaServer, err_body, httplib_split_target, peer_closed
+
+
+def nlohmann_text(body: bytes) -> bytes:
+    """The JSON text llama-server's parser (nlohmann::json) reads of `body`: a leading UTF-8
+    BOM skipped, and nothing from the first NUL byte on (it takes a NUL for the end of input)."""
+    if body.startswith(b"\xef\xbb\xbf"):
+        body = body[3:]
+    return body.split(b"\0", 1)[0]
+
+
+def httplib_query(raw_query: str) -> dict[str, str]:
+    """llama-server's get_param of a query (docs/llama-server.md §9): keys and values decoded
+    ('+' a space), a pair repeated verbatim read once, the last of repeated keys."""
+    pairs = list(dict.fromkeys(p for p in raw_query.split("&") if p))
+    return dict(urllib.parse.parse_qsl("&".join(pairs), keep_blank_values=True))
 
 
 class FakeRouter:
     def __init__(self, slot_save_path: str, models: dict[str, list[str]], max_instances: int = 1,
-                 autoload: bool = True):
+                 autoload: bool = True, api_key: str = "", load_delay_s: float = 0.0):
         """`models`: model id -> its aliases."""
         self.slot_save_path = slot_save_path
         self.models = models
         self.max_instances = max_instances
         self.autoload = autoload
+        self.api_key = api_key
+        self.load_delay_s = load_delay_s
+        self.dropped_loads: list[str] = []
         self.children: dict[str, FakeLlamaServer] = {}   # the running ones
         self.last_used: dict[str, int] = {}
         self.busy: dict[str, int] = {}
@@ -65,11 +88,18 @@ class FakeRouter:
                 return m
         return None
 
-    def load(self, model: str):
-        """Starts `model`'s child, first stopping the least recently used idle one at capacity."""
+    def load(self, model: str, client_gone=lambda: False) -> bool:
+        """Starts `model`'s child, first stopping the least recently used idle one at capacity;
+        False (nothing started) when `client_gone` says so during the load's delay."""
+        deadline = time.monotonic() + self.load_delay_s
+        while time.monotonic() < deadline:
+            if client_gone():
+                self.dropped_loads.append(model)
+                return False
+            time.sleep(0.02)
         with self._lock:
             if model in self.children:
-                return
+                return True
             if self.max_instances and len(self.children) >= self.max_instances:
                 idle = [m for m in self.children if not self.busy.get(m)]
                 victim = min(idle, key=lambda m: self.last_used.get(m, 0))
@@ -78,6 +108,7 @@ class FakeRouter:
             child = FakeLlamaServer(self.slot_save_path, model_path="/models/%s.gguf" % model)
             child.weights_seed = sorted(self.models).index(model)
             self.children[model] = child.start()
+            return True
 
     def running(self) -> list[str]:
         with self._lock:
@@ -112,14 +143,26 @@ class _RouterHandler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj):
         self._send(status, json.dumps(obj).encode())
 
+    def _client_gone(self) -> bool:
+        return peer_closed(self.connection)
+
+    def _key_refused(self) -> bool:
+        key = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
+        return bool(self.router.api_key) and key.removeprefix("Bearer ") != self.router.api_key
+
     def _dispatch(self):
         r = self.router
-        path, _, raw_query = self.path.partition("?")
-        query = dict(urllib.parse.parse_qsl(raw_query, keep_blank_values=True))
+        path, raw_query = httplib_split_target(self.path)
+        query = httplib_query(raw_query)
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         model = query.get("model", "")
+        if path not in ("/health", "/v1/health") and self._key_refused():
+            r.requests.append({"method": self.command, "path": path, "query": query, "model": None,
+                               "refused": 401})
+            return self._json(401, err_body(401, "Invalid API Key", "authentication_error"))
         if self.command == "POST":
+            body = nlohmann_text(body)
             try:
                 model = json.loads(body or b"").get("model", "")
             except (ValueError, AttributeError):
@@ -169,7 +212,9 @@ class _RouterHandler(BaseHTTPRequestHandler):
         if target not in r.running():
             if not autoload:
                 return self._json(400, err_body(400, "model is not loaded", "invalid_request_error"))
-            r.load(target)
+            if not r.load(target, self._client_gone):
+                self.close_connection = True
+                return None
         child = r.child(target)
         with r._lock:
             if self.command == "POST":

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "tests/support/temp_dir.hpp"
 
@@ -31,6 +33,13 @@ request post(std::string target, std::string body) {
 }
 
 request get(std::string target) { return request{http::verb::get, target, 11}; }
+
+// The entry model_entry picks for `req`, nullptr when it refuses the request.
+proxy::upstream_entry* entry_for(proxy::upstream_table& table, proxy::upstream_entry& up,
+                                 const request& req) {
+  auto picked = table.model_entry(up, req);
+  return picked ? picked.value() : nullptr;
+}
 
 // Two servers; requests with X-Tenant: b, or for model "big", go to "b".
 config::config two_servers(const std::string& state_dir) {
@@ -67,7 +76,7 @@ TEST_CASE("one configured server takes every request", "[proxy][upstream_table]"
   CHECK(up.cfg.name == "default");  // config::effective_servers names the single server
   CHECK(table.server_named("default") == &up);
   CHECK(table.server_named("b") == nullptr);
-  CHECK(&table.model_entry(up, post("/v1/chat/completions", R"({"model":"big"})")) == &up);
+  CHECK(entry_for(table, up, post("/v1/chat/completions", R"({"model":"big"})")) == &up);
   REQUIRE(table.managed().size() == 1);
   CHECK(table.managed().front() == &up);
   CHECK(up.pool->endpoint().port == 8080);
@@ -118,20 +127,65 @@ TEST_CASE("a router's models get their own entries, picked by the model a reques
   CHECK(qwen->coord != front.coord);
 
   // By body "model" (an id or an alias), by ?model= on a GET; else the router's own entry.
-  CHECK(&table.model_entry(front, post("/v1/chat/completions", R"({"model":"q"})")) == qwen);
-  CHECK(&table.model_entry(front, post("/v1/chat/completions", R"({"model":"gemma"})")) == gemma);
-  CHECK(&table.model_entry(front, get("/props?model=gemma")) == gemma);
-  CHECK(&table.model_entry(front, post("/v1/chat/completions", R"({"model":"llama"})")) == &front);
-  CHECK(&table.model_entry(front, get("/v1/models")) == &front);
+  CHECK(entry_for(table, front, post("/v1/chat/completions", R"({"model":"q"})")) == qwen);
+  CHECK(entry_for(table, front, post("/v1/chat/completions", R"({"model":"gemma"})")) == gemma);
+  CHECK(entry_for(table, front, get("/props?model=gemma")) == gemma);
+  CHECK(entry_for(table, front, post("/v1/chat/completions", R"({"model":"llama"})")) == &front);
+  CHECK(entry_for(table, front, get("/v1/models")) == &front);
   // A server that is no router keeps its requests.
   auto& b = *table.server_named("b");
-  CHECK(&table.model_entry(b, post("/v1/chat/completions", R"({"model":"q"})")) == &b);
+  CHECK(entry_for(table, b, post("/v1/chat/completions", R"({"model":"q"})")) == &b);
 
   // The router's models' coordinators manage its slots; its own entry is not started.
   const auto managed = table.managed();
   CHECK(managed.size() == 3);
   CHECK(std::find(managed.begin(), managed.end(), &front) == managed.end());
   CHECK(std::find(managed.begin(), managed.end(), qwen) != managed.end());
+}
+
+// The router reads a POST's model with its own JSON parser, which stops at a NUL byte, and a
+// GET's ?model= with its key decoded (docs/llama-server.md §14). What kvpersist reads
+// differently must not reach the router through its own entry, unmanaged (issue 36, holes 1
+// and 2).
+TEST_CASE("a router's model is read as the router reads it; an unreadable body is refused",
+          "[proxy][upstream_table]") {
+  kvp::testing::temp_dir dir;
+  net::io_context ioc;
+  proxy::upstream_table table(ioc, two_servers(dir.path()));
+  auto& front = *table.server_named("a");
+  table.add_router_models(front, two_models());
+  auto* gemma = table.server_named("a/gemma");
+  REQUIRE(gemma);
+
+  CHECK(entry_for(table, front, get("/props?%6Dodel=gemma")) == gemma);
+  CHECK(entry_for(table, front, get("/props?%6d%6f%64%65%6c=gem%6Da&autoload=true")) == gemma);
+  CHECK(entry_for(table, front, get("/props?model=gemma#x")) == gemma);
+  CHECK(entry_for(table, front, get("/props?model=qwen&%6Dodel=gemma")) == gemma);
+  CHECK(entry_for(table, front, request{http::verb::head, "/props?%6Dodel=gemma", 11}) == gemma);
+  // A leading UTF-8 BOM: both parsers skip it.
+  CHECK(entry_for(table, front, post("/v1/chat/completions", "\xEF\xBB\xBF{\"model\":\"gemma\"}")) == gemma);
+
+  using namespace std::string_literals;
+  for (const auto& [target, body] : {
+           std::pair{"/v1/chat/completions"s, R"({"model":"gemma","messages":[]})"s + '\0' + "x"s},
+           std::pair{"/v1/chat/completions"s, R"({"model":"gemma"} {})"s},
+           std::pair{"/models/load"s, R"({"model":"gemma"})"s + '\0'},
+           std::pair{"/models/unload"s, R"({"model":"qwen"})"s + '\0'},
+           std::pair{"/models/unload"s, ""s},
+       }) {
+    CAPTURE(target, body);
+    auto picked = table.model_entry(front, post(target, body));
+    REQUIRE_FALSE(picked);
+    CHECK(picked.err().code == core::errc::request_refused);
+    CHECK(picked.err().http_status == 400);
+  }
+  // Only a POST's body names the router's model: an OPTIONS (a CORS preflight) loads nothing.
+  request preflight{http::verb::options, "/v1/chat/completions", 11};
+  preflight.body() = R"({"model":"gemma"})";
+  CHECK(entry_for(table, front, preflight) == &front);
+  // A server that is no router reads its own requests (managed mode refuses what it cannot pin).
+  auto& b = *table.server_named("b");
+  CHECK(entry_for(table, b, post("/v1/chat/completions", "{}"s + '\0')) == &b);
 }
 
 TEST_CASE("prepare_request drops kvpersist's headers and adds the server's host and base path",
