@@ -114,11 +114,11 @@ void slot_pool::set_runtime(const runtime_info& rt) {
   }
 }
 
+// Requests now run without a plan: what the slots hold is unknown, as after a stall.
 void slot_pool::disable_persistence(errc why) {
   enabled_ = false;
   disabled_reason_ = why;
-  on_epoch_change();
-  for (auto& s : slots_) s.content = {};  // requests now run without a plan
+  on_unreachable();
 }
 
 void slot_pool::on_epoch_change() {
@@ -128,6 +128,59 @@ void slot_pool::on_epoch_change() {
     s.idle_deadline.reset();
     s.content = {content_whose::empty, {}, {}};  // a new process holds nothing
   }
+}
+
+namespace {
+
+// What may be in a slot after kvpersist lost sight of it: known content stays its
+// credential's; an empty slot is unknown, of nobody known.
+slot_content unknown_since(const slot_content& c) {
+  switch (c.whose) {
+    case content_whose::known: return {content_whose::unknown, c.credential, {}, true};
+    case content_whose::unknown: return c;
+    case content_whose::empty: break;
+  }
+  return {};
+}
+
+}  // namespace
+
+void slot_pool::on_unreachable() {
+  for (auto& s : slots_) {
+    s.owner.clear();
+    s.state = slot_state::unknown;
+    s.idle_deadline.reset();
+    s.content = unknown_since(s.content);
+  }
+}
+
+bool slot_pool::pass_through_needs_erase(const std::string& credential) const {
+  if (!scoped_by_credential()) return false;
+  const bool several =
+      several_credentials_ || (first_credential_ && *first_credential_ != credential);
+  return std::any_of(slots_.begin(), slots_.end(), [&](const slot_rec& s) {
+    const auto& c = s.content;
+    if (c.whose == content_whose::empty) return false;
+    if (c.whose == content_whose::known || c.credential_known) return c.credential != credential;
+    return several;  // as isolation_at_stake: unknown content, one credential, is nobody else's
+  });
+}
+
+void slot_pool::note_pass_through(const std::string& credential) {
+  note_credential(credential);
+  for (auto& s : slots_) {
+    const auto& c = s.content;
+    const bool its_own = c.whose == content_whose::empty ||
+                         ((c.whose == content_whose::known || c.credential_known) &&
+                          c.credential == credential);
+    s.owner.clear();
+    s.state = slot_state::unknown;
+    s.content = its_own ? slot_content{content_whose::unknown, credential, {}, true} : slot_content{};
+  }
+}
+
+void slot_pool::on_server_erased() {
+  for (auto& s : slots_) s.content = {content_whose::empty, {}, {}};
 }
 
 void slot_pool::forget_slot(int slot) {
@@ -201,7 +254,11 @@ bool slot_pool::may_share(const slot_content& c, const std::string& hash,
                           const std::string& credential, bool aux) const {
   switch (c.whose) {
     case content_whose::empty: return true;
-    case content_whose::unknown: return false;  // as before scopes: a first request erases
+    case content_whose::unknown:
+      // As before scopes, a first request erases; unless only one credential may have put
+      // it there: then it is that credential's content of no known session.
+      if (!c.credential_known) return false;
+      break;
     case content_whose::known: break;
   }
   if (!opts_.seed_across_sessions) return !aux && !hash.empty() && c.session == hash;
@@ -220,7 +277,8 @@ bool slot_pool::isolation_at_stake(const slot_content& c, const std::string& cre
   switch (c.whose) {
     case content_whose::empty: return false;
     case content_whose::known: return c.credential != credential;
-    case content_whose::unknown: return several_credentials_;
+    case content_whose::unknown:
+      return c.credential_known ? c.credential != credential : several_credentials_;
   }
   return true;
 }
