@@ -476,8 +476,28 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
       }
     }
   }
+  if (!t->unpinnable) {
+    // It took the server while persistence was off (admit) and persistence came back before
+    // it ran: it still runs where llama-server puts it, so no slot may hold what it may not
+    // run on (docs/design.md §20).
+    if (auto refused = co_await erase_foreign_slots(t->who)) {
+      release_and_wake(t);
+      co_return std::move(*refused);
+    }
+  }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
+}
+
+net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
+    const core::request_identity& who) {
+  for (int id : pool_.slot_ids()) {
+    if (pool_.may_run_on(id, who)) continue;
+    const auto code = co_await actions_.run_erase(id);
+    if (code)
+      co_return core::error{*code, 0, "a slot holds another scope's KV and could not be erased"};
+  }
+  co_return std::nullopt;
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,

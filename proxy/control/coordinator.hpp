@@ -217,6 +217,8 @@ class coordinator {
   net::awaitable<std::optional<core::error>> claim_server(const core::request_identity& who,
                                                           bool alone);
   bool holds_every_slot(const lease_ticket& t) const;
+  // REQUIRES the exclusive lease: erases every slot `who` may not run on (docs/design.md §20).
+  net::awaitable<std::optional<core::error>> erase_foreign_slots(const core::request_identity& who);
   // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
   // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);

@@ -601,6 +601,31 @@ TEST_CASE("persistence off with slot actions: another credential's request erase
   }
 }
 
+TEST_CASE("persistence back while another credential waits for the server: it still erases",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path(), credential_scope());
+  auto rt = h.fake->runtime();
+  rt.total_slots = 2;
+  h.fake->set_runtime(rt);
+  h.start_quiet();
+  auto a = h.run_client(h.acquire_for(keyed("A", "kA"), true));
+  REQUIRE(a.what == outcome::pass_through);
+  auto b = h.spawn_client(h.acquire_for(keyed("B", "kB"), true));
+  drive_until(h.ioc, [&] { return h.waits > 0; });  // B waits for A's request to end
+  // llama-server restarted with -np 1 meanwhile: B's prepare reads it, persistence is on.
+  rt.total_slots = 1;
+  h.fake->set_runtime(rt);
+  h.coord->note_upstream_trouble();
+  h.run_client(a.held.finish(true));
+  auto b_lease = h.lease_of(b);
+  REQUIRE(b_lease.exclusive());
+  REQUIRE(h.run_client(b_lease.prepare(keyed("B", "kB"), false)).ok());
+  CHECK(h.persistence_on());
+  CHECK(h.fake->slot_calls() == calls{erase_call(0)});  // what A's request left
+  h.run_client(b_lease.finish(true));
+}
+
 TEST_CASE("strict mode never passes through: session requests are refused as before",
           "[proxy][coordinator][pass-through]") {
   temp_dir tmp;
