@@ -175,7 +175,8 @@ void slot_pool::note_pass_through(const std::string& credential) {
                           c.credential == credential);
     s.owner.clear();
     s.state = slot_state::unknown;
-    s.content = its_own ? slot_content{content_whose::unknown, credential, {}, true} : slot_content{};
+    s.content = its_own ? slot_content{content_whose::unknown, credential, {}, true}
+                        : slot_content{};
   }
 }
 

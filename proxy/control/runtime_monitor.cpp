@@ -184,7 +184,8 @@ bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& 
 // docs/design.md §20: isolation does not depend on persistence, only on slot actions.
 std::string runtime_monitor::persistence_off_effect() const {
   if (isolation_off()) return "persistence off; isolation is off";
-  if (erasable_slots() > 0) return "persistence off; another credential's request runs on erased slots";
+  if (erasable_slots() > 0)
+    return "persistence off; another credential's request runs on erased slots";
   return "persistence off";
 }
 
