@@ -13,7 +13,9 @@
 
 namespace kvp::core {
 
-// What a slot's KV holds, as far as kvpersist knows (docs/design.md §20).
+// What a slot's KV holds, as far as kvpersist knows (docs/design.md §20). Only llama-server
+// showing it (an erase, a failed restore, a new process) makes a slot empty; a server that did
+// not answer, or requests kvpersist did not plan, leave it unknown.
 enum class content_whose {
   empty,    // erased, cleared by a failed restore, or a new server process
   known,    // the last request that ran there, or the snapshot restored into it

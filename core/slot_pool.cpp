@@ -105,11 +105,11 @@ void slot_pool::set_runtime(const runtime_info& rt) {
   }
 }
 
+// Requests now run without a plan: what the slots hold is unknown, as after a stall.
 void slot_pool::disable_persistence(errc why) {
   enabled_ = false;
   disabled_reason_ = why;
-  on_epoch_change();
-  for (auto& s : slots_) s.content = {};  // requests now run without a plan
+  on_unreachable();
 }
 
 void slot_pool::on_epoch_change() {
@@ -119,6 +119,56 @@ void slot_pool::on_epoch_change() {
     s.idle_deadline.reset();
     s.content = {content_whose::empty, {}, {}};  // a new process holds nothing
   }
+}
+
+namespace {
+
+// What may be in a slot after kvpersist lost sight of it: known content stays its
+// credential's; an empty slot is unknown, of nobody known.
+slot_content unknown_since(const slot_content& c) {
+  switch (c.whose) {
+    case content_whose::known: return {content_whose::unknown, c.credential, {}, true};
+    case content_whose::unknown: return c;
+    case content_whose::empty: break;
+  }
+  return {};
+}
+
+}  // namespace
+
+void slot_pool::on_unreachable() {
+  for (auto& s : slots_) {
+    s.owner.clear();
+    s.state = slot_state::unknown;
+    s.idle_deadline.reset();
+    s.content = unknown_since(s.content);
+  }
+}
+
+bool slot_pool::pass_through_needs_erase(const std::string& credential) const {
+  slot_door d = door();  // docs/design.md §24: the whole server is one slot's worth of content
+  d.several_credentials |= first_credential_ && *first_credential_ != credential;
+  return std::any_of(slots_.begin(), slots_.end(), [&](const slot_rec& s) {
+    return d.ask(s.content, {credential, {}, true}) == door_answer::erase_or_refuse;
+  });
+}
+
+void slot_pool::note_pass_through(const std::string& credential) {
+  note_credential(credential);
+  for (auto& s : slots_) {
+    const auto& c = s.content;
+    const bool its_own = c.whose == content_whose::empty ||
+                         ((c.whose == content_whose::known || c.credential_known) &&
+                          c.credential == credential);
+    s.owner.clear();
+    s.state = slot_state::unknown;
+    s.content = its_own ? slot_content{content_whose::unknown, credential, {}, true}
+                        : slot_content{};
+  }
+}
+
+void slot_pool::on_server_erased() {
+  for (auto& s : slots_) s.content = {content_whose::empty, {}, {}};
 }
 
 void slot_pool::forget_slot(int slot) {

@@ -169,9 +169,24 @@ class slot_pool {
   // The slot reserved for auxiliary calls, or -1.
   int aux_slot() const;
 
-  // The server process changed (new media_marker, or it was unreachable and came back):
-  // its slots are empty, so nobody is resident any more. Snapshots on disk stay valid.
+  // The server process changed (new media_marker, a sleep, new adapters): its slots are
+  // empty, so nobody is resident any more. Snapshots on disk stay valid.
   void on_epoch_change();
+  // The server did not answer (a stall, a swap storm, a debugger: docs/design.md §20): its
+  // slots may still hold what they held, and what was planned meanwhile may have run there
+  // later. Nobody is resident, and each slot's content is unknown, kept as the credential
+  // that put it there (known content), so only another credential's request pays an erase.
+  void on_unreachable();
+
+  // Persistence off (docs/design.md §5 "Without persistence", §20): requests run on whatever
+  // slot llama-server picks, so every slot is treated as holding what any of them may hold.
+  // Whether a request of `credential` may run there only after every slot of the server is
+  // erased (always false under `sharing: instance`).
+  bool pass_through_needs_erase(const std::string& credential) const;
+  // A request of `credential` runs there: any slot may hold its content from now on.
+  void note_pass_through(const std::string& credential);
+  // Every slot of the server was erased.
+  void on_server_erased();
 
   // Manifests read from the state directory at startup, or re-read before a session that
   // is not resident is prepared (another node may have saved it: shared snapshots).

@@ -248,9 +248,17 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     co_await runtime_.look_for_changes(-1);
   }
   if (may_pass_through(*t)) {
-    leases_.begin_pass_through(t);
-    out.what = admission::outcome::pass_through;
-    co_return out;
+    if (!isolation_needs_erase(t->who.credential)) {
+      pool_.note_pass_through(t->who.credential);
+      leases_.begin_pass_through(t);
+      out.what = admission::outcome::pass_through;
+      co_return out;
+    }
+    t->exclusive = true;  // another tenant's: waits for the server, erased by prepare_exclusive
+  } else if (!pool_.persistence_enabled() && !opts_.pool.strict && runtime_.erasable_slots() > 0) {
+    // Behind a lease held or waited for, persistence off: it may run on any slot, so it
+    // takes the server as a pass-through request would, erased first for another tenant.
+    t->exclusive = true;
   }
   // Which session the request belongs to may depend on its content (docs/design.md §20):
   // resolved once for the queue and the slot choice, and again when it is planned.
@@ -274,6 +282,49 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
 bool coordinator::may_pass_through(const lease_ticket& t) const {
   return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
          !t.runtime_change && leases_.idle() && !runtime_.probe_pending();
+}
+
+bool coordinator::isolation_needs_erase(const std::string& credential) const {
+  return runtime_.erasable_slots() > 0 && pool_.pass_through_needs_erase(credential);
+}
+
+// docs/design.md §20 "Isolation without persistence": before a request runs where llama-server
+// puts it, every slot is erased when another credential's content may be there. `alone`: the
+// caller holds every slot of the pool, so nothing else runs or is granted meanwhile; a request
+// that is not alone is refused (it comes back through admit and waits for the server).
+net::awaitable<std::optional<core::error>> coordinator::claim_server(
+    const core::request_identity& who, bool alone) {
+  if (isolation_needs_erase(who.credential)) {
+    if (!alone)
+      co_return core::error{core::errc::slot_busy, 0,
+                            "another credential's requests run on the server", 1};
+    const int slots = runtime_.erasable_slots();
+    for (int id = 0; id < slots; ++id) {
+      const auto r = co_await backend_->erase(id);
+      if (r) continue;
+      log(log_level::warn, "kv.slot.erase.failed",
+          {{"slot", std::to_string(id)},
+           {"code", std::string(core::to_string(core::errc::erase_failed))},
+           {"reason", r.err().message}});
+      co_return core::error{core::errc::erase_failed, 0,
+                            "the server may hold another credential's KV and could not be erased"};
+    }
+    pool_.on_server_erased();
+    log(log_level::info, "kv.server.erased",
+        {{"slots", std::to_string(slots)},
+         {"effect", "persistence is off: every slot erased before another credential's request"}});
+  }
+  pool_.note_pass_through(who.credential);
+  co_return std::nullopt;
+}
+
+bool coordinator::holds_every_slot(const lease_ticket& t) const {
+  const auto& leased = leases_.leased();
+  const auto ids = pool_.slot_ids();
+  return std::all_of(ids.begin(), ids.end(), [&](int id) {
+    const auto it = leased.find(id);
+    return it != leased.end() && it->second.get() == &t;
+  });
 }
 
 void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
@@ -330,6 +381,14 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (auto refused = new_sessions_.refusal(own, who.credential, steady_clock::now())) {
     release_and_wake(t);  // before the plan: no slot was touched
     co_return std::move(*refused);
+  }
+  if (!pool_.persistence_enabled() && !(opts_.pool.strict && session)) {
+    // Persistence turned off since the lease was granted: isolation without it.
+    auto refused = co_await claim_server(who, holds_every_slot(*t));
+    if (refused) {
+      release_and_wake(t);
+      co_return std::move(*refused);
+    }
   }
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
@@ -401,7 +460,12 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   if (!leases_.holds(t) || !t->exclusive)
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
   co_await runtime_.refresh_runtime(pool_.slot_ids().front());
-  if (!pool_.persistence_enabled()) co_return core::prepare_kind::none;
+  if (!pool_.persistence_enabled()) {
+    auto refused = co_await claim_server(t->who, true);
+    if (refused) release_and_wake(t);
+    if (refused) co_return std::move(*refused);
+    co_return core::prepare_kind::none;
+  }
   for (int id : pool_.slot_ids()) {
     if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await actions_.run_save(*s);
@@ -412,8 +476,28 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
       }
     }
   }
+  if (!t->unpinnable) {
+    // It took the server while persistence was off (admit) and persistence came back before
+    // it ran: it still runs where llama-server puts it, so no slot may hold what it may not
+    // run on (docs/design.md §20).
+    if (auto refused = co_await erase_foreign_slots(t->who)) {
+      release_and_wake(t);
+      co_return std::move(*refused);
+    }
+  }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
+}
+
+net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
+    const core::request_identity& who) {
+  for (int id : pool_.slot_ids()) {
+    if (pool_.may_run_on(id, who)) continue;
+    const auto code = co_await actions_.run_erase(id);
+    if (code)
+      co_return core::error{*code, 0, "a slot holds another scope's KV and could not be erased"};
+  }
+  co_return std::nullopt;
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,

@@ -209,6 +209,16 @@ class coordinator {
   bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
+  // docs/design.md §20 "Isolation without persistence": slot actions exist and a request of
+  // `credential` may run only after every slot of the server is erased.
+  bool isolation_needs_erase(const std::string& credential) const;
+  // Before a request of `who` runs with persistence off: the erases it needs (`alone`: its
+  // ticket holds the whole pool), then it is the server's tenant. An error: it must not run.
+  net::awaitable<std::optional<core::error>> claim_server(const core::request_identity& who,
+                                                          bool alone);
+  bool holds_every_slot(const lease_ticket& t) const;
+  // REQUIRES the exclusive lease: erases every slot `who` may not run on (docs/design.md §20).
+  net::awaitable<std::optional<core::error>> erase_foreign_slots(const core::request_identity& who);
   // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
   // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);

@@ -283,6 +283,13 @@ std::string coordinator::status_json() const {
     w.Null();
   else
     jstr(w, runtime_.disabled_reason());
+  w.Key("isolation");  // docs/design.md §20: between credentials, persistence on or off
+  if (opts_.pool.seed_across_sessions && !opts_.pool.seed_within_credential)
+    jstr(w, "none between credentials (sharing: instance)");
+  else if (runtime_.isolation_off())
+    jstr(w, "isolation is off: llama-server has no slot actions (--slot-save-path)");
+  else
+    jstr(w, runtime_.erasable_slots() > 0 ? "on" : "unknown until llama-server answers");
   w.Key("backend");
   write_backend(w, pool_, opts_.endpoint);
   w.Key("mode");

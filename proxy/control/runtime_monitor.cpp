@@ -123,6 +123,7 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
                                 opts_.single_slot,           pool_.options().slot_id,
                                 pool_.options().runtime_key, compatibility_.fingerprint,
                                 compatibility_.verdict};
+  if (fp.probe) erasable_slots_ = fp.probe->slot_actions ? fp.probe->runtime.total_slots : 0;
   // Managed mode: the layout first; it waits for the leases to go, persistence off meanwhile.
   if (fp.probe && !opts_.single_slot && !apply_slot_layout(fp.probe)) return;
   auto d = watch_.judge_probe(fp, ctx, steady_clock::now());
@@ -146,9 +147,11 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
 }
 
 // The server did not answer the probe: requests are forwarded, and the next one looks again.
+// A server that does not answer may be stopped, not gone (docs/design.md §20): its slots are
+// unknown, not empty; a new process shows itself by a new marker when it answers again.
 void runtime_monitor::note_unavailable(const core::probe_decision& d) {
   if (pool_.persistence_enabled())
-    pool_.on_epoch_change();
+    pool_.on_unreachable();
   else
     pool_.disable_persistence(core::errc::backend_unavailable);
   if (!warned_disabled_)
@@ -178,11 +181,19 @@ bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& 
   return true;
 }
 
+// docs/design.md §20: isolation does not depend on persistence, only on slot actions.
+std::string runtime_monitor::persistence_off_effect() const {
+  if (isolation_off()) return "persistence off; isolation is off";
+  if (erasable_slots() > 0)
+    return "persistence off; another credential's request runs on erased slots";
+  return "persistence off";
+}
+
 void runtime_monitor::disable_persistence(const std::string& why, core::errc code) {
   if (pool_.persistence_enabled() || !warned_disabled_)
     log(log_level::warn, "kv.backend.unsupported",
         {{"code", std::string(core::to_string(code))}, {"reason", why},
-         {"effect", "persistence off"}});
+         {"effect", persistence_off_effect()}});
   warned_disabled_ = true;
   disabled_why_ = why;
   pool_.disable_persistence(code);

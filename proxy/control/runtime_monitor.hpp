@@ -91,6 +91,12 @@ class runtime_monitor {
   void apply_pending_probe();
   // Why persistence was turned off, when the server said why ("" otherwise).
   const std::string& disabled_reason() const { return disabled_why_; }
+  // The server's slot count when the last probe it answered showed slot actions, which
+  // tenant isolation needs (docs/design.md §20); 0: it showed none, or none answered yet.
+  int erasable_slots() const { return erasable_slots_.value_or(0); }
+  // The server answered a probe without slot actions (no --slot-save-path): kvpersist cannot
+  // erase a slot, so isolation between credentials is off.
+  bool isolation_off() const { return erasable_slots_ == 0; }
 
   // POST /lora-adapters (docs/design.md §4, §5), REQUIRES the whole server held: the adapters
   // are read before the change, and again after it. When they read back as they were (or the
@@ -116,6 +122,8 @@ class runtime_monitor {
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why,
                            core::errc code = core::errc::backend_unsupported);
+  // What persistence off means for isolation, for the log line.
+  std::string persistence_off_effect() const;
   net::awaitable<void> establish_behaviour(int slot);
   void adopt_behaviour(const std::string& key, const std::string& id);
   void suspect_behaviour(const std::string& why);
@@ -144,6 +152,7 @@ class runtime_monitor {
   std::optional<full_probe> pending_probe_;  // applied when the leases are gone
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
+  std::optional<int> erasable_slots_;  // erasable_slots(); nullopt: no probe answered yet
   std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
   manifest_store::compatibility_record compatibility_;      // as last read
   // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).

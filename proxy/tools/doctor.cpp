@@ -221,7 +221,8 @@ void report_slot_api(report& rep, const core::result<core::server_probe>& p) {
   if (p && p->slot_actions)
     rep.ok("Slot API", "save/restore/erase enabled (--slot-save-path is set)");
   else if (p)
-    rep.bad("Slot API", "disabled: start llama-server with --slot-save-path DIR");
+    rep.bad("Slot API", "disabled: isolation is off (kvpersist cannot erase another "
+                        "credential's KV); start llama-server with --slot-save-path DIR");
   else
     rep.bad("Slot API", p.err().message);
 }

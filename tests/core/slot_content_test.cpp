@@ -154,6 +154,103 @@ TEST_CASE("under instance scope any known content is shared; under session only 
   }
 }
 
+TEST_CASE("a server that did not answer leaves its slots unknown, as their credential's",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+  request(p, session("B", "k2"));
+  request(p, session("A", "k1"));  // the slot holds k1's KV; two credentials seen
+  p.on_unreachable();  // a stall: the KV may still be there, and will be after SIGCONT
+  // Below, chain {7, 8}: a new conversation that no saved snapshot can seed.
+  CHECK(p.content(0).whose == content_whose::unknown);
+  CHECK(p.content(0).credential == "k1");
+  CHECK(p.owner(0).empty());
+  p.on_unreachable();  // the probe keeps failing: nothing more is forgotten
+  CHECK(p.content(0).credential_known);
+  SECTION("another credential's new conversation erases first, and must") {
+    const auto plan = p.prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall);
+    CHECK(plan.erase);
+    CHECK(plan.erase_required);
+    CHECK_FALSE(plan.kept);
+  }
+  SECTION("another credential's auxiliary call too") {
+    CHECK(p.prepare(auxiliary("k2"), only_slot, t0, wall).erase_required);
+  }
+  SECTION("the same credential keeps it: no erase") {
+    const auto plan = p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
+    CHECK_FALSE(plan.erase);
+    CHECK(plan.kept);
+  }
+  SECTION("only a new epoch makes it empty") {
+    p.on_epoch_change();
+    CHECK(p.content(0).whose == content_whose::empty);
+    CHECK_FALSE(p.prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall).erase);
+  }
+}
+
+TEST_CASE("an empty slot that went out of sight is unknown, of nobody known",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+  request(p, session("B", "k2"));
+  p.on_epoch_change();
+  p.on_unreachable();
+  CHECK(p.content(0).whose == content_whose::unknown);
+  CHECK_FALSE(p.content(0).credential_known);
+  CHECK(p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall).erase_required);
+}
+
+TEST_CASE("persistence off keeps the slots' credentials: isolation does not depend on it",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  request(p, session("A", "k1"));
+  p.disable_persistence();
+  CHECK(p.content(0).whose == content_whose::unknown);
+  CHECK(p.content(0).credential == "k1");
+  CHECK_FALSE(p.pass_through_needs_erase("k1"));
+  CHECK(p.pass_through_needs_erase("k2"));
+  p.note_pass_through("k1");
+  CHECK_FALSE(p.pass_through_needs_erase("k1"));
+  SECTION("another credential after every slot was erased is the new tenant") {
+    p.on_server_erased();
+    CHECK_FALSE(p.pass_through_needs_erase("k2"));
+    p.note_pass_through("k2");
+    CHECK(p.pass_through_needs_erase("k1"));
+    CHECK_FALSE(p.pass_through_needs_erase("k2"));
+    SECTION("and persistence back: k1 erases first, k2 keeps its content") {
+      p.set_runtime(kvp::testing::qwen7b_runtime());
+      CHECK(p.prepare(session("C", "k1", chain({1, 2})), only_slot, t0, wall).erase_required);
+      p.abort_prepare(only_slot);
+      CHECK(p.prepare(session("D", "k2", chain({1, 2})), only_slot, t0, wall).kept);
+    }
+  }
+  SECTION("a pass-through of another credential without an erase (isolation off) leaves "
+          "content of nobody known") {
+    p.note_pass_through("k2");
+    CHECK_FALSE(p.content(0).credential_known);
+    CHECK(p.pass_through_needs_erase("k1"));
+    CHECK(p.pass_through_needs_erase("k2"));
+  }
+}
+
+TEST_CASE("persistence off, one credential: nothing there is another tenant's",
+          "[core][slot_content]") {
+  auto p = make_pool(scope::credential);
+  p.disable_persistence();  // before any request: the slot is unknown
+  CHECK_FALSE(p.pass_through_needs_erase("k1"));
+  p.note_pass_through("k1");
+  CHECK_FALSE(p.pass_through_needs_erase("k1"));
+  CHECK(p.pass_through_needs_erase("k2"));
+}
+
+TEST_CASE("persistence off under instance scope never asks for an erase", "[core][slot_content]") {
+  auto p = make_pool(scope::instance);
+  request(p, session("A", "k1"));
+  p.disable_persistence();
+  p.note_pass_through("k1");
+  CHECK_FALSE(p.pass_through_needs_erase("k2"));
+}
+
 TEST_CASE("a header request with another preamble than its session's is a sub-session",
           "[core][slot_content]") {
   auto p = make_pool(scope::credential);

@@ -118,6 +118,7 @@ def test_slot_actions_disabled_is_not_ready(binary, make_fake, tmp_path):
     j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
     assert j["result"] == "NOT READY" and j["problems"] == 1
     assert checks(j)["Slot API"].startswith("PROBLEM")
+    assert "isolation is off" in checks(j)["Slot API"]  # nothing can be erased (issue 36)
     # --verify refuses to run on top of a problem
     r = doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--verify", "--json")
     assert r.returncode == 1

@@ -257,6 +257,8 @@ class FakeLlamaServer:
         self.concurrent_inference = False           # load tests: no slot lock, slot untouched
         self._inference_gate = threading.Event()    # hold_inference(): requests wait before prefill
         self._inference_gate.set()
+        self._running = threading.Event()           # stall(): as SIGSTOP, nothing is answered
+        self._running.set()
         # hostile replies (persistent): "props" or "save" -> raw bytes sent as the 200 body
         # instead of the JSON (test_hostile_json.py: deep nesting from llama-server's side)
         self.raw_replies: dict[str, bytes] = {}
@@ -370,6 +372,15 @@ class FakeLlamaServer:
 
     def release_inference(self):
         self._inference_gate.set()
+
+    def stall(self):
+        """As SIGSTOP (a swap storm, a debugger): connections are accepted, and every request
+        waits unanswered until resume(); the process and its slots' KV stay as they were."""
+        self._running.clear()
+
+    def resume(self):
+        """As SIGCONT: the requests that waited are answered, in no particular order."""
+        self._running.set()
 
     def fail_next_save(self, status: int = 500, message: str = "Unable to save slot"):
         with self._lock:
@@ -583,6 +594,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self):
         f = self.fake
+        f._running.wait(120)
         raw_path = self.path
         # cpp-httplib decodes %XX (and %uXXXX) in the path before routing
         path, raw_query = httplib_split_target(raw_path)

@@ -539,6 +539,93 @@ TEST_CASE("persistence off while a lease is held: requests keep taking leases un
   CHECK(h.fake->slot_calls().empty());  // A's turn was not saved: persistence is off
 }
 
+namespace {
+
+// `sharing: credential` in single-slot mode in front of -np 2: persistence off, slot actions on.
+coordinator_options credential_scope() {
+  auto o = test_options();
+  o.pool.seed_within_credential = true;
+  return o;
+}
+
+kvp::core::request_identity keyed(const std::string& session, const std::string& credential) {
+  auto who = named(session);
+  who.credential = credential;
+  return who;
+}
+
+}  // namespace
+
+TEST_CASE("persistence off with slot actions: another credential's request erases every slot",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path(), credential_scope());
+  auto rt = h.fake->runtime();
+  rt.total_slots = 2;
+  h.fake->set_runtime(rt);
+  h.start_quiet();
+  REQUIRE_FALSE(h.persistence_on());
+  CHECK(h.request_as(keyed("A", "kA"), 100).value() == prepare_kind::none);  // passes through
+  CHECK(h.request_as(keyed("A2", "kA"), 100).value() == prepare_kind::none);
+  CHECK(h.fake->slot_calls().empty());
+
+  auto b = h.run_client(h.acquire_for(keyed("B", "kB"), true));
+  REQUIRE(b.what == outcome::granted);  // the whole server, not a pass-through
+  CHECK(b.held.exclusive());
+  CHECK(h.run_client(b.held.prepare(keyed("B", "kB"), false)).value() == prepare_kind::none);
+  CHECK(h.fake->slot_calls() == calls{erase_call(0), erase_call(1)});
+  h.run_client(b.held.finish(true));
+
+  h.fake->clear_calls();
+  CHECK(h.request_as(keyed("B2", "kB"), 100).value() == prepare_kind::none);  // the tenant's
+  CHECK(h.fake->slot_calls().empty());
+
+  SECTION("a failed erase refuses the request and frees the server") {
+    h.fake->fail_next_erase(failure::http(500));
+    auto a = h.run_client(h.acquire_for(keyed("A", "kA"), true));
+    REQUIRE(a.what == outcome::granted);
+    const auto pr = h.run_client(a.held.prepare(keyed("A", "kA"), false));
+    REQUIRE_FALSE(pr.ok());
+    CHECK(pr.err().code == kvp::core::errc::erase_failed);
+    CHECK_FALSE(h.busy());
+    CHECK(h.request_as(keyed("B3", "kB"), 100).value() == prepare_kind::none);  // still B's
+  }
+  SECTION("under sharing: instance nothing is erased") {
+    temp_dir tmp2;
+    harness i(tmp2.path());
+    i.fake->set_runtime(rt);
+    i.start_quiet();
+    CHECK(i.request_as(keyed("A", "kA"), 100).value() == prepare_kind::none);
+    CHECK(i.request_as(keyed("B", "kB"), 100).value() == prepare_kind::none);
+    CHECK(i.fake->slot_calls().empty());
+  }
+}
+
+TEST_CASE("persistence back while another credential waits for the server: it still erases",
+          "[proxy][coordinator][pass-through]") {
+  temp_dir tmp;
+  harness h(tmp.path(), credential_scope());
+  auto rt = h.fake->runtime();
+  rt.total_slots = 2;
+  h.fake->set_runtime(rt);
+  h.start_quiet();
+  auto a = h.run_client(h.acquire_for(keyed("A", "kA"), true));
+  REQUIRE(a.what == outcome::pass_through);
+  auto b = h.spawn_client(h.acquire_for(keyed("B", "kB"), true));
+  drive_until(h.ioc, [&] { return h.waits > 0; });  // B waits for A's request to end
+  // llama-server restarted with -np 1 meanwhile: B's prepare reads it, persistence is on.
+  rt.total_slots = 1;
+  h.fake->set_runtime(rt);
+  h.coord->note_upstream_trouble();
+  h.run_client(a.held.finish(true));
+  auto b_lease = h.lease_of(b);
+  REQUIRE(b_lease.exclusive());
+  REQUIRE(h.run_client(b_lease.prepare(keyed("B", "kB"), false)).ok());
+  CHECK(h.persistence_on());
+  CHECK(h.fake->slot_calls() == calls{erase_call(0)});  // what A's request left
+  h.run_client(b_lease.finish(true));
+}
+
 TEST_CASE("strict mode never passes through: session requests are refused as before",
           "[proxy][coordinator][pass-through]") {
   temp_dir tmp;

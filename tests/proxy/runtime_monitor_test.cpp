@@ -336,4 +336,57 @@ TEST_CASE("runtime_monitor: a runtime change that changed the adapters resets re
 
 }  // namespace
 
+TEST_CASE("runtime_monitor: a server that stops answering leaves its slots unknown, not empty",
+          "[proxy][runtime_monitor]") {
+  harness h;
+  h.start();
+  h.take_slot("A", 1000);
+  REQUIRE(h.pool.content(0).whose == kvp::core::content_whose::known);
+  h.fake.set_unreachable(true);  // a SIGSTOP: every call times out
+  h.monitor.note_upstream_trouble();
+  h.run(h.monitor.look_for_changes(0));
+  CHECK(h.pool.persistence_enabled());
+  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);  // on main: empty
+  CHECK(h.pool.content(0).credential_known);
+
+  // SIGCONT: the same process answers; nothing makes the slot empty.
+  h.fake.set_unreachable(false);
+  h.run(h.monitor.look_for_changes(0));
+  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);
+  // A new process does.
+  h.fake.restart_server();
+  h.monitor.note_upstream_trouble();
+  h.run(h.monitor.look_for_changes(0));
+  CHECK(h.pool.content(0).whose == kvp::core::content_whose::empty);
+}
+
+TEST_CASE("runtime_monitor: whether kvpersist can erase slots, for isolation without persistence",
+          "[proxy][runtime_monitor]") {
+  SECTION("slot actions: every slot of the server, persistence on or off") {
+    harness h;
+    auto rt = h.fake.runtime();
+    rt.total_slots = 2;  // single-slot mode: persistence off
+    h.fake.set_runtime(rt);
+    h.run(h.monitor.start());
+    CHECK_FALSE(h.pool.persistence_enabled());
+    CHECK(h.monitor.erasable_slots() == 2);
+    CHECK_FALSE(h.monitor.isolation_off());
+  }
+  SECTION("no slot actions: isolation is off") {
+    harness h;
+    h.fake.slot_actions_disabled = true;
+    h.run(h.monitor.start());
+    CHECK(h.monitor.erasable_slots() == 0);
+    CHECK(h.monitor.isolation_off());
+  }
+  SECTION("no answer yet: not known") {
+    harness h;
+    h.fake.set_unreachable(true);
+    h.run(h.monitor.start());
+    CHECK(h.monitor.erasable_slots() == 0);
+    CHECK_FALSE(h.monitor.isolation_off());
+  }
+}
+
 }  // namespace runtime_monitor_test
