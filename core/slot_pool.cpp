@@ -130,6 +130,23 @@ void slot_pool::forget_slot(int slot) {
   }
 }
 
+std::vector<isolating_erase> slot_pool::erases_before_unpinned(const request_identity& who) {
+  note_credential(who.credential);
+  // No session's turn runs there: the door asks as for an auxiliary call (docs/design.md §24).
+  const door_request unpinned{who.credential, {}, true};
+  std::vector<isolating_erase> out;
+  for (const auto& s : slots_) {
+    const auto answer = door().ask(s.content, unpinned);
+    if (answer != door_answer::run) out.push_back({s.id, answer == door_answer::erase_or_refuse});
+  }
+  return out;
+}
+
+void slot_pool::note_unpinned_ran(int slot, const std::string& credential) {
+  forget_slot(slot);
+  if (auto* s = find_slot(slot)) s->content = {content_whose::known, credential, {}};
+}
+
 void slot_pool::add_manifest(manifest m) {
   if (slot_of(m.session_hash) >= 0) return;  // resident here: our record is newer
   auto [it, fresh] = sessions_.try_emplace(m.session_hash);
@@ -705,6 +722,8 @@ bool slot_pool::on_erase(int slot, const result<slot_erased>& r, steady_time now
   record_backend_success();
   sl.state = slot_state::idle;
   sl.content = {content_whose::empty, {}, {}};
+  sl.owner.clear();  // nothing of it is left there (a plan's next step may take the slot)
+  sl.idle_deadline.reset();
   return true;
 }
 

@@ -412,6 +412,17 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
       }
     }
   }
+  // docs/design.md §14: llama-server places the request on the slot whose content shares the
+  // most of its prompt, whoever put it there, so every slot it may not run on is erased first.
+  for (const auto& e : pool_.erases_before_unpinned(t->who)) {
+    const auto failed = co_await actions_.run_erase(e.slot);
+    if (failed && e.required) {
+      release_and_wake(t);
+      co_return core::error{*failed, 0,
+                            "a slot holds another scope's KV and could not be erased before a "
+                            "request llama-server places itself"};
+    }
+  }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
 }
@@ -419,7 +430,8 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
-  if (reached_slot && pool_.persistence_enabled()) co_await overwrites_.forget_overwritten();
+  if (reached_slot && pool_.persistence_enabled())
+    co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);
 }
 
