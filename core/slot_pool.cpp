@@ -130,6 +130,11 @@ void slot_pool::forget_slot(int slot) {
   }
 }
 
+void slot_pool::forget_emptied_slot(int slot) {
+  forget_slot(slot);
+  if (auto* s = find_slot(slot)) s->content = {content_whose::empty, {}, {}};
+}
+
 std::vector<isolating_erase> slot_pool::erases_before_unpinned(const request_identity& who) {
   note_credential(who.credential);
   // No session's turn runs there: the door asks as for an auxiliary call (docs/design.md §24).
@@ -756,6 +761,7 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
   if (!enabled_) return prepare_kind::none;
   slot_rec& sl = *find_slot(slot);
   const prepare_kind k = sl.pending_kind;
+  sl.prepared_content = sl.content;
   sl.content = {content_whose::known, who.credential, sl.pending_aux ? std::string() : sl.pending_hash};
   if (sl.pending_aux) {
     sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
@@ -804,6 +810,12 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   sl.pending_kind = prepare_kind::none;
   sl.last_used = ++use_clock_;
   if (!enabled_) return std::nullopt;
+  if (!reached_slot && sl.prepared_content.whose == content_whose::empty) {
+    // Nothing ran on the slot the plan erased (a body that cannot be pinned was refused): it
+    // holds nobody's KV, and an owner shown an empty slot would look like a restart.
+    sl.content = sl.prepared_content;
+    sl.owner.clear();
+  }
   if (aux || sl.owner.empty()) {
     sl.state = slot_state::unknown;  // foreign content: the next session restores or erases
     return std::nullopt;

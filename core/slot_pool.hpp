@@ -252,6 +252,9 @@ class slot_pool {
 
   // The slot's content is unknown (an unpinnable request may have run on it): nobody owns it.
   void forget_slot(int slot);
+  // llama-server shows the slot empty (GET /slots, docs/design.md §4): nobody owns it, and it
+  // holds nothing. The other slots are not touched.
+  void forget_emptied_slot(int slot);
 
   // Managed mode, a request llama-server places on a slot of its choosing (docs/design.md
   // §14): the slots to erase before it, those whose content `who` may not run on, by the rule
@@ -353,6 +356,7 @@ class slot_pool {
     bool pending_aux = false;
     prepare_kind pending_kind = prepare_kind::none;
     slot_content content;
+    slot_content prepared_content;  // what the plan left there, before the request ran
   };
 
   bool scoped_by_credential() const {

@@ -308,4 +308,37 @@ TEST_CASE("an unpinnable request with one credential seen erases nothing unknown
   CHECK_FALSE(e[0].required);
 }
 
+TEST_CASE("a request refused before it reached llama-server leaves its erased slot unowned",
+          "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 2);
+  request_on(p, session("A", "k1"), 0);
+  const auto b = session("B", "k2");
+  const auto plan = p.prepare(b, 1, t0, wall);
+  REQUIRE(plan.erase);
+  REQUIRE(p.on_erase(1, slot_erased{0}, t0));
+  p.start_inference(b, 1);
+  (void)p.end_inference(1, false, t0);  // e.g. a body that cannot be pinned
+  CHECK(p.owner(1).empty());
+  CHECK(p.content(1).whose == content_whose::empty);
+  // A resident request refused the same way: the slot still holds A's turns.
+  const auto a = session("A", "k1");
+  REQUIRE(p.prepare(a, 0, t0, wall).resident);
+  p.start_inference(a, 0);
+  (void)p.end_inference(0, false, t0);
+  CHECK(p.owner(0) == p.hash_for(a));
+  CHECK(p.content(0).credential == "k1");
+}
+
+TEST_CASE("a slot seen empty is forgotten alone", "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 2);
+  request_on(p, session("A", "k1"), 0);
+  request_on(p, session("B", "k2"), 1);
+  p.forget_emptied_slot(1);
+  CHECK(p.owner(1).empty());
+  CHECK(p.content(1).whose == content_whose::empty);
+  CHECK(p.owner(0) == p.hash_for(session("A", "k1")));
+  CHECK(p.content(0).credential == "k1");
+  CHECK(p.prepare(session("C", "k3"), 0, t0, wall).erase_required);  // A's KV is still there
+}
+
 }  // namespace slot_content_test

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 
 import pytest
@@ -465,3 +466,29 @@ def test_unpinnable_request_of_another_key_reads_nothing_of_a(iso_world):
     rep = A.ask(proxy.port, stream=False, headers={"Authorization": ISO_KEYS["A"]}, timeout=120)
     ok(rep, "A#2")
     assert_reused(rep, A, "A after key B's /v1/messages")
+
+
+def test_refused_request_does_not_reset_every_slot(iso_world):
+    """Hole 5: key B's request is refused after its slot was erased for it (a body kvpersist
+    cannot pin). The background probe then sees an owned slot empty; it must forget that slot
+    only. Key C's new conversations with A's system prompt, one per slot, A's included, each
+    read no more than on an empty slot."""
+    w = iso_world
+    A = Chat(w.llama.port, "iso5-A-%s" % uuid.uuid4().hex[:6], PROMPT)
+    erase_every_slot(w.llama)
+    proxy = iso_proxy(w, epochProbeIntervalMs=100)
+    ok(A.ask(proxy.port, stream=False, headers={"Authorization": ISO_KEYS["A"]}, timeout=120), "A#1")
+    r = http_request(proxy.port, "POST", "/v1/chat/completions", body=b"[1, 2, 3]", timeout=30,
+                     headers={"Authorization": ISO_KEYS["B"], "X-Session-Id": "iso5-B",
+                              "Content-Type": "application/json"})
+    assert r.status == 400, (r.status, r.body[:200])
+    time.sleep(1.0)  # several background probes
+    reads = []
+    for i in range(w.llama.n_parallel):
+        C = Chat(w.llama.port, "iso5-C%d-%s" % (i, uuid.uuid4().hex[:6]), text=A.system)
+        rep = C.ask(proxy.port, text=ISO_USER, stream=False, headers={"Authorization": ISO_KEYS["C"]}, timeout=120)
+        ok(rep, "key C, conversation %d" % i)
+        reads.append(rep.cache_n)
+    print("\nmultislot figures: np%d key C's conversations read %s of A's %d-token prompt"
+          % (w.llama.n_parallel, reads, A.first_prompt))
+    assert max(reads) <= 16, "key C read %s tokens of another key's KV" % reads
