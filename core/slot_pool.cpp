@@ -180,6 +180,28 @@ void slot_pool::forget_slot(int slot) {
   }
 }
 
+void slot_pool::forget_emptied_slot(int slot) {
+  forget_slot(slot);
+  if (auto* s = find_slot(slot)) s->content = {content_whose::empty, {}, {}};
+}
+
+std::vector<isolating_erase> slot_pool::erases_before_unpinned(const request_identity& who) {
+  note_credential(who.credential);
+  // No session's turn runs there: the door asks as for an auxiliary call (docs/design.md §24).
+  const door_request unpinned{who.credential, {}, true};
+  std::vector<isolating_erase> out;
+  for (const auto& s : slots_) {
+    const auto answer = door().ask(s.content, unpinned);
+    if (answer != door_answer::run) out.push_back({s.id, answer == door_answer::erase_or_refuse});
+  }
+  return out;
+}
+
+void slot_pool::note_unpinned_ran(int slot, const std::string& credential) {
+  forget_slot(slot);
+  if (auto* s = find_slot(slot)) s->content = {content_whose::known, credential, {}};
+}
+
 void slot_pool::add_manifest(manifest m) {
   if (slot_of(m.session_hash) >= 0) return;  // resident here: our record is newer
   auto [it, fresh] = sessions_.try_emplace(m.session_hash);
@@ -755,6 +777,8 @@ bool slot_pool::on_erase(int slot, const result<slot_erased>& r, steady_time now
   record_backend_success();
   sl.state = slot_state::idle;
   sl.content = {content_whose::empty, {}, {}};
+  sl.owner.clear();  // nothing of it is left there (a plan's next step may take the slot)
+  sl.idle_deadline.reset();
   return true;
 }
 
@@ -787,6 +811,7 @@ prepare_kind slot_pool::start_inference(const request_identity& who, int slot) {
   if (!enabled_) return prepare_kind::none;
   slot_rec& sl = *find_slot(slot);
   const prepare_kind k = sl.pending_kind;
+  sl.prepared_content = sl.content;
   sl.content = {content_whose::known, who.credential, sl.pending_aux ? std::string() : sl.pending_hash};
   if (sl.pending_aux) {
     sl.owner.clear();  // invariant 7: auxiliary output never belongs to a session
@@ -835,6 +860,12 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   sl.pending_kind = prepare_kind::none;
   sl.last_used = ++use_clock_;
   if (!enabled_) return std::nullopt;
+  if (!reached_slot && sl.prepared_content.whose == content_whose::empty) {
+    // Nothing ran on the slot the plan erased (a body that cannot be pinned was refused): it
+    // holds nobody's KV, and an owner shown an empty slot would look like a restart.
+    sl.content = sl.prepared_content;
+    sl.owner.clear();
+  }
   if (aux || sl.owner.empty()) {
     sl.state = slot_state::unknown;  // foreign content: the next session restores or erases
     return std::nullopt;

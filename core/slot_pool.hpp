@@ -92,6 +92,12 @@ struct restore_step {
   std::size_t common_links = 0;
 };
 
+// An erase before a request that llama-server places itself (docs/design.md §14, §20).
+struct isolating_erase {
+  int slot = 0;
+  bool required = false;  // the sharing scope's: a failed erase fails the request
+};
+
 // A snapshot and a request whose overlap cannot be told (either has no prefix chain).
 inline constexpr std::size_t unknown_overlap = static_cast<std::size_t>(-1);
 
@@ -261,6 +267,18 @@ class slot_pool {
 
   // The slot's content is unknown (an unpinnable request may have run on it): nobody owns it.
   void forget_slot(int slot);
+  // llama-server shows the slot empty (GET /slots, docs/design.md §4): nobody owns it, and it
+  // holds nothing. The other slots are not touched.
+  void forget_emptied_slot(int slot);
+
+  // Managed mode, a request llama-server places on a slot of its choosing (docs/design.md
+  // §14): the slots to erase before it, those whose content `who` may not run on, by the rule
+  // of an auxiliary call (§20). REQUIRES every slot's lease (an exclusive lease); the owners
+  // of dirty slots saved first.
+  std::vector<isolating_erase> erases_before_unpinned(const request_identity& who);
+  // ... and afterwards: it ran on `slot`, which now holds content of `credential` that belongs
+  // to no session. REQUIRES the exclusive lease.
+  void note_unpinned_ran(int slot, const std::string& credential);
 
   // Idle checkpoint (docs/design.md §10): when the timer fires, REQUIRES the slot's lease, and
   // re-checks that the same owner is still dirty at the same revision before asking for a save.
@@ -353,6 +371,7 @@ class slot_pool {
     bool pending_aux = false;
     prepare_kind pending_kind = prepare_kind::none;
     slot_content content;
+    slot_content prepared_content;  // what the plan left there, before the request ran
   };
 
   bool scoped_by_credential() const {

@@ -476,14 +476,12 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
       }
     }
   }
-  if (!t->unpinnable) {
-    // It took the server while persistence was off (admit) and persistence came back before
-    // it ran: it still runs where llama-server puts it, so no slot may hold what it may not
-    // run on (docs/design.md §20).
-    if (auto refused = co_await erase_foreign_slots(t->who)) {
-      release_and_wake(t);
-      co_return std::move(*refused);
-    }
+  // docs/design.md §14, §20: llama-server places the request (an unpinnable route, or one that
+  // took the server while persistence was off) on the slot whose content shares the most of its
+  // prompt, whoever put it there, so every slot it may not run on is erased first.
+  if (auto refused = co_await erase_foreign_slots(t->who)) {
+    release_and_wake(t);
+    co_return std::move(*refused);
   }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
@@ -491,11 +489,12 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 
 net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
     const core::request_identity& who) {
-  for (int id : pool_.slot_ids()) {
-    if (pool_.may_run_on(id, who)) continue;
-    const auto code = co_await actions_.run_erase(id);
-    if (code)
-      co_return core::error{*code, 0, "a slot holds another scope's KV and could not be erased"};
+  for (const auto& e : pool_.erases_before_unpinned(who)) {
+    const auto failed = co_await actions_.run_erase(e.slot);
+    if (failed && e.required)
+      co_return core::error{*failed, 0,
+                            "a slot holds another scope's KV and could not be erased before a "
+                            "request llama-server places itself"};
   }
   co_return std::nullopt;
 }
@@ -503,7 +502,8 @@ net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
-  if (reached_slot && pool_.persistence_enabled()) co_await overwrites_.forget_overwritten();
+  if (reached_slot && pool_.persistence_enabled())
+    co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);
 }
 

@@ -217,7 +217,9 @@ class coordinator {
   net::awaitable<std::optional<core::error>> claim_server(const core::request_identity& who,
                                                           bool alone);
   bool holds_every_slot(const lease_ticket& t) const;
-  // REQUIRES the exclusive lease: erases every slot `who` may not run on (docs/design.md §20).
+  // REQUIRES the exclusive lease: erases every slot the door (docs/design.md §24) does not let
+  // `who` run on. A required erase that fails is the error to answer; a tried one that fails
+  // leaves a cold run.
   net::awaitable<std::optional<core::error>> erase_foreign_slots(const core::request_identity& who);
   // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
   // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.

@@ -1,8 +1,10 @@
 // Which slots an unpinnable request overwrote: each slot's last task before and after it.
 #include "proxy/control/overwrite_tracker.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/log.hpp"
 
@@ -28,22 +30,33 @@ net::awaitable<void> overwrite_tracker::note_tasks_before() {
   tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
 }
 
-net::awaitable<void> overwrite_tracker::forget_overwritten() {
+net::awaitable<void> overwrite_tracker::forget_overwritten(const std::string& credential) {
   auto after = co_await last_tasks();
-  note_slots_readable(after.has_value() && !tasks_before_.empty());
+  // The request ran as a task on some slot: a list that shows no task cannot tell which.
+  const bool readable = after && !tasks_before_.empty() &&
+                        std::any_of(after->begin(), after->end(),
+                                    [](const auto& slot_task) { return slot_task.second >= 0; });
+  note_slots_readable(readable);
+  std::vector<int> touched;
   for (int id : pool_.slot_ids()) {
     // The slot that ran the request has a new last task; if the server cannot tell us,
     // nobody's slot can be trusted.
-    const bool touched = !after || tasks_before_.empty() || !after->contains(id) ||
-                         !tasks_before_.contains(id) || (*after)[id] < 0 ||
-                         (*after)[id] != tasks_before_[id];
-    if (touched && !pool_.owner(id).empty()) {
+    const bool same = readable && after->contains(id) && tasks_before_.contains(id) &&
+                      (*after)[id] == tasks_before_[id];
+    if (!same) touched.push_back(id);
+  }
+  for (int id : touched) {
+    if (!pool_.owner(id).empty()) {
       log(log_level::info, "kv.slot.overwritten",
           {{"slot", std::to_string(id)},
            {"session", std::string(core::abbrev(pool_.owner(id)))},
            {"effect", "restores from its snapshot next time"}});
     }
-    if (touched) pool_.forget_slot(id);
+    // docs/design.md §20: known to be the request's when it is the one slot that changed.
+    if (readable && touched.size() == 1)
+      pool_.note_unpinned_ran(id, credential);
+    else
+      pool_.forget_slot(id);
   }
 }
 

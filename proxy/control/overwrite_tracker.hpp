@@ -27,9 +27,10 @@ class overwrite_tracker {
 
   // Before the request: each slot's last task.
   net::awaitable<void> note_tasks_before();
-  // After the request reached a slot: the owners of the slots it may have run on are
-  // forgotten (kv.slot.overwritten for each), all of them when the slot list was unreadable.
-  net::awaitable<void> forget_overwritten();
+  // After the request of `credential` reached a slot: the owners of the slots it may have run
+  // on are forgotten (kv.slot.overwritten for each), all of them when the slot list was
+  // unreadable. The one slot that ran it holds that credential's content from now on.
+  net::awaitable<void> forget_overwritten(const std::string& credential);
 
  private:
   // Each slot's last task (id_task), nullopt when the slot list cannot be read.

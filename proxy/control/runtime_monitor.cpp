@@ -229,8 +229,8 @@ net::awaitable<void> runtime_monitor::look_for_changes(int slot) {
         rt->build_info == pool_.runtime().build_info) {
       note_sleeping(rt->sleeping);
       if (!rt->sleeping) {
-        const bool lost = co_await slots_lost_kv(slot);
-        if (lost) note_restart_behind_marker();
+        const auto emptied = co_await owned_slots_seen_empty(slot);
+        forget_emptied_slots(emptied);
       }
       co_return;
     }
@@ -303,9 +303,9 @@ void runtime_monitor::suspect_behaviour(const std::string& why) {
 
 // LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
 // kvpersist believes holds a session but that llama-server shows without any cached token
-// says the same (docs/llama-server.md §2). Slots other requests hold are skipped: their content
-// is changing.
-net::awaitable<bool> runtime_monitor::slots_lost_kv(int own_slot) {
+// lost its KV, to a restart or to an erase kvpersist did not make (docs/llama-server.md §2).
+// Slots other requests hold are skipped: their content is changing.
+net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
     for (int id : pool_.slot_ids())
@@ -313,24 +313,37 @@ net::awaitable<bool> runtime_monitor::slots_lost_kv(int own_slot) {
         out[id] = pool_.owner(id);
     return out;
   };
+  std::vector<int> emptied;
   const auto before = owned();
-  if (before.empty()) co_return false;
+  if (before.empty()) co_return emptied;
   auto slots = co_await backend_.inspect_slots();
-  if (!slots) co_return false;  // --no-slots: this signal is not available
+  if (!slots) co_return emptied;  // --no-slots: this signal is not available
   last_slots_read_ = steady_clock::now();  // a slot list read restarts llama-server's sleep timer
   const auto after = owned();
   for (const auto& s : slots.value()) {
     auto b = before.find(s.id), a = after.find(s.id);
     if (b != before.end() && a != after.end() && a->second == b->second &&
         !s.is_processing && s.n_prompt_tokens <= 0)
-      co_return true;
+      emptied.push_back(s.id);
   }
-  co_return false;
+  co_return emptied;
 }
 
-void runtime_monitor::note_restart_behind_marker() {
-  pool_.on_epoch_change();
-  watch_.forget_behaviour();  // the process may run another model now
+// docs/design.md §4, §20: only a slot seen empty is known empty. The others keep what
+// kvpersist knows of them (a restart behind a pinned marker empties them too; their content
+// is then erased before another scope's request, never taken for empty).
+void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
+  if (emptied.empty()) return;
+  for (int id : emptied) {
+    log(log_level::info, "kv.slot.emptied",
+        {{"slot", std::to_string(id)}, {"session", std::string(core::abbrev(pool_.owner(id)))},
+         {"effect", "restores from its snapshot next time"}});
+    pool_.forget_emptied_slot(id);
+  }
+  const auto ids = pool_.slot_ids();
+  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.owner(id).empty(); }))
+    return;
+  watch_.forget_behaviour();  // every owned slot lost its KV: the process may run another model
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
 }
@@ -350,8 +363,8 @@ net::awaitable<void> runtime_monitor::probe_loop() {
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // One co_await per statement (docs/conventions.md §3).
         if (leases_.nothing_leased() && !rt->sleeping && watch_.sleep_period().count() <= 0) {
-          const bool lost = co_await slots_lost_kv(-1);
-          if (lost && leases_.nothing_leased()) note_restart_behind_marker();
+          const auto emptied = co_await owned_slots_seen_empty(-1);
+          if (leases_.nothing_leased()) forget_emptied_slots(emptied);
         }
         continue;
       }

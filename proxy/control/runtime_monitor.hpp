@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/kv_backend.hpp"
 #include "backends/net.hpp"
@@ -127,10 +128,12 @@ class runtime_monitor {
   net::awaitable<void> establish_behaviour(int slot);
   void adopt_behaviour(const std::string& key, const std::string& id);
   void suspect_behaviour(const std::string& why);
-  // Whether a slot kvpersist believes holds a session shows no cached token (a restart that
-  // kept the media marker); the slots other requests hold are skipped.
-  net::awaitable<bool> slots_lost_kv(int own_slot);
-  void note_restart_behind_marker();
+  // The slots kvpersist believes hold a session that show no cached token (an erase it did
+  // not make, or a restart that kept the media marker); the slots other requests hold are
+  // skipped.
+  net::awaitable<std::vector<int>> owned_slots_seen_empty(int own_slot);
+  // Forgets those slots only; when no owned slot is left, it logs a restart behind the marker.
+  void forget_emptied_slots(const std::vector<int>& emptied);
   // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
   void note_sleeping(bool sleeping);
   // The end of the last request, or the last slot list read (both restart the sleep timer).

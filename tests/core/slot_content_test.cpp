@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/request_class.hpp"
 #include "tests/support/chains.hpp"
@@ -342,6 +344,98 @@ TEST_CASE("a credential is the key as llama-server reads it", "[core][slot_conte
   CHECK(credential_key("bearer k1") != credential_key("k1"));  // llama-server's exact spelling
   CHECK(credential_key("").empty());
   CHECK(credential_key("Bearer ").empty());
+}
+
+namespace {
+
+// Managed mode: a pool of `n` slots; `request_on` plans and runs a request on one of them.
+slot_pool make_managed_pool(scope s, int n) {
+  auto p = make_pool(s);
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(i);
+  p.set_slots(ids);
+  return p;
+}
+
+void request_on(slot_pool& p, const request_identity& w, int slot) {
+  const auto plan = p.prepare(w, slot, t0, wall);
+  kvp::testing::run_plan(p, w, plan, t0, wall);
+}
+
+std::vector<std::pair<int, bool>> erases_for(slot_pool& p, const request_identity& w) {
+  std::vector<std::pair<int, bool>> out;
+  for (const auto& e : p.erases_before_unpinned(w)) out.emplace_back(e.slot, e.required);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an unpinnable request: every slot it may not run on is erased first, and the slot "
+          "that ran it holds its credential's content",
+          "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 3);
+  request_on(p, session("A", "k1"), 0);
+  request_on(p, session("B", "k2"), 1);
+  // k2's own content stays; A's and the unknown slot 2 (two credentials seen) must go.
+  using erases = std::vector<std::pair<int, bool>>;
+  CHECK(erases_for(p, auxiliary("k2")) == erases{{0, true}, {2, true}});
+  // The same request under A's session header is no session turn: the same erases.
+  CHECK(erases_for(p, session("A", "k2")) == erases{{0, true}, {2, true}});
+  REQUIRE(p.on_erase(0, slot_erased{100}, t0));
+  REQUIRE(p.on_erase(2, slot_erased{0}, t0));
+  CHECK(p.owner(0).empty());  // an erased slot holds nobody's KV
+  p.note_unpinned_ran(2, "k2");
+  CHECK(p.content(2).whose == content_whose::known);
+  CHECK(p.content(2).credential == "k2");
+  CHECK(p.content(2).session.empty());
+  CHECK(erases_for(p, auxiliary("k2")).empty());  // empty or k2's own everywhere
+  CHECK(erases_for(p, auxiliary("k1")) == erases{{1, true}, {2, true}});
+}
+
+TEST_CASE("an unpinnable request with one credential seen erases nothing unknown",
+          "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 2);
+  request_on(p, session("A", "k1"), 0);
+  CHECK(p.erases_before_unpinned(auxiliary("k1")).empty());
+  auto session_scoped = make_managed_pool(scope::session, 2);
+  request_on(session_scoped, session("A", "k1"), 0);
+  const auto e = session_scoped.erases_before_unpinned(auxiliary("k1"));
+  REQUIRE(e.size() == 1);  // A's own key, but not A: erased, not required
+  CHECK(e[0].slot == 0);
+  CHECK_FALSE(e[0].required);
+}
+
+TEST_CASE("a request refused before it reached llama-server leaves its erased slot unowned",
+          "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 2);
+  request_on(p, session("A", "k1"), 0);
+  const auto b = session("B", "k2");
+  const auto plan = p.prepare(b, 1, t0, wall);
+  REQUIRE(plan.erase);
+  REQUIRE(p.on_erase(1, slot_erased{0}, t0));
+  p.start_inference(b, 1);
+  (void)p.end_inference(1, false, t0);  // e.g. a body that cannot be pinned
+  CHECK(p.owner(1).empty());
+  CHECK(p.content(1).whose == content_whose::empty);
+  // A resident request refused the same way: the slot still holds A's turns.
+  const auto a = session("A", "k1");
+  REQUIRE(p.prepare(a, 0, t0, wall).resident);
+  p.start_inference(a, 0);
+  (void)p.end_inference(0, false, t0);
+  CHECK(p.owner(0) == p.hash_for(a));
+  CHECK(p.content(0).credential == "k1");
+}
+
+TEST_CASE("a slot seen empty is forgotten alone", "[core][slot_content]") {
+  auto p = make_managed_pool(scope::credential, 2);
+  request_on(p, session("A", "k1"), 0);
+  request_on(p, session("B", "k2"), 1);
+  p.forget_emptied_slot(1);
+  CHECK(p.owner(1).empty());
+  CHECK(p.content(1).whose == content_whose::empty);
+  CHECK(p.owner(0) == p.hash_for(session("A", "k1")));
+  CHECK(p.content(0).credential == "k1");
+  CHECK(p.prepare(session("C", "k3"), 0, t0, wall).erase_required);  // A's KV is still there
 }
 
 }  // namespace slot_content_test

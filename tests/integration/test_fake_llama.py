@@ -221,3 +221,48 @@ def test_expect_continue_and_chunked_request_body(fake):
                      headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"})
     assert r.status == 200
     assert fake.inference_requests()[-1]["body"] == body
+
+
+def test_each_slot_keeps_its_own_tokens_and_unpinned_requests_are_placed_as_llama_server_does(tmp_path):
+    """Two slots: a pinned request reuses only its slot's prefix; save, restore and erase act on
+    the slot they name; a request without id_slot (/v1/messages, which ignores one) goes to the
+    idle slot sharing more than 10% of its prompt, else the least recently used one (a slot that
+    never ran a task first, the higher id on a tie)."""
+    f = fake_llama.FakeLlamaServer(str(tmp_path), total_slots=2).start()
+    try:
+        words_a = " ".join("alpha%d" % i for i in range(40))
+        words_b = " ".join("beta%d" % i for i in range(40))
+
+        def chat(text, slot=None, path="/v1/chat/completions"):
+            body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+            if slot is not None:
+                body["id_slot"] = slot
+            r = post(f, path, body)
+            assert r.status == 200, r.body[:200]
+            return f.inference_requests()[-1]
+
+        first = chat(words_a)                         # unpinned, fresh server: the higher id
+        assert first["slot"] == 1 and first["cache_n"] == 0
+        assert chat(words_b, slot=0)["cache_n"] == 0
+        assert chat(words_a + " more", slot=0)["cache_n"] == 1, "slot 0 holds B (the role token shared), not A"
+        assert chat(words_b, slot=0)["cache_n"] == 1   # slot 0 holds B again
+        assert chat(words_a + " again", slot=1)["cache_n"] > 40
+        # /v1/messages ignores id_slot: it runs on the slot whose content it shares (slot 1, A)
+        msg = chat(words_a + " tail", slot=0, path="/v1/messages")
+        assert msg["slot"] == 1 and msg["cache_n"] > 40
+        # Nothing shared: the least recently used slot (0 ran before slot 1's last two tasks).
+        other = chat("gamma delta", path="/v1/messages")
+        assert other["slot"] == 0
+        # Erase acts on the slot it names only.
+        assert post(f, "/slots/1?action=erase", None).json["n_erased"] > 40
+        assert f.slots[1] == [] and f.slots[0]
+        back = chat(words_a + " back", path="/v1/messages")
+        assert back["slot"] == 1 and back["cache_n"] == 0
+        saved = post(f, "/slots/0?action=save", {"filename": "s0.bin"}).json
+        assert saved["n_saved"] == len(f.slots[0]) > 0
+        assert post(f, "/slots/1?action=restore", {"filename": "s0.bin"}).json["n_restored"] == saved["n_saved"]
+        assert f.slots[1] == f.slots[0]
+        ids = {s["id"]: s.get("id_task") for s in http_request(f.port, "GET", "/slots").json}
+        assert ids == {0: other["id"], 1: back["id"]}
+    finally:
+        f.stop()

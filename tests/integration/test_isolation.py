@@ -29,11 +29,13 @@ llama-server, with the leaked figures: test_isolation_real.py.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from kvptest import fake_llama
 from kvptest.chat import Conversation
+from kvptest.http_client import http_request
 from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 from kvptest.manifests import manifests
@@ -432,3 +434,138 @@ def test_session_sharing_erases_for_the_same_key(stack):
     assert_isolated(stack, "session scope: key A's auxiliary call", r, rec, calls)
     r, rec, calls = send(stack, "header-new", A, KEY_A)
     assert_isolated(stack, "session scope: key A's new session", r, rec, calls, dirty_owner=False)
+
+
+# ============================================================================ managed mode, several slots
+# The fake keeps one token list per slot and places a request without id_slot as llama-server
+# does (docs/llama-server.md §4.1), so a request that lands on another slot than kvpersist
+# believes shows here. A's session takes slot 0 (every slot unowned: the lowest id).
+def managed(slots_probe_ms: int = 0) -> dict:
+    return {**CREDENTIAL, "mode": "managed-slots", "checkpoint": {"idleMs": 0},
+            "epochProbeIntervalMs": slots_probe_ms}
+
+
+def slot_calls_since(stack, mark: int) -> list[tuple[str, int]]:
+    return [(m["action"], m["slot"]) for m in stack.fake.management_calls()[mark:]]
+
+
+def messages_of(A: Conversation, key: str, text: str = USER_B) -> tuple[dict, dict]:
+    """A /v1/messages request (llama-server ignores id_slot there) with A's system prompt."""
+    return auth(key), {"model": "m", "system": A.messages[0]["content"], "max_tokens": 4,
+                       "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_unpinnable_request_of_another_key_runs_after_every_foreign_slot_is_erased(stack, slots):
+    """Issue 36 hole 7: /v1/messages of key B with A's system prompt would run on A's slot (the
+    longest common prefix). kvpersist saves A, then erases every slot B may not run on (A's;
+    the others, whose content is unknown, since two keys were seen) before forwarding; B reuses
+    nothing. The slot that ran B then holds B's content: B's next request erases nothing and
+    reuses its own prefix; A restores from the snapshot saved for it."""
+    stack.start(managed(), total_slots=slots)
+    A = tenant_a()
+    a_turn(stack, A)
+    settled_calls(stack)
+    mark = len(stack.fake.management_calls())
+    h, body = messages_of(A, KEY_B)
+    r = stack.proxy.request("POST", "/v1/messages", headers=h, body=body, timeout=15)
+    ok(r, "key B's /v1/messages")
+    settled_calls(stack)
+    rec = stack.fake.inference_requests()[-1]
+    assert slot_calls_since(stack, mark) == [("save", 0)] + [("erase", s) for s in range(slots)], \
+        slot_calls_since(stack, mark)
+    assert erase_done_before(stack, rec)
+    assert rec["slot_before"] == 0 and rec["cache_n"] == 0, \
+        "key B ran on slot %s holding %d tokens, reused %d (head %s)" % (
+            rec["slot"], rec["slot_before"], rec["cache_n"], rec["slot_before_head"])
+    assert reported_reuse(r.body) == 0
+
+    mark = len(stack.fake.management_calls())
+    h, body = messages_of(A, KEY_B, USER_B + " and one more")
+    ok(stack.proxy.request("POST", "/v1/messages", headers=h, body=body, timeout=15), "key B again")
+    settled_calls(stack)
+    again = stack.fake.inference_requests()[-1]
+    assert slot_calls_since(stack, mark) == [], "B's own content was erased for B"
+    assert again["slot"] == rec["slot"] and again["cache_n"] > SYSTEM_WORDS, again["cache_n"]
+
+    mark = len(stack.fake.management_calls())
+    a_turn(stack, A, "A after key B")
+    settled_calls(stack)
+    assert [a for a, _ in slot_calls_since(stack, mark)] == ["restore"], slot_calls_since(stack, mark)
+    assert stack.fake.inference_requests()[-1]["cache_n"] > SYSTEM_WORDS
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_failed_erase_before_an_unpinnable_request_fails_it(stack, slots):
+    """The erase that keeps key B's /v1/messages off A's slot fails: 503 KV_ERASE_FAILED, and
+    the request is never forwarded."""
+    stack.start(managed(), total_slots=slots)
+    A = tenant_a()
+    a_turn(stack, A)
+    settled_calls(stack)
+    before = len(stack.fake.inference_requests())
+    stack.fake.fail_next_erase(500)
+    h, body = messages_of(A, KEY_B)
+    r = stack.proxy.request("POST", "/v1/messages", headers=h, body=body, timeout=15)
+    assert r.status == 503 and json.loads(r.body)["error"].get("kv_code") == "KV_ERASE_FAILED", \
+        (r.status, r.body[:300])
+    assert len(stack.fake.inference_requests()) == before, "forwarded after the erase failed"
+
+
+def third_key_sessions(stack, A: Conversation, slots: int) -> list[dict]:
+    """`slots` new conversations of key C with A's system prompt (an attacker's guess), one
+    after the other: between them they take every slot, A's included."""
+    recs = []
+    for i in range(slots):
+        C = Conversation(sid("C%d" % i), system_words=SYSTEM_WORDS, tag=A.tag)
+        ok(C.turn(stack.port, headers=auth("Bearer key-C")), "key C, conversation %d" % i)
+        settled_calls(stack)
+        recs.append(stack.fake.inference_requests()[-1])
+    return recs
+
+
+def assert_third_key_isolated(stack, A: Conversation, slots: int, mark: int):
+    recs = third_key_sessions(stack, A, slots)
+    leaked = [(r["slot"], r["cache_n"]) for r in recs if r["cache_n"] > 0]
+    assert not leaked, "key C reused tokens of another key's KV (slot, cache_n): %s; calls %s" % (
+        leaked, slot_calls_since(stack, mark))
+    calls = slot_calls_since(stack, mark)
+    assert calls[-2:] == [("save", 0), ("erase", 0)], calls  # A's slot, taken last
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_a_refused_request_leaves_no_owned_empty_slot_and_nothing_is_reset(stack, slots):
+    """Issue 36 hole 5: key B's request is refused (its body cannot be pinned) after its slot
+    was erased for it. The background probe must not take that emptied slot for a restart and
+    forget every slot: key C's new conversations later take every slot, A's included, and
+    A's is erased first."""
+    stack.start(managed(slots_probe_ms=50), total_slots=slots)
+    A = tenant_a()
+    a_turn(stack, A)
+    settled_calls(stack)
+    r = stack.proxy.request("POST", "/v1/chat/completions", body=b"[1, 2, 3]",
+                            headers={**auth(KEY_B), "X-Session-Id": sid("B"), "Content-Type": "application/json"})
+    assert r.status == 400, (r.status, r.body[:200])
+    time.sleep(0.5)  # several background probes
+    assert_third_key_isolated(stack, A, slots, len(stack.fake.management_calls()))
+    assert not stack.proxy.events("kv.backend.restarted"), stack.proxy.log_text()[-2000:]
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_one_slot_seen_empty_forgets_that_slot_only(stack, slots):
+    """Issue 36 hole 5, the probe: B's slot is emptied behind kvpersist's back (an erase sent to
+    llama-server directly). GET /slots shows it empty: that slot is forgotten, A's is not, so
+    key C's conversations run on A's slot only after an erase."""
+    stack.start(managed(slots_probe_ms=50), total_slots=slots)
+    A = tenant_a()
+    a_turn(stack, A)
+    ok(Conversation(sid("B"), system_words=40, tag="tenant B").turn(stack.port, headers=auth(KEY_B)), "B")
+    settled_calls(stack)
+    b_slot = stack.fake.inference_requests()[-1]["slot"]
+    assert b_slot == 1
+    assert http_request(stack.fake.port, "POST", "/slots/1?action=erase").status == 200
+    time.sleep(0.5)  # several background probes
+    assert_third_key_isolated(stack, A, slots, len(stack.fake.management_calls()))
+    assert not stack.proxy.events("kv.backend.restarted"), stack.proxy.log_text()[-2000:]
+    (line,) = stack.proxy.events("kv.slot.emptied")
+    assert line.fields["slot"] == "1", line.raw

@@ -1,7 +1,8 @@
 """Managed multi-slot mode (`mode: managed-slots`) against the in-process fake llama-server.
 
-What the fake can show (it reports `total_slots` but keeps one token list, so cache reuse per
-slot is the real-server suite's job, test_multislot_real.py): the exact bytes kvpersist forwards
+What the fake can show (one token list per slot, placing a request without id_slot as
+llama-server does, docs/llama-server.md §4.1; timings and the RAM cache are the real-server
+suite's job, test_multislot_real.py): the exact bytes kvpersist forwards
 (id_slot / cache_prompt pinning, Content-Length), which slot each request was pinned to, and
 when each request was running (the fake records arrival, every SSE event and completion on the
 test's clock), so concurrency across slots and order within a session are visible.

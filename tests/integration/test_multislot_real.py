@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 
 import pytest
@@ -395,3 +396,99 @@ def test_concurrent_sessions_stream_at_once_and_stay_warm(world):
             assert calls == [], calls
             for c, rep in zip(chats, reps):
                 assert_reused(rep, c, "%s concurrent round 2" % c.id)
+
+
+# ============================================================================ tenant isolation with several slots
+# Issue 36 holes 5 and 7 against llama-server with -np 2 and -np 4 (`--cache-ram 0`: its host
+# prompt cache is an oracle kvpersist cannot erase, docs/design.md §20). Tenant A's session
+# holds a long system prompt; another key sends requests that start with it. What that key
+# reads back must not exceed what the same request reports on an empty slot (measured straight
+# on llama-server with every slot erased: 0 with no prompt cache).
+ISO_KEYS = {"A": "Bearer key-A", "B": "Bearer key-B", "C": "Bearer key-C"}
+ISO_USER = "Briefly: what is this conversation about? Give it a five word title."
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: "np%d" % n)
+def iso_llama(request, tmp_path_factory):
+    require_real_llama()
+    server = Llama(str(tmp_path_factory.mktemp("llama-iso-np%d" % request.param)), n_parallel=request.param,
+                   extra_args=["--cache-ram", "0"]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def iso_world(request, iso_llama, tmp_path):
+    yield from _world(request, iso_llama, tmp_path)
+
+
+def erase_every_slot(llama: Llama):
+    for s in range(llama.n_parallel):
+        r = http_request(llama.port, "POST", "/slots/%d?action=erase" % s, body={}, timeout=30)
+        assert r.status == 200, r.body[:200]
+
+
+def messages_request(system: str, key: str, text: str = ISO_USER) -> tuple[dict, dict]:
+    return {"Authorization": key}, {"model": "test", "system": system, "max_tokens": 8, "temperature": 0,
+                                    "seed": 1, "logit_bias": BAN_BYTE_TOKENS,
+                                    "messages": [{"role": "user", "content": text}]}
+
+
+def cache_read(port: int, req) -> int:
+    headers, body = req
+    r = http_request(port, "POST", "/v1/messages", headers=headers, body=body, timeout=120)
+    assert r.status == 200 and r.complete, (r.status, r.body[:300])
+    return r.json["usage"]["cache_read_input_tokens"]
+
+
+def iso_proxy(world, **config) -> KvPersist:
+    return world.start_proxy(deep_merge({"sharing": "credential"}, config))
+
+
+def test_unpinnable_request_of_another_key_reads_nothing_of_a(iso_world):
+    """Hole 7: /v1/messages of key B with A's system prompt. llama-server would place it on A's
+    slot (the longest common prefix) and report A's prompt as cache_read_input_tokens; kvpersist
+    erases every slot B may not run on first. Control: the same request of A's own key, before,
+    reuses A's prompt (nothing erased for it). A's next turn restores."""
+    w = iso_world
+    A = Chat(w.llama.port, "iso7-A-%s" % uuid.uuid4().hex[:6], PROMPT)
+    erase_every_slot(w.llama)
+    empty = cache_read(w.llama.port, messages_request(A.system, ISO_KEYS["B"]))
+    erase_every_slot(w.llama)
+    proxy = iso_proxy(w)
+    ok(A.ask(proxy.port, stream=False, headers={"Authorization": ISO_KEYS["A"]}, timeout=120), "A#1")
+    own = cache_read(proxy.port, messages_request(A.system, ISO_KEYS["A"]))
+    assert own > 0.5 * A.first_prompt, "A's own /v1/messages reused %d of %d" % (own, A.first_prompt)
+    other = cache_read(proxy.port, messages_request(A.system, ISO_KEYS["B"]))
+    print("\nmultislot figures: np%d /v1/messages key B reads %d (empty slot %d), key A %d of %d"
+          % (w.llama.n_parallel, other, empty, own, A.first_prompt))
+    assert other <= empty, "key B read %d tokens of A's KV (an empty slot gives %d)" % (other, empty)
+    rep = A.ask(proxy.port, stream=False, headers={"Authorization": ISO_KEYS["A"]}, timeout=120)
+    ok(rep, "A#2")
+    assert_reused(rep, A, "A after key B's /v1/messages")
+
+
+def test_refused_request_does_not_reset_every_slot(iso_world):
+    """Hole 5: key B's request is refused after its slot was erased for it (a body kvpersist
+    cannot pin). The background probe then sees an owned slot empty; it must forget that slot
+    only. Key C's new conversations with A's system prompt, one per slot, A's included, each
+    read no more than on an empty slot."""
+    w = iso_world
+    A = Chat(w.llama.port, "iso5-A-%s" % uuid.uuid4().hex[:6], PROMPT)
+    erase_every_slot(w.llama)
+    proxy = iso_proxy(w, epochProbeIntervalMs=100)
+    ok(A.ask(proxy.port, stream=False, headers={"Authorization": ISO_KEYS["A"]}, timeout=120), "A#1")
+    r = http_request(proxy.port, "POST", "/v1/chat/completions", body=b"[1, 2, 3]", timeout=30,
+                     headers={"Authorization": ISO_KEYS["B"], "X-Session-Id": "iso5-B",
+                              "Content-Type": "application/json"})
+    assert r.status == 400, (r.status, r.body[:200])
+    time.sleep(1.0)  # several background probes
+    reads = []
+    for i in range(w.llama.n_parallel):
+        C = Chat(w.llama.port, "iso5-C%d-%s" % (i, uuid.uuid4().hex[:6]), text=A.system)
+        rep = C.ask(proxy.port, text=ISO_USER, stream=False, headers={"Authorization": ISO_KEYS["C"]}, timeout=120)
+        ok(rep, "key C, conversation %d" % i)
+        reads.append(rep.cache_n)
+    print("\nmultislot figures: np%d key C's conversations read %s of A's %d-token prompt"
+          % (w.llama.n_parallel, reads, A.first_prompt))
+    assert max(reads) <= 16, "key C read %s tokens of another key's KV" % reads

@@ -2,8 +2,10 @@
 """A fake llama-server for kvpersist's integration tests.
 
 It models the parts of llama-server that a session-aware proxy depends on (see
-docs/llama-server.md): one slot holding a token list, prompt-prefix reuse
-(`cache_n`), slot save/restore/erase with llama-server's response shapes and
+docs/llama-server.md): `total_slots` slots, each holding its own token list, a request placed on
+the slot its `id_slot` names or, without one, as llama-server places it (docs/llama-server.md
+§4.1), prompt-prefix reuse of that slot's content (`cache_n`), slot save/restore/erase of one
+slot with llama-server's response shapes and
 error semantics (a failed restore clears the slot), `/props` with a per-process
 random `media_marker`, SSE streaming with chunked transfer, and cancellation
 when the client connection drops.
@@ -25,6 +27,7 @@ send times, aborted streams) under a lock, for tests to assert on.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -47,6 +50,13 @@ INFERENCE_PATHS = {
     "/v1/completions", "/completions", "/completion",
     "/v1/embeddings", "/embeddings", "/embedding",
     "/infill", "/v1/responses", "/v1/messages", "/rerank", "/v1/rerank",
+}
+# The routes that honour `id_slot` (docs/llama-server.md §4); the others run where llama-server
+# places them.
+PINNABLE_PATHS = {
+    "/v1/chat/completions", "/chat/completions",
+    "/v1/completions", "/completions", "/completion",
+    "/infill", "/v1/responses",
 }
 
 
@@ -209,7 +219,6 @@ class FakeLlamaServer:
         self.models_status = 200            # e.g. 403: GET /v1/models refused (a proxy in between)
         self.sleeping = False               # sleep(): as --sleep-idle-seconds, until a request wakes it
         self.reuse_after_restore = True     # False: a hybrid/SWA model that reprocesses after a restore
-        self._restored = False
         self.chat_template = "{% for m in messages %}<|{{m.role}}|> {{m.content}} {% endfor %}<|assistant|>"
         self.model_meta = {"vocab_type": 1, "n_vocab": 32000, "n_ctx_train": 16384, "n_embd": 256,
                            "n_params": 19532032, "size": 39068672, "ftype": "Q8_0"}
@@ -222,6 +231,9 @@ class FakeLlamaServer:
         self.probe_flicker = False
         self.wakes = 0
         self.kv_bytes_per_token = kv_bytes_per_token
+        # --slot-prompt-similarity: a request without id_slot takes the idle slot whose content
+        # shares more than this fraction of its prompt (docs/llama-server.md §4.1)
+        self.slot_prompt_similarity = 0.1
         self.media_marker = ""
         self.pinned_marker = None           # as LLAMA_MEDIA_MARKER: the same marker after restart()
         self.epoch = 0
@@ -233,7 +245,7 @@ class FakeLlamaServer:
         self._conn_seq = 0
         self._req_seq = 0
         self._stopping = threading.Event()
-        self._reset_slot()
+        self._reset_slots()
 
         # records
         self.requests: list[dict] = []       # every request, in arrival order
@@ -268,13 +280,60 @@ class FakeLlamaServer:
         self.keep_alive_timeout: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def _reset_slot(self):
-        self.slot_tokens: list[str] = []
-        # GET /slots' n_prompt_tokens per slot id: set by an inference pinned there (id_slot,
-        # else 0) and by a restore, 0 after an erase; a new process knows none.
+    def _reset_slots(self):
+        # Kept sparse (a test's total_slots may be 2**62): only slots something touched.
+        self.slots: collections.defaultdict[int, list[str]] = collections.defaultdict(list)  # tokens
+        # llama-server's t_last_used: when a task on the slot last ended (absent: never, -1)
+        self.slot_last_used: dict[int, float] = {}
+        self._restored: set[int] = set()     # slots restored since their last task
+        # GET /slots' n_prompt_tokens per slot id: set by an inference on the slot and by a
+        # restore, 0 after an erase; a new process knows none.
         self.slot_n: dict[int, int] = {}
-        self._slot_lock = threading.Lock()
+        self.slot_task: dict[int, int] = {}  # GET /slots' id_task: the last request run on the slot
+        # a slot runs one task at a time; its actions wait for it (deferred)
+        self._slot_locks: dict[int, threading.Lock] = {}
         self._active: dict[int, socket.socket] = {}  # request id -> client socket
+
+    @property
+    def slot_tokens(self) -> list[str]:
+        """Slot 0's tokens: the whole KV of a one-slot server."""
+        return self.slots[0]
+
+    @slot_tokens.setter
+    def slot_tokens(self, tokens: list[str]):
+        self.slots[0] = tokens
+
+    def slot_index(self, id_slot: int) -> int:
+        """The slot an id names: llama-server wraps ids modulo the slot count (get_slot_by_id)."""
+        return id_slot % self.total_slots
+
+    def slot_lock(self, slot: int) -> threading.Lock:
+        with self._lock:
+            return self._slot_locks.setdefault(slot, threading.Lock())
+
+    def place_unpinned(self, prompt: list[str], busy: set[int]) -> int | None:
+        """get_available_slot for a task without id_slot (docs/llama-server.md §4.1): among the
+        slots not in `busy`, the one whose content shares the largest fraction of the prompt, if
+        that fraction exceeds slot_prompt_similarity; else the least recently used: one that
+        never ran a task (t_last_used -1) first, ties going to the higher id as llama-server's
+        `<=` does. None: every slot is busy. REQUIRES self._lock."""
+        best, best_sim = None, 0.0
+        if self.slot_prompt_similarity and prompt:
+            for i, toks in sorted(self.slots.items()):
+                if i in busy or not toks:
+                    continue
+                sim = common_prefix(toks, prompt) / len(prompt)
+                if sim > best_sim and sim > self.slot_prompt_similarity:
+                    best, best_sim = i, sim
+        if best is not None:
+            return best
+        i = self.total_slots - 1
+        while i >= 0 and (i in self.slot_last_used or i in busy):  # bounded by the slots used
+            i -= 1
+        if i >= 0:
+            return i
+        idle = [(t, -i) for i, t in self.slot_last_used.items() if i not in busy]
+        return -min(idle)[1] if idle else None
 
     @property
     def url(self) -> str:
@@ -284,7 +343,7 @@ class FakeLlamaServer:
     def start(self):
         self._stopping.clear()
         with self._lock:
-            self._reset_slot()
+            self._reset_slots()
             self.epoch += 1
             self.media_marker = self.pinned_marker or "<__media_%016x__>" % random.getrandbits(64)
         server_class = _ThreadingHTTPServerV6 if ":" in self.host else ThreadingHTTPServer
@@ -361,7 +420,7 @@ class FakeLlamaServer:
         /health answer without waking it, any other request wakes it (slots stay empty)."""
         with self._lock:
             self.sleeping = True
-            self.slot_tokens = []
+            self.slots.clear()
             self.slot_n = {}
 
     def hold_inference(self):
@@ -431,18 +490,20 @@ class FakeLlamaServer:
     def slot_discipline_violations(self) -> list[str]:
         """Slot actions that arrived while an inference ran on their slot (docs/design.md I8).
         With one slot, any running inference counts (`violations`, recorded as they arrive);
-        with several, only a request pinned (id_slot) to the action's slot: a save of slot 1
-        while slot 0 streams is what a pool is for."""
+        with several, only a request that ran on the action's slot (pinned there, or placed
+        there by the server) from its arrival on: a save of slot 1 while slot 0 streams is what
+        a pool is for."""
         if self.total_slots <= 1:
             return list(self.violations)
-        def pinned_slot(r):
-            return r["json"].get("id_slot") if isinstance(r["json"], dict) else None
-        pinned = [r for r in self.inference_requests() if pinned_slot(r) is not None]
+        placed = [r for r in self.inference_requests() if r.get("slot") is not None]
         bad = []
         for m in self.management_calls():
-            for r in pinned:
+            for r in placed:
                 end = r.get("completed") or r.get("abort_time") or now()
-                if pinned_slot(r) == m.get("slot") and r["time"] < m["time"] < end:
+                acted_on = m.get("slot")
+                if acted_on is None or acted_on < 0 or self.slot_index(acted_on) != r["slot"]:
+                    continue
+                if r["time"] < m["time"] < end:
                     bad.append("%s of slot %d at %.3f while request %d ran (%.3f..%.3f)"
                                % (m["action"], m["slot"], m["time"], r["id"], r["time"], end))
         return bad
@@ -669,11 +730,14 @@ class _Handler(BaseHTTPRequestHandler):
                                                                 "not_supported_error"))
             with f._lock:
                 used = dict(f.slot_n)
+                tasks = dict(f.slot_task)
             slots = [{"id": i, "n_ctx": f.n_ctx, "speculative": False, "is_processing": False}
                      for i in range(f.total_slots)]
             for i, n in used.items():
                 if i < len(slots):
                     slots[i]["n_prompt_tokens"] = n
+            for i, t in tasks.items():
+                slots[i]["id_task"] = t
             return self._send_json(200, slots)
         if m == "POST" and path.startswith("/slots/"):
             return self._slot_action(path[len("/slots/"):], query, body_json, body)
@@ -776,7 +840,9 @@ class _Handler(BaseHTTPRequestHandler):
             return reply(fault, err_body(fault, "fake management fault", "server_error"))
 
         # slot actions run on the main loop: they wait while the slot is busy (deferred)
-        if not f._slot_lock.acquire(timeout=30):
+        slot = f.slot_index(id_slot)
+        slot_lock = f.slot_lock(slot)
+        if not slot_lock.acquire(timeout=30):
             return reply(503, err_body(503, "fake: slot busy for 30 s", "unavailable_error"))
         try:
             with f._lock:
@@ -790,16 +856,16 @@ class _Handler(BaseHTTPRequestHandler):
             t0 = now()
             if action == "erase":
                 with f._lock:
-                    n = len(f.slot_tokens)
-                    f.slot_tokens = []
-                    if id_slot in f.slot_n:
-                        f.slot_n[id_slot] = 0
+                    n = len(f.slots[slot])
+                    f.slots[slot] = []
+                    if slot in f.slot_n:
+                        f.slot_n[slot] = 0
                 return reply(200, {"id_slot": id_slot, "n_erased": n})
             path = os.path.join(f.slot_save_path, filename)
             if action == "save":
                 with f._lock:
                     failure = f._fail_save.pop(0) if f._fail_save else None
-                    tokens = list(f.slot_tokens)
+                    tokens = list(f.slots[slot])
                 if failure:
                     return reply(failure[0], err_body(failure[0], failure[1],
                                                       "server_error" if failure[0] >= 500 else "invalid_request_error"))
@@ -826,7 +892,7 @@ class _Handler(BaseHTTPRequestHandler):
                 failure = f._fail_restore.pop(0) if f._fail_restore else None
             if failure:
                 with f._lock:
-                    f.slot_tokens = []  # a failed restore clears the slot
+                    f.slots[slot] = []  # a failed restore clears the slot
                 return reply(failure[0], err_body(failure[0], failure[1],
                                                   "server_error" if failure[0] >= 500 else "invalid_request_error"))
             try:
@@ -835,21 +901,21 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ValueError("Restored prompt does not fit in the slot context")
             except ValueError:
                 with f._lock:
-                    f.slot_tokens = []
+                    f.slots[slot] = []
                 return reply(400, err_body(400, "Unable to restore slot: No available space in KV cache or invalid slot save file",
                                            "invalid_request_error"))
             with f._lock:
-                f.slot_tokens = tokens
-                f._restored = True
+                f.slots[slot] = tokens
+                f._restored.add(slot)
                 delta = f.restore_n_delta
-                if id_slot in f.slot_n:   # a slot that never ran a task shows no count (docs/llama-server.md §2)
-                    f.slot_n[id_slot] = len(tokens)
+                if slot in f.slot_n:   # a slot that never ran a task shows no count (docs/llama-server.md §2)
+                    f.slot_n[slot] = len(tokens)
             mrec["n"] = len(tokens)
             mrec["head"] = tokens[:8]
             return reply(200, {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens) + delta,
                                "n_read": n_read, "timings": {"restore_ms": (now() - t0) * 1000.0}})
         finally:
-            f._slot_lock.release()
+            slot_lock.release()
 
     def _behaviour_probe(self, j):
         """One greedy token with its ranked alternatives, as llama-server answers n_probs. Recorded
@@ -914,9 +980,13 @@ class _Handler(BaseHTTPRequestHandler):
         if failure:
             return self._send_json(failure[0], failure[1])
         prompt = self._prompt_tokens(path, j)
-        with f._lock:
-            k = j.get("id_slot")
-            f.slot_n[k if isinstance(k, int) and 0 <= k < f.total_slots else 0] = max(len(prompt), 1)
+        k = j.get("id_slot") if path in PINNABLE_PATHS else None
+        pinned = f.slot_index(k) if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
+        if pinned is None and f.total_slots == 1:
+            pinned = 0
+        if pinned is not None:
+            with f._lock:
+                f.slot_n[pinned] = max(len(prompt), 1)
         if len(prompt) > f.n_ctx:
             return self._send_json(400, {"error": {"code": 400, "message": "the request exceeds the available context size",
                                                    "type": "exceed_context_size_error", "n_prompt_tokens": len(prompt),
@@ -929,11 +999,11 @@ class _Handler(BaseHTTPRequestHandler):
         rid = self.rec["id"]
 
         # wait for the slot (a request for a busy slot is deferred, without headers)
-        slot_lock = f._slot_lock if not f.concurrent_inference else threading.Lock()
-        while not slot_lock.acquire(timeout=POLL_S):
-            if peer_closed(self.connection) or f._stopping.is_set():
-                self._mark_abort("queued", 0)
-                return
+        taken = self._take_slot(pinned, prompt)
+        if taken is None:
+            self._mark_abort("queued", 0)
+            return
+        slot, slot_lock = taken
         released = []
 
         def finish():
@@ -943,16 +1013,17 @@ class _Handler(BaseHTTPRequestHandler):
                 released.append(True)
                 with f._lock:
                     f._active.pop(rid, None)
+                    f.slot_last_used[slot] = now()
                 slot_lock.release()
 
         self._finish_inference = finish
         try:
             with f._lock:
                 f._active[rid] = self.connection
-                before = list(f.slot_tokens)
-                if f._restored and not f.reuse_after_restore:
+                before = list(f.slots[slot])
+                if slot in f._restored and not f.reuse_after_restore:
                     before = []
-                f._restored = False
+                f._restored.discard(slot)
             cache_n = common_prefix(before, prompt)
             if cache_n >= len(prompt) and prompt:
                 cache_n = len(prompt) - 1  # llama-server re-evaluates at least one token
@@ -961,7 +1032,7 @@ class _Handler(BaseHTTPRequestHandler):
                              "slot_before": len(before), "slot_before_head": before[:8],
                              "prompt_head": prompt[:8]})
             with f._lock:
-                f.slot_tokens = prompt[:cache_n]  # the rest is being processed
+                f.slots[slot] = prompt[:cache_n]  # the rest is being processed
             t_start = now()
             if stream:
                 self.send_response(200)
@@ -978,7 +1049,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if f.prefill_delay:
                     self._sleep_watching(f.prefill_delay)
                 with f._lock:
-                    f.slot_tokens = list(prompt)  # prompt processed (even if cancelled later)
+                    f.slots[slot] = list(prompt)  # prompt processed (even if cancelled later)
                 t_prompt = now()
                 phase = "generate"
                 if is_embed:
@@ -988,7 +1059,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._stream(path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt)
                 else:
                     with f._lock:
-                        f.slot_tokens = list(prompt) + gen
+                        f.slots[slot] = list(prompt) + gen
                         self.rec["completed"] = now()
                     self._final_json(path, j, prompt, gen, cache_n, prompt_n, t_start, t_prompt)
             except _Aborted:
@@ -997,6 +1068,34 @@ class _Handler(BaseHTTPRequestHandler):
                 self._mark_abort(phase, len(self.rec["events"]))
         finally:
             finish()
+
+    def _take_slot(self, pinned, prompt):
+        """(slot, its lock, held) for the task, once a slot is free: `pinned`, or the one
+        get_available_slot picks among the idle ones; None when the client left meanwhile.
+        With concurrent_inference a request never waits (a fresh lock), placed all the same."""
+        f = self.fake
+        if pinned is not None:
+            lock = threading.Lock() if f.concurrent_inference else f.slot_lock(pinned)
+            while not lock.acquire(timeout=POLL_S):
+                if peer_closed(self.connection) or f._stopping.is_set():
+                    return None
+            with f._lock:
+                self.rec["slot"] = pinned
+                f.slot_task[pinned] = self.rec["id"]
+            return pinned, lock
+        while True:
+            with f._lock:
+                busy = set() if f.concurrent_inference else {i for i, x in f._slot_locks.items() if x.locked()}
+                slot = f.place_unpinned(prompt, busy)
+                lock = None if slot is None else threading.Lock() if f.concurrent_inference else f.slot_lock(slot)
+                if lock is not None and lock.acquire(blocking=False):
+                    self.rec["slot"] = slot
+                    f.slot_task[slot] = self.rec["id"]
+                    f.slot_n[slot] = max(len(prompt), 1)
+                    return slot, lock
+            if peer_closed(self.connection) or f._stopping.is_set():
+                return None
+            time.sleep(POLL_S)
 
     def _mark_abort(self, phase, events):
         with self.fake._lock:
@@ -1046,7 +1145,7 @@ class _Handler(BaseHTTPRequestHandler):
                    "usage": {"input_tokens": len(prompt), "output_tokens": len(gen),
                              "input_tokens_details": {"cached_tokens": cache_n}}}
         else:  # native /completion, /infill
-            obj = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+            obj = {"index": 0, "content": text, "tokens": [], "id_slot": self.rec["slot"], "stop": True,
                    "model": "fake", "tokens_predicted": len(gen), "tokens_evaluated": len(prompt),
                    "generation_settings": {}, "prompt": " ".join(prompt), "has_new_line": False,
                    "truncated": False, "stop_type": "limit", "stopping_word": "",
@@ -1086,7 +1185,7 @@ class _Handler(BaseHTTPRequestHandler):
                 o = {"index": 0, "content": delta_text or "", "tokens": [], "stop": finish is not None,
                      "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": len(prompt)}
                 if finish is not None:
-                    o.update({"id_slot": 0, "tokens_cached": len(prompt) + len(gen), "stop_type": "limit",
+                    o.update({"id_slot": self.rec["slot"], "tokens_cached": len(prompt) + len(gen), "stop_type": "limit",
                               "tokens_predicted": len(gen)})
             if timings is not None:
                 o["timings"] = timings
@@ -1121,7 +1220,7 @@ class _Handler(BaseHTTPRequestHandler):
             ev = events[i]
             if ev is None:
                 with f._lock:
-                    f.slot_tokens = list(prompt) + gen
+                    f.slots[self.rec["slot"]] = list(prompt) + gen
                 timings = self._timings(cache_n, prompt_n, len(gen), t_start, t_prompt)
                 final["timings"] = timings
                 if oai:
@@ -1134,7 +1233,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 sent_tokens += 1
                 with f._lock:
-                    f.slot_tokens = list(prompt) + gen[:sent_tokens]
+                    f.slots[self.rec["slot"]] = list(prompt) + gen[:sent_tokens]
             self._send_event(ev)
         for ev in done:
             if f.event_delay:

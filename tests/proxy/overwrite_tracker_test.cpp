@@ -101,7 +101,7 @@ struct harness : kvp::testing::control_parts {
   void unpinnable_request(std::optional<std::map<int, std::int64_t>> after) {
     run(tracker.note_tasks_before());
     slots.tasks = std::move(after);
-    run(tracker.forget_overwritten());
+    run(tracker.forget_overwritten("k2"));
   }
 };
 
@@ -120,13 +120,33 @@ TEST_CASE("overwrite_tracker: only the slot whose last task changed loses its ow
   CHECK(h.logged.of("kv.slot.state_unknown").empty());
 }
 
-TEST_CASE("overwrite_tracker: a slot without a task (never used) counts as overwritten",
+TEST_CASE("overwrite_tracker: the one slot that ran the request holds its credential's content",
+          "[proxy][overwrite_tracker]") {
+  harness h;
+  h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, 7}};
+  h.unpinnable_request(std::map<int, std::int64_t>{{0, 5}, {1, 8}});
+  CHECK(h.pool.content(1).whose == kvp::core::content_whose::known);
+  CHECK(h.pool.content(1).credential == "k2");
+  CHECK(h.pool.content(1).session.empty());
+  CHECK(h.pool.content(0).session == h.pool.owner(0));  // untouched
+}
+
+TEST_CASE("overwrite_tracker: a slot that shows no task before or after did not run it; a list "
+          "that shows no task anywhere cannot tell",
           "[proxy][overwrite_tracker]") {
   harness h;
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, -1}};
-  h.unpinnable_request(std::map<int, std::int64_t>{{0, 5}, {1, -1}});
-  CHECK_FALSE(h.pool.owner(0).empty());
+  h.unpinnable_request(std::map<int, std::int64_t>{{0, 6}, {1, -1}});
+  CHECK(h.pool.owner(0).empty());
+  CHECK_FALSE(h.pool.owner(1).empty());
+
+  h.take_slot("A", 0);
+  h.slots.tasks = std::map<int, std::int64_t>{{0, -1}, {1, -1}};
+  h.unpinnable_request(std::map<int, std::int64_t>{{0, -1}, {1, -1}});
+  CHECK(h.pool.owner(0).empty());
   CHECK(h.pool.owner(1).empty());
+  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);
+  CHECK(h.logged.of("kv.slot.state_unknown").size() == 1);
 }
 
 TEST_CASE("overwrite_tracker: an unreadable slot list forgets every owner, logged once per "
