@@ -75,3 +75,32 @@ def test_second_credential_passes_the_door_on_every_route(stack, path, pinnable,
     erases = [m for m in stack.fake.management_calls() if m["action"] == "erase" and m["status"] == 200]
     assert erases and erases[-1]["done"] <= forwarded[0]["time"], \
         "%s: the erase did not precede the forwarded request" % path
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+@pytest.mark.parametrize("path,pinnable,fmt", ROUTES, ids=[r[0] for r in ROUTES])
+def test_second_credential_passes_the_door_in_managed_mode(stack, path, pinnable, fmt, slots):
+    """Managed mode: the second credential's request runs pinned to another slot than A's, or,
+    where llama-server places it (an unpinnable route), after A's slot was erased; where the
+    fake computes reuse, it reused nothing."""
+    stack.start({"sharing": "credential", "mode": "managed-slots", "checkpoint": {"idleMs": 0},
+                 "epochProbeIntervalMs": 0}, total_slots=slots)
+    A = Conversation(sid("door-A"), system_words=120, tag="tenant A's secret 4 1 7")
+    ok(A.turn(stack.port, headers={"Authorization": KEY_A}), "A's turn")
+    settled_calls(stack)
+    a_slot = stack.fake.inference_requests()[-1]["slot"]
+    before = len(stack.fake.requests_to(path))
+    r = stack.proxy.request("POST", path, headers={"Authorization": KEY_B},
+                            body=body_of(fmt, A.messages[0]), timeout=15)
+    settled_calls(stack)
+    forwarded = stack.fake.requests_to(path)[before:]
+    assert r.status != 403 and len(forwarded) == 1, (path, r.status, len(forwarded))
+    sent = forwarded[0]
+    pinned = (sent["json"] or {}).get("id_slot") if pinnable else None
+    a_erased = any(m["action"] == "erase" and m["slot"] == a_slot and m["status"] == 200
+                   and m["done"] <= sent["time"] for m in stack.fake.management_calls())
+    assert a_erased or (pinned is not None and pinned != a_slot), \
+        "%s of another key could reach slot %d holding A's KV (pinned to %s, no erase)" % (
+            path, a_slot, pinned)
+    if "cache_n" in sent:
+        assert sent["cache_n"] == 0, "%s of another key reused %d tokens" % (path, sent["cache_n"])
