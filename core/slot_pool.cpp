@@ -282,9 +282,6 @@ door_answer slot_pool::door_for(int slot, const request_identity& who) const {
   return door().ask(sl->content, {who.credential, hash, aux});
 }
 
-bool slot_pool::may_run_on(int slot, const request_identity& who) const {
-  return door_for(slot, who) == door_answer::run;
-}
 
 const slot_content& slot_pool::content(int slot) const {
   static const slot_content none;

@@ -211,8 +211,6 @@ class slot_pool {
   // What the door (core/slot_door.hpp, docs/design.md §24) answers for `who` on what `slot`
   // holds: run, erase, or erase and refuse the request if the erase fails.
   door_answer door_for(int slot, const request_identity& who) const;
-  // Whether `who` may run on what `slot` holds without an erase first (the sharing scope).
-  bool may_run_on(int slot, const request_identity& who) const;
   const slot_content& content(int slot) const;
 
   // Slot selection (docs/design.md §14) among `free_slots` (not leased): the slot the session already

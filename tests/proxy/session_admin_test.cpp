@@ -182,9 +182,10 @@ TEST_CASE("admin restore puts the session's KV in the slot under its manifest's 
   // A's own next turn runs on the restored KV, and so may A's key's other sessions; a request
   // without a key, or with B's, may not: its plan erases first, and a failed erase fails it.
   CHECK(h.pool.session(a)->resident);
-  CHECK(h.pool.may_run_on(0, harness::identity("X", "key-A")));
-  CHECK_FALSE(h.pool.may_run_on(0, harness::identity("X", "key-B")));
-  CHECK_FALSE(h.pool.may_run_on(0, harness::identity("X", "")));
+  using kvp::core::door_answer;
+  CHECK(h.pool.door_for(0, harness::identity("X", "key-A")) == door_answer::run);
+  CHECK(h.pool.door_for(0, harness::identity("X", "key-B")) == door_answer::erase_or_refuse);
+  CHECK(h.pool.door_for(0, harness::identity("X", "")) == door_answer::erase_or_refuse);
   const auto plan = h.plan_for("X", "");
   CHECK(plan.erase);
   CHECK(plan.erase_required);
