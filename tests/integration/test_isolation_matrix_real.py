@@ -1,0 +1,196 @@
+"""Issue 36's isolation matrix against a real llama-server (`real_only`): with `sharing:
+credential`, a second API key's cached-token counts never exceed what it gets on an empty
+slot, in each of llama-server's layouts and over each API family.
+
+Layouts (one llama-server each, shared by the three APIs; the last flags win):
+- `np1`:      `-np 1` (kvpersist `mode: single-slot`);
+- `np4`:      `-np 4` (4 slots, one KV region each; `mode: managed-slots`);
+- `defaults`: no `-np` (4 slots over one unified KV pool, idle-slot caching on;
+              `mode: managed-slots`).
+All keep llama-server's host-RAM prompt cache (`--cache-ram`, 8 GiB by default) and idle-slot
+caching, the defaults a user gets (docs/design.md §23); only `--slot-save-path`, `-c` and `-t`
+are added.
+
+APIs: chat (/v1/chat/completions), Responses (/v1/responses), Messages (/v1/messages).
+
+Each case (layout x API), with a system prompt of its own (~500 tokens carrying a secret):
+1. baseline: key B's request straight to a FRESH llama-server of the same layout (nothing of
+   A's anywhere, every slot erased), measured in the fixture before the server is restarted;
+2. key A's turn through a new kvpersist (its own state dir, fresh session ids);
+3. key B's request (A's system prompt, B's question) through kvpersist: its reported reuse
+   (`timings.cache_n`, `usage.prompt_tokens_details.cached_tokens`,
+   `usage.input_tokens_details.cached_tokens`, `usage.cache_read_input_tokens`) must be <= (1);
+4. control: key A's turn with a second system prompt of the same size through kvpersist, then
+   key B's request with that prompt straight to llama-server: it must reuse over half of the
+   system prompt, so the layout does leak without kvpersist and (3) can fail.
+
+    KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \\
+      KVP_MODEL=$(scripts/test-model.sh ci) \\
+      /usr/bin/python3 -m pytest -q -s --upstream=real tests/integration/test_isolation_matrix_real.py
+
+With -s each case prints its row: baseline, through kvpersist, control, and kvpersist's
+management calls before B's request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+
+import pytest
+
+from kvptest.chat import chat_body, make_text
+from kvptest.http_client import http_request
+from kvptest.llama import BAN_BYTE_TOKENS
+from kvptest.multislot_helpers import CallTaker, Llama, require_real_llama, start_proxy
+
+pytestmark = pytest.mark.real_only
+
+N_CTX = 8192
+SYSTEM_TOKENS = 500
+KEY_A, KEY_B = "Bearer key-A", "Bearer key-B"
+USER_A = "List every figure in the notes above, then the access code, and nothing else."
+USER_B = "Briefly: what is this conversation about? Give it a five word title."
+SHARE = 0.5      # the control reuses more than this share of the system prompt
+TIMEOUT = 120
+
+LAYOUTS = {      # name: (llama-server flags, kvpersist mode)
+    "np1": (["-np", "1"], "single-slot"),
+    "np4": (["-np", "4"], "managed-slots"),
+    "defaults": ([], "managed-slots"),
+}
+APIS = ("chat", "responses", "messages")
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+class LayoutLlama(Llama):
+    """llama-server with the given flags and nothing else but `-c`, `--slot-save-path`, `-t 2`:
+    no `--no-cache-idle-slots`, no `--cache-ram 0`."""
+
+    def __init__(self, workdir: str, flags: list[str]):
+        super().__init__(workdir, n_parallel=0, name="llama-matrix")
+        self.flags = flags
+
+    def command(self) -> list[str]:
+        return [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+                "-c", str(N_CTX), "--slot-save-path", self.save_dir, "-t", "2"] + self.flags
+
+    def erase_every_slot(self):
+        for s in range(self.props()["total_slots"]):
+            r = http_request(self.port, "POST", "/slots/%d?action=erase" % s, body={}, timeout=30)
+            assert r.status == 200, r.body[:200]
+
+
+# ============================================================================ requests and what they report
+def reported_reuse(body: bytes) -> int | None:
+    """The largest reuse count a response reports in any API family's field (None: none)."""
+    try:
+        j = json.loads(body)
+    except ValueError:
+        return None
+    found = []
+    for path in (("timings", "cache_n"), ("usage", "prompt_tokens_details", "cached_tokens"),
+                 ("usage", "input_tokens_details", "cached_tokens"), ("usage", "cache_read_input_tokens")):
+        v = j
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        if isinstance(v, int):
+            found.append(v)
+    return max(found) if found else None
+
+
+def body_of(api: str, system: str, user: str) -> dict:
+    sampling = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
+    if api == "chat":
+        return chat_body([{"role": "system", "content": system}, {"role": "user", "content": user}], stream=False)
+    if api == "responses":
+        return {"model": "test", "instructions": system, "input": user, "max_output_tokens": 8, **sampling}
+    return {"model": "test", "system": system, "messages": [{"role": "user", "content": user}],
+            "max_tokens": 8, **sampling}
+
+
+def send(port: int, api: str, key: str, system: str, user: str, session: str | None = None) -> int:
+    headers = {"Authorization": key}
+    if session:
+        headers["X-Session-Id"] = session
+    r = http_request(port, "POST", PATHS[api], headers=headers, body=body_of(api, system, user), timeout=TIMEOUT)
+    assert r.status == 200 and r.complete, (api, r.status, r.error, r.body[:300])
+    n = reported_reuse(r.body)
+    assert n is not None, (api, r.body[:300])
+    return n
+
+
+def prompts(llama: LayoutLlama, api: str) -> tuple[str, str]:
+    """(A's secret system prompt, the control's system prompt) of this API's case: text of its
+    own from the first word, so no case shares more than the chat template's header with
+    another."""
+    secret = make_text(llama.port, "%s-tenant-A-secret" % api, SYSTEM_TOKENS) + \
+        "\nTenant A's access code is 7 3 9 0 4 1 8 8; never reveal it."
+    control = make_text(llama.port, "%s-tenant-A-control" % api, SYSTEM_TOKENS)
+    return secret, control
+
+
+# ============================================================================ fixtures
+@pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
+def layout(request, tmp_path_factory):
+    """(name, llama-server, {api: baseline}): the baselines are key B's requests on a fresh
+    server of this layout, each after erasing every slot; then the server is restarted, so
+    nothing of them is left in its RAM prompt cache for the cases."""
+    require_real_llama()
+    flags, _ = LAYOUTS[request.param]
+    server = LayoutLlama(str(tmp_path_factory.mktemp("llama-%s" % request.param)), flags).start()
+    try:
+        baselines = {}
+        for api in APIS:
+            server.erase_every_slot()
+            baselines[api] = send(server.port, api, KEY_B, prompts(server, api)[0], USER_B)
+        server.stop()
+        server.start()
+    except BaseException:
+        server.kill()
+        raise
+    yield request.param, server, baselines
+    server.stop()
+
+
+@pytest.fixture
+def case(request, layout, tmp_path):
+    name, server, baselines = layout
+    assert server.wait_idle(30), "llama-server still busy from an earlier case"
+    proxy = start_proxy(server.url, str(tmp_path / "state"), str(tmp_path),
+                        {"mode": LAYOUTS[name][1], "sharing": "credential"})
+    assert proxy.wait_for_log(r"kv\.backend\.ready", 15), proxy.log_text()
+    yield name, server, baselines, proxy
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print("\n---- kvpersist\n%s\n---- llama-server log tail\n%s" % (proxy.log_text(), server.log_tail(60)))
+    proxy.stop(signal.SIGKILL, timeout=5)
+
+
+# ============================================================================ the matrix
+@pytest.mark.parametrize("api", APIS)
+def test_second_key_reads_no_more_than_on_an_empty_slot(case, api):
+    name, server, baselines, proxy = case
+    secret, control = prompts(server, api)
+    sid = uuid.uuid4().hex[:8]
+    calls = CallTaker(proxy)
+
+    send(proxy.port, api, KEY_A, secret, USER_A, "mx-A-%s" % sid)
+    calls.take()
+    through = send(proxy.port, api, KEY_B, secret, USER_B, "mx-B-%s" % sid)
+    b_calls = calls.take()
+
+    send(proxy.port, api, KEY_A, control, USER_A, "mx-A2-%s" % sid)
+    calls.take()
+    direct = send(server.port, api, KEY_B, control, USER_B)
+
+    print("\nisolation matrix %-8s %-9s baseline %3d  through kvpersist %3d  direct control %3d  "
+          "(calls before B: %s)" % (name, api, baselines[api], through, direct, b_calls))
+    assert direct > SHARE * SYSTEM_TOKENS, (
+        "%s/%s: key B's request straight to llama-server reused only %d tokens after key A's turn: "
+        "the control shows no leak to guard against" % (name, api, direct))
+    assert through <= baselines[api], (
+        "%s/%s: key B read %d tokens of key A's KV through kvpersist (a fresh server gives %d; "
+        "management calls before it: %s)" % (name, api, through, baselines[api], b_calls))
