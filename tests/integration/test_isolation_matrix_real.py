@@ -60,6 +60,10 @@ LAYOUTS = {      # name: (llama-server flags, kvpersist mode)
     "np1": (["-np", "1"], "single-slot"),
     "np4": (["-np", "4"], "managed-slots"),
     "defaults": ([], "managed-slots"),
+    # the seeded cases that leak through the RAM prompt cache, with it off
+    "np1-cram0": (["-np", "1", "--cache-ram", "0"], "single-slot"),
+    "np4-cram0": (["-np", "4", "--cache-ram", "0"], "managed-slots"),
+    "defaults-cram0": (["--cache-ram", "0"], "managed-slots"),
 }
 APIS = ("chat", "responses", "messages")
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
@@ -132,27 +136,63 @@ def prompts(llama: LayoutLlama, api: str) -> tuple[str, str]:
     return secret, control
 
 
+def b_on_its_own_slot(server, port: int, api: str, sid: str) -> int:
+    """Key B's own unrelated turn, then B's request with A's system prompt in the same session
+    (so on the slot holding B's own KV); returns the latter's reuse."""
+    secret, _ = prompts(server, api)
+    send(port, api, KEY_B, make_text(server.port, "%s-tenant-B-own" % api, 200), USER_B, "mx-B-%s" % sid)
+    return send(port, api, KEY_B, secret, USER_B, "mx-B-%s" % sid)
+
+
 # ============================================================================ fixtures
-@pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
-def layout(request, tmp_path_factory):
-    """(name, llama-server, {api: baseline}): the baselines are key B's requests on a fresh
-    server of this layout, each after erasing every slot; then the server is restarted, so
-    nothing of them is left in its RAM prompt cache for the cases."""
-    require_real_llama()
-    flags, _ = LAYOUTS[request.param]
-    server = LayoutLlama(str(tmp_path_factory.mktemp("llama-%s" % request.param)), flags).start()
+def start_layout(name: str, tmp_path_factory):
+    """(name, llama-server, baselines): the baselines are key B's requests on a fresh server of
+    this layout (every slot erased before each, and B's two requests of the seeded case through
+    a kvpersist of their own); then the server is restarted, so nothing of them is left in its
+    RAM prompt cache for the cases."""
+    server = LayoutLlama(str(tmp_path_factory.mktemp("llama-%s" % name)), LAYOUTS[name][0]).start()
     try:
         baselines = {}
         for api in APIS:
             server.erase_every_slot()
             baselines[api] = send(server.port, api, KEY_B, prompts(server, api)[0], USER_B)
+        for api in APIS:
+            server.erase_every_slot()
+            work = str(tmp_path_factory.mktemp("baseline-%s" % api))
+            proxy = start_proxy(server.url, os.path.join(work, "state"), work,
+                                {"mode": LAYOUTS[name][1], "sharing": "credential"})
+            try:
+                assert proxy.wait_for_log(r"kv\.backend\.ready", 15), proxy.log_text()
+                baselines["warm-" + api] = b_on_its_own_slot(server, proxy.port, api, uuid.uuid4().hex[:8])
+            finally:
+                proxy.stop(signal.SIGKILL, timeout=5)
         server.stop()
         server.start()
     except BaseException:
         server.kill()
         raise
-    yield request.param, server, baselines
-    server.stop()
+    return name, server, baselines
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """Each layout's llama-server, started on first use and kept until the module ends (both
+    tests use the same layouts; an idle llama-server costs no CPU)."""
+    require_real_llama()
+    started: dict = {}
+
+    def get(name: str):
+        if name not in started:
+            started[name] = start_layout(name, tmp_path_factory)
+        return started[name]
+    yield get
+    for _, server, _ in started.values():
+        server.stop()
+
+
+@pytest.fixture
+def layout(request, layouts):
+    return layouts(request.param)
 
 
 @pytest.fixture
@@ -170,7 +210,10 @@ def case(request, layout, tmp_path):
 
 
 # ============================================================================ the matrix
-@pytest.mark.parametrize("api", APIS)
+BASIC = ("np1", "np4", "defaults")
+
+
+@pytest.mark.parametrize("layout,api", [(l, a) for l in BASIC for a in APIS], indirect=["layout"])
 def test_second_key_reads_no_more_than_on_an_empty_slot(case, api):
     name, server, baselines, proxy = case
     secret, control = prompts(server, api)
@@ -194,3 +237,54 @@ def test_second_key_reads_no_more_than_on_an_empty_slot(case, api):
     assert through <= baselines[api], (
         "%s/%s: key B read %d tokens of key A's KV through kvpersist (a fresh server gives %d; "
         "management calls before it: %s)" % (name, api, through, baselines[api], b_calls))
+
+
+RAM_CACHE_LEAK = (
+    "llama-server's host-RAM prompt cache (--cache-ram, 8 GiB by default) keeps a copy of A's slot "
+    "that no erase removes (docs/design.md §20, §23; docs/llama-server.md §5); %s, so llama-server "
+    "loads the cache entry that best matches B's prompt: A's. kvpersist cannot reach the cache; "
+    "several credentials on one llama-server need --cache-ram 0 (the %s-cram0 case passes)")
+PINNED_ON_OWN_SLOT = ("B's request is pinned to slot 0 holding B's own turn, of which it keeps less "
+                      "than half (get_available_slot: f_keep < 0.5 updates the prompt cache)")
+PLACED_BY_LRU = ("/v1/messages cannot be pinned; after kvpersist erases every foreign slot, "
+                 "llama-server places it by LRU, which always updates the prompt cache and "
+                 "loads any entry into an empty slot")
+
+
+def seeded_case(layout: str, api: str):
+    if layout == "np1":
+        reason = RAM_CACHE_LEAK % (PINNED_ON_OWN_SLOT if api != "messages" else PLACED_BY_LRU, layout)
+    elif api == "messages" and layout in ("np4", "defaults"):
+        reason = RAM_CACHE_LEAK % (PLACED_BY_LRU, layout)
+    else:
+        return pytest.param(layout, api, id="%s-%s" % (layout, api))
+    return pytest.param(layout, api, id="%s-%s" % (layout, api), marks=pytest.mark.xfail(strict=True, reason=reason))
+
+
+SEEDED = [seeded_case(l, a) for l in BASIC for a in APIS] + [
+    pytest.param("np1-cram0", a, id="np1-cram0-%s" % a) for a in APIS] + [
+    pytest.param("np4-cram0", "messages", id="np4-cram0-messages"),
+    pytest.param("defaults-cram0", "messages", id="defaults-cram0-messages")]
+
+
+@pytest.mark.parametrize("layout,api", SEEDED, indirect=["layout"])
+def test_second_key_on_its_own_slot_after_a_is_cached(case, api):
+    """Seeded: after A's turn, another conversation of A's key runs, so llama-server copies A's
+    slot to its RAM prompt cache (idle-slot caching with several slots; with one, the slot
+    about to lose more than half of its tokens); then key B's own turn, and B's request with
+    A's system prompt in the same session. B must read no more than the same two requests of
+    B read on a fresh server without A (measured through a kvpersist in the fixture)."""
+    name, server, baselines, proxy = case
+    secret, _ = prompts(server, api)
+    sid = uuid.uuid4().hex[:8]
+    calls = CallTaker(proxy)
+    send(proxy.port, api, KEY_A, secret, USER_A, "mx-A-%s" % sid)
+    send(proxy.port, api, KEY_A, make_text(server.port, "%s-tenant-A-other" % api, 200), USER_A, "mx-Ao-%s" % sid)
+    a_calls = calls.take()
+    through = b_on_its_own_slot(server, proxy.port, api, sid)
+    b_calls = calls.take()
+    print("\nisolation matrix seeded %-14s %-9s baseline %3d  through kvpersist %3d  (calls for A: %s; for B: %s)"
+          % (name, api, baselines["warm-" + api], through, a_calls, b_calls))
+    assert through <= baselines["warm-" + api], (
+        "%s/%s: key B read %d tokens of key A's KV through kvpersist (without A: %d; calls: %s)"
+        % (name, api, through, baselines["warm-" + api], b_calls))
