@@ -50,10 +50,11 @@ door_answer slot_door::ask(const slot_content& c, const door_request& who) const
   const bool at_stake = door_tenant_at_stake(c, who, scope, several_credentials);
   const bool whose_known = c.whose == content_whose::known || c.credential_known;
   if (whose_known && door_within_scope(c, who, scope)) return door_answer::run;
-  // Content of nobody known, with one credential seen, is no other tenant's: an auxiliary
-  // call runs on it as it always did; a session's request erases it (its plan must know
-  // what it runs on).
-  if (!whose_known && who.auxiliary && !at_stake) return door_answer::run;
+  // Content of nobody known (what llama-server held when kvpersist started, what a client
+  // that bypassed kvpersist left) may be anyone's: every request erases it first, an auxiliary
+  // call too. The erase is required once several credentials were seen; with one, a failed
+  // erase leaves a cold run.
+  if (!whose_known && scope == door_scope::instance && who.auxiliary) return door_answer::run;
   return at_stake ? door_answer::erase_or_refuse : door_answer::erase;
 }
 

@@ -35,8 +35,9 @@ those cases are xfail(strict) naming `--cache-ram 0`, and the same cases run wit
 `--cache-ram 0` added (the `-cram0` layouts) and pass.
 
 Restart (test_first_request_after_a_restart_reads_no_earlier_tenant): key C's KV left in the
-slots before a fresh kvpersist starts; key A's first request must not read it. Messages does
-(a kvpersist bug, xfail(strict) with the reason; chat erases first and passes).
+slots before a fresh kvpersist starts; key A's first request must not read it. Content of
+nobody known is erased before every request, an auxiliary or unpinnable one too
+(docs/design.md §24); before that fix Messages read 545 of C's tokens with no erase.
 
     KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \\
       KVP_MODEL=$(scripts/test-model.sh ci) \\
@@ -304,19 +305,9 @@ def test_second_key_on_its_own_slot_after_a_is_cached(case, api):
         % (name, api, through, baselines["warm-" + api], b_calls))
 
 
-UNKNOWN_RUNS_UNERASED = (
-    "kvpersist bug: a fresh kvpersist knows one credential (no manifest of another in its state "
-    "dir), so core::slot_door::ask lets an auxiliary request run on unknown content ('content "
-    "of nobody known, with one credential seen, is no other tenant's'); /v1/messages goes "
-    "through prepare_exclusive -> erase_foreign_slots with no erase and reads the earlier "
-    "tenant's KV left in the slots (issue 36 item 2: after a kvpersist restart content is "
-    "unknown and erased before a request that did not put it there)")
-
-
 @pytest.mark.parametrize("layout,api", [
     pytest.param("np4-cram0", "chat", id="np4-cram0-chat"),
-    pytest.param("np4-cram0", "messages", id="np4-cram0-messages",
-                 marks=pytest.mark.xfail(strict=True, reason=UNKNOWN_RUNS_UNERASED))], indirect=["layout"])
+    pytest.param("np4-cram0", "messages", id="np4-cram0-messages")], indirect=["layout"])
 def test_first_request_after_a_restart_reads_no_earlier_tenant(case, api):
     """Key C's turn reached llama-server before this kvpersist started (an earlier kvpersist's
     tenant, or a request that bypassed it); key A's first request through the new kvpersist,
