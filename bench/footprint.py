@@ -100,7 +100,7 @@ def peak_rss_during(pid: int, fn):
 
 def memory(a, work: str, res: lib.Result) -> dict:
     stub, up = lib.start_sse_stub(work, "sse-stub", "stub-slots")
-    kv = lib.KvPersist(a.kvpersist, up, work, extra={"sessions": {"unmanaged": "passthrough"},
+    kv = lib.KvPersist(a.kvpersist, up, work, extra={"sessions": {"unmanaged": "passthrough"}, "sharing": "instance",
                                                      "queue": {"maxWaiting": 512}})
     rows, out = [], {}
     time.sleep(1.0)

@@ -171,7 +171,7 @@ def main() -> int:
         lib.wait_port(ngp, 10, [ngx])
         kv = lib.KvPersist(args.kvpersist, up, work)
         kvp = lib.KvPersist(args.kvpersist, up, work, name="kvpersist-passthrough",
-                            extra={"sessions": {"unmanaged": "passthrough"}})
+                            extra={"sessions": {"unmanaged": "passthrough"}, "sharing": "instance"})
         # The resident path is measured only if persistence is on: a probe that fails is
         # retried on every request, which would be measured instead.
         for k in (kv, kvp):

@@ -461,9 +461,11 @@ net::awaitable<bool> server::handle(client_conn& c, http::request<http::string_b
   }
   // A swap group's other servers save their sessions before this one's process replaces theirs.
   if (needs_slot) co_await upstreams_.swaps().before_serving(up.cfg.name);
-  const bool coordinated =
-      needs_slot && (!who.session_id.empty() ||
-                     cfg_.sessions.unmanaged != config::unmanaged_policy::passthrough);
+  // docs/design.md §24: a request passes the lease, and the door, uncoordinated only where the
+  // scope lets anyone run on anything (proxy/tools/main.cpp warns of the rest).
+  const bool passes_by = cfg_.sessions.unmanaged == config::unmanaged_policy::passthrough &&
+                         cfg_.sharing == config::sharing_scope::instance;
+  const bool coordinated = needs_slot && (!who.session_id.empty() || !passes_by);
   if (!coordinated) co_return co_await forward(up, c, req, std::nullopt, st);
   co_return co_await handle_under_lease(up, c, req, rc, who);
 }

@@ -192,6 +192,20 @@ void warn_exposed_secrets(const std::vector<config::exposed_secret>& exposed) {
                        "credential (README \"Security\")"}});
 }
 
+// `sessions.unmanaged: passthrough` forwards a request without a session header past the
+// lease, and so past the isolation door (docs/design.md §24): it does so only under
+// `sharing: instance`; under a narrower scope such requests are auxiliary calls, said once.
+void warn_scoped_passthrough(const config::config& cfg) {
+  if (cfg.sessions.unmanaged != config::unmanaged_policy::passthrough ||
+      cfg.sharing == config::sharing_scope::instance)
+    return;
+  core::log(core::log_level::warn, "kv.config.passthrough_scoped",
+            {{"sharing", std::string(config::to_string(cfg.sharing))},
+             {"effect", "requests without a session header run as auxiliary calls under the "
+                        "lease, where the sharing scope is kept; set sharing: instance to pass "
+                        "them through"}});
+}
+
 // Without upstream.url: llama-server's default address that answers (8080, or 9931 where
 // llama.cpp moved it), else 8080 with a warning naming both.
 void choose_default_upstream(config::config& cfg) {
@@ -260,6 +274,7 @@ int serve(const std::vector<std::string>& args) {
   core::parse_log_level(cfg.log.level, lvl);
   core::set_log_output(stderr_sink, lvl, cfg.log.format == config::log_format::json);
   warn_exposed_secrets(std::get<serve_setup>(loaded).exposed);
+  warn_scoped_passthrough(cfg);
   choose_default_upstream(cfg);
 
   if (auto unsafe = proxy::check_state_dirs(cfg); !unsafe) {

@@ -297,8 +297,10 @@ def test_unmanaged_request_is_unaffected(world, llama, mode):
     """§74.19: a request without a session header gets the same answer as from llama-server
     directly (and the owner's turn after it stays correct)."""
     # The default scope: an auxiliary call of the owner's key runs on its KV (under `session`
-    # it would be erased first, docs/design.md §20).
-    proxy = world.start_proxy({"sessions": {"unmanaged": mode}, "sharing": "credential"})
+    # it would be erased first, docs/design.md §20). `passthrough` bypasses the lease, and so
+    # the isolation door, only under `instance` (docs/design.md §24).
+    scope = "instance" if mode == "passthrough" else "credential"
+    proxy = world.start_proxy({"sessions": {"unmanaged": mode}, "sharing": scope})
     A = Session(llama, "A", SMALL_PROMPT)
     ok(A.ask(proxy.port), "A#1")
     settled_calls(world)

@@ -104,3 +104,19 @@ def test_second_credential_passes_the_door_in_managed_mode(stack, path, pinnable
             path, a_slot, pinned)
     if "cache_n" in sent:
         assert sent["cache_n"] == 0, "%s of another key reused %d tokens" % (path, sent["cache_n"])
+
+
+def test_passthrough_policy_does_not_pass_by_the_door(stack):
+    """`sessions.unmanaged: passthrough` forwards header-less requests past the lease, and so past
+    the door; under `sharing: credential` they are auxiliary calls instead: another key's
+    header-less request after A's turn runs after A's save and an erase, reusing nothing."""
+    stack.start({"sharing": "credential", "sessions": {"unmanaged": "passthrough"}})
+    A = Conversation(sid("door-A"), system_words=120, tag="tenant A's secret 4 1 7")
+    ok(A.turn(stack.port, headers={"Authorization": KEY_A}), "A's turn")
+    settled_calls(stack)
+    r = stack.proxy.request("POST", "/v1/chat/completions", headers={"Authorization": KEY_B},
+                            body=body_of("chat", A.messages[0]), timeout=15)
+    ok(r, "key B without a session header")
+    assert acts(settled_calls(stack)) == ["save", "erase"]
+    assert stack.fake.inference_requests()[-1]["cache_n"] == 0
+    assert stack.proxy.wait_for_log(r"kv\.config\.passthrough_scoped", 5), stack.proxy.log_text()

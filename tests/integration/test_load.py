@@ -146,7 +146,7 @@ def test_256_keepalive_clients_passthrough(stack):
 
 def test_64_concurrent_streams_passthrough(stack):
     """Pass-through streams are not coordinated: 64 run at once through kvpersist."""
-    stack.start(config={"sessions": {"unmanaged": "passthrough"}})
+    stack.start(config={"sessions": {"unmanaged": "passthrough"}, "sharing": "instance"})
     f = stack.fake
     f.concurrent_inference = True
     f.event_delay, f.n_predict = 0.05, 20           # ~1 s per stream
@@ -293,7 +293,7 @@ def test_no_leak_over_rounds(stack):
     (idle pooled upstream connections are bounded by upstream.maxIdleConnections). RSS: after two
     warm-up rounds, growth within 4 MiB over the rest (CI); the soak checks the trend."""
     stack.start(config={"queue": {"maxWaiting": 2}, "limits": {"headerTimeoutMs": 300},
-                        "checkpoint": {"idleMs": 0, "earlyMs": 0}, "sessions": {"unmanaged": "passthrough"}})
+                        "checkpoint": {"idleMs": 0, "earlyMs": 0}, "sessions": {"unmanaged": "passthrough"}, "sharing": "instance"})
     pid = stack.proxy.pid
     convs = [Conversation(sid("L%d" % i)) for i in range(8)]
     if LONG:
