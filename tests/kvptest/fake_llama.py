@@ -794,10 +794,16 @@ class _Handler(BaseHTTPRequestHandler):
                     if not peer_closed(s):
                         f.violations.append("%s arrived while inference request %d was running" % (action, rid))
 
+        held = []  # the slot's lock, while the action holds it
+
         def reply(status, obj):
             mrec["status"] = status
             mrec["response"] = obj
             mrec["done"] = now()
+            # The task is over before its answer goes out, as on llama-server's main loop: a
+            # client that sends its next request on the answer never finds the slot busy.
+            while held:
+                held.pop().release()
             self._send_json(status, obj)
 
         if f.slot_actions_disabled:
@@ -844,6 +850,7 @@ class _Handler(BaseHTTPRequestHandler):
         slot_lock = f.slot_lock(slot)
         if not slot_lock.acquire(timeout=30):
             return reply(503, err_body(503, "fake: slot busy for 30 s", "unavailable_error"))
+        held.append(slot_lock)
         try:
             with f._lock:
                 extra = f.management_delay
@@ -915,7 +922,8 @@ class _Handler(BaseHTTPRequestHandler):
             return reply(200, {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens) + delta,
                                "n_read": n_read, "timings": {"restore_ms": (now() - t0) * 1000.0}})
         finally:
-            slot_lock.release()
+            while held:
+                held.pop().release()
 
     def _behaviour_probe(self, j):
         """One greedy token with its ranked alternatives, as llama-server answers n_probs. Recorded
