@@ -36,7 +36,7 @@ import pytest
 from kvptest import fake_llama
 from kvptest.chat import Conversation
 from kvptest.http_client import http_request
-from kvptest.checks import acts, ok, settled_calls
+from kvptest.checks import acts, ok, reported_reuse, settled_calls
 from kvptest.identity import sid
 from kvptest.manifests import manifests
 from kvptest.waiting import wait_until
@@ -117,29 +117,6 @@ def request_of(kind: str, A: Conversation, key: str) -> tuple[str, dict, dict]:
     if kind == "header-a-id":       # A's session id, another key
         return "/v1/chat/completions", {**h, "X-Session-Id": A.session}, {"model": "m", "messages": chat}
     raise AssertionError(kind)
-
-
-def reported_reuse(body: bytes) -> int | None:
-    """The largest reuse count a response reports in any API family's field (None: none)."""
-    try:
-        j = json.loads(body)
-    except ValueError:
-        return None
-    found = []
-
-    def get(obj, *keys):
-        for k in keys:
-            if not isinstance(obj, dict) or k not in obj:
-                return
-            obj = obj[k]
-        if isinstance(obj, int):
-            found.append(obj)
-    if isinstance(j, dict):
-        get(j, "timings", "cache_n")
-        get(j, "usage", "prompt_tokens_details", "cached_tokens")
-        get(j, "usage", "input_tokens_details", "cached_tokens")
-        get(j, "usage", "cache_read_input_tokens")
-    return max(found) if found else None
 
 
 def send(stack, kind: str, A: Conversation, key: str):

@@ -49,7 +49,6 @@ management calls.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import uuid
@@ -57,6 +56,7 @@ import uuid
 import pytest
 
 from kvptest.chat import chat_body, make_text
+from kvptest.checks import reported_reuse
 from kvptest.http_client import http_request
 from kvptest.llama import BAN_BYTE_TOKENS
 from kvptest.multislot_helpers import CallTaker, Llama, require_real_llama, start_proxy
@@ -103,23 +103,6 @@ class LayoutLlama(Llama):
 
 
 # ============================================================================ requests and what they report
-def reported_reuse(body: bytes) -> int | None:
-    """The largest reuse count a response reports in any API family's field (None: none)."""
-    try:
-        j = json.loads(body)
-    except ValueError:
-        return None
-    found = []
-    for path in (("timings", "cache_n"), ("usage", "prompt_tokens_details", "cached_tokens"),
-                 ("usage", "input_tokens_details", "cached_tokens"), ("usage", "cache_read_input_tokens")):
-        v = j
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        if isinstance(v, int):
-            found.append(v)
-    return max(found) if found else None
-
-
 def body_of(api: str, system: str, user: str) -> dict:
     sampling = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
     if api == "chat":

@@ -35,7 +35,7 @@ import uuid
 import pytest
 
 from kvptest.chat import Chat, chat_body
-from kvptest.checks import acts
+from kvptest.checks import acts, reported_reuse
 from kvptest.http_client import http_request
 from kvptest.llama import BAN_BYTE_TOKENS
 from kvptest.manifests import manifests
@@ -89,23 +89,6 @@ def ask(chat: Chat, port: int, key: str, text: str | None = None, **kw):
 
 
 # ============================================================================ requests and what they report
-def reuse(r) -> int | None:
-    """The largest reuse count the (non-streamed) response reports in any API family's field."""
-    try:
-        j = json.loads(r.body)
-    except ValueError:
-        return None
-    found = []
-    for path in (("timings", "cache_n"), ("usage", "prompt_tokens_details", "cached_tokens"),
-                 ("usage", "input_tokens_details", "cached_tokens"), ("usage", "cache_read_input_tokens")):
-        v = j
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        if isinstance(v, int):
-            found.append(v)
-    return max(found) if found else None
-
-
 def rendered(llama, messages) -> str:
     """The prompt llama-server renders for `messages` (its /apply-template, straight to llama-server)."""
     r = http_request(llama.port, "POST", "/apply-template", body={"messages": messages}, timeout=30)
@@ -149,15 +132,15 @@ def empty_slot_reuse(llama, req) -> int:
     assert r.status == 200, r.body[:300]
     path, headers, body = req
     r = http_request(llama.port, "POST", path, headers=direct_headers(headers), body=body, timeout=TIMEOUT)
-    assert r.status == 200 and reuse(r) is not None, (path, r.status, r.body[:300])
-    return reuse(r)
+    assert r.status == 200 and reported_reuse(r.body) is not None, (path, r.status, r.body[:300])
+    return reported_reuse(r.body)
 
 
 def send(port: int, req):
     path, headers, body = req
     r = http_request(port, "POST", path, headers=headers, body=body, timeout=TIMEOUT)
     assert r.status == 200 and r.complete, (path, r.status, r.error, r.body[:300])
-    n = reuse(r)
+    n = reported_reuse(r.body)
     assert n is not None, (path, r.body[:300])
     return n
 

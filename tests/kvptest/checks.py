@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kvptest.reply import Reply
 
 
@@ -48,3 +50,22 @@ def assert_cold(rep, what: str):
     assert rep.cache_n is not None and rep.cache_n <= limit, \
         "%s: expected a cold prefill, cache_n=%s (prompt %s); %s" % (what, rep.cache_n, rep.prompt_tokens,
                                                                      rep.describe())
+
+
+def reported_reuse(body: bytes) -> int | None:
+    """The largest reuse count a response reports in any API family's field (timings.cache_n,
+    OpenAI's cached_tokens in chat and Responses, Messages' cache_read_input_tokens); None when
+    it reports none. These counts are the oracle isolation guards (docs/design.md §20)."""
+    try:
+        j = json.loads(body)
+    except ValueError:
+        return None
+    found = []
+    for path in (("timings", "cache_n"), ("usage", "prompt_tokens_details", "cached_tokens"),
+                 ("usage", "input_tokens_details", "cached_tokens"), ("usage", "cache_read_input_tokens")):
+        v = j
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        if isinstance(v, int):
+            found.append(v)
+    return max(found) if found else None
