@@ -1,12 +1,7 @@
 #include "proxy/data/server.hpp"
 
-#include <sys/resource.h>
-
-#include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
-#include <algorithm>
-#include <cctype>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -17,7 +12,6 @@
 #include "core/reply_end.hpp"
 #include "core/request_hints.hpp"
 #include "core/response_timings.hpp"
-#include "proxy/http/listen.hpp"
 #include "core/request_rewrite.hpp"
 #include "proxy/http/http_status.hpp"
 #include "proxy/http/request_reader.hpp"
@@ -149,43 +143,12 @@ net::awaitable<void> before_unmanaged_model(router_models& router,
   co_await router.before_unmanaged(model.value());
 }
 
-net::awaitable<void> stop_coordinator(coordinator* co) {
-  co->stop();
-  co_return;
-}
-
 }  // namespace
 
-// Descriptors the process holds besides client connections: standard streams, the event
-// loop's own (epoll, eventfd, timerfd, the signal pipe), both listening sockets, sd_notify's
-// socket, with room to spare.
-constexpr std::uint64_t process_descriptors = 32;
-// Per llama-server: its management calls and background probes (one connection each, a few
-// at once), and its file pool's two workers with up to three files each (a manifest, its
-// temp file, the directory).
-constexpr std::uint64_t server_descriptors = 4 + 2 * 3;
-
-std::uint64_t reserved_descriptors(const config::config& cfg) {
-  std::uint64_t reserve = process_descriptors;
-  for (const auto& sv : config::effective_servers(cfg))
-    reserve += sv.upstream.max_idle_connections + server_descriptors;
-  // The admin listener's own cap, and the one connection it may hold while refusing a client
-  // over that cap.
-  if (!cfg.admin.listen.empty()) reserve += cfg.admin.max_connections + 1;
-  return reserve;
-}
-
-std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile) {
-  const std::uint64_t reserve = reserved_descriptors(cfg);
-  const std::uint64_t fit = nofile > reserve + 2 ? (nofile - reserve) / 2 : 1;
-  return static_cast<std::size_t>(std::min<std::uint64_t>(cfg.limits.max_connections, fit));
-}
-
-server::server(net::io_context& ioc, config::config cfg)
-    : ioc_(ioc),
-      cfg_(std::move(cfg)),
+server::server(config::config cfg, upstream_table& upstreams)
+    : cfg_(std::move(cfg)),
       bodies_(cfg_.limits.max_buffered_body_bytes),
-      upstreams_(ioc, cfg_),
+      upstreams_(upstreams),
       streams_(upstreams_),
       identities_(cfg_.sessions) {}
 
@@ -204,40 +167,6 @@ net::awaitable<void> server::before_router_request(upstream_entry& up, client_co
 
 server::~server() = default;
 
-net::awaitable<core::result<std::string>> server::start() {
-  auto bound = listen_on(ioc_, cfg_.listen, "proxy");
-  if (!bound) co_return bound.err();
-  const std::string address = local_address(*bound.value());
-  std::size_t max_connections = cfg_.limits.max_connections;
-  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    max_connections = proxy_connection_cap(cfg_, rl.rlim_cur);
-    if (max_connections < cfg_.limits.max_connections)
-      log(log_level::warn, "kv.proxy.connection_cap",
-          {{"max_connections", std::to_string(max_connections)},
-           {"configured", std::to_string(cfg_.limits.max_connections)},
-           {"nofile", std::to_string(rl.rlim_cur)},
-           {"reserved", std::to_string(reserved_descriptors(cfg_))},
-           {"reason", "RLIMIT_NOFILE allows no more (raise LimitNOFILE / ulimit -n)"}});
-  }
-  co_await upstreams_.discover_routers();
-  std::vector<coordinator*> coords;
-  for (auto* up : upstreams_.managed()) {
-    co_await up->coord->on_strand(up->coord->start());
-    coords.push_back(up->coord.get());
-  }
-  if (!cfg_.admin.listen.empty()) {
-    admin_ = std::make_unique<admin_server>(ioc_, coords, cfg_.admin);
-    auto a = admin_->start();
-    if (!a) co_return a.err();
-    admin_address_ = a.value();
-  }
-  listener_options opts{"proxy", "limits.maxConnections", max_connections, when_full::wait, ""};
-  listener_ = std::make_unique<listener>(ioc_, std::move(bound.value()), std::move(opts),
-                                         [this](tcp_stream s) { return run_session(std::move(s)); });
-  listener_->start();
-  co_return address;
-}
-
 net::awaitable<bool> server::send(client_conn& c, response res) {
   const bool keep = res.keep_alive();
   c.stream.expires_after(cfg_.limits.client_write_timeout);
@@ -253,7 +182,7 @@ stream_route_io server::stream_io_of(client_conn& c) {
   };
 }
 
-net::awaitable<void> server::run_session(tcp_stream stream) {
+net::awaitable<void> server::serve(tcp_stream stream) {
   auto c = std::make_shared<client_conn>(std::move(stream));
   {
     std::lock_guard lk(conns_mu_);
@@ -641,49 +570,23 @@ net::awaitable<bool> server::run_on_slot(upstream_entry& up, client_conn& c,
   co_return keep_after;
 }
 
-net::awaitable<void> server::shutdown() {
+void server::stop_reading() {
   draining_ = true;
-  log(log_level::info, "kv.proxy.draining",
-      {{"in_flight", std::to_string(active_.load())},
-       {"grace_ms", std::to_string(cfg_.shutdown_grace.count())}});
-  if (listener_) listener_->stop();
-  if (admin_) admin_->stop();
-  auto close_conns = [this](bool only_idle) {
-    std::lock_guard lk(conns_mu_);
-    for (const auto& c : conns_) {
-      if (only_idle && c->busy) continue;
-      // Closing from the connection's own strand: its pending read or write completes with
-      // an error and the session ends.
-      net::post(c->stream.get_executor(), [c] {
-        beast::error_code ec;  // the session may have closed its socket meanwhile
-        c->stream.socket().cancel(ec);
-      });
-    }
-  };
-  close_conns(true);
-  steady_timer tick(co_await net::this_coro::executor);
-  const auto deadline = std::chrono::steady_clock::now() + cfg_.shutdown_grace;
-  while (active_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-    tick.expires_after(std::chrono::milliseconds(20));
-    co_await tick.async_wait(token);
-    close_conns(true);
-  }
-  if (active_.load() > 0) {
-    log(log_level::warn, "kv.proxy.grace_expired", {{"cancelled", std::to_string(active_.load())}});
-    close_conns(false);
-    const auto hard = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (active_.load() > 0 && std::chrono::steady_clock::now() < hard) {
-      tick.expires_after(std::chrono::milliseconds(20));
-      co_await tick.async_wait(token);
-    }
-  }
-  for (auto* up : upstreams_.managed()) {
-    co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
-    if (cfg_.checkpoint.on_shutdown) {
-      const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());
-      log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
-          {{"server", up->cfg.name}, {"result", ok ? "ok" : "failed"}});
-    }
+  close_connections(true);
+}
+
+void server::close_all() { close_connections(false); }
+
+void server::close_connections(bool only_idle) {
+  std::lock_guard lk(conns_mu_);
+  for (const auto& c : conns_) {
+    if (only_idle && c->busy) continue;
+    // Closing from the connection's own strand: its pending read or write completes with
+    // an error and the session ends.
+    net::post(c->stream.get_executor(), [c] {
+      beast::error_code ec;  // the session may have closed its socket meanwhile
+      c->stream.socket().cancel(ec);
+    });
   }
 }
 
