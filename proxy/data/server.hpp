@@ -14,15 +14,13 @@
 
 #include "backends/net.hpp"
 #include "config/config.hpp"
-#include "proxy/http/body_budget.hpp"
-#include "proxy/control/coordinator.hpp"
-#include "proxy/http/http_status.hpp"
 #include "proxy/control/lease.hpp"
-#include "core/resumable_stream.hpp"
-#include "proxy/http/relay.hpp"
+#include "proxy/data/client_conn.hpp"
+#include "proxy/data/exchange.hpp"
 #include "proxy/data/request_identity_reader.hpp"
 #include "proxy/data/stream_routes.hpp"
 #include "proxy/data/upstream_table.hpp"
+#include "proxy/http/body_budget.hpp"
 
 namespace kvp::proxy {
 
@@ -46,42 +44,25 @@ class server {
   int in_flight() const { return active_.load(); }
 
  private:
-  struct client_conn;
   // Cancels the connections' pending reads and writes: only theirs between requests
   // (`only_idle`), or everyone's.
   void close_connections(bool only_idle);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
-  net::awaitable<void> before_router_request(upstream_entry& up, client_conn& c,
-                                             std::string_view path);
+  net::awaitable<bool> admit(exchange& x);
+  net::awaitable<void> before_router_request(exchange& x);
   // POST /lora-adapters: forwarded while the coordinator holds the whole server.
-  net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
-                                              http::request<http::string_body>& req,
-                                              relay_state& st);
-  net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
-                                          http::request<http::string_body>& req,
-                                          const core::request_class& rc,
-                                          const core::request_identity& who);
+  net::awaitable<bool> forward_runtime_change(exchange& x);
+  net::awaitable<bool> handle_under_lease(exchange& x);
   // Persistence off: forwarded untouched; `ticket` (no slot) ends with the response.
-  net::awaitable<bool> pass_through(upstream_entry& up, client_conn& c,
-                                    http::request<http::string_body>& req, lease ticket,
-                                    std::optional<upstream_conn> pooled);
-  net::awaitable<bool> run_exclusive(upstream_entry& up, client_conn& c,
-                                     http::request<http::string_body>& req, lease held,
-                                     upstream_conn conn);
-  net::awaitable<bool> run_on_slot(upstream_entry& up, client_conn& c,
-                                   http::request<http::string_body>& req, lease held,
-                                   core::prepare_kind kind, upstream_conn conn,
-                                   std::chrono::steady_clock::time_point t0);
-  bool abandoned(client_conn& c);
-  net::awaitable<bool> departed(client_conn& c);
-  net::awaitable<bool> answer_abandoned(client_conn& c, const http::request<http::string_body>& req);
-  net::awaitable<bool> forward(upstream_entry& up, client_conn& c,
-                               http::request<http::string_body>& req,
-                               std::optional<upstream_conn> pre, relay_state& st,
+  net::awaitable<bool> pass_through(exchange& x, lease ticket, std::optional<upstream_conn> pooled);
+  net::awaitable<bool> run_exclusive(exchange& x, lease held, upstream_conn conn);
+  net::awaitable<bool> run_on_slot(exchange& x, lease held, core::prepare_kind kind,
+                                   upstream_conn conn, std::chrono::steady_clock::time_point t0);
+  net::awaitable<bool> answer_abandoned(exchange& x);
+  net::awaitable<bool> forward(exchange& x, std::optional<upstream_conn> pre,
                                std::string* tail = nullptr);
-  // What a stream route (stream_routes) answers and forwards through: `c`'s send and forward.
-  stream_route_io stream_io_of(client_conn& c);
-  net::awaitable<bool> send(client_conn& c, response res);
+  // What a stream route (stream_routes) answers and forwards through: x's client and forward.
+  stream_route_io stream_io_of(exchange& x);
 
   const config::config cfg_;
   body_budget bodies_;

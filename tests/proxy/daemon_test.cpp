@@ -13,6 +13,7 @@
 
 #include "proxy/http/listen.hpp"
 #include "tests/support/log_capture.hpp"
+#include "tests/support/loopback.hpp"
 #include "tests/support/run.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -60,12 +61,11 @@ struct fake_llama {
   }
 };
 
-// A blocking client of the proxy port.
+// A client of the proxy port; reads what arrived without blocking.
 struct client {
   net::io_context cio;
   tcp::socket sock{cio};
-  std::string received;
-  bool closed = false;
+  kvp::testing::received got;
   explicit client(const std::string& address) {
     const auto colon = address.rfind(':');
     sock.connect({net::ip::make_address(address.substr(0, colon)),
@@ -73,19 +73,9 @@ struct client {
     sock.non_blocking(true);
   }
   void send(const std::string& bytes) { net::write(sock, net::buffer(bytes)); }
-  // What has arrived so far, and whether the proxy closed the connection.
-  void poll() {
-    char buf[512];
-    for (;;) {
-      boost::system::error_code ec;
-      const auto n = sock.read_some(net::buffer(buf), ec);
-      if (ec == net::error::would_block) return;
-      if (ec) {
-        closed = true;
-        return;
-      }
-      received.append(buf, n);
-    }
+  const kvp::testing::received& poll() {
+    got.read_from(sock);
+    return got;
   }
 };
 
@@ -153,18 +143,14 @@ TEST_CASE("the daemon serves the proxy port and closes an idle client when it sh
 
   client c(address);
   c.send("GET /health HTTP/1.1\r\nHost: kvp\r\n\r\n");
-  drive_until(f.ioc, [&] {
-    c.poll();
-    return c.received.find("\r\n\r\n") != std::string::npos;
-  });
-  CHECK(c.received.rfind("HTTP/1.1 404 Not Found\r\n", 0) == 0);  // llama-server's answer
+  drive_until(f.ioc, [&] { return c.poll().bytes.find("\r\n\r\n") != std::string::npos; });
+  CHECK(c.got.bytes.rfind("HTTP/1.1 404 Not Found\r\n", 0) == 0);  // llama-server's answer
   CHECK(f.llama.seen.back() == "/health");
-  CHECK_FALSE(c.closed);
+  CHECK_FALSE(c.got.closed);
   run_for(f.ioc, 50ms);  // the session finishes its request and waits for the next
 
   f.shutdown();
-  c.poll();
-  CHECK(c.closed);
+  CHECK(c.poll().closed);
   REQUIRE(logs.of("kv.proxy.draining").size() == 1);
   CHECK(logs.of("kv.proxy.draining")[0].find("in_flight=0") != std::string::npos);
   CHECK(logs.of("kv.proxy.grace_expired").empty());
@@ -181,9 +167,8 @@ TEST_CASE("a request still running when the grace ends is cancelled, then the ch
   drive_until(f.ioc, [&] { return !f.llama.seen.empty() && f.llama.seen.back() == "/slow"; });
 
   f.shutdown();
-  c.poll();
-  CHECK(c.closed);
-  CHECK(c.received.empty());  // nothing was answered: the connection just closed
+  CHECK(c.poll().closed);
+  CHECK(c.got.bytes.empty());  // nothing was answered: the connection just closed
   REQUIRE(logs.of("kv.proxy.draining").size() == 1);
   CHECK(logs.of("kv.proxy.draining")[0].find("in_flight=1") != std::string::npos);
   REQUIRE(logs.of("kv.proxy.grace_expired").size() == 1);
