@@ -1,6 +1,5 @@
 #include "proxy/data/server.hpp"
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
 
@@ -15,24 +14,13 @@
 #include "core/request_rewrite.hpp"
 #include "proxy/http/http_status.hpp"
 #include "proxy/http/request_reader.hpp"
-#include "proxy/http/socket_peek.hpp"
 
 namespace kvp::proxy {
 
-using namespace net::experimental::awaitable_operators;
 using core::log;
 using core::log_level;
 
 namespace {
-
-// An upstream connection whose response was read whole goes back to the pool; any other is
-// closed (closing is also how a request still running is cancelled).
-void give_back_or_close(upstream_pool& pool, upstream_conn& conn, const relay_state& st) {
-  if (st.upstream_reusable)
-    pool.release(std::move(conn.stream));
-  else
-    conn.stream->close();
-}
 
 // How client requests are read: the configured limits, and the fields
 // upstream_table::prepare_request drops (they do not count against llama-server's limits).
@@ -156,6 +144,7 @@ server::server(config::config cfg, upstream_table& upstreams)
     : cfg_(std::move(cfg)),
       bodies_(cfg_.limits.max_buffered_body_bytes),
       upstreams_(upstreams),
+      forwarder_(upstreams_),
       streams_(upstreams_),
       identities_(cfg_.sessions) {}
 
@@ -181,7 +170,7 @@ stream_route_io server::stream_io_of(exchange& x) {
       // `req` is x.req, namespaced by the stream route.
       .forward = [this, &x](upstream_entry& up, http::request<http::string_body>&) {
         x.up = &up;
-        return forward(x, std::nullopt);
+        return forwarder_.forward(x, std::nullopt);
       },
   };
 }
@@ -232,7 +221,8 @@ net::awaitable<bool> server::forward_runtime_change(exchange& x) {
   auto& up = *x.up;
   // Without llama-server's key the request changes nothing (it answers 401): no need to
   // save every session first.
-  if (!client_may_use(up.cfg.upstream.api_key, x.req)) co_return co_await forward(x, std::nullopt);
+  if (!client_may_use(up.cfg.upstream.api_key, x.req))
+    co_return co_await forwarder_.forward(x, std::nullopt);
   auto acq = co_await begin_runtime_change(*up.coord, cfg_.queue.timeout,
                                             [&c = x.client] { return c.gone(); });
   using outcome = acquisition::outcome;
@@ -248,96 +238,9 @@ net::awaitable<bool> server::forward_runtime_change(exchange& x) {
   // The saves before it took time: a client that left meanwhile has its change dropped, never
   // forwarded (its lease goes back with `acq.held`).
   if (x.client.hung_up()) co_return false;
-  const bool keep = co_await forward(x, std::nullopt);
+  const bool keep = co_await forwarder_.forward(x, std::nullopt);
   co_await end_runtime_change(std::move(acq.held), x.relayed.request_sent);
   co_return keep;
-}
-
-net::awaitable<bool> server::forward(exchange& x, std::optional<upstream_conn> pre,
-                                     std::string* tail) {
-  auto& up = *x.up;
-  auto& c = x.client;
-  auto& req = x.req;
-  auto& st = x.relayed;
-  const bool head = req.method() == http::verb::head;
-  auto ex = c.stream.get_executor();
-  upstreams_.prepare_request(up, req);
-  // With X-Conversation-Id llama-server keeps generating after the client leaves: the
-  // response is read to its end, and the lease held as long (docs/design.md §21).
-  relay_options relay = up.relay;
-  relay.outlives_client = req.find(core::conversation_header) != req.end();
-  std::optional<upstream_conn> conn = std::move(pre);
-  // A connection opened before a long prepare (restores, a router loading the model) may have
-  // been closed by llama-server's keep-alive timeout meanwhile (5 s in its HTTP library): a
-  // peek sees the close, and a new connection carries the request.
-  if (conn && peek_peer(conn->stream->socket().native_handle()) != peer_state::silent) {
-    conn->stream->close();
-    conn.reset();
-  }
-  for (int attempt = 0;; ++attempt) {
-    if (!conn) {
-      auto r = co_await up.pool->acquire(ex);
-      if (!r) {
-        up.coord->note_upstream_trouble();
-        co_return co_await answer_error(x, unreachable_upstream(r.err()), r.err().message);
-      }
-      conn = std::move(r.value());
-      // A new connection may mean a new llama-server process (a restart closes the old
-      // ones): let the next coordinated request re-read /props first.
-      if (conn->fresh) up.coord->note_upstream_trouble();
-    }
-    st = relay_state{};
-    conn->stream->expires_after(up.relay.upstream_idle);
-    c.pending.end();  // from here llama-server knows the conversation id
-    auto [wec, wn] = co_await http::async_write(*conn->stream, req);
-    st.request_sent = !wec;
-    if (!wec) {
-      // Beast reads at most max(512, capacity - size) bytes per read_some: without room,
-      // a 45 KB SSE event would be forwarded in ~90 pieces of 512 bytes.
-      beast::flat_buffer ubuf;
-      ubuf.reserve(64 * 1024);
-      if (tail) tail->clear();
-      if (relay.outlives_client) {
-        co_await relay_response(*conn->stream, ubuf, c.stream, x.version, x.keep_alive, head,
-                                relay, st, tail);
-        break;
-      }
-      auto r = co_await (relay_response(*conn->stream, ubuf, c.stream, x.version, x.keep_alive,
-                                        head, relay, st, tail) ||
-                         c.gone());
-      if (r.index() == 1) {
-        // Closing the upstream connection is the only portable cancel: llama-server notices
-        // within about a second and frees the slot (docs/llama-server.md §6). A response
-        // already read whole needs no cancel.
-        end_with(st, relay_end::client_gone);
-        give_back_or_close(*up.pool, *conn, st);
-        co_return false;
-      }
-    }
-    // A pooled connection the server had already closed: retry once on a new one. The
-    // server never saw the request, so nothing ran twice.
-    if (!st.header_received && st.end != relay_end::upstream_timed_out && !conn->fresh && attempt == 0) {
-      up.coord->note_upstream_trouble();
-      conn.reset();
-      continue;
-    }
-    break;
-  }
-  give_back_or_close(*up.pool, *conn, st);
-  if (st.end == relay_end::delivered) co_return st.client_keep_alive;
-  if (st.end == relay_end::client_gone) co_return false;
-  up.coord->note_upstream_trouble();
-  if (!st.header_sent) {
-    const core::error failed =
-        st.end == relay_end::upstream_timed_out
-            ? core::error{core::errc::upstream_timeout, 0, "upstream llama-server timed out"}
-            : core::error{core::errc::upstream_closed, 0,
-                          "upstream llama-server closed the connection"};
-    co_return co_await answer_error(x, failed);
-  }
-  log(log_level::warn, "kv.upstream.broken_stream",
-      {{"status", std::to_string(st.status)}, {"bytes", std::to_string(st.body_bytes)}});
-  co_return false;  // mid-body: close so the client sees a truncated response, not a clean end
 }
 
 // The request path (docs/architecture.md): refuse what must never reach llama-server, pick
@@ -367,7 +270,7 @@ net::awaitable<bool> server::admit(exchange& x) {
   if (up.router) {
     if (client_may_use(up.cfg.upstream.api_key, x.req))
       co_await before_unmanaged_model(*up.router, x.req, x.rc.path);
-    co_return co_await forward(x, std::nullopt);
+    co_return co_await forwarder_.forward(x, std::nullopt);
   }
   // A router starts the model a request names, and may unload another to do so; a client
   // without the key makes nothing move (the router answers it 401).
@@ -399,7 +302,7 @@ net::awaitable<bool> server::admit(exchange& x) {
   const bool passes_by = cfg_.sessions.unmanaged == config::unmanaged_policy::passthrough &&
                          cfg_.sharing == config::sharing_scope::instance;
   const bool coordinated = needs_slot && (!x.who.session_id.empty() || !passes_by);
-  if (!coordinated) co_return co_await forward(x, std::nullopt);
+  if (!coordinated) co_return co_await forwarder_.forward(x, std::nullopt);
   co_return co_await handle_under_lease(x);
 }
 
@@ -463,7 +366,7 @@ net::awaitable<bool> server::handle_under_lease(exchange& x) {
 // (docs/design.md §5 "Without persistence").
 net::awaitable<bool> server::pass_through(exchange& x, lease ticket,
                                           std::optional<upstream_conn> pooled) {
-  const bool keep = co_await forward(x, std::move(pooled));
+  const bool keep = co_await forwarder_.forward(x, std::move(pooled));
   ticket.finish_later(x.relayed.request_sent, false);
   co_return keep;
 }
@@ -476,7 +379,7 @@ net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_con
     x.up->pool->release(std::move(conn.stream));
     co_return co_await answer_error(x, prepare_failure(pr.err()));
   }
-  const bool keep = co_await forward(x, std::move(conn));
+  const bool keep = co_await forwarder_.forward(x, std::move(conn));
   co_await held.finish(x.relayed.request_sent);
   co_return keep;
 }
@@ -511,8 +414,8 @@ net::awaitable<bool> server::run_on_slot(exchange& x, lease held, core::prepare_
   std::string seeded_target;
   if (kind == core::prepare_kind::restored) seeded_target = std::string(x.req.target());
   std::string tail;
-  const bool keep_after =
-      co_await forward(x, std::move(conn), watch.timings || watch.turn ? &tail : nullptr);
+  std::string* kept_tail = watch.timings || watch.turn ? &tail : nullptr;
+  const bool keep_after = co_await forwarder_.forward(x, std::move(conn), kept_tail);
   const relay_state& st = x.relayed;
   // What upstream finished counts even when the client left while its last bytes went out:
   // the slot holds the whole reply either way.

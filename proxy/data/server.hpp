@@ -17,6 +17,7 @@
 #include "proxy/control/lease.hpp"
 #include "proxy/data/client_conn.hpp"
 #include "proxy/data/exchange.hpp"
+#include "proxy/data/forwarder.hpp"
 #include "proxy/data/request_identity_reader.hpp"
 #include "proxy/data/stream_routes.hpp"
 #include "proxy/data/upstream_table.hpp"
@@ -59,14 +60,13 @@ class server {
   net::awaitable<bool> run_on_slot(exchange& x, lease held, core::prepare_kind kind,
                                    upstream_conn conn, std::chrono::steady_clock::time_point t0);
   net::awaitable<bool> answer_abandoned(exchange& x);
-  net::awaitable<bool> forward(exchange& x, std::optional<upstream_conn> pre,
-                               std::string* tail = nullptr);
   // What a stream route (stream_routes) answers and forwards through: x's client and forward.
   stream_route_io stream_io_of(exchange& x);
 
   const config::config cfg_;
   body_budget bodies_;
   upstream_table& upstreams_;
+  const forwarder forwarder_;  // reaches upstreams_
   stream_routes streams_;  // reaches upstreams_
   const request_identity_reader identities_;
 
