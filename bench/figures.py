@@ -9,7 +9,8 @@ compared collapsed, so a figure may wrap across lines.
 
 The raw outputs: bench/results/figures/NAME.log and their structured copies, written by
 `scripts/record-figures.sh NAME`; bench/results/*.json, written by `bench/run.sh`; and
-docs/llama-suite/outcomes.json, written by `scripts/llama-suite.sh`.
+tests/llama-suite/results/outcomes.json, written by `scripts/llama-suite.sh` (with its run.txt,
+report.md and junit files beside it).
 """
 
 from __future__ import annotations
@@ -233,6 +234,13 @@ def harness_table(text: str) -> list[str]:
                              "`%s/harnesses.json`;" % (RAW, RAW)]
 
 
+@figure("README.md", RAW + "/harnesses.json")
+def harness_prompt_size(text: str) -> list[str]:
+    """The opening paragraph's example of a harness's prompt."""
+    first = next(r for r in json.loads(text)["claude"]["X"] if r["main"])
+    return ["(Claude Code's first request: %s tokens, see \"Harnesses\")" % n(first["prompt"])]
+
+
 @figure("README.md", RAW + "/harnesses.log")
 def harness_metric(text: str) -> list[str]:
     """Claude Code's reuse counter against what llama-server reported on the requests served
@@ -270,6 +278,89 @@ def checksum_speed(text: str) -> list[str]:
             % (load_average(text), runs[0], runs[-1], len(runs), 0.5 / (runs[len(runs) // 2] / 1000)),
             "hashes alone at %.1f GB/s with SHA-NI (`openssl speed -bytes 1048576 -evp sha256`; both %s)"
             % (float(sha[1]) / 1e6, recorded("checksum"))]
+
+
+# ----------------------------------------------------------------------------- compile cost (README "CI")
+@figure("README.md", RAW + "/compile.log")
+def compile_cost(text: str) -> list[str]:
+    cpu = {(f, c, o): float(t) for f, c, o, t in
+           re.findall(r"(?m)^(\S+)\s+(g\+\+|clang\+\+)\s+(-O\d) -g\d?\s+([\d.]+)\s+[\d.]+\s", text)}
+    gcc = match(r"(?m)^g\+\+: .* (\d+)\.\d+\.\d+$", text)[1]
+    clang = match(r"(?m)^clang\+\+: .*version (\d+)\.", text)[1]
+    test, server = "tests/proxy/coordinator_test.cpp", "proxy/data/server.cpp"
+    return ["(`%s` with g++ %s: %.0f s of CPU at `-O2 -g`, %.0f s at `-O0 -g`)"
+            % (test, gcc, cpu[test, "g++", "-O2"], cpu[test, "g++", "-O0"]),
+            "(`%s` with clang++ %s: %.0f s of CPU at `-O1`, %.0f s at `-O0`;"
+            % (server, clang, cpu[server, "clang++", "-O1"], cpu[server, "clang++", "-O0"]),
+            "The TSan build (g++ `-O1 -g1`: %.0f s of CPU for `%s`, %.0f s at `-O0`)"
+            % (cpu[server, "g++", "-O1"], server, cpu[server, "g++", "-O0"]),
+            "(`scripts/record-figures.sh compile`, raw output `%s/compile.log`)" % RAW]
+
+
+# ----------------------------------------------------------------------------- llama.cpp's server tests
+SUITE = "tests/llama-suite/results"
+
+
+def suite_compare():
+    """tests/llama-suite/compare.py, the one reader of the suite's outcomes."""
+    spec = importlib.util.spec_from_file_location("llama_suite_compare",
+                                                  os.path.join(ROOT, "tests", "llama-suite", "compare.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def outcome_counts(run: dict) -> str:
+    counts = {o: sum(1 for v in run.values() if v[0] == o) for o in ("passed", "failed", "skipped", "error")}
+    return " / ".join(str(counts[o]) for o in counts)
+
+
+@figure("docs/llama-suite.md", SUITE + "/outcomes.json")
+def llama_suite_table(text: str) -> list[str]:
+    compare = suite_compare()
+    runs = {name: {t: (r["outcome"], r["reason"]) for t, r in tests.items()} for name, tests in json.loads(text).items()}
+    direct = runs.pop("direct")
+    rows = ["| run | tests | passed / failed / skipped / errors | same outcome as direct | of those not passed, "
+            "the same reason | outcome or reason differs |", "|---|---|---|---|---|---|",
+            "| direct | %d | %s | | | |" % (len(direct), outcome_counts(direct))]
+    for name in sorted(runs):
+        t = compare.tally(direct, runs[name])
+        rows.append("| %s | %d | %s | %d | %d of %d | %d |" % (
+            name, t["tests"], outcome_counts(runs[name]), t["same_outcome"], t["same_reason"],
+            t["same_outcome_not_passed"], len(t["differ"])))
+    stub = sum(1 for o, r in direct.values() if r.startswith("RuntimeError: openai Python package not installed"))
+    routed = [t for t in direct if t.startswith(("unit.test_stream::", "unit.test_router::"))]
+    if any(not compare.same_way(direct[t], run[t]) for run in runs.values() for t in routed):
+        raise RawOutputError("a test_stream or test_router test differs from direct")
+    return ["\n".join(rows), "Those tests (%d in this run) say nothing about kvpersist" % stub,
+            "`test_stream.py` and `test_router.py` (%d tests, the router-mode and `X-Conversation-Id` tests that "
+            "differed in earlier runs, below) have direct's outcome and reason in both variants" % len(routed)]
+
+
+@figure("docs/llama-suite.md", SUITE + "/outcomes.json")
+def llama_suite_differences(text: str) -> list[str]:
+    """Every test whose outcome or reason differs is named on the page, and where the outcome
+    differs, with kvpersist's reason (its location left out)."""
+    compare = suite_compare()
+    runs = {name: {t: (r["outcome"], r["reason"]) for t, r in tests.items()} for name, tests in json.loads(text).items()}
+    direct = runs.pop("direct")
+    out = []
+    for variant in runs.values():
+        for test in compare.tally(direct, variant)["differ"]:
+            out.append(test.split("::")[1] + "`")
+            if variant[test][0] != direct[test][0]:
+                out.append("`%s`" % re.sub(r" \(at \S+\)$", "", variant[test][1]))
+    return sorted(set(out))
+
+
+@figure("docs/llama-suite.md", SUITE + "/run.txt")
+def llama_suite_run(text: str) -> list[str]:
+    seconds = dict(re.findall(r"(?m)^(\w+) finished in (\d+) s", text))
+    return ["in three runs (direct, passthrough, managed) of %s, %s and %s s"
+            % (seconds["direct"], seconds["passthrough"], seconds["managed"]),
+            "`KVPERSIST_BIN=$PWD/build/kvpersist scripts/llama-suite.sh %s`"
+            % match(r"(?m)^command: scripts/llama-suite.sh --variants \"passthrough managed\" (.*)$", text)[1],
+            "kvpersist built from %s" % match(r"kvpersist sources last changed in (\w+)", text)[1]]
 
 
 # ----------------------------------------------------------------------------- the check

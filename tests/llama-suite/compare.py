@@ -8,9 +8,11 @@ are merged.
 
 A test's reason is the line pytest reports for its failure, error or skip: the exception it
 raised, e.g. `assert 403 == 200` or `RuntimeError: openai Python package not installed` (the
-crash message's first line, else the first `E` line of the traceback). Two runs fail a test
+crash message's first line, else the first `E` line of the traceback), and where it was raised
+when the traceback says (`(at unit/test_basic.py:77)`, its last `file:line: Error` line). Two runs fail a test
 the same way when the outcomes are equal and so are the reasons once what differs between
-any two runs is masked (`normalized`: object addresses, temporary paths).
+any two runs is masked (`normalized`: object addresses, temporary paths, decimal fractions such
+as timings).
 
 The report gives, per variant: how many tests have the same outcome as direct, how many of
 those failed, errored or skipped with the same reason, and a table of every test whose outcome
@@ -28,17 +30,22 @@ import xml.etree.ElementTree as ElementTree
 MESSAGE_CHARS = 160
 NOT_RUN = ("not run", "")
 MASKS = [(re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
-         (re.compile(r"/tmp/[^\s'\")\]]+"), "/tmp/?")]
+         (re.compile(r"/tmp/[^\s'\")\]]+"), "/tmp/?"),
+         (re.compile(r"\d+\.\d+"), "?.?")]   # timings (ms, tokens per second): never equal twice
+
+
+CRASH_LOCATION = re.compile(r"^(\S+\.py):(\d+): \w+")
 
 
 def reason_of(element) -> str:
+    """The failure's message and, when the traceback names it, where it was raised: `assert
+    False` at one line is not `assert False` at another."""
+    text = (element.text or "").splitlines()
     message = (element.get("message") or "").strip()
-    if message:
-        return message.splitlines()[0].strip()
-    for line in (element.text or "").splitlines():
-        if line.startswith("E "):
-            return line[1:].strip()
-    return ""
+    first = message.splitlines()[0].strip() if message else \
+        next((line[1:].strip() for line in text if line.startswith("E ")), "")
+    locations = [m for m in map(CRASH_LOCATION.match, text) if m]
+    return "%s (at %s:%s)" % (first, locations[-1][1], locations[-1][2]) if locations else first
 
 
 def outcome_of(testcase) -> tuple[str, str]:
@@ -123,7 +130,8 @@ def report(runs: dict) -> list[str]:
     counts = collections.Counter(outcome for outcome, _ in direct.values())
     lines = ["# llama.cpp server tests: direct vs through kvpersist", "",
              "- direct outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-             "- same reason: equal once object addresses and /tmp paths are masked", ""]
+             "- same reason: equal once object addresses, /tmp paths and decimal fractions (timings) are masked",
+             ""]
     for name in sorted(n for n in runs if n != "direct"):
         lines += variant_section(name, direct, runs[name])
     return lines
