@@ -230,8 +230,12 @@ def harness_table(text: str) -> list[str]:
         steps = figures.get(name, {})
         rows.append("| %s %s | %s |" % (title, versions[package],
                                          " | ".join(harness_cell(s, steps.get(s)) for s in HARNESS_STEPS)))
+    with open(os.path.join(ROOT, RAW, "harnesses.log")) as f:
+        builds = set(re.findall(r"# kvpersist sources last changed in: (\w+)", f.read()))
+    if len(builds) != 1:
+        raise RawOutputError("the log's runs used other kvpersist sources: %s" % sorted(builds))
     return ["\n".join(rows), "(`scripts/record-figures.sh harnesses`, raw output `%s/harnesses.log`, its table "
-                             "`%s/harnesses.json`;" % (RAW, RAW)]
+                             "`%s/harnesses.json`; kvpersist built from %s," % (RAW, RAW, builds.pop())]
 
 
 @figure("README.md", RAW + "/harnesses.json")

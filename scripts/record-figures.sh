@@ -82,6 +82,7 @@ header() {  # NAME COMMAND
     echo "# llama-server: ${KVP_LLAMA_SERVER:-} ($("${KVP_LLAMA_SERVER:-false}" --version 2>&1 | grep -m1 version || echo '?'))"
     echo "# model: ${KVP_MODEL:-}"
     echo "# machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), nice $nice"
+    env | grep -E '^KVP_(HARNESS|TEST)_TIME_LIMIT_S=' | sed 's/^/# environment: /' || true
 }
 
 record() {  # NAME
