@@ -298,7 +298,7 @@ def compile_cost(text: str) -> list[str]:
             % (server, clang, cpu[server, "clang++", "-O1"], cpu[server, "clang++", "-O0"]),
             "The TSan build (g++ `-O1 -g1`: %.0f s of CPU for `%s`, %.0f s at `-O0`)"
             % (cpu[server, "g++", "-O1"], server, cpu[server, "g++", "-O0"]),
-            "(`scripts/record-figures.sh compile`, raw output `%s/compile.log`)" % RAW]
+            "one compile each, CPU time (`scripts/record-figures.sh compile`, raw output `%s/compile.log`)" % RAW]
 
 
 # ----------------------------------------------------------------------------- llama.cpp's server tests
