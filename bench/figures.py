@@ -258,6 +258,21 @@ def harness_metric(text: str) -> list[str]:
             % (n(grown), n(sum(reported)), len(reported), ", ".join(n(x) for x in reported) or "none")]
 
 
+# ----------------------------------------------------------------------------- llama-server's empty slot file
+@figure("README.md", RAW + "/empty-slot.log")
+def empty_slot_readme(text: str) -> list[str]:
+    size = match(r"empty slot file: (\d+) bytes", text)[1]
+    return ["each file becomes a %s-byte header (`scripts/record-figures.sh empty-slot`, raw output `%s/empty-slot.log`)"
+            % (size, RAW)]
+
+
+@figure("docs/design.md", RAW + "/empty-slot.log")
+def empty_slot_design(text: str) -> list[str]:
+    return ["The empty-slot files an overwrite leaves (%s bytes each with the ci model, two per evicted session; "
+            "`scripts/record-figures.sh empty-slot`"
+            % match(r"empty slot file: (\d+) bytes", text)[1]]
+
+
 # ----------------------------------------------------------------------------- unit benchmarks
 def load_average(text: str) -> str:
     """The 1-minute load average record-figures.sh wrote in the header: these are wall times."""

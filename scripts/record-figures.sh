@@ -31,6 +31,7 @@
 #                     speed` for SHA-256
 #   compile           scripts/compile-cost.py: CPU time of one file's compile at the
 #                     optimization levels README "CI" explains
+#   empty-slot        scripts/empty-slot-size.py: the file llama-server writes for an empty slot
 #
 # Environment: as for the real suite (scripts/test.sh sets them)
 #   KVPERSIST_BIN (default build/kvpersist), KVP_LLAMA_SERVER, KVP_MODEL, KVP_HARNESSES;
@@ -55,8 +56,9 @@ declare -A WHAT=(
     [cost]="build/tests/core_tests [.cost]"
     [checksum]="build/tests/proxy_tests 'checksum speed*' (three times); openssl speed -bytes 1048576 -evp sha256"
     [compile]="scripts/compile-cost.py"
+    [empty-slot]="scripts/empty-slot-size.py"
 )
-ORDER=(cost checksum compile seeding prefix-snapshots model-kinds isolation isolation-unknown isolation-matrix harnesses)
+ORDER=(cost checksum compile empty-slot seeding prefix-snapshots model-kinds isolation isolation-unknown isolation-matrix harnesses)
 
 if [[ ${1:-} == --list ]]; then
     for n in "${ORDER[@]}"; do printf '%-17s %s\n' "$n" "${WHAT[$n]}"; done
@@ -110,6 +112,8 @@ record() {  # NAME
                 echo "# pinned CLIs (scripts/harnesses.sh --versions): $(scripts/harnesses.sh --versions | tr '\n' ' ')" ;;
             compile)
                 nice -n "$nice" /usr/bin/python3 scripts/compile-cost.py 2>&1 || rc=$? ;;
+            empty-slot)
+                PYTHONPATH=tests nice -n "$nice" /usr/bin/python3 scripts/empty-slot-size.py 2>&1 || rc=$? ;;
             cost)
                 nice -n "$nice" build/tests/core_tests "[.cost]" 2>&1 || rc=$? ;;
             checksum)
