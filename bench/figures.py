@@ -286,6 +286,15 @@ def chain_cost(text: str) -> list[str]:
             % (float(m[2]) / 1000, round(int(m[1]) / 1000), load_average(text), recorded("cost"))]
 
 
+@figure("docs/design.md", RAW + "/cost.log")
+def chain_index_cost(text: str) -> list[str]:
+    one = match(r"chain_index::longest with 10000 sessions: ([\d.]+) us per lookup", text)[1]
+    every = match(r"chain_index::all_longest with 10000 sessions: ([\d.]+) us per lookup", text)[1]
+    return ["(%.1f us with 10,000 indexed snapshots sharing link 0, load average %s, %s)"
+            % (float(one), load_average(text), recorded("cost")),
+            "a preamble shared by 10,000 snapshots costs %.1f us (the `cost` run above)" % float(every)]
+
+
 @figure("docs/design.md", RAW + "/checksum.log")
 def checksum_speed(text: str) -> list[str]:
     runs = sorted(float(ms) for ms in re.findall(r"verify \(read \+ XXH3-128\) of 512 MiB: ([\d.]+) ms", text))
