@@ -45,8 +45,21 @@ std::uint64_t rev_latest(std::uint64_t a, std::uint64_t b) { return rev_after(a,
 
 bool slot_pool::session_rec::dirty() const { return rev_after(dirty_rev, saved_rev); }
 
+namespace {
+
+checkpoint_options checkpoint_options_of(const slot_pool_options& o) {
+  return {o.save_on_switch,   o.save_on_turn_end, o.save_on_step_end,
+          o.idle_checkpoint, o.early_checkpoint,  o.contention_window};
+}
+
+}  // namespace
+
 slot_pool::slot_pool(slot_pool_options opts)
-    : opts_(std::move(opts)), breaker_(opts_.max_consecutive_failures, opts_.cooldown) {
+    : opts_(std::move(opts)),
+      health_(opts_.max_consecutive_failures, opts_.cooldown),
+      checkpoints_(checkpoint_options_of(opts_)),
+      tenancy_(sharing_scope(opts_.seed_across_sessions, opts_.seed_within_credential)),
+      keys_(opts_.instance_key, tenancy_.scoped_by_credential()) {
   slots_.push_back(make_slot(opts_.slot_id));
 }
 
@@ -92,7 +105,7 @@ void slot_pool::set_runtime(const runtime_info& rt) {
   const std::string before = fingerprint_;
   runtime_ = rt;
   runtime_.runtime_key = opts_.runtime_key;
-  hash_memo_ = {};
+  keys_.set_model(runtime_.model_path);
   fingerprint_ = runtime_.fingerprint();
   // Another runtime in the same process (LoRA scales changed): no slot holds KV it can use.
   const bool runtime_changed = enabled_ && fingerprint_ != before;
@@ -109,6 +122,7 @@ void slot_pool::set_runtime(const runtime_info& rt) {
 void slot_pool::disable_persistence(errc why) {
   enabled_ = false;
   disabled_reason_ = why;
+  keys_.clear();
   on_unreachable();
 }
 
@@ -146,15 +160,15 @@ void slot_pool::on_unreachable() {
 }
 
 bool slot_pool::pass_through_needs_erase(const std::string& credential) const {
-  slot_door d = door();  // docs/design.md §24: the whole server is one slot's worth of content
-  d.several_credentials |= first_credential_ && *first_credential_ != credential;
+  // docs/design.md §24: the whole server is one slot's worth of content.
+  const slot_door d = tenancy_.door_with(credential);
   return std::any_of(slots_.begin(), slots_.end(), [&](const slot_rec& s) {
     return d.ask(s.content, {credential, {}, true}) == door_answer::erase_or_refuse;
   });
 }
 
 void slot_pool::note_pass_through(const std::string& credential) {
-  note_credential(credential);
+  tenancy_.note_credential(credential);
   for (auto& s : slots_) {
     const auto& c = s.content;
     const bool its_own = c.whose == content_whose::empty ||
@@ -186,12 +200,12 @@ void slot_pool::forget_emptied_slot(int slot) {
 }
 
 std::vector<isolating_erase> slot_pool::erases_before_unpinned(const request_identity& who) {
-  note_credential(who.credential);
+  tenancy_.note_credential(who.credential);
   // No session's turn runs there: the door asks as for an auxiliary call (docs/design.md §24).
   const door_request unpinned{who.credential, {}, true};
   std::vector<isolating_erase> out;
   for (const auto& s : slots_) {
-    const auto answer = door().ask(s.content, unpinned);
+    const auto answer = tenancy_.door().ask(s.content, unpinned);
     if (answer != door_answer::run) out.push_back({s.id, answer == door_answer::erase_or_refuse});
   }
   return out;
@@ -208,7 +222,7 @@ void slot_pool::add_manifest(manifest m) {
   auto& r = it->second;
   r.session_id = m.session_id;
   if (r.credential.empty()) r.credential = m.credential;
-  note_credential(m.credential);
+  tenancy_.note_credential(m.credential);
   if (m.state == snapshot_state::ready)
     r.saved_rev = r.dirty_rev = fresh ? m.revision : rev_latest(r.dirty_rev, m.revision);
   set_snapshot(it->first, r, std::move(m));
@@ -223,26 +237,9 @@ void slot_pool::set_snapshot(const std::string& hash, session_rec& r, manifest m
   r.snapshot = std::move(m);
 }
 
-std::string slot_pool::hash_for(std::string_view session_id) const {
-  return scoped_hash(session_id, {});
-}
+std::string slot_pool::hash_for(std::string_view session_id) const { return keys_.key(session_id); }
 
-std::string slot_pool::hash_for(const request_identity& who) const {
-  // A content session's id already holds its credential (core/prefix_chain.hpp).
-  const bool scoped = scoped_by_credential() && !is_content_session(who.session_id);
-  return scoped_hash(who.session_id, scoped ? std::string_view(who.credential) : std::string_view());
-}
-
-std::string slot_pool::scoped_hash(std::string_view session_id, std::string_view credential) const {
-  if (!enabled_) return {};
-  for (const auto& m : hash_memo_)
-    if (!m.hash.empty() && m.session_id == session_id && m.credential == credential) return m.hash;
-  auto& m = hash_memo_[hash_memo_next_++ % hash_memo_.size()];
-  m.session_id = std::string(session_id);
-  m.credential = std::string(credential);
-  m.hash = session_hash(opts_.instance_key, runtime_.model_path, session_id, credential);
-  return m.hash;
-}
+std::string slot_pool::hash_for(const request_identity& who) const { return keys_.key(who); }
 
 // docs/design.md §20: a header names a conversation by its preamble (tools, options, system
 // prompt: link 0). A request under the header with another preamble (a title call, a
@@ -260,26 +257,12 @@ void slot_pool::resolve_session(request_identity& who) const {
   who.session_id = sub_session_id(who.session_id, to_hex(who.chain.front()).substr(0, 16));
 }
 
-// docs/design.md §24: the sharing scope as the door reads it, and what it knows of credentials.
-slot_door slot_pool::door() const {
-  const door_scope scope = !opts_.seed_across_sessions ? door_scope::session
-                           : opts_.seed_within_credential ? door_scope::credential
-                                                          : door_scope::instance;
-  return slot_door{scope, several_credentials_};
-}
-
-void slot_pool::note_credential(const std::string& credential) {
-  if (several_credentials_) return;
-  if (!first_credential_) first_credential_ = credential;
-  else if (*first_credential_ != credential) several_credentials_ = true;
-}
-
 door_answer slot_pool::door_for(int slot, const request_identity& who) const {
   const slot_rec* sl = find_slot(slot);
   if (!sl) return door_answer::erase_or_refuse;
   const bool aux = who.session_id.empty() || !who.purpose.empty();
   const std::string hash = aux ? std::string() : hash_for(who);
-  return door().ask(sl->content, {who.credential, hash, aux});
+  return tenancy_.door().ask(sl->content, {who.credential, hash, aux});
 }
 
 
@@ -378,24 +361,6 @@ std::optional<save_step> slot_pool::make_save(slot_rec& s) {
   return save_step{s.id, s.owner, snapshot_filename(s.owner, gen), gen, r.dirty_rev};
 }
 
-// Only failures that say "the server or the wire is unhappy" count towards the breaker.
-// A 4xx on restore is the snapshot's fault and is handled by invalidating it.
-void slot_pool::record_backend_failure(const error& e, steady_time now) {
-  if (e.code == errc::backend_unavailable || e.code == errc::backend_disconnected ||
-      e.code == errc::operation_timeout || e.code == errc::file_io_timeout ||
-      e.http_status >= 500) {
-    if (breaker_.on_failure(now)) circuit_changes_.push_back({true, e.code});
-  }
-}
-
-void slot_pool::record_backend_success() {
-  if (breaker_.on_success()) circuit_changes_.push_back({false, errc::invariant});
-}
-
-std::vector<slot_pool::circuit_change> slot_pool::take_circuit_changes() {
-  return std::exchange(circuit_changes_, {});
-}
-
 std::optional<int> slot_pool::choose_slot(const request_identity& who,
                                                  const std::vector<int>& free_slots) const {
   auto is_free = [&](int id) {
@@ -452,17 +417,17 @@ prepare_plan slot_pool::prepare(const request_identity& who, int slot, steady_ti
   // docs/design.md §20, §24: the door says whether the request may run on what the slot
   // holds; if not, it is erased first on every path, and a required erase that fails fails
   // the request.
-  note_credential(who.credential);
-  const auto answer = door().ask(sl.content, {who.credential, sl.pending_hash, sl.pending_aux});
+  tenancy_.note_credential(who.credential);
+  const auto answer = tenancy_.door().ask(sl.content, {who.credential, sl.pending_hash, sl.pending_aux});
   const bool shareable = answer == door_answer::run;
   const bool must_erase = answer == door_answer::erase_or_refuse;
   auto isolate = [&] {
     plan.erase = true;
     plan.erase_required = must_erase;
   };
-  const bool need_save = opts_.save_on_switch && owner_dirty(slot);
+  const bool need_save = checkpoints_.saves_on_switch() && owner_dirty(slot);
   const bool need_calls = need_save || !sl.pending_aux;
-  if (need_calls && !breaker_.allow(now)) {
+  if (need_calls && !health_.allow(now)) {
     // Persistence is paused: run the request as it is. Whatever the slot held is about to
     // be overwritten, so nobody is resident afterwards except the requester. Isolation is no
     // persistence: an erase it requires is tried even now.
@@ -559,7 +524,7 @@ std::size_t slot_pool::shared_with_slot(const slot_rec& sl, const request_identi
     return 0;
   const auto it = sessions_.find(sl.owner);
   if (it == sessions_.end()) return 0;
-  if (!door().lets_run(sl.content, {who.credential, sl.pending_hash, false})) return 0;
+  if (!tenancy_.door().lets_run(sl.content, {who.credential, sl.pending_hash, false})) return 0;
   const std::size_t common = common_links(it->second.chain, who.chain);
   return common >= who.min_shared_links ? common : 0;
 }
@@ -596,11 +561,11 @@ result<manifest> slot_pool::on_save(const save_step& step, const result<slot_sav
   const bool owned = sl && sl->owner == step.hash;
   if (!r) {
     ++stats_.save_failures;
-    record_backend_failure(r.err(), now);
+    health_.on_failure(r.err(), now);
     if (owned) sl->state = slot_state::dirty;
     return r.err();
   }
-  record_backend_success();
+  health_.on_success();
   if (r->n_saved == 0) {
     // llama-server cleared the slot behind our back (idle-slot caching): the KV is gone.
     // Keep the previous generation (docs/design.md §8) and stop believing the owner is resident.
@@ -649,7 +614,7 @@ result<manifest> slot_pool::on_save(const save_step& step, const result<slot_sav
 void slot_pool::on_commit_failed(const error& e, steady_time now) {
   ++stats_.save_failures;
   --stats_.saves;  // counted by on_save, which preceded this
-  record_backend_failure(e, now);
+  health_.on_failure(e, now);
 }
 
 void slot_pool::store_manifest(const manifest& m) {
@@ -676,7 +641,7 @@ restore_decision slot_pool::on_restore(const restore_step& step,
     // docs/design.md §20: what the failed restore left is unknown; where isolation is at
     // stake nobody may run on it before an erase.
     sl.content = {};
-    if (door().ask(sl.content, {}) == door_answer::erase_or_refuse)
+    if (tenancy_.door().ask(sl.content, {}) == door_answer::erase_or_refuse)
       d.need_erase = d.erase_required = true;
   } else {
     sl.content = {content_whose::empty, {}, {}};  // llama-server cleared the slot
@@ -702,7 +667,7 @@ restore_decision slot_pool::restore_outcome(const restore_step& step,
     d.err = error{code, 0, std::move(why)};
   };
   if (r) {
-    record_backend_success();
+    health_.on_success();
     stats_.restore_bytes += r->n_read;
     const bool plausible = r->n_restored > 0 &&
                            (!opts_.verify_restore || r->n_restored == step.expected_tokens);
@@ -743,19 +708,19 @@ restore_decision slot_pool::restore_outcome(const restore_step& step,
     // The server took the request and then broke off or ran out of time. This snapshot
     // may be what broke it (llama-server aborts on some truncated files) or is too slow to
     // restore within the management timeout: don't offer it again.
-    record_backend_failure(e, now);
+    health_.on_failure(e, now);
     invalidate_snapshot(errc::restore_failed, e.message);
     sl.state = slot_state::unknown;
   } else if (e.http_status >= 400 && e.http_status < 500) {
     // The server rejected the file (missing, truncated, foreign layout) and, as it does on
     // every failed restore, cleared the slot (docs/llama-server.md §1.3). Never retry this file.
-    record_backend_success();
+    health_.on_success();
     invalidate_snapshot(errc::restore_failed, e.message);
     sl.state = slot_state::idle;
   } else {
     // Transport failure or timeout: we do not know what the slot holds, but whatever it is,
     // llama-server compares tokens before reusing them, so running cold is still correct.
-    record_backend_failure(e, now);
+    health_.on_failure(e, now);
     d.err = e;
     sl.state = slot_state::unknown;
   }
@@ -766,12 +731,12 @@ restore_decision slot_pool::restore_outcome(const restore_step& step,
 bool slot_pool::on_erase(int slot, const result<slot_erased>& r, steady_time now) {
   slot_rec& sl = *find_slot(slot);
   if (!r) {
-    record_backend_failure(r.err(), now);
+    health_.on_failure(r.err(), now);
     sl.state = slot_state::unknown;
     sl.content = {};
     return false;
   }
-  record_backend_success();
+  health_.on_success();
   sl.state = slot_state::idle;
   sl.content = {content_whose::empty, {}, {}};
   sl.owner.clear();  // nothing of it is left there (a plan's next step may take the slot)
@@ -874,50 +839,22 @@ std::optional<save_step> slot_pool::end_inference(int slot, bool reached_slot,
   const bool dirty = r.dirty();
   sl.state = dirty ? slot_state::dirty : slot_state::ready;
   if (!dirty) return std::nullopt;
-  note_turn(sl.owner, now);
-  const auto idle_for = idle_before_checkpoint(r, turn_end, now);
+  checkpoints_.note_turn(sl.owner, now);
+  const auto idle_for = checkpoints_.idle_before_checkpoint(r.snapshot ? r.snapshot->save_ms : 0,
+                                                            turn_end, now, session_slots());
   if (idle_for.count() > 0) {
     sl.idle_deadline = now + idle_for;
     sl.idle_rev = r.dirty_rev;
   }
-  const bool save_now = opts_.save_on_step_end || (opts_.save_on_turn_end && turn_end);
-  if (save_now && breaker_.allow(now)) return make_save(sl);
+  if (checkpoints_.saves_at_end(turn_end) && health_.allow(now)) return make_save(sl);
   return std::nullopt;
 }
 
-void slot_pool::note_turn(const std::string& hash, steady_time now) {
-  std::erase_if(recent_turns_,
-                [&](const auto& kv) { return now - kv.second > opts_.contention_window; });
-  if (recent_turns_.size() >= max_recent_turns && !recent_turns_.contains(hash)) {
-    auto oldest = std::min_element(recent_turns_.begin(), recent_turns_.end(),
-                                   [](const auto& a, const auto& b) { return a.second < b.second; });
-    recent_turns_.erase(oldest);
-  }
-  recent_turns_[hash] = now;
-}
-
-bool slot_pool::contended(steady_time now) const {
-  std::size_t session_slots = slots_.size();
-  if (aux_slot() >= 0 && session_slots > 1) --session_slots;
-  const auto recent = std::count_if(recent_turns_.begin(), recent_turns_.end(), [&](const auto& kv) {
-    return now - kv.second <= opts_.contention_window;
-  });
-  return static_cast<std::size_t>(recent) > session_slots;
-}
-
-// How long a dirty slot waits before its idle checkpoint: the early checkpoint's delay after
-// a turn end while sessions contend for the slots (at least twice the session's last save, so
-// a user who answers quickly rarely finds the save in progress), else checkpoint.idleMs.
-// 0: none.
-std::chrono::milliseconds slot_pool::idle_before_checkpoint(const session_rec& r, bool turn_end,
-                                                            steady_time now) const {
-  using std::chrono::milliseconds;
-  if (!turn_end || opts_.early_checkpoint.count() == 0 || !contended(now))
-    return opts_.idle_checkpoint;
-  const auto last_save = milliseconds(r.snapshot ? static_cast<std::int64_t>(r.snapshot->save_ms) : 0);
-  auto wait = std::max(opts_.early_checkpoint, 2 * last_save);
-  if (opts_.idle_checkpoint.count() > 0) wait = std::min(wait, opts_.idle_checkpoint);
-  return wait;
+// The slots sessions contend for: all but the one reserved for auxiliary calls.
+std::size_t slot_pool::session_slots() const {
+  std::size_t n = slots_.size();
+  if (aux_slot() >= 0 && n > 1) --n;
+  return n;
 }
 
 std::optional<steady_time> slot_pool::idle_deadline() const {
@@ -934,14 +871,14 @@ std::optional<save_step> slot_pool::idle_checkpoint(int slot, steady_time now) {
   if (!enabled_ || sl.owner.empty() || sl.state != slot_state::dirty) return std::nullopt;
   const auto& r = sessions_[sl.owner];
   if (r.dirty_rev != sl.idle_rev || !r.dirty()) return std::nullopt;
-  if (!breaker_.allow(now)) return std::nullopt;
+  if (!health_.allow(now)) return std::nullopt;
   return make_save(sl);
 }
 
 std::optional<save_step> slot_pool::checkpoint_slot(int slot, steady_time now) {
   slot_rec* sl = find_slot(slot);
   if (!sl || !enabled_ || !owner_dirty(slot) || sl->state != slot_state::dirty) return std::nullopt;
-  if (!breaker_.allow(now)) return std::nullopt;
+  if (!health_.allow(now)) return std::nullopt;
   sl->idle_deadline.reset();
   return make_save(*sl);
 }

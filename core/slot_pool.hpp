@@ -19,18 +19,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backend_health.hpp"
 #include "core/backend_types.hpp"
-#include "core/breaker.hpp"
 #include "core/chain_index.hpp"
+#include "core/checkpoint_policy.hpp"
 #include "core/manifest.hpp"
 #include "core/request_class.hpp"
 #include "core/result.hpp"
 #include "core/retention.hpp"
+#include "core/session_keys.hpp"
 #include "core/slot_door.hpp"
+#include "core/steady_time.hpp"
+#include "core/tenancy.hpp"
 
 namespace kvp::core {
-
-using steady_time = std::chrono::steady_clock::time_point;
 
 struct slot_pool_options {
   std::string instance_key = "default";
@@ -243,7 +245,7 @@ class slot_pool {
   void on_commit_failed(const error& e, steady_time now);
   // One of kvpersist's own file operations failed. A timeout (a stuck filesystem) counts
   // towards the breaker like a management call that timed out; other errors do not.
-  void on_file_failure(const error& e, steady_time now) { record_backend_failure(e, now); }
+  void on_file_failure(const error& e, steady_time now) { health_.on_failure(e, now); }
 
   // REQUIRES: lease of `slot` held. The prepared request is about to be forwarded.
   // Returns what kind of preparation it got (for logs and metrics).
@@ -332,18 +334,17 @@ class slot_pool {
   const manifest* find_manifest(const std::string& hash) const;
   std::vector<manifest> manifests() const;
   const core_stats& stats() const { return stats_; }
-  const breaker& circuit() const { return breaker_; }
+  const breaker& circuit() const { return health_.circuit(); }
   // The breaker's transitions since the last call, oldest first, for one log line each.
-  struct circuit_change {
-    bool opened = false;  // false: recovered (closed again)
-    errc cause = errc::invariant;  // the failure that opened it
-  };
-  std::vector<circuit_change> take_circuit_changes();
+  std::vector<circuit_change> take_circuit_changes() { return health_.take_changes(); }
   // The sessions forgotten for max_records_without_snapshot since the last call (hashes).
   std::vector<std::string> take_forgotten_records();
   const slot_pool_options& options() const { return opts_; }
   // The idle checkpoint's delay from now on (a learned sleep period, docs/design.md §4).
-  void set_idle_checkpoint(std::chrono::milliseconds idle) { opts_.idle_checkpoint = idle; }
+  void set_idle_checkpoint(std::chrono::milliseconds idle) {
+    opts_.idle_checkpoint = idle;
+    checkpoints_.set_idle_checkpoint(idle);
+  }
 
  private:
   struct session_rec {
@@ -372,25 +373,14 @@ class slot_pool {
     slot_content prepared_content;  // what the plan left there, before the request ran
   };
 
-  bool scoped_by_credential() const {
-    return opts_.seed_within_credential || !opts_.seed_across_sessions;
-  }
-  slot_door door() const;
   bool keeps_content() const;
-  void note_credential(const std::string& credential);
-  std::string scoped_hash(std::string_view session_id, std::string_view credential) const;
   static slot_rec make_slot(int id);
   slot_rec* find_slot(int id);
   const slot_rec* find_slot(int id) const;
   session_rec& rec(const std::string& hash, std::string_view session_id);
   void forget_least_recent_records(const std::string& keep);
   std::optional<save_step> make_save(slot_rec& s);
-  std::chrono::milliseconds idle_before_checkpoint(const session_rec& r, bool turn_end,
-                                                  steady_time now) const;
-  // Notes that `hash` took a turn; whether more sessions did within contention_window than
-  // there are session slots.
-  void note_turn(const std::string& hash, steady_time now);
-  bool contended(steady_time now) const;
+  std::size_t session_slots() const;
   void set_snapshot(const std::string& hash, session_rec& r, manifest m);
   // Seeding (docs/design.md §3).
   bool seeding_allowed() const;
@@ -403,11 +393,12 @@ class slot_pool {
                                                  std::string_view wall_now);
   restore_decision restore_outcome(const restore_step& step, const result<slot_restored>& r,
                                    steady_time now, std::string_view wall_now);
-  void record_backend_failure(const error& e, steady_time now);
-  void record_backend_success();
 
   slot_pool_options opts_;
-  breaker breaker_;
+  backend_health health_;
+  checkpoint_policy checkpoints_;
+  tenancy tenancy_;
+  session_keys keys_;
   bool enabled_ = false;
   errc disabled_reason_ = errc::backend_unavailable;  // not probed yet counts as unreachable
   runtime_info runtime_;
@@ -417,23 +408,9 @@ class slot_pool {
   std::vector<slot_rec> slots_;
   std::uint64_t use_clock_ = 0;
   std::uint64_t record_clock_ = 0;  // orders session_rec::last_used
-  // Sessions that took a turn lately (note_turn), at most max_recent_turns.
-  std::unordered_map<std::string, steady_time> recent_turns_;
-  static constexpr std::size_t max_recent_turns = 64;
   std::vector<std::string> forgotten_records_;  // for take_forgotten_records
   core_stats stats_;
   std::string compatibility_ = "unknown";
-  std::vector<circuit_change> circuit_changes_;
-  // hash_for's last few answers under the current runtime: one request asks for its session's
-  // hash several times (queue, slot choice, plan), and each is a SHA-256. Cleared by set_runtime.
-  struct hash_memo {
-    std::string session_id, credential, hash;
-  };
-  mutable std::array<hash_memo, 8> hash_memo_;  // keyed by session id and credential
-  // Credentials seen in requests and manifests: the first, and whether there was another.
-  std::optional<std::string> first_credential_;
-  bool several_credentials_ = false;
-  mutable std::size_t hash_memo_next_ = 0;
 };
 
 }  // namespace kvp::core
