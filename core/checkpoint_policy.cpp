@@ -1,11 +1,10 @@
 #include "core/checkpoint_policy.hpp"
 
 #include <algorithm>
-#include <utility>
 
 namespace kvp::core {
 
-checkpoint_policy::checkpoint_policy(checkpoint_options opts) : opts_(std::move(opts)) {}
+checkpoint_policy::checkpoint_policy(const slot_pool_options& opts) : opts_(opts) {}
 
 bool checkpoint_policy::saves_at_end(bool turn_end) const {
   return opts_.save_on_step_end || (opts_.save_on_turn_end && turn_end);

@@ -14,25 +14,16 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/slot_pool_options.hpp"
 #include "core/steady_time.hpp"
 
 namespace kvp::core {
 
-struct checkpoint_options {
-  bool save_on_switch = true;
-  bool save_on_turn_end = false;  // after a reply that hands the conversation to the user
-  bool save_on_step_end = false;  // after every model call
-  std::chrono::milliseconds idle_checkpoint{30'000};  // 0: off
-  // While more sessions took turns within `contention_window` than there are session slots,
-  // save this long after a turn end, or twice the session's last save time if that is
-  // longer (never later than idle_checkpoint). 0: off.
-  std::chrono::milliseconds early_checkpoint{0};
-  std::chrono::milliseconds contention_window{600'000};
-};
-
 class checkpoint_policy {
  public:
-  explicit checkpoint_policy(checkpoint_options opts);
+  // Reads save_on_switch, save_on_turn_end, save_on_step_end, idle_checkpoint,
+  // early_checkpoint and contention_window.
+  explicit checkpoint_policy(const slot_pool_options& opts);
 
   // Whether a dirty owner is saved before another session takes its slot (invariant I3).
   bool saves_on_switch() const { return opts_.save_on_switch; }
@@ -60,7 +51,7 @@ class checkpoint_policy {
   std::chrono::milliseconds idle_checkpoint() const { return opts_.idle_checkpoint; }
 
  private:
-  checkpoint_options opts_;
+  slot_pool_options opts_;
   std::unordered_map<std::string, steady_time> recent_turns_;  // session hash -> its last turn
   static constexpr std::size_t max_recent_turns = 64;
 };

@@ -4,22 +4,13 @@
 
 namespace kvp::core {
 
-namespace {
-
-checkpoint_options checkpoint_options_of(const slot_pool_options& o) {
-  return {o.save_on_switch,   o.save_on_turn_end, o.save_on_step_end,
-          o.idle_checkpoint, o.early_checkpoint,  o.contention_window};
-}
-
-}  // namespace
-
 pool_state::pool_state(slot_pool_options o)
     : opts(std::move(o)),
       table(opts.slot_id, opts.reserve_aux_slot),
       records(opts.max_records_without_snapshot),
       tenants(sharing_scope(opts.seed_across_sessions, opts.seed_within_credential)),
       keys(opts.instance_key, tenants.scoped_by_credential()),
-      checkpoints(checkpoint_options_of(opts)),
+      checkpoints(opts),
       health(opts.max_consecutive_failures, opts.cooldown) {}
 
 save_step pool_state::save_of(table_slot& s) {

@@ -17,8 +17,8 @@ using namespace kvp::core;
 
 const steady_time t0 = steady_time{} + std::chrono::hours(1);
 
-checkpoint_options early(std::chrono::milliseconds idle = 30s) {
-  checkpoint_options o;
+slot_pool_options early(std::chrono::milliseconds idle = 30s) {
+  slot_pool_options o;
   o.idle_checkpoint = idle;
   o.early_checkpoint = 2s;
   o.contention_window = 60s;
@@ -28,7 +28,7 @@ checkpoint_options early(std::chrono::milliseconds idle = 30s) {
 }  // namespace
 
 TEST_CASE("a save at the end: after every step, or only at a turn end", "[core][checkpoint_policy]") {
-  checkpoint_options o;
+  slot_pool_options o;
   CHECK(checkpoint_policy(o).saves_on_switch());
   CHECK_FALSE(checkpoint_policy(o).saves_at_end(true));
   o.save_on_turn_end = true;
@@ -85,7 +85,7 @@ TEST_CASE("the wait before a checkpoint: idleMs, or the early checkpoint after a
 }
 
 TEST_CASE("a learned sleep period replaces idleMs", "[core][checkpoint_policy]") {
-  checkpoint_policy p(checkpoint_options{});
+  checkpoint_policy p(slot_pool_options{});
   CHECK(p.idle_checkpoint() == 30s);
   p.set_idle_checkpoint(5s);
   CHECK(p.idle_checkpoint() == 5s);
