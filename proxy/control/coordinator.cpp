@@ -87,11 +87,12 @@ void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& re
   }
 }
 
-// After a prepared request completed: what its response said about cache reuse. Feeds the
-// session's counters (core::session_reuse, for every kind) and the reuse metrics (tokens reused
-// after restores, prefill seconds saved). `slot`: where the request ran, whose owner is the
-// request's session; after a restore, compares what the response reused with what was restored
-// and logs kv.session.restore.unpaid below half.
+// After a request completed: what its response said about cache reuse. Feeds the session's
+// counters (core::session_reuse, for every kind but auxiliary and none), the reuse of every
+// response by source, and the reuse metrics (tokens reused after restores, prefill seconds
+// saved). `slot`: where the request ran, whose owner is the request's session (-1: a slot
+// llama-server chose); after a restore, compares what the response reused with what was
+// restored and logs kv.session.restore.unpaid below half.
 void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
                      core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
@@ -425,6 +426,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   log_circuit_changes(pool_);
   prefix_.note_plan(slot, plan, who);
   const auto kind = pool_.outcomes().start_inference(who, slot);
+  reuse_.note_prepared(slot, kind == core::prepare_kind::auxiliary ? !plan.erase : plan.kept);
   if (plan.kept)
     log(log_level::info, "kv.session.cold",
         {{"session", std::string(core::abbrev(pool_.table().owner(slot)))},
@@ -441,12 +443,12 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
+  // A pass-through ticket holds no slot: its reply counts all the same.
+  if (reply) record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
   if (!leases_.holds(t) || t->slot < 0) co_return;
-  if (reply) {
-    record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+  if (reply)
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
-  }
   runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
   if (auto s =
           pool_.outcomes().end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
@@ -502,8 +504,10 @@ net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
-                                                   bool reached_slot) {
+                                                   bool reached_slot,
+                                                   std::optional<reply_report> reply) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
+  if (reply) record_response(pool_, reuse_, -1, reply->kind, reply->timings);
   if (reached_slot && pool_.persistence_enabled())
     co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);

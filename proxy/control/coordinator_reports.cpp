@@ -180,6 +180,19 @@ void write_core_stats(json_writer& w, const core::core_stats& st) {
   core::write_json_count(w, "invalidations", st.invalidations);
 }
 
+// Every prompt token the responses reported reusing, in all and by where it came from
+// (core::reuse_source; README "Admin API").
+void write_response_reuse(json_writer& w, const core::reuse_stats& r) {
+  w.StartObject();
+  core::write_json_count(w, "reusedTokens", r.response_reused_total());
+  w.Key("bySource");
+  w.StartObject();
+  for (auto source : core::reuse_sources)
+    core::write_json_count(w, core::to_string(source), r.response_reused(source));
+  w.EndObject();
+  w.EndObject();
+}
+
 // One labelled sample per family, for the metrics with a single value per server.
 struct metric_sink {
   core::prom_writer& w;
@@ -316,6 +329,8 @@ std::string coordinator::status_json() const {
   core::write_json_count(w, "prefilledTokens", reuse_.prefilled_tokens());
   w.Key("prefillSecondsSaved");
   w.Double(reuse_.prefill_seconds_saved());
+  w.Key("allResponses");
+  write_response_reuse(w, reuse_);
   w.EndObject();
   w.Key("hints");
   hints_.write_status(w);
@@ -362,6 +377,17 @@ void coordinator::write_metrics(core::prom_writer& w) const {
     w.sample("kvpersist_reused_prompt_tokens_total",
              fmt::format("{},source=\"{}\"", m.labels, to_string(source)),
              static_cast<double>(reuse_.reused_tokens(source)));
+  w.family("kvpersist_response_reused_tokens_total", "counter",
+           "Prompt tokens llama-server reported reusing on every response kvpersist read, by "
+           "where the reused KV came from: own, content, seed or prefix (the first response "
+           "after a restore of that snapshot; prefix: a prefix snapshot's seed), resident (the "
+           "session's own turns in its slot), kept (a slot's content a cold start or an "
+           "auxiliary call ran on within the sharing scope), cold (nothing kvpersist arranged: "
+           "an erased slot, a fallback, a request llama-server placed itself).");
+  for (auto source : core::reuse_sources)
+    w.sample("kvpersist_response_reused_tokens_total",
+             fmt::format("{},source=\"{}\"", m.labels, core::to_string(source)),
+             static_cast<double>(reuse_.response_reused(source)));
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());

@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
+#include "core/prefix_snapshot.hpp"
 #include "proxy/control/coordinator_internal.hpp"
 #include "proxy/http/listen.hpp"
 
@@ -212,7 +213,9 @@ net::awaitable<core::restore_decision> slot_actions::run_restore(const core::res
   if (d.restored) {
     hooks_.restored(rs.hash);
     const auto source = source_of(rs);
-    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source);
+    const auto* donor = pool_.records().find_manifest(rs.hash);
+    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source,
+                        seed && donor && core::is_prefix_session(donor->session_id));
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
          {"source", std::string(to_string(source))}, {"from", from},
