@@ -76,6 +76,21 @@ void log_switch(const core::slot_pool& pool, const std::string& from,
        {"slot", std::to_string(slot)}});
 }
 
+// A session request that starts cold: one line, saying whose content it keeps, if any.
+void log_cold_start(const core::slot_pool& pool, const core::prepare_plan& plan,
+                    core::prepare_kind kind, const std::string& before) {
+  if (plan.kept)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
+         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
+         {"links", std::to_string(plan.kept_links)},
+         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
+  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
+         {"slot", std::to_string(plan.slot)}});
+}
+
 // What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
 void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& reuse,
                                     retention_keeper& retention) {
@@ -427,16 +442,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   prefix_.note_plan(slot, plan, who);
   const auto kind = pool_.outcomes().start_inference(who, slot);
   reuse_.note_prepared(slot, kind == core::prepare_kind::auxiliary ? !plan.erase : plan.kept);
-  if (plan.kept)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.table().owner(slot)))},
-         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
-         {"links", std::to_string(plan.kept_links)},
-         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
-  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.table().owner(slot)))},
-         {"slot", std::to_string(plan.slot)}});
+  log_cold_start(pool_, plan, kind, before);
   co_return kind;
 }
 
