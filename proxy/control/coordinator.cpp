@@ -52,11 +52,11 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
 // One line per breaker transition, as soon as the lease holder that caused it is done with
 // its management calls (core::breaker reports only changes, so an outage is one line).
 void log_circuit_changes(core::slot_pool& pool) {
-  for (const auto& c : pool.take_circuit_changes()) {
+  for (const auto& c : pool.health().take_changes()) {
     if (c.opened) {
       log(log_level::warn, "kv.persistence.circuit_open",
           {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(pool.circuit().consecutive_failures())},
+           {"failures", std::to_string(pool.health().circuit().consecutive_failures())},
            {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
     } else {
       log(log_level::info, "kv.persistence.circuit_recovered");
@@ -76,10 +76,25 @@ void log_switch(const core::slot_pool& pool, const std::string& from,
        {"slot", std::to_string(slot)}});
 }
 
+// A session request that starts cold: one line, saying whose content it keeps, if any.
+void log_cold_start(const core::slot_pool& pool, const core::prepare_plan& plan,
+                    core::prepare_kind kind, const std::string& before) {
+  if (plan.kept)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
+         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
+         {"links", std::to_string(plan.kept_links)},
+         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
+  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
+    log(log_level::info, "kv.session.cold",
+        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
+         {"slot", std::to_string(plan.slot)}});
+}
+
 // What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
 void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& reuse,
                                     retention_keeper& retention) {
-  for (const auto& hash : pool.take_forgotten_records()) {
+  for (const auto& hash : pool.records().take_forgotten()) {
     reuse.forget(hash);
     retention.forget(hash);
     log(log_level::debug, "kv.session.record_forgotten",
@@ -87,16 +102,17 @@ void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& re
   }
 }
 
-// After a prepared request completed: what its response said about cache reuse. Feeds the
-// session's counters (core::session_reuse, for every kind) and the reuse metrics (tokens reused
-// after restores, prefill seconds saved). `slot`: where the request ran, whose owner is the
-// request's session; after a restore, compares what the response reused with what was restored
-// and logs kv.session.restore.unpaid below half.
+// After a request completed: what its response said about cache reuse. Feeds the session's
+// counters (core::session_reuse, for every kind but auxiliary and none), the reuse of every
+// response by source, and the reuse metrics (tokens reused after restores, prefill seconds
+// saved). `slot`: where the request ran, whose owner is the request's session (-1: a slot
+// llama-server chose); after a restore, compares what the response reused with what was
+// restored and logs kv.session.restore.unpaid below half.
 void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
                      core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
-  pool.note_reuse(pool.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
-                  reuse.prompt_tokens_per_s());
+  pool.outcomes().note_reuse(pool.table().owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                             reuse.prompt_tokens_per_s());
   const auto unpaid = reuse.record_response(slot, kind, t);
   if (!unpaid) return;
   log(log_level::info, "kv.session.restore.unpaid",
@@ -109,12 +125,12 @@ void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
 
 slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot) {
   slot_chooser c;
-  c.slot_ids = [&pool] { return pool.slot_ids(); };
+  c.slot_ids = [&pool] { return pool.table().ids(); };
   c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
     return pool.choose_slot(who, free);
   };
   c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
-  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.slot_ids().size() > 1; };
+  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.table().ids().size() > 1; };
   return c;
 }
 
@@ -249,7 +265,7 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
   }
   if (may_pass_through(*t)) {
     if (!isolation_needs_erase(t->who.credential)) {
-      pool_.note_pass_through(t->who.credential);
+      pool_.placed().note_pass_through(t->who.credential);
       leases_.begin_pass_through(t);
       out.what = admission::outcome::pass_through;
       co_return out;
@@ -309,18 +325,18 @@ net::awaitable<std::optional<core::error>> coordinator::claim_server(
       co_return core::error{core::errc::erase_failed, 0,
                             "the server may hold another credential's KV and could not be erased"};
     }
-    pool_.on_server_erased();
+    pool_.table().on_server_erased();
     log(log_level::info, "kv.server.erased",
         {{"slots", std::to_string(slots)},
          {"effect", "persistence is off: every slot erased before another credential's request"}});
   }
-  pool_.note_pass_through(who.credential);
+  pool_.placed().note_pass_through(who.credential);
   co_return std::nullopt;
 }
 
 bool coordinator::holds_every_slot(const lease_ticket& t) const {
   const auto& leased = leases_.leased();
-  const auto ids = pool_.slot_ids();
+  const auto ids = pool_.table().ids();
   return std::all_of(ids.begin(), ids.end(), [&](int id) {
     const auto it = leased.find(id);
     return it != leased.end() && it->second.get() == &t;
@@ -350,7 +366,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   end_pass_through(t);
   if (leases_.holds(t)) {
-    if (t->slot >= 0) pool_.abort_prepare(t->slot);
+    if (t->slot >= 0) pool_.outcomes().abort_prepare(t->slot);
     release_and_wake(t);
   }
   co_return;
@@ -369,7 +385,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const bool session = !who.session_id.empty() && who.purpose.empty();
   const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who)
                                                                  : std::string();
-  if (!own.empty() && pool_.slot_of(own) < 0) {
+  if (!own.empty() && pool_.table().slot_of(own) < 0) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
     // sharing the snapshot and state directories saved it). One small read, never on the
     // resident path. Its own commit may still be in flight (it left a slot moments ago).
@@ -390,15 +406,16 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
       co_return std::move(*refused);
     }
   }
-  if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
+  if (const auto owner = pool_.table().owner(slot);
+      !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
     // owner is clean and needs no second save. The owner itself never waits for it.
     const auto committed = co_await commits_.wait(owner);
     (void)committed;
   }
   const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
-  const std::string before = pool_.owner(slot);
-  auto plan = pool_.prepare(who, slot, now, wall_now());
+  const std::string before = pool_.table().owner(slot);
+  auto plan = pool_.plans().prepare(who, slot, now, wall_now());
   forget_records_dropped_by_pool(pool_, reuse_, retention_);
   if (!plan.fail && !plan.resident) log_switch(pool_, before, who, slot);
   for (const auto& m : plan.manifest_writes) {
@@ -408,7 +425,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
         {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
   }
   auto fail = [&](core::errc code, std::string why) {
-    pool_.abort_prepare(slot);
+    pool_.outcomes().abort_prepare(slot);
     release_and_wake(t);
     return prepare_result(core::error{code, 0, std::move(why)});
   };
@@ -423,31 +440,24 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                                          : done.failure->message);
   log_circuit_changes(pool_);
   prefix_.note_plan(slot, plan, who);
-  const auto kind = pool_.start_inference(who, slot);
-  if (plan.kept)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
-         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
-         {"links", std::to_string(plan.kept_links)},
-         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
-  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
-         {"slot", std::to_string(plan.slot)}});
+  const auto kind = pool_.outcomes().start_inference(who, slot);
+  reuse_.note_prepared(slot, kind == core::prepare_kind::auxiliary ? !plan.erase : plan.kept);
+  log_cold_start(pool_, plan, kind, before);
   co_return kind;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
+  // A pass-through ticket holds no slot: its reply counts all the same.
+  if (reply) record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
   if (!leases_.holds(t) || t->slot < 0) co_return;
-  if (reply) {
-    record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+  if (reply)
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
-  }
   runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
-  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
+  if (auto s =
+          pool_.outcomes().end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).
     const auto saved = co_await actions_.start_save(*s);
@@ -459,15 +469,15 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
 net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t) || !t->exclusive)
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
-  co_await runtime_.refresh_runtime(pool_.slot_ids().front());
+  co_await runtime_.refresh_runtime(pool_.table().ids().front());
   if (!pool_.persistence_enabled()) {
     auto refused = co_await claim_server(t->who, true);
     if (refused) release_and_wake(t);
     if (refused) co_return std::move(*refused);
     co_return core::prepare_kind::none;
   }
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+  for (int id : pool_.table().ids()) {
+    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await actions_.run_save(*s);
       if (!saved && opts_.pool.strict) {
         release_and_wake(t);
@@ -489,7 +499,7 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 
 net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
     const core::request_identity& who) {
-  for (const auto& e : pool_.erases_before_unpinned(who)) {
+  for (const auto& e : pool_.placed().erases_before_unpinned(who)) {
     const auto failed = co_await actions_.run_erase(e.slot);
     if (failed && e.required)
       co_return core::error{*failed, 0,
@@ -500,8 +510,10 @@ net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
-                                                   bool reached_slot) {
+                                                   bool reached_slot,
+                                                   std::optional<reply_report> reply) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
+  if (reply) record_response(pool_, reuse_, -1, reply->kind, reply->timings);
   if (reached_slot && pool_.persistence_enabled())
     co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);
@@ -526,8 +538,8 @@ net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
 net::awaitable<bool> coordinator::checkpoint() {
   const auto hold = co_await acquire_internal();
   bool ok = true;
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+  for (int id : pool_.table().ids()) {
+    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
       const auto saved = co_await actions_.run_save(*s);
       ok = ok && saved.ok();
     }
@@ -540,8 +552,8 @@ net::awaitable<bool> coordinator::checkpoint() {
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
+  for (int id : pool_.table().ids()) {
+    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
       // A failed save is logged by run_save; that session keeps its previous snapshot.
       const auto saved = co_await actions_.run_save(*s);
       (void)saved;

@@ -134,7 +134,7 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
   pool_.set_compatibility(d.verdict);
   disabled_why_.clear();
   if (d.restarted) {
-    pool_.on_epoch_change();
+    pool_.table().on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
   }
   if (d.newly_ready) {
@@ -151,7 +151,7 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
 // unknown, not empty; a new process shows itself by a new marker when it answers again.
 void runtime_monitor::note_unavailable(const core::probe_decision& d) {
   if (pool_.persistence_enabled())
-    pool_.on_unreachable();
+    pool_.table().on_unreachable();
   else
     pool_.disable_persistence(core::errc::backend_unavailable);
   if (!warned_disabled_)
@@ -168,16 +168,17 @@ void runtime_monitor::note_unavailable(const core::probe_decision& d) {
 bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& p) {
   std::vector<int> ids;
   for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
-  if (ids == pool_.slot_ids()) return true;
+  if (ids == pool_.table().ids()) return true;
   if (!leases_.nothing_leased()) {
     pool_.disable_persistence();
     pending_probe_ = full_probe{p, std::nullopt};  // apply when the leases are gone
     return false;
   }
-  pool_.set_slots(ids);
+  pool_.table().set_ids(ids);
   log(log_level::info, "kv.slots.layout",
       {{"slots", std::to_string(ids.size())},
-       {"auxiliary", pool_.aux_slot() >= 0 ? std::to_string(pool_.aux_slot()) : "none"}});
+       {"auxiliary",
+        pool_.table().aux_slot() >= 0 ? std::to_string(pool_.table().aux_slot()) : "none"}});
   return true;
 }
 
@@ -308,9 +309,9 @@ void runtime_monitor::suspect_behaviour(const std::string& why) {
 net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
-    for (int id : pool_.slot_ids())
-      if (!pool_.owner(id).empty() && (id == own_slot || !leases_.is_leased(id)))
-        out[id] = pool_.owner(id);
+    for (int id : pool_.table().ids())
+      if (!pool_.table().owner(id).empty() && (id == own_slot || !leases_.is_leased(id)))
+        out[id] = pool_.table().owner(id);
     return out;
   };
   std::vector<int> emptied;
@@ -336,12 +337,13 @@ void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
   if (emptied.empty()) return;
   for (int id : emptied) {
     log(log_level::info, "kv.slot.emptied",
-        {{"slot", std::to_string(id)}, {"session", std::string(core::abbrev(pool_.owner(id)))},
+        {{"slot", std::to_string(id)},
+         {"session", std::string(core::abbrev(pool_.table().owner(id)))},
          {"effect", "restores from its snapshot next time"}});
-    pool_.forget_emptied_slot(id);
+    pool_.table().forget_emptied_slot(id);
   }
-  const auto ids = pool_.slot_ids();
-  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.owner(id).empty(); }))
+  const auto ids = pool_.table().ids();
+  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.table().owner(id).empty(); }))
     return;
   watch_.forget_behaviour();  // every owned slot lost its KV: the process may run another model
   log(log_level::info, "kv.backend.restarted",
@@ -390,8 +392,9 @@ void runtime_monitor::note_sleeping(bool sleeping) {
     return;
   }
   int dirty = 0;
-  for (int id : pool_.slot_ids()) dirty += pool_.owner_dirty(id) ? 1 : 0;
-  pool_.on_epoch_change();
+  for (int id : pool_.table().ids())
+    dirty += pool_.records().dirty(pool_.table().owner(id)) ? 1 : 0;
+  pool_.table().on_epoch_change();
   log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
       {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
@@ -413,17 +416,17 @@ std::optional<steady_clock::time_point> runtime_monitor::last_server_use() const
 
 void runtime_monitor::adopt_sleep_period(std::chrono::seconds period) {
   watch_.learn_sleep_period(period);
-  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
+  pool_.checkpoints().set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
   log(log_level::warn, "kv.backend.sleep_learned",
       {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
        {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
                               "upstream.sleepIdleSeconds to llama-server's --sleep-idle-seconds",
-                              pool_.options().idle_checkpoint.count())}});
+                              pool_.checkpoints().idle_checkpoint().count())}});
 }
 
 bool runtime_monitor::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
   const auto period = watch_.sleep_period();
-  if (period.count() <= 0 || pool_.owner(slot).empty()) return false;
+  if (period.count() <= 0 || pool_.table().owner(slot).empty()) return false;
   auto it = finished_at_.find(slot);
   return it != finished_at_.end() && now - it->second >= period;
 }
@@ -457,7 +460,7 @@ net::awaitable<void> runtime_monitor::end_runtime_change(bool reached_server) {
   }
   lora_before_.reset();
   if (changed) {
-    pool_.on_epoch_change();
+    pool_.table().on_epoch_change();
     full_probe_due_.store(true);
     log(log_level::info, "kv.backend.runtime_changed",
         {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});

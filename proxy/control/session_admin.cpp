@@ -19,7 +19,7 @@ using std::chrono::steady_clock;
 
 namespace {
 
-session_row row_of(core::slot_pool::session_view v) {
+session_row row_of(core::session_view v) {
   session_row r{std::move(v.hash), std::move(v.session_id), v.resident, v.dirty, std::nullopt,
                 std::nullopt, v.reuse};
   if (v.snapshot) r.snapshot = *v.snapshot;
@@ -41,7 +41,7 @@ session_admin::session_admin(std::string server_name, core::slot_pool& pool,
       hooks_(std::move(hooks)) {}
 
 session_admin::session_ref session_admin::resolve_session(const std::string& hash_or_id) const {
-  if (auto known = pool_.session(hash_or_id)) return {hash_or_id, known->session_id};
+  if (auto known = pool_.listing().session(hash_or_id)) return {hash_or_id, known->session_id};
   const auto id = core::bounded_session_id(hash_or_id);  // as a request's header is read
   return {pool_.hash_for(id), id};
 }
@@ -49,9 +49,9 @@ session_admin::session_ref session_admin::resolve_session(const std::string& has
 core::request_identity session_admin::restore_identity(const session_ref& ref) const {
   core::request_identity who;
   who.session_id = ref.session_id;
-  if (const auto* m = pool_.find_manifest(ref.hash))
+  if (const auto* m = pool_.records().find_manifest(ref.hash))
     who.credential = m->credential;
-  else if (const auto known = pool_.session(ref.hash))
+  else if (const auto known = pool_.listing().session(ref.hash))
     who.credential = known->credential;
   return who;
 }
@@ -61,11 +61,11 @@ net::awaitable<admin_outcome> session_admin::save(std::string hash_or_id) {
   const auto hold = co_await hooks_.hold_server();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
-  if (!pool_.session(hash)) {
+  if (!pool_.listing().session(hash)) {
     out.result = admin_result::unknown_session;
-  } else if (pool_.slot_of(hash) < 0) {
+  } else if (pool_.table().slot_of(hash) < 0) {
     out.result = admin_result::not_resident;
-  } else if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
+  } else if (auto s = pool_.plans().checkpoint_session(hash, steady_clock::now())) {
     const auto saved = co_await actions_.run_save(*s);
     out.result = saved ? admin_result::saved : admin_result::save_failed;
   } else {
@@ -77,20 +77,22 @@ net::awaitable<admin_outcome> session_admin::save(std::string hash_or_id) {
 net::awaitable<admin_outcome> session_admin::restore(std::string hash_or_id) {
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   const auto hold = co_await hooks_.hold_server();
-  co_await hooks_.refresh_runtime(pool_.slot_ids().front());  // a plan needs the current fingerprint
+  co_await hooks_.refresh_runtime(
+      pool_.table().ids().front());  // a plan needs the current fingerprint
   if (!pool_.persistence_enabled()) co_return admin_outcome{admin_result::persistence_off};
   // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
   // the slot is left to the session without running anything on it.
   const auto who = restore_identity(resolve_session(hash_or_id));
-  const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
-  auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
+  const int slot =
+      pool_.choose_slot(who, pool_.table().ids()).value_or(pool_.table().ids().front());
+  auto plan = pool_.plans().prepare(who, slot, steady_clock::now(), wall_now());
   for (const auto& m : plan.manifest_writes) {
     const auto written = co_await actions_.write_manifest(m);
     (void)written;  // logged
   }
   admin_outcome out = admin_outcome{admin_result::resident};
   if (plan.fail) {
-    pool_.abort_prepare(slot);
+    pool_.outcomes().abort_prepare(slot);
     out.result = admin_result::circuit_open;
   } else if (!plan.resident) {
     // The request path's calls, checks, logs and metrics; an operator's restore is never
@@ -99,11 +101,11 @@ net::awaitable<admin_outcome> session_admin::restore(std::string hash_or_id) {
     out.result = !done.restore           ? admin_result::cold
                  : done.restore->restored ? admin_result::restored
                                           : admin_result::restore_failed_cold;
-    pool_.start_inference(who, slot);
-    pool_.end_inference(slot, false, steady_clock::now());
+    pool_.outcomes().start_inference(who, slot);
+    pool_.outcomes().end_inference(slot, false, steady_clock::now());
   } else {
-    pool_.start_inference(who, slot);
-    pool_.end_inference(slot, false, steady_clock::now());
+    pool_.outcomes().start_inference(who, slot);
+    pool_.outcomes().end_inference(slot, false, steady_clock::now());
   }
   co_return out;
 }
@@ -113,7 +115,7 @@ net::awaitable<admin_outcome> session_admin::invalidate(std::string hash_or_id,
   const auto hold = co_await hooks_.hold_server();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out;
-  if (auto m = pool_.invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
+  if (auto m = pool_.plans().invalidate(hash, core::errc::operator_invalidated, wall_now(), note)) {
     const auto invalid = *m;
     const auto written = co_await actions_.write_manifest(invalid);
     (void)written;  // logged
@@ -131,16 +133,16 @@ net::awaitable<admin_outcome> session_admin::dispose(std::string hash_or_id) {
   const auto hold = co_await hooks_.hold_server();
   const auto hash = resolve_session(hash_or_id).hash;
   admin_outcome out = admin_outcome{admin_result::disposed};
-  if (!pool_.session(hash)) {
+  if (!pool_.listing().session(hash)) {
     out.result = admin_result::unknown_session;
-  } else if (pool_.slot_of(hash) < 0) {
+  } else if (pool_.table().slot_of(hash) < 0) {
     out.result = admin_result::nothing_to_dispose;
   } else {
-    if (auto s = pool_.checkpoint_session(hash, steady_clock::now())) {
+    if (auto s = pool_.plans().checkpoint_session(hash, steady_clock::now())) {
       const auto saved = co_await actions_.run_save(*s);
       (void)saved;  // release_session tells: a dirty slot is kept
     }
-    if (!pool_.release_session(hash)) {
+    if (!pool_.plans().release_session(hash)) {
       out.result = admin_result::save_failed_kept_slot;
     } else {
       log(log_level::info, "kv.session.disposed", {{"session", std::string(core::abbrev(hash))}});
@@ -153,9 +155,9 @@ net::awaitable<admin_outcome> session_admin::purge(std::string hash_or_id) {
   // Every commit has landed: none can bring the session back.
   const auto hold = co_await hooks_.hold_server();
   const auto hash = resolve_session(hash_or_id).hash;
-  const bool known = pool_.session(hash).has_value();
+  const bool known = pool_.listing().session(hash).has_value();
   std::optional<std::string> kept;  // why the session's files still hold its KV
-  if (known && !snapshots_.shared() && pool_.find_manifest(hash))
+  if (known && !snapshots_.shared() && pool_.records().find_manifest(hash))
     kept = co_await retention_.overwrite_snapshots(hash);
   const auto freed = co_await retention_.drop_session(hash);
   if (!known) co_return admin_outcome{admin_result::unknown_session};
@@ -174,7 +176,7 @@ net::awaitable<admin_outcome> session_admin::purge(std::string hash_or_id) {
 
 session_page session_admin::sessions_page(const std::string& after, std::size_t limit) const {
   session_page page{server_name_, {}, {}};
-  auto views = pool_.sessions_after(after, limit + 1);
+  auto views = pool_.listing().sessions_after(after, limit + 1);
   if (views.size() > limit) {
     views.resize(limit);
     page.next = views.back().hash;
@@ -184,14 +186,14 @@ session_page session_admin::sessions_page(const std::string& after, std::size_t 
   return page;
 }
 
-session_row session_admin::row_with_reuse(core::slot_pool::session_view v) const {
+session_row session_admin::row_with_reuse(core::session_view v) const {
   auto row = row_of(std::move(v));
   row.last_restore = reuse_.last_restore(row.hash);
   return row;
 }
 
 std::optional<session_row> session_admin::session(const std::string& hash_or_id) const {
-  auto v = pool_.session(resolve_session(hash_or_id).hash);
+  auto v = pool_.listing().session(resolve_session(hash_or_id).hash);
   if (!v) return std::nullopt;
   return row_with_reuse(std::move(*v));
 }

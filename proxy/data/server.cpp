@@ -94,30 +94,22 @@ net::awaitable<void> before_unmanaged_model(router_models& router,
   co_await router.before_unmanaged(model.value());
 }
 
-// What a request on a slot reads back from its reply: llama-server's timings (the session's
-// reuse counters and the reuse metrics: README "Dashboard") for session requests, and the
-// finish reason when checkpoint.onTurnEnd needs it. Auxiliary calls and requests without
-// persistence read nothing.
-struct reply_watch {
-  bool timings = false;
-  bool turn = false;
-};
-
-reply_watch watch_for(core::prepare_kind kind, bool watches_turn_end) {
-  return {.timings = kind == core::prepare_kind::restored || kind == core::prepare_kind::cold ||
-                     kind == core::prepare_kind::cold_fallback ||
-                     kind == core::prepare_kind::resident,
-          .turn = watches_turn_end && kind != core::prepare_kind::none &&
-                  kind != core::prepare_kind::auxiliary};
+// Whether a reply's end is read for a turn end (checkpoint.onTurnEnd): a session's only.
+bool watches_turn(core::prepare_kind kind, bool watches_turn_end) {
+  return watches_turn_end && kind != core::prepare_kind::none &&
+         kind != core::prepare_kind::auxiliary;
 }
 
-// The report of a whole reply whose end is `tail`. After a restore (maybe a seed) the request
-// goes with its reply, moved, not copied: a seed that read much more than it reused makes a
-// prefix snapshot from it (docs/design.md §3). Only a body small enough to be chained can
-// have been seeded.
-std::optional<reply_report> reply_of(core::prepare_kind kind, const std::string& tail,
+// The report of a reply that reached its end, `tail` (nullopt for one that did not): what it
+// reused, for the reuse counters (README "Metrics"). After a restore (maybe a seed) the
+// request goes with its reply, moved, not copied: a seed that read much more than it reused
+// makes a prefix snapshot from it (docs/design.md §3). Only a body small enough to be
+// chained can have been seeded.
+std::optional<reply_report> reply_of(core::prepare_kind kind, const relay_state& st,
+                                     const std::string& tail,
                                      http::request<http::string_body>& req,
                                      std::string seeded_target) {
+  if (!st.upstream_done) return std::nullopt;
   reply_report reply{kind, core::parse_response_timings(tail), {}, {}};
   if (kind == core::prepare_kind::restored && req.body().size() <= core::max_chained_body_bytes) {
     reply.body = std::make_shared<const std::string>(std::move(req.body()));
@@ -366,8 +358,10 @@ net::awaitable<bool> server::handle_under_lease(exchange& x) {
 // (docs/design.md §5 "Without persistence").
 net::awaitable<bool> server::pass_through(exchange& x, lease ticket,
                                           std::optional<upstream_conn> pooled) {
-  const bool keep = co_await forwarder_.forward(x, std::move(pooled));
-  ticket.finish_later(x.relayed.request_sent, false);
+  std::string tail;
+  const bool keep = co_await forwarder_.forward(x, std::move(pooled), &tail);
+  ticket.finish_later(x.relayed.request_sent, false,
+                      reply_of(core::prepare_kind::none, x.relayed, tail, x.req, {}));
   co_return keep;
 }
 
@@ -379,8 +373,10 @@ net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_con
     x.up->pool->release(std::move(conn.stream));
     co_return co_await answer_error(x, prepare_failure(pr.err()));
   }
-  const bool keep = co_await forwarder_.forward(x, std::move(conn));
-  co_await held.finish(x.relayed.request_sent);
+  std::string tail;
+  const bool keep = co_await forwarder_.forward(x, std::move(conn), &tail);
+  auto reply = reply_of(core::prepare_kind::none, x.relayed, tail, x.req, {});
+  co_await held.finish(x.relayed.request_sent, false, std::move(reply));
   co_return keep;
 }
 
@@ -409,21 +405,20 @@ net::awaitable<bool> server::run_on_slot(exchange& x, lease held, core::prepare_
     }
     x.req.body() = std::move(pinned.value());
   }
-  const reply_watch watch = watch_for(kind, up.coord->watches_turn_end());
+  // Every reply is read back for what it reused (the reuse counters: README "Metrics"); a
+  // session's also for its finish reason when checkpoint.onTurnEnd needs it.
+  const bool watch_turn = watches_turn(kind, up.coord->watches_turn_end());
   // The route as the client sent it: the forward puts the server's base path before it.
   std::string seeded_target;
   if (kind == core::prepare_kind::restored) seeded_target = std::string(x.req.target());
   std::string tail;
-  std::string* kept_tail = watch.timings || watch.turn ? &tail : nullptr;
-  const bool keep_after = co_await forwarder_.forward(x, std::move(conn), kept_tail);
+  const bool keep_after = co_await forwarder_.forward(x, std::move(conn), &tail);
   const relay_state& st = x.relayed;
   // What upstream finished counts even when the client left while its last bytes went out:
   // the slot holds the whole reply either way.
-  const bool turn_end = watch.turn && st.upstream_done &&
+  const bool turn_end = watch_turn && st.upstream_done &&
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
-  auto reply = watch.timings && st.upstream_done
-                   ? reply_of(kind, tail, x.req, std::move(seeded_target))
-                   : std::nullopt;
+  auto reply = reply_of(kind, st, tail, x.req, std::move(seeded_target));
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
   held.finish_later(st.request_sent, turn_end, std::move(reply));

@@ -40,6 +40,8 @@ For scripts too (standard library plus PyYAML, python3-yaml; no pytest):
 * messages_client: MessagesConversation, a Claude Code-like /v1/messages session
 * dashboard_client: the admin API's event stream and headless Chromium for the dashboard
 * admin_client: the admin API and the CLI: idle(), scrape(), admin_addr(), run_cli(), JsonKvPersist
+* api_run:     ApiConversation (chat, Responses or Messages), reuse_run() (a run in the three API
+               families, each response's reuse with its source), counted_reuse()
 
 For the tests only (they import pytest, for skips and fixtures):
 * stack:       Stack, one test's upstream and kvpersist processes (the `stack` fixture)
