@@ -12,13 +12,17 @@ bool reuses_foreign_prefix(std::string_view compatibility) {
 }
 
 std::size_t seed_choice::shared_with_slot(const table_slot& sl, const request_identity& who) const {
-  if (!rules_.allowed || sl.pending_aux || who.chain.empty() || sl.owner.empty() ||
-      sl.owner == sl.pending_hash ||
+  return sl.pending_aux ? 0 : shared_with_slot(sl, who, sl.pending_hash);
+}
+
+std::size_t seed_choice::shared_with_slot(const table_slot& sl, const request_identity& who,
+                                          const std::string& session) const {
+  if (!rules_.allowed || who.chain.empty() || sl.owner.empty() || sl.owner == session ||
       (sl.state != slot_state::ready && sl.state != slot_state::dirty))
     return 0;
   const session_record* owner = records_.find(sl.owner);
   if (!owner) return 0;
-  if (!rules_.door.lets_run(sl.content, {who.credential, sl.pending_hash, false})) return 0;
+  if (!rules_.door.lets_run(sl.content, {who.credential, session, false})) return 0;
   const std::size_t common = common_links(owner->chain, who.chain);
   return common >= who.min_shared_links ? common : 0;
 }

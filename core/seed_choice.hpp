@@ -41,10 +41,13 @@ class seed_choice {
   seed_choice(const session_records& records, seed_rules rules)
       : records_(records), rules_(rules) {}
 
-  // Links the content of `slot` shares with the request the slot is being prepared for
-  // (`slot.pending_hash`), when that content is another session's last request, ready or
-  // dirty, within the scope, and shares at least `who.min_shared_links`; 0 otherwise.
+  // Links the content of `slot` shares with a request of the session `session` (by default
+  // the one the slot is being prepared for, `slot.pending_hash`), when that content is another
+  // session's last request, ready or dirty, within the scope, and shares at least
+  // `who.min_shared_links`; 0 otherwise.
   std::size_t shared_with_slot(const table_slot& slot, const request_identity& who) const;
+  std::size_t shared_with_slot(const table_slot& slot, const request_identity& who,
+                               const std::string& session) const;
   // Another session's ready snapshot of this runtime (not `own`'s), within the scope,
   // sharing more than `better_than` links (and at least `who.min_shared_links`): among those
   // sharing most, the one that reads the fewest bytes. nullopt when none does.

@@ -1,6 +1,7 @@
 #include "core/slot_pool.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 namespace kvp::core {
@@ -67,6 +68,7 @@ std::optional<int> slot_pool::choose_slot(const request_identity& who,
     for (const auto& s : table.slots())
       if (own < 0 && s.pending_hash == h) own = s.id;  // being prepared for this session
     if (own >= 0) return is_free(own) ? std::optional<int>(own) : std::nullopt;
+    if (auto shared = slot_sharing_prefix(who, h, is_free)) return shared;
   }
   const table_slot* best = nullptr;
   auto rank = [&](const table_slot& s) {
@@ -79,6 +81,29 @@ std::optional<int> slot_pool::choose_slot(const request_identity& who,
       best = &s;
   }
   if (!best) return std::nullopt;
+  return best->id;
+}
+
+// docs/design.md §14, §23: a session new to kvpersist (no snapshot) goes to the free slot whose
+// content shares the longest prefix with it, within the scope, as llama-server's similarity
+// choice places it; the owner there is saved first like on any switch. Not when a ready
+// snapshot shares as much: that seed restores into an empty slot and the owner stays.
+std::optional<int> slot_pool::slot_sharing_prefix(const request_identity& who, const std::string& h,
+                                                  const std::function<bool(int)>& is_free) const {
+  if (state_.table.session_slots() < 2 || state_.records.find_manifest(h)) return std::nullopt;
+  const seed_choice seeds = state_.seeds();
+  const table_slot* best = nullptr;
+  std::size_t most = 0;
+  for (const auto& s : state_.table.slots()) {
+    if (s.id == state_.table.aux_slot() || !is_free(s.id)) continue;
+    const std::size_t links = seeds.shared_with_slot(s, who, h);
+    if (links == 0) continue;
+    if (!best || links > most || (links == most && s.last_used < best->last_used)) {
+      best = &s;
+      most = links;
+    }
+  }
+  if (!best || seeds.best_seed(who, h, most - 1)) return std::nullopt;
   return best->id;
 }
 

@@ -19,6 +19,7 @@
 // slot has one mutator at a time (docs/design.md §5, invariant 8).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -68,6 +69,8 @@ class slot_pool {
 
   // Slot selection (docs/design.md §14) among `free_slots` (not leased): the slot the session
   // already owns or is being prepared on (only that one: a session's requests stay in order),
+  // else, for a session without a snapshot, the slot whose content shares the longest prefix
+  // with it within the scope (unless a ready snapshot shares as much: docs/design.md §23),
   // else an empty slot, else the least recently used clean slot, else the least recently used
   // dirty one (its owner is saved first by the plan). Auxiliary calls take the reserved slot
   // when there is one. nullopt: wait for a lease to be released.
@@ -102,6 +105,8 @@ class slot_pool {
   session_listing listing() const { return session_listing(state_.records, state_.table); }
 
  private:
+  std::optional<int> slot_sharing_prefix(const request_identity& who, const std::string& hash,
+                                         const std::function<bool(int)>& is_free) const;
   pool_state state_;
 };
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
 
 namespace slot_pool_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
@@ -208,6 +209,42 @@ TEST_CASE("selection: empty slots first, lowest id first among equals", "[core][
   // Auxiliary calls without a reserved slot follow the same order.
   CHECK(c.choose_slot(aux(), c.table().ids()) == 2);
   CHECK(c.choose_slot(aux("compaction", "A"), c.table().ids()) == 2);
+}
+
+namespace {
+request_identity chained(std::string id, std::initializer_list<int> tags) {
+  return request_identity{std::move(id), "", kvp::testing::chain(tags), ""};
+}
+}  // namespace
+
+TEST_CASE("selection: a new session goes where the content shares its prefix, as llama-server "
+          "would place it", "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, chained("A", {1, 2}), t0);  // slot 0; its system prompt is link 0
+  REQUIRE(a.slot == 0);
+  // B shares A's system prompt: A's slot, A saved first, the content kept (no erase): on an
+  // empty slot B would prefill what llama-server alone reuses from A's slot.
+  auto b = request(c, chained("B", {1, 3}), t0 + 1s);
+  CHECK(b.slot == a.slot);
+  CHECK(b.calls == std::vector<std::string>{"save:0:" + c.hash_for("A")});
+  CHECK(b.kind == prepare_kind::cold);
+  // Nothing in common: an empty slot, as before.
+  CHECK(request(c, chained("C", {7, 8}), t0 + 2s).slot == 1);
+  // A has a snapshot now: it is restored into the empty slot, B stays where it is.
+  auto back = request(c, chained("A", {1, 2, 4}), t0 + 3s);
+  CHECK(back.slot == 2);
+  CHECK(back.kind == prepare_kind::restored);
+}
+
+TEST_CASE("selection: a ready snapshot sharing as much seeds an empty slot and the owner stays",
+          "[core][slot_pool]") {
+  auto c = make_pool(3);
+  auto a = request(c, chained("A", {1, 2}), t0);
+  clean(c, a.slot, t0 + 1s);  // A's snapshot shares link 0 with D as much as A's slot does
+  auto d = request(c, chained("D", {1, 5}), t0 + 2s);
+  CHECK(d.slot == 1);
+  CHECK(d.calls == std::vector<std::string>{"restore:1"});
+  CHECK(c.table().slot_of(c.hash_for("A")) == a.slot);
 }
 
 TEST_CASE("selection: the least recently used clean slot goes before any dirty one",

@@ -490,12 +490,14 @@ def test_failed_erase_before_an_unpinnable_request_fails_it(stack, slots):
 
 
 def third_key_sessions(stack, A: Conversation, slots: int) -> list[dict]:
-    """`slots` new conversations of key C with A's system prompt (an attacker's guess), one
-    after the other: between them they take every slot, A's included."""
+    """`slots` new conversations with A's system prompt (an attacker's guess), one after the
+    other, each of a key of its own (key C0, C1, ...): between them they take every slot, A's
+    included. One key's second conversation would be placed on its first one's slot, which
+    shares the prompt within the credential (docs/design.md §23), and never reach A's."""
     recs = []
     for i in range(slots):
         C = Conversation(sid("C%d" % i), system_words=SYSTEM_WORDS, tag=A.tag)
-        ok(C.turn(stack.port, headers=auth("Bearer key-C")), "key C, conversation %d" % i)
+        ok(C.turn(stack.port, headers=auth("Bearer key-C%d" % i)), "key C%d" % i)
         settled_calls(stack)
         recs.append(stack.fake.inference_requests()[-1])
     return recs

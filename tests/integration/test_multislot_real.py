@@ -496,8 +496,11 @@ def test_refused_request_does_not_reset_every_slot(iso_world):
     reads = []
     for i in range(w.llama.n_parallel):
         C = Chat(w.llama.port, "iso5-C%d-%s" % (i, uuid.uuid4().hex[:6]), text=A.system)
-        rep = C.ask(proxy.port, text=ISO_USER, stream=False, headers={"Authorization": ISO_KEYS["C"]}, timeout=120)
-        ok(rep, "key C, conversation %d" % i)
+        # A key of its own per conversation: one key's second conversation would be placed on
+        # its first one's slot, within the credential (docs/design.md §23), not on A's.
+        rep = C.ask(proxy.port, text=ISO_USER, stream=False, headers={"Authorization": ISO_KEYS["C"] + str(i)},
+                    timeout=120)
+        ok(rep, "key C%d" % i)
         reads.append(rep.cache_n)
     print("\nmultislot figures: np%d key C's conversations read %s of A's %d-token prompt"
           % (w.llama.n_parallel, reads, A.first_prompt))
