@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -22,7 +22,6 @@ using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
 
-using detail::wall_now;
 
 namespace {
 

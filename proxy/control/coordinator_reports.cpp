@@ -16,7 +16,7 @@
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
 #include "proxy/control/coordinator.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 
 namespace kvp::proxy {
 
@@ -28,7 +28,7 @@ constexpr auto jstr = core::write_json_string;
 // Seconds since the snapshot was last saved (0 if its time does not parse or is ahead).
 std::int64_t snapshot_age_s(const core::manifest& m) {
   const auto at = core::parse_utc(m.updated_at);
-  return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
+  return at > 0 ? std::max<std::int64_t>(0, unix_now() - at) : 0;
 }
 
 void write_snapshot(json_writer& w, const core::manifest& m) {

@@ -10,7 +10,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/request_rewrite.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -119,7 +119,7 @@ net::awaitable<bool> prefix_maker::make_on(int slot, const core::prefix_wish& w,
          {"why", std::string(why)}});
     return false;
   };
-  const auto plan = pool_.prepare(who, slot, steady_clock::now(), detail::wall_now());
+  const auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
   // Only a seed (or the slot's content) holding the prefix is worth cutting; anything else
   // would prefill it from nothing, on no one's behalf.
   if (plan.fail || plan.resident || plan.save || !plan.manifest_writes.empty() ||

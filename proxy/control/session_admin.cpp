@@ -8,13 +8,12 @@
 
 #include "core/identity.hpp"
 #include "core/log.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 
 namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
-using detail::wall_now;
 using std::chrono::steady_clock;
 
 namespace {

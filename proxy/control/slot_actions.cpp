@@ -9,7 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -17,7 +17,6 @@ namespace kvp::proxy {
 using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
-using detail::wall_now;
 
 namespace {
 
