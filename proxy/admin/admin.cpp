@@ -30,6 +30,7 @@ namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
+using core::errc;
 
 namespace {
 
@@ -43,9 +44,9 @@ response json(unsigned status, std::string body, unsigned version) {
   return res;
 }
 
-response err(unsigned status, std::string_view message, unsigned version) {
-  auto res = error_answer(refused(static_cast<http::status>(status), std::string(message)), version,
-                          true);
+// An admin error: error_answer, never cached.
+response err(core::errc code, std::string_view message, unsigned version) {
+  auto res = error_answer(core::error{code, 0, std::string(message)}, version, true);
   res.set(http::field::cache_control, "no-store");
   return res;
 }
@@ -218,7 +219,9 @@ net::awaitable<std::string> json_of(session_page page) { co_return sessions_page
 net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::executor_type formatter,
                                        std::string target, unsigned v) {
   auto q = parse_page_query(target);
-  if (!q) co_return err(400, "limit must be 1..1000 and after a 64-hex session hash", v);
+  if (!q)
+    co_return err(errc::request_refused, "limit must be 1..1000 and after a 64-hex session hash",
+                  v);
   auto page = co_await coord->on_strand(page_of(coord, std::move(q->after), q->limit));
   auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
   co_return json(200, std::move(body), v);
@@ -250,7 +253,7 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
     rest.resize(slash);
   }
   rest = core::decode_path(rest);
-  if (rest.empty()) co_return err(404, "no session id in the path", v);
+  if (rest.empty()) co_return err(errc::not_found, "no session id in the path", v);
   // One co_await per statement (docs/conventions.md §3).
   admin_outcome r;
   if (action.empty()) {
@@ -261,23 +264,26 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
     } else if (method == http::verb::delete_) {
       r = co_await coord->on_strand(coord->admin().purge(rest));
     } else {
-      co_return err(405, "use GET or DELETE", v);
+      co_return err(errc::method_not_allowed, "use GET or DELETE", v);
     }
   } else {
-    if (method != http::verb::post) co_return err(405, "use POST", v);
+    if (method != http::verb::post) co_return err(errc::method_not_allowed, "use POST", v);
     if (action == "save" || action == "flush")
       r = co_await coord->on_strand(coord->admin().save(rest));
     else if (action == "restore")
       r = co_await coord->on_strand(coord->admin().restore(rest));
     else if (action == "invalidate") {
       auto note = invalidate_note(body);
-      if (!note) co_return err(400, "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
+      if (!note)
+        co_return err(errc::request_refused,
+                      "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
       r = co_await coord->on_strand(coord->admin().invalidate(rest, std::move(*note)));
     }
     else if (action == "dispose")
       r = co_await coord->on_strand(coord->admin().dispose(rest));
     else
-      co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
+      co_return err(errc::not_found, "unknown action (save, flush, restore, invalidate, dispose)",
+                    v);
   }
   co_return outcome_response(r, v);
 }
@@ -474,13 +480,14 @@ std::optional<response> admin_server::credential_refusal(
     const http::request<http::string_body>& req) const {
   const unsigned v = req.version();
   if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
-    auto res = err(401, "missing or wrong bearer token", v);
+    auto res = err(errc::credential_refused, "missing or wrong bearer token", v);
     res.set(http::field::www_authenticate, "Bearer");
     return res;
   }
   if ((req.method() == http::verb::post || req.method() == http::verb::delete_) &&
       !is_json_media_type(req[http::field::content_type]))
-    return err(415, "POST and DELETE need Content-Type: application/json", v);
+    return err(errc::media_type_refused, "POST and DELETE need Content-Type: application/json",
+               v);
   return std::nullopt;
 }
 
@@ -492,11 +499,11 @@ net::awaitable<void> admin_server::serve_events(tcp_stream& s,
   const unsigned v = req.version();
   std::optional<response> refusal;
   if (auto why = cross_site_refusal(req)) {
-    refusal = err(403, *why, v);
+    refusal = err(errc::route_forbidden, *why, v);
   } else if (auto denied = credential_refusal(req)) {
     refusal = std::move(denied);
   } else if (req.method() != http::verb::get) {
-    refusal = err(405, "use GET", v);
+    refusal = err(errc::method_not_allowed, "use GET", v);
   } else if (event_streams_.fetch_add(1) >= max_event_streams) {
     --event_streams_;
     const core::error full{core::errc::over_capacity, 0,
@@ -554,15 +561,16 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   // /healthz answers a constant and changes nothing, so it stays open to container health
   // checks whatever Host they send (Docker and Kubernetes probes may name a service).
   if (path == "/healthz") {
-    if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET", v);
+    if (method != http::verb::get && method != http::verb::head)
+      co_return err(errc::method_not_allowed, "use GET", v);
     co_return json(200, healthy_body(), v);
   }
-  if (auto why = cross_site_refusal(req)) co_return err(403, *why, v);
+  if (auto why = cross_site_refusal(req)) co_return err(errc::route_forbidden, *why, v);
   // The dashboard's files are the same for everyone and hold no data, so they need no token:
   // a browser cannot send a bearer header when it navigates. Its script asks for the token
   // and sends it on every request for data.
   if (const auto* file = ui_file(path)) {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return ui_response(*file, v);
   }
   if (auto refused = credential_refusal(req)) co_return std::move(*refused);
@@ -571,23 +579,23 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (auto name = core::query_param(target, "server"); name && !name->empty()) {
     auto it = std::find_if(coords_.begin(), coords_.end(),
                            [&](coordinator* c) { return c->name() == *name; });
-    if (it == coords_.end()) co_return err(404, "unknown server", v);
+    if (it == coords_.end()) co_return err(errc::not_found, "unknown server", v);
     coord = *it;
   }
   if (path == "/metrics") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await all_metrics(coords_, v);
   }
   if (path == "/kv/status") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await all_status(coords_, v);
   }
   if (path == "/kv/sessions") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await list_sessions(coord, formatter_.get_executor(), target, v);
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
-    if (method != http::verb::post) co_return err(405, "use POST", v);
+    if (method != http::verb::post) co_return err(errc::method_not_allowed, "use POST", v);
     if (path == "/kv/flush") {
       const auto flushed = co_await coord->on_strand(coord->admin_flush());
       co_return outcome_response(flushed, v);
@@ -599,7 +607,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (raw_path.starts_with(prefix))
     co_return co_await session_route(coord, method, raw_path.substr(prefix.size()),
                                      std::move(req.body()), v);
-  co_return err(404, "not found", v);
+  co_return err(errc::not_found, "not found", v);
 }
 
 }  // namespace kvp::proxy
