@@ -104,6 +104,24 @@ void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
        {"effect", "the prompt was reprocessed after the restore"}});
 }
 
+// Saves every slot whose owner is dirty, in slot order (REQUIRES every slot's lease). A failed
+// save is logged by run_save and its session keeps its previous snapshot; the others are
+// still saved unless `stop_at_failure`. The first failure's error, if any.
+net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
+                                                          slot_actions& actions,
+                                                          bool stop_at_failure) {
+  core::result<core::unit> out = core::unit{};
+  for (int id : pool.slot_ids()) {
+    auto step = pool.checkpoint_slot(id, steady_clock::now());
+    if (!step) continue;
+    const auto saved = co_await actions.run_save(*step);
+    if (saved || !out) continue;
+    out = saved.err();
+    if (stop_at_failure) break;
+  }
+  co_return out;
+}
+
 }  // namespace
 
 slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot) {
@@ -465,15 +483,11 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     if (refused) co_return std::move(*refused);
     co_return core::prepare_kind::none;
   }
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await actions_.run_save(*s);
-      if (!saved && opts_.pool.strict) {
-        release_and_wake(t);
-        co_return core::error{saved.err().code, 0,
-                              "saving a session before an unpinnable request failed"};
-      }
-    }
+  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict);
+  if (!saved && opts_.pool.strict) {
+    release_and_wake(t);
+    co_return core::error{saved.err().code, 0,
+                          "saving a session before an unpinnable request failed"};
   }
   // docs/design.md §14, §20: llama-server places the request (an unpinnable route, or one that
   // took the server while persistence was off) on the slot whose content shares the most of its
@@ -522,16 +536,9 @@ net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
   co_return exclusive_hold(*this, std::move(t));
 }
 
-net::awaitable<bool> coordinator::checkpoint() {
+net::awaitable<core::result<core::unit>> coordinator::checkpoint() {
   const auto hold = co_await acquire_internal();
-  bool ok = true;
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await actions_.run_save(*s);
-      ok = ok && saved.ok();
-    }
-  }
-  co_return ok;
+  co_return co_await save_dirty_slots(pool_, actions_, false);
 }
 
 // POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
@@ -539,13 +546,8 @@ net::awaitable<bool> coordinator::checkpoint() {
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
-  for (int id : pool_.slot_ids()) {
-    if (auto s = pool_.checkpoint_slot(id, steady_clock::now())) {
-      // A failed save is logged by run_save; that session keeps its previous snapshot.
-      const auto saved = co_await actions_.run_save(*s);
-      (void)saved;
-    }
-  }
+  const auto saved = co_await save_dirty_slots(pool_, actions_, false);
+  (void)saved;  // logged; a session whose save failed keeps its previous snapshot
   co_await runtime_.begin_runtime_change();
 }
 

@@ -129,9 +129,10 @@ class coordinator {
            !opts_.pool.save_on_step_end;
   }
 
-  // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
-  // and by flush. Returns false if a save was needed and failed.
-  net::awaitable<bool> checkpoint();
+  // Waits for the lease (no queue bound), saves every dirty owner, releases. Used on shutdown,
+  // by flush and before a model switch. The first failed save's error (every other dirty
+  // owner is still saved).
+  net::awaitable<core::result<core::unit>> checkpoint();
 
   // Stops timers (idle checkpoint, background probe). Call on shutdown.
   void stop();

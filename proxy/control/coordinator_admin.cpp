@@ -10,8 +10,8 @@ net::awaitable<gc_report> coordinator::admin_gc() {
 }
 
 net::awaitable<admin_outcome> coordinator::admin_flush() {
-  const bool ok = co_await checkpoint();
-  co_return admin_outcome{ok ? admin_result::flushed : admin_result::save_failed};
+  const auto saved = co_await checkpoint();
+  co_return admin_outcome{saved ? admin_result::flushed : admin_result::save_failed};
 }
 
 }  // namespace kvp::proxy

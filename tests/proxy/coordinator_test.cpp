@@ -904,7 +904,9 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
   SECTION("a failed save is reported") {
     h.turn("A", 1000);
     h.fake->fail_next_save(failure::http(500));
-    CHECK_FALSE(h.run(h.coord->checkpoint()));
+    const auto saved = h.run(h.coord->checkpoint());
+    REQUIRE_FALSE(saved);
+    CHECK(saved.err().code == kvp::core::errc::save_failed);
   }
 
   SECTION("it waits for the request holding the lease") {
