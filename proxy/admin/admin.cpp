@@ -34,8 +34,9 @@ using core::errc;
 
 namespace {
 
-response json(unsigned status, std::string body, unsigned version) {
-  response res{static_cast<http::status>(status), version};
+// 200 with a JSON body, never cached.
+response json_ok(std::string body, unsigned version) {
+  response res{http::status::ok, version};
   res.set(http::field::server, std::string("kvpersist/") + kvp::version);
   res.set(http::field::content_type, "application/json");
   res.set(http::field::cache_control, "no-store");
@@ -44,49 +45,55 @@ response json(unsigned status, std::string body, unsigned version) {
   return res;
 }
 
-// An admin error: error_answer, never cached.
-response err(core::errc code, std::string_view message, unsigned version) {
-  auto res = error_answer(core::error{code, 0, std::string(message)}, version, true);
+// Every admin error: error_answer (its status from proxy/http/http_status.cpp's table, its log
+// line), never cached.
+response err(const core::error& e, unsigned version) {
+  auto res = error_answer(e, version, true);
   res.set(http::field::cache_control, "no-store");
   return res;
 }
 
-// What an admin result says, in {"result": ...} or as the error's message, and its status.
-struct result_text {
-  unsigned status;
-  std::string_view text;
-};
-
-result_text text_for(admin_result r) {
-  switch (r) {
-    case admin_result::saved: return {200, "saved"};
-    case admin_result::clean: return {200, "clean: nothing to save"};
-    case admin_result::not_resident: return {200, "not resident: its last snapshot is current"};
-    case admin_result::restored: return {200, "restored"};
-    case admin_result::resident: return {200, "resident"};
-    case admin_result::cold: return {200, "cold: no usable snapshot"};
-    case admin_result::restore_failed_cold: return {200, "restore failed: cold"};
-    case admin_result::invalidated: return {200, "invalidated"};
-    case admin_result::disposed: return {200, "disposed"};
-    case admin_result::nothing_to_dispose: return {200, "not resident: nothing to dispose"};
-    case admin_result::purged: return {200, "purged"};
-    case admin_result::flushed: return {200, "flushed"};
-    case admin_result::persistence_off: return {503, "persistence is off"};
-    case admin_result::circuit_open: return {503, "persistence unavailable (circuit open)"};
-    case admin_result::unknown_session: return {404, "unknown session"};
-    case admin_result::no_snapshot: return {404, "no snapshot for that session"};
-    case admin_result::save_failed: return {502, "save failed"};
-    case admin_result::save_failed_kept_slot: return {502, "save failed: the session keeps its slot"};
-    case admin_result::purged_files_kept:
-      return {502, "purged, but llama-server could not overwrite the session's snapshot files: "
-                   "they still hold its prompt (see the kv.session.purge.files_kept log line)"};
-  }
-  return {500, "unknown outcome"};
+response err(errc code, std::string_view message, unsigned version) {
+  return err(core::error{code, 0, std::string(message)}, version);
 }
 
-response outcome_response(const admin_outcome& o, unsigned version) {
-  auto a = answer_admin_outcome(o);
-  return json(a.status, std::move(a.body), version);
+// What an operation that succeeded says in {"result": ...}.
+std::string_view text_for(admin_result r) {
+  switch (r) {
+    case admin_result::saved: return "saved";
+    case admin_result::clean: return "clean: nothing to save";
+    case admin_result::not_resident: return "not resident: its last snapshot is current";
+    case admin_result::restored: return "restored";
+    case admin_result::resident: return "resident";
+    case admin_result::cold: return "cold: no usable snapshot";
+    case admin_result::restore_failed_cold: return "restore failed: cold";
+    case admin_result::invalidated: return "invalidated";
+    case admin_result::disposed: return "disposed";
+    case admin_result::nothing_to_dispose: return "not resident: nothing to dispose";
+    case admin_result::purged: return "purged";
+    case admin_result::flushed: return "flushed";
+  }
+  return "done";
+}
+
+// {"result": ...}; a purge adds freedBytes and filesDeleted.
+std::string outcome_json(const admin_outcome& o) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "result", text_for(o.result));
+  if (o.result == admin_result::purged) {
+    core::write_json_count(w, "freedBytes", o.freed_bytes);
+    w.Key("filesDeleted");
+    w.Bool(o.files_deleted);
+  }
+  w.EndObject();
+  return sb.GetString();
+}
+
+response outcome_response(const admin_reply& r, unsigned version) {
+  if (!r) return err(r.err(), version);
+  return json_ok(outcome_json(r.value()), version);
 }
 
 std::string gc_report_json(const gc_report& r) {
@@ -161,7 +168,7 @@ net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json
 net::awaitable<session_page> page_of(coordinator* c, std::string after, std::size_t limit) {
   co_return c->admin().sessions_page(after, limit);
 }
-net::awaitable<std::optional<session_row>> session_of(coordinator* c, std::string id) {
+net::awaitable<core::result<session_row>> session_of(coordinator* c, std::string id) {
   co_return c->admin().session(id);
 }
 
@@ -198,7 +205,7 @@ net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v
     auto part = co_await c->on_strand(status_of(c));
     servers.push_back(std::move(part));
   }
-  co_return json(200, status_body(servers), v);
+  co_return json_ok(status_body(servers), v);
 }
 
 // What /healthz always answers: {"status":"ok"}.
@@ -224,7 +231,7 @@ net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::exe
                   v);
   auto page = co_await coord->on_strand(page_of(coord, std::move(q->after), q->limit));
   auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
-  co_return json(200, std::move(body), v);
+  co_return json_ok(std::move(body), v);
 }
 
 // The optional body of POST .../invalidate: {"reason": "..."} (at most 256 bytes of text).
@@ -255,12 +262,12 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
   rest = core::decode_path(rest);
   if (rest.empty()) co_return err(errc::not_found, "no session id in the path", v);
   // One co_await per statement (docs/conventions.md §3).
-  admin_outcome r;
+  admin_reply r;
   if (action.empty()) {
     if (method == http::verb::get) {
       const auto row = co_await coord->on_strand(session_of(coord, rest));
-      if (!row) co_return outcome_response({admin_result::unknown_session}, v);
-      co_return json(200, session_json(*row), v);
+      if (!row) co_return err(row.err(), v);
+      co_return json_ok(session_json(row.value()), v);
     } else if (method == http::verb::delete_) {
       r = co_await coord->on_strand(coord->admin().purge(rest));
     } else {
@@ -360,22 +367,6 @@ std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
 }
 
 }  // namespace
-
-admin_answer answer_admin_outcome(const admin_outcome& o) {
-  const auto [status, text] = text_for(o.result);
-  if (status != 200) return admin_answer{status, error_json(static_cast<http::status>(status), text)};
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  core::write_json_member(w, "result", text);
-  if (o.result == admin_result::purged) {
-    core::write_json_count(w, "freedBytes", o.freed_bytes);
-    w.Key("filesDeleted");
-    w.Bool(o.files_deleted);
-  }
-  w.EndObject();
-  return admin_answer{status, sb.GetString()};
-}
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
                            const config::admin_config& cfg)
@@ -563,7 +554,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (path == "/healthz") {
     if (method != http::verb::get && method != http::verb::head)
       co_return err(errc::method_not_allowed, "use GET", v);
-    co_return json(200, healthy_body(), v);
+    co_return json_ok(healthy_body(), v);
   }
   if (auto why = cross_site_refusal(req)) co_return err(errc::route_forbidden, *why, v);
   // The dashboard's files are the same for everyone and hold no data, so they need no token:
@@ -597,11 +588,12 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (path == "/kv/flush" || path == "/kv/gc") {
     if (method != http::verb::post) co_return err(errc::method_not_allowed, "use POST", v);
     if (path == "/kv/flush") {
-      const auto flushed = co_await coord->on_strand(coord->admin_flush());
-      co_return outcome_response(flushed, v);
+      const auto flushed = co_await coord->on_strand(coord->checkpoint());
+      if (!flushed) co_return err(core::error{flushed.err().code, 0, "save failed"}, v);
+      co_return outcome_response(admin_outcome{admin_result::flushed}, v);
     }
     const auto report = co_await coord->on_strand(coord->admin_gc());
-    co_return json(200, gc_report_json(report), v);
+    co_return json_ok(gc_report_json(report), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
   if (raw_path.starts_with(prefix))

@@ -141,7 +141,6 @@ class coordinator {
   // are admin()'s (proxy/control/session_admin.hpp).
   std::string status_json() const;
   session_admin& admin() { return admin_; }
-  net::awaitable<admin_outcome> admin_flush();
   net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 

@@ -42,7 +42,8 @@ struct session_page {
   std::string next;
 };
 
-// What an admin operation did; proxy/admin/admin.cpp answers it with an HTTP status and JSON.
+// What an admin operation did when it succeeded; proxy/admin/admin.cpp answers it with 200 and
+// {"result": ...}. A failure is a core::error, answered by error_answer.
 enum class admin_result {
   saved,
   clean,                // save: the session owns a slot with nothing unsaved
@@ -56,13 +57,6 @@ enum class admin_result {
   nothing_to_dispose,   // dispose: it owns no slot
   purged,
   flushed,
-  persistence_off,
-  circuit_open,
-  unknown_session,
-  no_snapshot,            // invalidate: the session has no snapshot
-  save_failed,
-  save_failed_kept_slot,  // dispose: the checkpoint failed, so the session keeps its slot
-  purged_files_kept,      // purge: forgotten, but llama-server could not overwrite its files
 };
 
 struct admin_outcome {
@@ -70,6 +64,12 @@ struct admin_outcome {
   std::uint64_t freed_bytes = 0;  // purged: the snapshot bytes deleted
   bool files_deleted = false;     // purged: shared-filesystem mode deletes the files
 };
+
+// An admin operation's outcome, or why it failed: errc::persistence_unavailable (persistence
+// off, its circuit open), errc::not_found (no such session, no snapshot to invalidate), a failed
+// save's code (the session keeps its previous snapshot, and its slot when disposed), or
+// errc::snapshot_files_kept (purge: forgotten, but llama-server could not overwrite its files).
+using admin_reply = core::result<admin_outcome>;
 
 // What session_admin needs of its owner.
 struct session_admin_hooks {
@@ -88,22 +88,23 @@ class session_admin {
 
   // Each operation and read takes the harness's session id or a known session's 64-hex hash.
   // Save: checkpoints the session's slot if it is dirty.
-  net::awaitable<admin_outcome> save(std::string hash_or_id);
+  net::awaitable<admin_reply> save(std::string hash_or_id);
   // Restore: the plan a request of the session would get, run now; the slot is left to it.
-  net::awaitable<admin_outcome> restore(std::string hash_or_id);
+  net::awaitable<admin_reply> restore(std::string hash_or_id);
   // Invalidate: its snapshot is not restored again; `note`, the operator's reason, is recorded
   // in the manifest (invalidNote).
-  net::awaitable<admin_outcome> invalidate(std::string hash_or_id, std::string note);
+  net::awaitable<admin_reply> invalidate(std::string hash_or_id, std::string note);
   // Dispose: checkpoint the session if it owns a dirty slot, then drop the ownership; the
   // session stays known and restores on its next request.
-  net::awaitable<admin_outcome> dispose(std::string hash_or_id);
+  net::awaitable<admin_reply> dispose(std::string hash_or_id);
   // Purge: forgets the session and its manifest, and deletes (shared-filesystem mode) or
   // overwrites (server-owned mode) its snapshot files.
-  net::awaitable<admin_outcome> purge(std::string hash_or_id);
+  net::awaitable<admin_reply> purge(std::string hash_or_id);
 
   // Up to `limit` sessions with a hash greater than `after`, in hash order.
   session_page sessions_page(const std::string& after, std::size_t limit) const;
-  std::optional<session_row> session(const std::string& hash_or_id) const;
+  // One session; errc::not_found when it is not known.
+  core::result<session_row> session(const std::string& hash_or_id) const;
 
  private:
   struct session_ref {

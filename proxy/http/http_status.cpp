@@ -65,8 +65,6 @@ std::string_view type_for(http::status s) {
   return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
 }
 
-}  // namespace
-
 std::string error_json(http::status status, std::string_view message, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
@@ -82,6 +80,8 @@ std::string error_json(http::status status, std::string_view message, std::strin
   w.EndObject();
   return sb.GetString();
 }
+
+}  // namespace
 
 answer_rule answer_rule_for(const core::error& e) { return rule_for_code(e.code); }
 

@@ -35,11 +35,6 @@ answer_rule answer_rule_for(const core::error& e);
 // numeric status, as llama-server sends it. Logs nothing: for an answer built ahead of time.
 response error_response(const core::error& e, unsigned version, bool keep_alive);
 
-// The body of every error answer: {"error":{"code":<status>,"message":..,"type":..[,"kv_code":..]}}
-// (`kv_code` "" leaves it out). error_response builds its body with it; the admin API's
-// operation outcomes (proxy/admin/admin.cpp) too.
-std::string error_json(http::status status, std::string_view message, std::string_view kv_code = {});
-
 // error_response, and the rule's log line (status, kv_code, message, and `detail` when the
 // cause has more to say than the client is told).
 response error_answer(const core::error& e, unsigned version, bool keep_alive,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 using kvp::core::request_identity;
 using kvp::core::snapshot_state;
+using kvp::proxy::admin_reply;
 using kvp::proxy::admin_result;
 using kvp::proxy::session_admin;
 using kvp::proxy::slot_actions;
@@ -105,6 +107,18 @@ struct harness : kvp::testing::control_parts {
   }
 };
 
+// What an admin operation did; nullopt when it failed.
+std::optional<admin_result> done(const admin_reply& r) {
+  if (!r) return std::nullopt;
+  return r.value().result;
+}
+
+// "<KV_CODE>: <message>" of an operation that failed; "" when it succeeded.
+std::string error_of(const admin_reply& r) {
+  if (r) return "";
+  return std::string(kvp::core::to_string(r.err().code)) + ": " + r.err().message;
+}
+
 // `sharing: credential` (docs/design.md §20): a request may run on what its own credential
 // put in the slot.
 kvp::core::slot_pool_options credential_sharing() {
@@ -121,35 +135,47 @@ TEST_CASE("admin save checkpoints a dirty resident session, under a hold of the 
   harness h;
   h.take_slot("A", 1000);
   h.fake.clear_calls();
-  CHECK(h.run(h.admin.save("A")).result == admin_result::saved);
+  CHECK(done(h.run(h.admin.save("A"))) == admin_result::saved);
   CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
   REQUIRE(h.store.read(h.hash("A")));
   CHECK(h.store.read(h.hash("A"))->tokens == 1000);
   CHECK(h.holds_taken == 1);
   CHECK(h.holds_released == 1);
 
-  CHECK(h.run(h.admin.save(h.hash("A"))).result == admin_result::clean);  // by its hash
-  CHECK(h.run(h.admin.save("nobody")).result == admin_result::unknown_session);
+  CHECK(done(h.run(h.admin.save(h.hash("A")))) == admin_result::clean);  // by its hash
+  CHECK(error_of(h.run(h.admin.save("nobody"))) == "KV_NOT_FOUND: unknown session");
   CHECK(h.fake.slot_calls().size() == 1);
   h.pool.disable_persistence();
-  CHECK(h.run(h.admin.save("A")).result == admin_result::persistence_off);
+  CHECK(error_of(h.run(h.admin.save("A"))) == "KV_PERSISTENCE_UNAVAILABLE: persistence is off");
   CHECK(h.holds_taken == 3);  // persistence off: refused before holding anything
   CHECK(h.holds_released == 3);
+}
+
+TEST_CASE("an admin save that fails answers the save's code; the snapshot stays as it was",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+  h.fake.fail_next_save(failure::http(500));
+  CHECK(error_of(h.run(h.admin.save("A"))) == "KV_SAVE_FAILED: save failed");
+  CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
+  CHECK_FALSE(h.store.read(h.hash("A")));
+  CHECK(h.pool.owner_dirty(0));
 }
 
 TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
   h.take_slot("B", 200);  // A leaves the slot
-  REQUIRE(h.run(h.admin.save("B")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("B"))) == admin_result::saved);
   h.fake.clear_calls();
-  CHECK(h.run(h.admin.restore("A")).result == admin_result::restored);
+  CHECK(done(h.run(h.admin.restore("A"))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(h.file("A", 'a'))});
   CHECK(h.pool.slot_of(h.hash("A")) == 0);
   CHECK(h.refreshed_while_held == std::vector<int>{0});
-  CHECK(h.run(h.admin.restore("A")).result == admin_result::resident);
+  CHECK(done(h.run(h.admin.restore("A"))) == admin_result::resident);
   CHECK(h.fake.slot_calls().size() == 1);
   CHECK(h.holds_taken == h.holds_released);
 }
@@ -164,13 +190,13 @@ TEST_CASE("admin restore puts the session's KV in the slot under its manifest's 
   const std::string id = GENERATE(as<std::string>{}, "A", "content:A");
   h.take_slot(id, 1000, "key-A");
   const auto a = h.pool.hash_for(harness::identity(id, "key-A"));
-  REQUIRE(h.run(h.admin.save(a)).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save(a))) == admin_result::saved);
   h.take_slot("B", 200, "key-B");  // A saved on the way out, B erased first
   const auto b = h.pool.hash_for(harness::identity("B", "key-B"));
-  REQUIRE(h.run(h.admin.save(b)).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save(b))) == admin_result::saved);
   h.fake.clear_calls();
 
-  CHECK(h.run(h.admin.restore(a)).result == admin_result::restored);
+  CHECK(done(h.run(h.admin.restore(a))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(kvp::core::snapshot_filename(a, 'a'))});
   CHECK(h.pool.slot_of(a) == 0);
   CHECK(h.pool.content(0).credential == "key-A");
@@ -198,14 +224,15 @@ TEST_CASE("admin dispose saves the session, then lets its slot go; not when the 
   h.fake.clear_calls();
 
   SECTION("saved: disposed") {
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::disposed);
+    CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::disposed);
     CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
     CHECK(h.pool.slot_of(h.hash("A")) == -1);
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::nothing_to_dispose);
+    CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::nothing_to_dispose);
   }
   SECTION("the save failed: kept") {
     h.fake.fail_next_save(failure::http(500));
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::save_failed_kept_slot);
+    CHECK(error_of(h.run(h.admin.dispose("A"))) ==
+          "KV_SAVE_FAILED: save failed: the session keeps its slot");
     CHECK(h.pool.slot_of(h.hash("A")) == 0);
     CHECK(h.pool.owner_dirty(0));
   }
@@ -215,31 +242,33 @@ TEST_CASE("admin invalidate marks the snapshot on disk with the operator's note"
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
-  CHECK(h.run(h.admin.invalidate("A", "bad weights")).result == admin_result::invalidated);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
+  CHECK(done(h.run(h.admin.invalidate("A", "bad weights"))) == admin_result::invalidated);
   const auto m = h.store.read(h.hash("A"));
   REQUIRE(m);
   CHECK(m->state == snapshot_state::invalid);
   CHECK(m->invalid_note == "bad weights");
-  CHECK(h.run(h.admin.invalidate("nobody", "")).result == admin_result::no_snapshot);
+  CHECK(error_of(h.run(h.admin.invalidate("nobody", ""))) ==
+        "KV_NOT_FOUND: no snapshot for that session");
 }
 
 TEST_CASE("admin purge in server-owned mode overwrites both generations, then forgets",
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
   h.fake.clear_calls();
   const auto out = h.run(h.admin.purge("A"));
-  CHECK(out.result == admin_result::purged);
-  CHECK_FALSE(out.files_deleted);
+  REQUIRE(out);
+  CHECK(out.value().result == admin_result::purged);
+  CHECK_FALSE(out.value().files_deleted);
   // Its own slot, erased, saved over the generation the manifest does not name first.
   CHECK(h.fake.slot_calls() ==
         calls{erase_call(0), save_call(h.file("A", 'b')), save_call(h.file("A", 'a'))});
   CHECK(h.fake.snapshot_tokens(h.file("A", 'a')) == 0u);
   CHECK_FALSE(h.store.read(h.hash("A")));
   CHECK_FALSE(h.admin.session("A"));
-  CHECK(h.run(h.admin.purge("A")).result == admin_result::unknown_session);
+  CHECK(error_of(h.run(h.admin.purge("A"))) == "KV_NOT_FOUND: unknown session");
 }
 
 TEST_CASE("the session list pages in hash order; one session by id or hash",
@@ -267,7 +296,10 @@ TEST_CASE("the session list pages in hash order; one session by id or hash",
   CHECK_FALSE(a->resident);
   REQUIRE(a->snapshot);
   CHECK(a->snapshot->tokens == 1000);
-  CHECK_FALSE(h.admin.session("nobody"));
+  const auto nobody = h.admin.session("nobody");
+  REQUIRE_FALSE(nobody);
+  CHECK(nobody.err().code == kvp::core::errc::not_found);
+  CHECK(nobody.err().message == "unknown session");
 }
 
 }  // namespace session_admin_test
