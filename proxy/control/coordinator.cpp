@@ -435,9 +435,9 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
                                        : "persistence is off and strict mode is on");
 
   const auto done = co_await actions_.execute(plan, opts_.pool.strict);
-  if (done.failure)
-    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
-                                                         : done.failure->message);
+  if (!done)
+    co_return fail(done.err().code, opts_.pool.strict ? done.err().message + " (strict mode)"
+                                                      : done.err().message);
   log_circuit_changes(pool_);
   prefix_.note_plan(slot, plan, who);
   const auto kind = pool_.start_inference(who, slot);

@@ -128,9 +128,9 @@ net::awaitable<bool> prefix_maker::make_on(int slot, const core::prefix_wish& w,
     co_return skip("no snapshot or slot holds the prefix");
   }
   const auto done = co_await actions_.execute(plan, true);
-  if (done.failure) {
+  if (!done) {
     pool_.abort_prepare(slot);
-    co_return skip(done.failure->message);
+    co_return skip(done.err().message);
   }
   (void)pool_.start_inference(who, slot);
   auto body = core::pin_request_body(cut.body, slot);

@@ -105,10 +105,11 @@ net::awaitable<admin_reply> session_admin::restore(std::string hash_or_id) {
     // The request path's calls, checks, logs and metrics; an operator's restore is never
     // refused by strict mode (that policy is about answering clients).
     const auto done = co_await actions_.execute(plan, false);
-    out.result = !done.restore           ? admin_result::cold
-                 : done.restore->restored ? admin_result::restored
-                                          : admin_result::restore_failed_cold;
-    pool_.start_inference(who, slot);
+    (void)done;  // logged
+    const auto kind = pool_.start_inference(who, slot);
+    out.result = kind == core::prepare_kind::restored        ? admin_result::restored
+                 : kind == core::prepare_kind::cold_fallback ? admin_result::restore_failed_cold
+                                                             : admin_result::cold;
     pool_.end_inference(slot, false, steady_clock::now());
   } else {
     pool_.start_inference(who, slot);

@@ -232,9 +232,9 @@ net::awaitable<core::restore_decision> slot_actions::run_restore(const core::res
 // The plan's calls in order: save, then restore or erase (an erase also after a restore that
 // left the slot's content unknown). Requests and the admin API run plans through here alike;
 // with `stop_on_failure` (strict mode) the first failure ends the plan.
-net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prepare_plan& plan,
-                                                            bool stop_on_failure) {
-  plan_result out;
+net::awaitable<core::result<core::unit>> slot_actions::execute(const core::prepare_plan& plan,
+                                                              bool stop_on_failure) {
+  core::result<core::unit> out = core::unit{};
   // The departing session's commit runs while the slot is restored or erased for the
   // arriving one; the request is forwarded only once both are done (docs/design.md §11).
   commit_handle commit;
@@ -246,8 +246,7 @@ net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prep
     auto saved = co_await start_save(step);
     if (!saved && stop_on_failure) {
       if (restoring != restoring_.end()) restoring_.erase(restoring);
-      out.failure = core::error{saved.err().code, 0, "saving the previous session failed"};
-      co_return out;
+      co_return core::error{saved.err().code, 0, "saving the previous session failed"};
     }
     if (saved) commit = std::move(saved.value());
   }
@@ -257,28 +256,26 @@ net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prep
   // request in every mode.
   bool erase_required = plan.erase_required;
   if (plan.restore) {
-    out.restore = co_await run_restore(*plan.restore);
+    const auto restore = co_await run_restore(*plan.restore);
     restoring_.erase(restoring);
-    if (!out.restore->restored && stop_on_failure) {
-      out.failure = core::error{out.restore->err.code, 0, "restoring the session's snapshot failed"};
-      co_return out;
-    }
-    if (!out.restore->restored) {
-      need_erase = out.restore->need_erase;
-      erase_required = out.restore->erase_required;
+    if (!restore.restored && stop_on_failure)
+      co_return core::error{restore.err.code, 0, "restoring the session's snapshot failed"};
+    if (!restore.restored) {
+      need_erase = restore.need_erase;
+      erase_required = restore.erase_required;
     }
   }
   if (need_erase) {
     const auto code = co_await run_erase(plan.slot);
     if (code && erase_required)
-      out.failure = core::error{*code, 0, "the slot holds another scope's KV and could not be erased"};
+      out = core::error{*code, 0, "the slot holds another scope's KV and could not be erased"};
     else if (code && stop_on_failure)
-      out.failure = core::error{*code, 0, "erasing the slot failed"};
+      out = core::error{*code, 0, "erasing the slot failed"};
   }
   if (commit) {
     const auto committed = co_await commit_pipeline::await(std::move(commit));
-    if (!committed && stop_on_failure && !out.failure)
-      out.failure = core::error{committed.err().code, 0, "saving the previous session failed"};
+    if (!committed && stop_on_failure && out)
+      out = core::error{committed.err().code, 0, "saving the previous session failed"};
   }
   co_return out;
 }

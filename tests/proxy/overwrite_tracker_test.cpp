@@ -92,7 +92,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.prepare(who, slot, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    REQUIRE(run(actions.execute(plan, false)).ok());
     (void)pool.start_inference(who, slot);
     (void)pool.end_inference(slot, true, now);
     REQUIRE(pool.owner(slot) == pool.hash_for(std::string_view(id)));

@@ -80,8 +80,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(w);
     const auto plan = pool.prepare(w, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
     maker.note_plan(0, plan, w);
-    REQUIRE_FALSE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false))
-                      .failure);
+    REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
     const auto kind = pool.start_inference(w, 0);
     fake.run_inference(tokens);
     (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
