@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
-#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -46,44 +45,6 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
     auto hold = co_await acquire();
     co_return std::make_shared<Hold>(std::move(hold));
   };
-}
-
-// One line per breaker transition, as soon as the lease holder that caused it is done with
-// its management calls (core::breaker reports only changes, so an outage is one line).
-void log_circuit_changes(core::slot_pool& pool) {
-  for (const auto& c : pool.take_circuit_changes()) {
-    if (c.opened) {
-      log(log_level::warn, "kv.persistence.circuit_open",
-          {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(pool.circuit().consecutive_failures())},
-           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
-    } else {
-      log(log_level::info, "kv.persistence.circuit_recovered");
-    }
-  }
-}
-
-// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
-void log_switch(const core::slot_pool& pool, const std::string& from,
-                const core::request_identity& who, int slot) {
-  const bool aux = who.session_id.empty() || !who.purpose.empty();
-  const std::string to = aux ? std::string() : pool.hash_for(who);
-  if (from.empty() || from == to) return;
-  log(log_level::info, "kv.session.switch",
-      {{"from", std::string(core::abbrev(from))},
-       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
-       {"slot", std::to_string(slot)}});
-}
-
-// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
-void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& reuse,
-                                    retention_keeper& retention) {
-  for (const auto& hash : pool.take_forgotten_records()) {
-    reuse.forget(hash);
-    retention.forget(hash);
-    log(log_level::debug, "kv.session.record_forgotten",
-        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
-  }
 }
 
 // After a prepared request completed: what its response said about cache reuse. Feeds the
@@ -179,7 +140,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                  opts_.retention_interval, *backend_, pool_, actions_, commits_, store_,
                  snapshots_, reuse_,
                  erased_hold<exclusive_hold>([this] { return acquire_internal(); })),
-      admin_(opts_.server_name, pool_, actions_, retention_, snapshots_, reuse_,
+      admin_(opts_.server_name, pool_, actions_, plans_, retention_, snapshots_, reuse_,
              session_admin_hooks{
                  .hold_server =
                      erased_hold<exclusive_hold>([this] { return acquire_internal(); }),
@@ -413,45 +374,10 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     const auto committed = co_await commits_.wait(owner);
     (void)committed;
   }
-  const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
-  const std::string before = pool_.owner(slot);
-  auto plan = pool_.prepare(who, slot, now, wall_now());
-  forget_records_dropped_by_pool(pool_, reuse_, retention_);
-  if (!plan.fail && !plan.resident) log_switch(pool_, before, who, slot);
-  for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await actions_.write_manifest(m);
-    (void)written;  // logged; the core already counts the snapshot invalid
-    log(log_level::info, "kv.snapshot.invalidated",
-        {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
-  }
-  auto fail = [&](core::errc code, std::string why) {
-    pool_.abort_prepare(slot);
-    release_and_wake(t);
-    return prepare_result(core::error{code, 0, std::move(why)});
-  };
-  if (plan.fail)
-    co_return fail(plan.fail_code, pool_.persistence_enabled()
-                                       ? "persistence unavailable (circuit open) and strict mode is on"
-                                       : "persistence is off and strict mode is on");
-
-  const auto done = co_await actions_.execute(plan, opts_.pool.strict);
-  if (!done)
-    co_return fail(done.err().code, opts_.pool.strict ? done.err().message + " (strict mode)"
-                                                      : done.err().message);
-  log_circuit_changes(pool_);
-  prefix_.note_plan(slot, plan, who);
-  const auto kind = pool_.start_inference(who, slot);
-  if (plan.kept)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
-         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
-         {"links", std::to_string(plan.kept_links)},
-         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
-  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool_.owner(slot)))},
-         {"slot", std::to_string(plan.slot)}});
-  co_return kind;
+  // After the waits: the plan's clock is the breaker's.
+  auto prepared = co_await plans_.run(who, slot, opts_.pool.strict);
+  if (!prepared) release_and_wake(t);
+  co_return prepared;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,

@@ -30,6 +30,7 @@
 #include "proxy/control/new_session_gate.hpp"
 #include "proxy/control/idle_checkpointer.hpp"
 #include "proxy/control/overwrite_tracker.hpp"
+#include "proxy/control/plan_runner.hpp"
 #include "proxy/control/prefix_maker.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/runtime_monitor.hpp"
@@ -275,10 +276,12 @@ class coordinator {
   overwrite_tracker overwrites_;
   // Retention: gc, the session budget, the disk budget and server-owned overwrites.
   retention_keeper retention_;
-  // The admin API's session operations and reads.
-  session_admin admin_;
   // Snapshots of shared preambles alone, made when nothing waits (docs/design.md §3).
   prefix_maker prefix_{strand_, prefix_maker_parts{pool_, leases_, actions_, *backend_}};
+  // Every plan a request or the admin API runs on a slot.
+  plan_runner plans_{plan_runner_parts{pool_, actions_, reuse_, retention_, prefix_}};
+  // The admin API's session operations and reads.
+  session_admin admin_;
 };
 
 }  // namespace kvp::proxy

@@ -42,12 +42,13 @@ session_row row_of(core::slot_pool::session_view v) {
 }  // namespace
 
 session_admin::session_admin(std::string server_name, core::slot_pool& pool,
-                             slot_actions& actions, retention_keeper& retention,
-                             const snapshot_files& snapshots, const core::reuse_stats& reuse,
-                             session_admin_hooks hooks)
+                             slot_actions& actions, plan_runner& plans,
+                             retention_keeper& retention, const snapshot_files& snapshots,
+                             const core::reuse_stats& reuse, session_admin_hooks hooks)
     : server_name_(std::move(server_name)),
       pool_(pool),
       actions_(actions),
+      plans_(plans),
       retention_(retention),
       snapshots_(snapshots),
       reuse_(reuse),
@@ -87,35 +88,20 @@ net::awaitable<admin_reply> session_admin::restore(std::string hash_or_id) {
   const auto hold = co_await hooks_.hold_server();
   co_await hooks_.refresh_runtime(pool_.slot_ids().front());  // a plan needs the current fingerprint
   if (!pool_.persistence_enabled()) co_return admin_persistence_off();
-  // An eager restore (docs/design.md §9 prefers lazy ones): the same plan a request would get, then
-  // the slot is left to the session without running anything on it.
+  // An eager restore (docs/design.md §9 prefers lazy ones): the plan a request would get, run
+  // as a request's is, then the slot is left to the session without running anything on it.
   const auto who = restore_identity(resolve_session(hash_or_id));
   const int slot = pool_.choose_slot(who, pool_.slot_ids()).value_or(pool_.slot_ids().front());
-  auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
-  for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await actions_.write_manifest(m);
-    (void)written;  // logged
+  const auto prepared = co_await plans_.run(who, slot, false);
+  if (!prepared) co_return prepared.err();
+  (void)pool_.end_inference(slot, false, steady_clock::now());
+  switch (prepared.value()) {
+    case core::prepare_kind::resident: co_return admin_outcome{admin_result::resident};
+    case core::prepare_kind::restored: co_return admin_outcome{admin_result::restored};
+    case core::prepare_kind::cold_fallback:
+      co_return admin_outcome{admin_result::restore_failed_cold};
+    default: co_return admin_outcome{admin_result::cold};
   }
-  admin_outcome out = admin_outcome{admin_result::resident};
-  if (plan.fail) {
-    pool_.abort_prepare(slot);
-    co_return core::error{core::errc::persistence_unavailable, 0,
-                          "persistence unavailable (circuit open)"};
-  } else if (!plan.resident) {
-    // The request path's calls, checks, logs and metrics; an operator's restore is never
-    // refused by strict mode (that policy is about answering clients).
-    const auto done = co_await actions_.execute(plan, false);
-    (void)done;  // logged
-    const auto kind = pool_.start_inference(who, slot);
-    out.result = kind == core::prepare_kind::restored        ? admin_result::restored
-                 : kind == core::prepare_kind::cold_fallback ? admin_result::restore_failed_cold
-                                                             : admin_result::cold;
-    pool_.end_inference(slot, false, steady_clock::now());
-  } else {
-    pool_.start_inference(who, slot);
-    pool_.end_inference(slot, false, steady_clock::now());
-  }
-  co_return out;
 }
 
 net::awaitable<admin_reply> session_admin::invalidate(std::string hash_or_id, std::string note) {

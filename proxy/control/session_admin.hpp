@@ -18,6 +18,7 @@
 #include "core/manifest.hpp"
 #include "core/reuse_stats.hpp"
 #include "core/slot_pool.hpp"
+#include "proxy/control/plan_runner.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
@@ -83,13 +84,15 @@ class session_admin {
  public:
   // Every reference must outlive this object.
   session_admin(std::string server_name, core::slot_pool& pool, slot_actions& actions,
-                retention_keeper& retention, const snapshot_files& snapshots,
-                const core::reuse_stats& reuse, session_admin_hooks hooks);
+                plan_runner& plans, retention_keeper& retention,
+                const snapshot_files& snapshots, const core::reuse_stats& reuse,
+                session_admin_hooks hooks);
 
   // Each operation and read takes the harness's session id or a known session's 64-hex hash.
   // Save: checkpoints the session's slot if it is dirty.
   net::awaitable<admin_reply> save(std::string hash_or_id);
-  // Restore: the plan a request of the session would get, run now; the slot is left to it.
+  // Restore: the plan a request of the session would get, run now through the requests' plan
+  // runner (never strict: that policy is about answering clients); the slot is left to it.
   net::awaitable<admin_reply> restore(std::string hash_or_id);
   // Invalidate: its snapshot is not restored again; `note`, the operator's reason, is recorded
   // in the manifest (invalidNote).
@@ -124,6 +127,7 @@ class session_admin {
   std::string server_name_;
   core::slot_pool& pool_;
   slot_actions& actions_;
+  plan_runner& plans_;
   retention_keeper& retention_;
   const snapshot_files& snapshots_;
   const core::reuse_stats& reuse_;

@@ -24,6 +24,19 @@ std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 }  // namespace
 
+void log_circuit_changes(core::slot_pool& pool) {
+  for (const auto& c : pool.take_circuit_changes()) {
+    if (c.opened) {
+      log(log_level::warn, "kv.persistence.circuit_open",
+          {{"code", std::string(core::to_string(c.cause))},
+           {"failures", std::to_string(pool.circuit().consecutive_failures())},
+           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
+    } else {
+      log(log_level::info, "kv.persistence.circuit_recovered");
+    }
+  }
+}
+
 slot_actions::slot_actions(backends::kv_backend& backend, const manifest_store& store,
                            core::slot_pool& pool, file_io& files, commit_pipeline& commits,
                            const snapshot_files& snapshots, core::reuse_stats& reuse,

@@ -56,6 +56,11 @@ struct slot_action_metrics {
   core::histogram restore_bytes{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
 };
 
+// One line per breaker transition the pool recorded (core::breaker reports only changes, so an
+// outage is one line); called as soon as the lease holder that caused it is done with its
+// management calls.
+void log_circuit_changes(core::slot_pool& pool);
+
 class slot_actions {
  public:
   // Every reference must outlive this object.

@@ -39,8 +39,8 @@ using kvp::testing::restore_call;
 using kvp::testing::save_call;
 using calls = std::vector<backend_call>;
 
-// session_admin over slot_actions and retention_keeper on a FakeBackend, server-owned
-// snapshots; its hooks count the holds of the whole server and the runtime refreshes.
+// session_admin over slot_actions, the plan runner and retention_keeper on a FakeBackend,
+// server-owned snapshots; its hooks count the holds of the whole server and the runtime refreshes.
 struct harness : kvp::testing::control_parts {
   slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::retention_keeper keeper{ioc.get_executor(), {}, 0ms, fake, pool, actions, commits,
@@ -48,7 +48,11 @@ struct harness : kvp::testing::control_parts {
   int holds_taken = 0;
   int holds_released = 0;
   std::vector<int> refreshed_while_held;  // the slot of each refresh, if the hold was held
-  session_admin admin{"default", pool, actions, keeper, snapshots, reuse, hooks()};
+  kvp::proxy::lease_queue leases{8, kvp::testing::one_slot_chooser(),
+                                 [](const std::shared_ptr<kvp::proxy::lease_ticket>&) {}};
+  kvp::proxy::prefix_maker prefix{ioc.get_executor(), {pool, leases, actions, fake}};
+  kvp::proxy::plan_runner plans{{pool, actions, reuse, keeper, prefix}};
+  session_admin admin{"default", pool, actions, plans, keeper, snapshots, reuse, hooks()};
 
   explicit harness(kvp::core::slot_pool_options options = kvp::testing::control_pool_options())
       : control_parts(std::chrono::seconds(5), std::move(options)) {
