@@ -592,7 +592,7 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
       if (!flushed) co_return err(core::error{flushed.err().code, 0, "save failed"}, v);
       co_return outcome_response(admin_outcome{admin_result::flushed}, v);
     }
-    const auto report = co_await coord->on_strand(coord->admin_gc());
+    const auto report = co_await coord->on_strand(coord->admin().gc());
     co_return json_ok(gc_report_json(report), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";

@@ -221,21 +221,19 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
   }
   // A probe that is due (a fresh connection, this request's own included; a back-off that
   // ended) runs before the request passes through: persistence may be back.
-  if (may_pass_through(*t)) {
+  if (tenancy_.may_pass_through(*t)) {
     if (!upstream_ready) runtime_.note_upstream_trouble();
     co_await runtime_.look_for_changes(-1);
   }
-  if (may_pass_through(*t)) {
-    if (!isolation_needs_erase(t->who.credential)) {
+  if (tenancy_.may_pass_through(*t)) {
+    if (!tenancy_.needs_erase(t->who.credential)) {
       pool_.note_pass_through(t->who.credential);
       leases_.begin_pass_through(t);
       out.what = admission::outcome::pass_through;
       co_return out;
     }
     t->exclusive = true;  // another tenant's: waits for the server, erased by prepare_exclusive
-  } else if (!pool_.persistence_enabled() && !opts_.pool.strict && runtime_.erasable_slots() > 0) {
-    // Behind a lease held or waited for, persistence off: it may run on any slot, so it
-    // takes the server as a pass-through request would, erased first for another tenant.
+  } else if (tenancy_.takes_server_behind_leases()) {
     t->exclusive = true;
   }
   // Which session the request belongs to may depend on its content (docs/design.md §20):
@@ -253,56 +251,6 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     out.prepared = co_await prepare(t, std::move(who), false);
   }
   co_return out;
-}
-
-// docs/design.md §5 "Without persistence": no slot to save, restore or erase, no strict
-// refusal to make, and nothing leased or queued that the request could overtake.
-bool coordinator::may_pass_through(const lease_ticket& t) const {
-  return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
-         !t.runtime_change && leases_.idle() && !runtime_.probe_pending();
-}
-
-bool coordinator::isolation_needs_erase(const std::string& credential) const {
-  return runtime_.erasable_slots() > 0 && pool_.pass_through_needs_erase(credential);
-}
-
-// docs/design.md §20 "Isolation without persistence": before a request runs where llama-server
-// puts it, every slot is erased when another credential's content may be there. `alone`: the
-// caller holds every slot of the pool, so nothing else runs or is granted meanwhile; a request
-// that is not alone is refused (it comes back through admit and waits for the server).
-net::awaitable<std::optional<core::error>> coordinator::claim_server(
-    const core::request_identity& who, bool alone) {
-  if (isolation_needs_erase(who.credential)) {
-    if (!alone)
-      co_return core::error{core::errc::slot_busy, 0,
-                            "another credential's requests run on the server", 1};
-    const int slots = runtime_.erasable_slots();
-    for (int id = 0; id < slots; ++id) {
-      const auto r = co_await backend_->erase(id);
-      if (r) continue;
-      log(log_level::warn, "kv.slot.erase.failed",
-          {{"slot", std::to_string(id)},
-           {"code", std::string(core::to_string(core::errc::erase_failed))},
-           {"reason", r.err().message}});
-      co_return core::error{core::errc::erase_failed, 0,
-                            "the server may hold another credential's KV and could not be erased"};
-    }
-    pool_.on_server_erased();
-    log(log_level::info, "kv.server.erased",
-        {{"slots", std::to_string(slots)},
-         {"effect", "persistence is off: every slot erased before another credential's request"}});
-  }
-  pool_.note_pass_through(who.credential);
-  co_return std::nullopt;
-}
-
-bool coordinator::holds_every_slot(const lease_ticket& t) const {
-  const auto& leased = leases_.leased();
-  const auto ids = pool_.slot_ids();
-  return std::all_of(ids.begin(), ids.end(), [&](int id) {
-    const auto it = leased.find(id);
-    return it != leased.end() && it->second.get() == &t;
-  });
 }
 
 void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
@@ -362,10 +310,11 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   if (!pool_.persistence_enabled() && !(opts_.pool.strict && session)) {
     // Persistence turned off since the lease was granted: isolation without it.
-    auto refused = co_await claim_server(who, holds_every_slot(*t));
-    if (refused) {
+    const bool alone = tenancy_.holds_every_slot(*t);
+    const auto claimed = co_await tenancy_.claim(who, alone);
+    if (!claimed) {
       release_and_wake(t);
-      co_return std::move(*refused);
+      co_return claimed.err();
     }
   }
   if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
@@ -404,9 +353,9 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
   co_await runtime_.refresh_runtime(pool_.slot_ids().front());
   if (!pool_.persistence_enabled()) {
-    auto refused = co_await claim_server(t->who, true);
-    if (refused) release_and_wake(t);
-    if (refused) co_return std::move(*refused);
+    const auto claimed = co_await tenancy_.claim(t->who, true);
+    if (!claimed) release_and_wake(t);
+    if (!claimed) co_return claimed.err();
     co_return core::prepare_kind::none;
   }
   const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict);
@@ -418,24 +367,13 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   // docs/design.md §14, §20: llama-server places the request (an unpinnable route, or one that
   // took the server while persistence was off) on the slot whose content shares the most of its
   // prompt, whoever put it there, so every slot it may not run on is erased first.
-  if (auto refused = co_await erase_foreign_slots(t->who)) {
+  const auto erased = co_await tenancy_.erase_foreign_slots(t->who);
+  if (!erased) {
     release_and_wake(t);
-    co_return std::move(*refused);
+    co_return erased.err();
   }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
-}
-
-net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
-    const core::request_identity& who) {
-  for (const auto& e : pool_.erases_before_unpinned(who)) {
-    const auto failed = co_await actions_.run_erase(e.slot);
-    if (failed && e.required)
-      co_return core::error{*failed, 0,
-                            "a slot holds another scope's KV and could not be erased before a "
-                            "request llama-server places itself"};
-  }
-  co_return std::nullopt;
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,

@@ -34,6 +34,7 @@
 #include "proxy/control/prefix_maker.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/runtime_monitor.hpp"
+#include "proxy/control/server_tenancy.hpp"
 #include "proxy/control/session_admin.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
@@ -138,11 +139,10 @@ class coordinator {
   // Stops timers (idle checkpoint, background probe). Call on shutdown.
   void stop();
 
-  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
-  // are admin()'s (proxy/control/session_admin.hpp).
+  // Admin API (docs/design.md §18, §10), each on the strand. The session operations, reads and
+  // gc are admin()'s (proxy/control/session_admin.hpp); flush is checkpoint().
   std::string status_json() const;
   session_admin& admin() { return admin_; }
-  net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
   // What requests to this server showed that keeps new conversations cold
@@ -206,22 +206,8 @@ class coordinator {
   net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
 
-  // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
-  bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
-  // docs/design.md §20 "Isolation without persistence": slot actions exist and a request of
-  // `credential` may run only after every slot of the server is erased.
-  bool isolation_needs_erase(const std::string& credential) const;
-  // Before a request of `who` runs with persistence off: the erases it needs (`alone`: its
-  // ticket holds the whole pool), then it is the server's tenant. An error: it must not run.
-  net::awaitable<std::optional<core::error>> claim_server(const core::request_identity& who,
-                                                          bool alone);
-  bool holds_every_slot(const lease_ticket& t) const;
-  // REQUIRES the exclusive lease: erases every slot the door (docs/design.md §24) does not let
-  // `who` run on. A required erase that fails is the error to answer; a tried one that fails
-  // leaves a cold run.
-  net::awaitable<std::optional<core::error>> erase_foreign_slots(const core::request_identity& who);
   // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
   // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
@@ -270,6 +256,9 @@ class coordinator {
   hint_log hints_;  // requests' hints: counts, first sightings (hints.json)
   // Probes, restarts, sleep, the slot layout, the behavioural fingerprint, runtime changes.
   runtime_monitor runtime_;
+  // The server as one tenant while persistence is off: pass-through and its erases.
+  server_tenancy tenancy_{server_tenancy_parts{pool_, leases_, runtime_, *backend_, actions_},
+                          opts_.pool.strict};
   // Saves dirty slots whose owner went idle (checkpoint.idleMs).
   idle_checkpointer idle_;
   // Which slots an unpinnable request overwrote (managed mode).

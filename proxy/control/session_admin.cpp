@@ -161,6 +161,11 @@ net::awaitable<admin_reply> session_admin::purge(std::string hash_or_id) {
   co_return admin_outcome{admin_result::purged, freed, snapshots_.shared()};
 }
 
+net::awaitable<gc_report> session_admin::gc() {
+  const auto hold = co_await hooks_.hold_server();
+  co_return co_await retention_.run_gc();
+}
+
 session_page session_admin::sessions_page(const std::string& after, std::size_t limit) const {
   session_page page{server_name_, {}, {}};
   auto views = pool_.sessions_after(after, limit + 1);

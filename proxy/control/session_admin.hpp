@@ -1,6 +1,6 @@
 // The admin API's session operations and reads (docs/design.md §18, §10): save, restore,
-// invalidate, dispose and purge one session, and the session list and one session as the admin
-// API shows them. Each operation takes the whole server first (the `hold_server` hook), so no
+// invalidate, dispose and purge one session, gc (retention now), and the session list and one
+// session as the admin API shows them. Each operation takes the whole server first (the `hold_server` hook), so no
 // request runs while it changes a session's state; its slot work goes through slot_actions and
 // retention_keeper. The admin plane reaches it through coordinator::admin(), on the
 // coordinator's strand (coordinator::on_strand).
@@ -103,6 +103,9 @@ class session_admin {
   // Purge: forgets the session and its manifest, and deletes (shared-filesystem mode) or
   // overwrites (server-owned mode) its snapshot files.
   net::awaitable<admin_reply> purge(std::string hash_or_id);
+
+  // Gc: retention now (retention_keeper::run_gc), under a hold of the server.
+  net::awaitable<gc_report> gc();
 
   // Up to `limit` sessions with a hash greater than `after`, in hash order.
   session_page sessions_page(const std::string& after, std::size_t limit) const;

@@ -1368,7 +1368,7 @@ TEST_CASE("disk budget: gc overwrites what is over the budget without a save",
   const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
   harness h(tmp.path(), disk_budget_options(150'000));
   h.start_quiet();
-  const auto report = h.run(h.coord->admin_gc());
+  const auto report = h.run(h.coord->admin().gc());
   CHECK(report.evicted == 1);
   CHECK(report.freed_bytes == 200'000u);
   CHECK(report.remaining_sessions == 0);
@@ -1435,7 +1435,7 @@ TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
   REQUIRE_FALSE(h.persistence_on());
-  const auto report = h.run(h.coord->admin_gc());
+  const auto report = h.run(h.coord->admin().gc());
   CHECK(report.evicted == 0);
   CHECK(report.remaining_bytes == 200'000u);
   CHECK(h.fake->calls().empty());

@@ -275,6 +275,17 @@ TEST_CASE("admin purge in server-owned mode overwrites both generations, then fo
   CHECK(error_of(h.run(h.admin.purge("A"))) == "KV_NOT_FOUND: unknown session");
 }
 
+TEST_CASE("admin gc runs retention under a hold of the server", "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
+  const auto report = h.run(h.admin.gc());
+  CHECK(report.evicted == 0);  // no limits
+  CHECK(report.remaining_sessions == 1);
+  CHECK(h.holds_taken == 2);
+  CHECK(h.holds_released == 2);
+}
+
 TEST_CASE("the session list pages in hash order; one session by id or hash",
           "[proxy][session_admin]") {
   harness h;
