@@ -121,13 +121,17 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                    .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
                }),
       hints_(opts_.server_name, strand_, store_, actions_),
-      runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_},
+      sleep_(strand_, sleep_tracker_parts{pool_, store_, actions_},
+             sleep_tracker_options{
+                 .server_name = opts_.server_name,
+                 .sleep_idle = opts_.sleep_idle,
+                 .idle_checkpoint = opts_.pool.idle_checkpoint,
+             }),
+      runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_, sleep_},
                runtime_monitor_options{
                    .server_name = opts_.server_name,
                    .single_slot = opts_.single_slot,
                    .probe_interval = opts_.epoch_probe_interval,
-                   .sleep_idle = opts_.sleep_idle,
-                   .idle_checkpoint = opts_.pool.idle_checkpoint,
                }),
       idle_(strand_, idle_checkpointer_parts{pool_, leases_, actions_},
             [this] { log_circuit_changes(pool_); }),
@@ -195,6 +199,7 @@ net::awaitable<void> coordinator::load_state() {
 
 net::awaitable<void> coordinator::start() {
   co_await load_state();
+  co_await sleep_.start();
   co_await runtime_.start();
   if (opts_.retention_interval.count() > 0)
     net::co_spawn(strand_, retention_.gc_loop(), log_exception);
@@ -288,7 +293,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (!leases_.holds(t) || t->slot < 0)
     co_return core::error{core::errc::invariant, 0, "lease not held"};
   const int slot = t->slot;
-  if (fresh_upstream || runtime_.may_have_slept(slot, steady_clock::now()))
+  if (fresh_upstream || sleep_.may_have_slept(slot, steady_clock::now()))
     runtime_.note_upstream_trouble();
   co_await runtime_.refresh_runtime(slot);
   pool_.resolve_session(who);
@@ -338,7 +343,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
   }
-  runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
+  sleep_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
   if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).

@@ -36,6 +36,7 @@
 #include "proxy/control/runtime_monitor.hpp"
 #include "proxy/control/server_tenancy.hpp"
 #include "proxy/control/session_admin.hpp"
+#include "proxy/control/sleep_tracker.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
@@ -254,7 +255,9 @@ class coordinator {
   // last, after everything it refers to.
   slot_actions actions_;
   hint_log hints_;  // requests' hints: counts, first sightings (hints.json)
-  // Probes, restarts, sleep, the slot layout, the behavioural fingerprint, runtime changes.
+  // llama-server's sleep: its period, when each slot was last used.
+  sleep_tracker sleep_;
+  // Probes, restarts, the slot layout, the behavioural fingerprint, runtime changes.
   runtime_monitor runtime_;
   // The server as one tenant while persistence is off: pass-through and its erases.
   server_tenancy tenancy_{server_tenancy_parts{pool_, leases_, runtime_, *backend_, actions_},

@@ -43,7 +43,9 @@ struct harness : kvp::testing::control_parts {
   kvp::proxy::lease_queue leases{8, kvp::proxy::chooser_of(pool, true),
                                  [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
-  kvp::proxy::runtime_monitor monitor{ioc.get_executor(), {fake, store, pool, leases, actions},
+  kvp::proxy::sleep_tracker sleep{ioc.get_executor(), {pool, store, actions}, {}};
+  kvp::proxy::runtime_monitor monitor{ioc.get_executor(),
+                                      {fake, store, pool, leases, actions, sleep},
                                       kvp::proxy::runtime_monitor_options{.probe_interval = 0ms}};
   kvp::proxy::server_tenancy tenancy;
 
