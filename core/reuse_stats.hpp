@@ -63,6 +63,12 @@ class reuse_stats {
   std::uint64_t prefilled_tokens() const { return prefilled_tokens_; }
   double prefill_seconds_saved() const { return prefill_seconds_saved_; }
   std::uint64_t unpaid_restores() const { return unpaid_restores_; }
+  // The first restore of a session's own snapshot (not a seed) whose next response reused none
+  // of it: llama-server reprocessed every token it restored. A sliding-window model without
+  // --swa-full does that after every restore (docs/llama-server.md §10). nullopt before one.
+  const std::optional<unpaid_restore>& first_reused_nothing() const {
+    return first_reused_nothing_;
+  }
 
  private:
   struct restored_content {
@@ -79,6 +85,7 @@ class reuse_stats {
   std::map<int, restored_content> restored_on_;         // slot -> its last restore, unread
   std::map<std::string, restore_reuse> last_restore_;   // session hash -> its last restore
   std::uint64_t unpaid_restores_ = 0;
+  std::optional<unpaid_restore> first_reused_nothing_;
   std::array<std::uint64_t, 3> reused_tokens_{};  // by restore_source
   std::uint64_t prefilled_tokens_ = 0;             // sum of prompt_n
   double prefill_seconds_saved_ = 0;               // reused tokens / the prompt speed

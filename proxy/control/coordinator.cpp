@@ -51,18 +51,26 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
 // session's counters (core::session_reuse, for every kind) and the reuse metrics (tokens reused
 // after restores, prefill seconds saved). `slot`: where the request ran, whose owner is the
 // request's session; after a restore, compares what the response reused with what was restored
-// and logs kv.session.restore.unpaid below half.
-void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
-                     core::prepare_kind kind, response_timings t) {
+// and logs kv.session.restore.unpaid below half. The first own restore of `server` that reused
+// nothing is also a warning, once (docs/llama-server.md §10: --swa-full).
+void record_response(core::slot_pool& pool, core::reuse_stats& reuse, const std::string& server,
+                     int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
   pool.note_reuse(pool.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
                   reuse.prompt_tokens_per_s());
+  const bool seen_before = reuse.first_reused_nothing().has_value();
   const auto unpaid = reuse.record_response(slot, kind, t);
   if (!unpaid) return;
   log(log_level::info, "kv.session.restore.unpaid",
       {{"session", std::string(core::abbrev(unpaid->hash))}, {"slot", std::to_string(slot)},
        {"restored", std::to_string(unpaid->restored)}, {"reused", std::to_string(unpaid->reused)},
        {"effect", "the prompt was reprocessed after the restore"}});
+  if (seen_before || !reuse.first_reused_nothing()) return;
+  log(log_level::warn, "kv.backend.restore_not_reused",
+      {{"server", server}, {"session", std::string(core::abbrev(unpaid->hash))},
+       {"slot", std::to_string(slot)}, {"restored", std::to_string(unpaid->restored)},
+       {"reused", "0"}, {"flag", "--swa-full"},
+       {"effect", reused_nothing_advice(unpaid->restored)}});
 }
 
 // Saves every slot whose owner is dirty, in slot order (REQUIRES every slot's lease). A failed
@@ -339,7 +347,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
   end_pass_through(t);
   if (!leases_.holds(t) || t->slot < 0) co_return;
   if (reply) {
-    record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+    record_response(pool_, reuse_, opts_.server_name, t->slot, reply->kind, reply->timings);
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
   }

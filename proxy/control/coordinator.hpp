@@ -79,6 +79,10 @@ struct reply_report {
   std::string target;
 };
 
+// What a restore whose next response reused none of its `restored` tokens tells the operator
+// (core::reuse_stats::first_reused_nothing): the warning's and GET /kv/status's words.
+std::string reused_nothing_advice(std::uint64_t restored);
+
 // A page of GET /kv/sessions as JSON.
 std::string sessions_page_json(const session_page& page);
 

@@ -268,7 +268,34 @@ void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
              c.owner(id).empty() ? 0 : 1);
 }
 
+// "restoreNotReused" in /kv/status: null, or the first own restore no response reused.
+void write_reused_nothing(json_writer& w, const std::optional<core::unpaid_restore>& first) {
+  if (!first) {
+    w.Null();
+    return;
+  }
+  w.StartObject();
+  w.Key("session");
+  jstr(w, core::abbrev(first->hash));
+  core::write_json_count(w, "restored", first->restored);
+  core::write_json_count(w, "reused", 0);
+  w.Key("flag");
+  jstr(w, "--swa-full");
+  w.Key("effect");
+  jstr(w, reused_nothing_advice(first->restored));
+  w.EndObject();
+}
+
 }  // namespace
+
+std::string reused_nothing_advice(std::uint64_t restored) {
+  return fmt::format(
+      "llama-server reprocessed all {} restored tokens: a sliding-window model (Gemma 3, "
+      "gpt-oss) keeps only its window in a saved slot; start llama-server with --swa-full to "
+      "reuse them (a recurrent or hybrid model reuses a restore only when the next prompt "
+      "extends it exactly)",
+      restored);
+}
 
 std::string coordinator::status_json() const {
   rapidjson::StringBuffer sb;
@@ -317,6 +344,8 @@ std::string coordinator::status_json() const {
   w.Key("prefillSecondsSaved");
   w.Double(reuse_.prefill_seconds_saved());
   w.EndObject();
+  w.Key("restoreNotReused");  // docs/llama-server.md §10
+  write_reused_nothing(w, reuse_.first_reused_nothing());
   w.Key("hints");
   hints_.write_status(w);
   w.EndObject();
