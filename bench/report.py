@@ -5,9 +5,13 @@ Usage: bench/report.py --out DIR --command "bench/run.sh ..." [--env FILE]
 Reads DIR/<name>.json written by the benchmarks, writes DIR/results/*.png and DIR/RESULTS.md.
 
 README's Performance figures are RESULTS.md's headlines, copied between two markers, so that
-every figure there comes from one run of bench/run.sh:
-       bench/report.py --readme README.md --out bench          rewrites README's block
-       bench/report.py --readme README.md --out bench --check  fails when they differ (a test)
+every figure there comes from one run of bench/run.sh; the headlines are rendered from that
+run's raw output, DIR/results/*.json:
+       bench/report.py --readme README.md --out bench          rewrites RESULTS.md's headlines
+                                                               and README's block
+       bench/report.py --readme README.md --out bench --check  fails when they differ, or when
+                                                               a figure of bench/figures.py
+                                                               differs from its raw output (a test)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import subprocess
 import sys
 
+import figures
 import lib
 
 ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall", "policy", "seedbytes", "churn"]
@@ -139,6 +144,10 @@ plot "{dat}" u 1:2:8:9 w yerrorlines lw 2 pt 7 t "cold re-prefill", \\
 
 
 # ----------------------------------------------------------------------------- headlines
+def samples(d: dict) -> str:
+    return "1 sample" if d["n"] == 1 else "median of %d" % d["n"]
+
+
 def headlines(results: dict) -> list[str]:
     out = []
     sw = results.get("switch", {}).get("headline", {})
@@ -157,10 +166,11 @@ def headlines(results: dict) -> list[str]:
                       h["cold"]["median"] / h["kv_switch"]["median"], h["speedup_vs_cold"]["min"],
                       h["speedup_vs_cold"]["max"], h["ramcache"]["median"],
                       h["kv_switch"]["median"] / h["ramcache"]["median"]))
-        out.append("**After a llama-server restart** (%s tokens): %.0f ms through kvpersist (restore from disk, page "
-                   "cache evicted) vs %.1f s directly (the RAM cache is gone, so it is a cold prefill): **%.0fx**."
-                   % (big, h["kv_restart"]["median"], h["ramcache_restart"]["median"] / 1000,
-                      h["ramcache_restart"]["median"] / h["kv_restart"]["median"]))
+        out.append("**After a llama-server restart** (%s tokens): %.0f ms through kvpersist (%s; restore from disk, "
+                   "page cache evicted) vs %.1f s directly (%s; the RAM cache is gone, so it is a cold prefill): "
+                   "**%.0fx**."
+                   % (big, h["kv_restart"]["median"], samples(h["kv_restart"]), h["ramcache_restart"]["median"] / 1000,
+                      samples(h["ramcache_restart"]), h["ramcache_restart"]["median"] / h["kv_restart"]["median"]))
         if "default_switch" in h:
             per = [(k, sw[k]) for k in sorted(sizes, key=int)]
             n_ok = sum(v.get("default_no_wait", 0) for _, v in per)
@@ -184,10 +194,12 @@ def headlines(results: dict) -> list[str]:
                        % (big, h["early_switch"]["median"], h["early_switch"]["median"] / h["ramcache"]["median"],
                           h["midsave"]["median"] - h["midsave_resident"]["median"], h["midsave"]["median"],
                           h["midsave_resident"]["median"]))
-        out.append("**kvpersist's own share of a switch** (%s tokens): %.1f ms of %.0f ms (switch TTFT - "
-                   "llama-server's save_ms %.1f - restore_ms %.1f - resident TTFT %.0f ms)%s."
-                   % (big, h["share_ms"]["median"], h["kv_switch"]["median"], h["save_ms"]["median"],
-                      h["restore_ms"]["median"], h["kv_resident"]["median"],
+        terms = [round(h[k]["median"], 1) for k in ("kv_switch", "save_ms", "restore_ms", "kv_resident")]
+        out.append("**kvpersist's own share of a switch** (%s tokens): %.1f ms of %.0f ms, the median over %d "
+                   "switches of (switch TTFT - llama-server's save_ms - restore_ms - the TTFT of the resident turn "
+                   "that followed it); the medians of those terms, %s ms, give %.1f ms%s."
+                   % (big, h["share_ms"]["median"], h["kv_switch"]["median"], h["share_ms"]["n"],
+                      " - ".join("%.1f" % t for t in terms), terms[0] - sum(terms[1:]),
                       "; with the default configuration %.1f ms" % h["default_share_ms"]["median"]
                       if "default_share_ms" in h else
                       "; with the early checkpoint %.1f ms" % h["early_share_ms"]["median"]
@@ -318,9 +330,39 @@ def readme_block(results_md: str) -> str:
     return "\n".join(["From the run in `bench/RESULTS.md` (%s):" % run, ""] + heads)
 
 
+def read_results(out: str) -> dict:
+    """bench/run.sh's raw output: DIR/results/<name>.json of each benchmark that ran."""
+    results = {}
+    for name in ORDER:
+        p = os.path.join(out, "results", name + ".json")
+        if os.path.exists(p):
+            with open(p) as f:
+                results[name] = json.load(f)
+    return results
+
+
+def with_headlines(results_md: str, heads: list[str]) -> str:
+    """RESULTS.md with its headline section replaced by `heads`, the rest as it is."""
+    lines = results_md.split("\n")
+    try:
+        start = lines.index("## Headlines") + 2
+    except ValueError:
+        return results_md
+    end = start
+    while end < len(lines) and not (lines[end].startswith("#") or lines[end].startswith("![")):
+        end += 1
+    return "\n".join(lines[:start] + heads + [""] + lines[end:])
+
+
 def sync_readme(readme: str, out: str, check: bool) -> int:
-    with open(os.path.join(out, "RESULTS.md")) as f:
-        block = readme_block(f.read())
+    """Renders RESULTS.md's headlines again from DIR/results/*.json and README's block from
+    RESULTS.md; with `check`, changes nothing and fails when either differs, or when a figure of
+    bench/figures.py differs from its raw output."""
+    results_path = os.path.join(out, "RESULTS.md")
+    with open(results_path) as f:
+        results_md = f.read()
+    rendered = with_headlines(results_md, ["- " + h for h in headlines(read_results(out))])
+    block = readme_block(rendered)
     with open(readme) as f:
         text = f.read()
     begin, end = text.find(README_BEGIN), text.find(README_END)
@@ -328,15 +370,23 @@ def sync_readme(readme: str, out: str, check: bool) -> int:
         print("report: %s has no figures block or RESULTS.md no headlines" % readme, file=sys.stderr)
         return 1
     new = text[:begin + len(README_BEGIN)] + "\n" + block + "\n" + text[end:]
-    if check:
-        if new != text:
-            print("report: README's figures differ from bench/RESULTS.md's headlines; run "
-                  "bench/report.py --readme %s --out %s" % (readme, out), file=sys.stderr)
-            return 1
+    if not check:
+        for path, old, fresh in ((results_path, results_md, rendered), (readme, text, new)):
+            if fresh != old:
+                with open(path, "w") as f:
+                    f.write(fresh)
         return 0
-    with open(readme, "w") as f:
-        f.write(new)
-    return 0
+    problems = []
+    if rendered != results_md:
+        problems.append("%s's headlines differ from what %s/results/*.json give" % (results_path, out))
+    if new != text:
+        problems.append("README's figures differ from %s's headlines" % results_path)
+    if problems:
+        problems.append("run bench/report.py --readme %s --out %s" % (readme, out))
+    problems += figures.problems()
+    for p in problems:
+        print("report: " + p, file=sys.stderr)
+    return 1 if problems else 0
 
 
 def main() -> int:
@@ -354,11 +404,7 @@ def main() -> int:
     rd = os.path.join(a.out, "results")
     os.makedirs(rd, exist_ok=True)
     env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
-    results = {}
-    for name in ORDER:
-        p = os.path.join(rd, name + ".json")
-        if os.path.exists(p):
-            results[name] = json.load(open(p))
+    results = read_results(a.out)
     plots = {"overhead": plot_overhead(rd), "streaming": plot_streaming(rd),
              "switch": plot_switch(rd, env.get("switch_model", a.model_name))}
     quick = any(r.get("quick") for r in results.values())

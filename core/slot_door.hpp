@@ -3,9 +3,9 @@
 // knows of the slot's content and the request's credential and session; the answer is to run,
 // to erase first, or to erase first and refuse the request if the erase fails.
 //
-// Pure and sans-I/O: the callers (core/slot_pool.cpp for pinned requests, auxiliary calls,
-// seeds and kept slots; the coordinator for unpinnable requests and pass-through tickets)
-// carry the answer out.
+// Pure and sans-I/O: the callers (core/plan_builder.cpp for pinned requests, auxiliary calls,
+// seeds and kept slots; core/placed_door.cpp and core/slot_pool.cpp for unpinnable requests
+// and pass-through tickets) decide on the answer, and the coordinator carries it out.
 #pragma once
 
 #include <string>

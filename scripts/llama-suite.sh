@@ -18,8 +18,9 @@
 #        passthrough  kvpersist in front, llama-server without --slot-save-path (persistence off)
 #        managed      kvpersist in front, llama-server with --slot-save-path (persistence on:
 #                     single-slot for -np 1, managed-slots otherwise)
-#   3. compares per-test outcomes (junit XML) with tests/llama-suite/compare.py and writes
-#      DIR/report.md (differences with the failure text of each side) and DIR/<variant>.xml;
+#   3. compares per-test outcomes and failure reasons (junit XML) with tests/llama-suite/compare.py
+#      and writes DIR/report.md (the counts, and each test whose outcome or reason differs, with
+#      both reasons) and DIR/outcomes.json (every test's outcome and reason in every run);
 #      `tests/llama-suite/compare.py --out R.md DIR1 DIR2` merges runs of different modules.
 #
 # Options / environment
@@ -75,6 +76,17 @@ export KVP_SUITE_MODEL_LLAMA KVP_SUITE_MODEL_MOE
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/kvp-llama-suite.XXXXXX)"
 mkdir -p -- "$out"
 out="$(realpath -- "$out")"
+# DIR/run.txt: what ran, where and on what, then each variant's time and pytest summary line.
+{
+    echo "command: scripts/llama-suite.sh --variants \"$variants\" ${pytest_args[*]}"
+    echo "started: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "repository: $(git -C "$repo" rev-parse --short=12 HEAD); kvpersist sources last changed in $(git -C "$repo" log -1 --format=%h -- core proxy backends config CMakeLists.txt)"
+    echo "kvpersist: $kvpersist"
+    echo "llama-server: $llama_server ($("$llama_server" --version 2>&1 | grep -m1 version || echo '?'))"
+    echo "llama.cpp tests: $src/tools/server/tests"
+    echo "models: $KVP_SUITE_MODEL_LLAMA, $KVP_SUITE_MODEL_MOE"
+    echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), nice ${KVP_SUITE_NICE:-10}"
+} >"$out/run.txt"
 work="$(mktemp -d /tmp/kvp-llama-suite-tests.XXXXXX)"
 cleanup() { [[ $keep == 1 ]] || rm -rf -- "$work"; }
 trap cleanup EXIT
@@ -118,7 +130,9 @@ run_variant() {
         nice -n "${KVP_SUITE_NICE:-10}" "$python" -m pytest -p kvp_suite_plugin -p no:cacheprovider \
             -q -rN --junitxml="$out/$variant.xml" "${pytest_args[@]}" >"$out/$variant.out" 2>&1
     ) || rc=$?
-    log "$variant finished in $((SECONDS - started)) s (pytest exit $rc; summary: $(tail -n 1 "$out/$variant.out"))"
+    local summary="$variant finished in $((SECONDS - started)) s (pytest exit $rc; summary: $(tail -n 1 "$out/$variant.out"))"
+    log "$summary"
+    printf '%s\n' "$summary" >>"$out/run.txt"
     [[ -s "$out/$variant.xml" ]] || die "$variant produced no junit XML; see $out/$variant.out"
 }
 
@@ -126,5 +140,5 @@ run_variant direct
 for variant in $variants; do
     run_variant "$variant"
 done
-"$python" "$suite_support/compare.py" --out "$out/report.md" "$out"
+"$python" "$suite_support/compare.py" --out "$out/report.md" --json "$out/outcomes.json" "$out"
 log "report: $out/report.md"

@@ -2,8 +2,9 @@
 """model-kinds-table.py - put the model-kind matrix's table into README.md.
 
 tests/integration/test_model_kinds.py (run with --upstream=real) writes the measured table to
-tests/integration/artifacts/model-kinds.md; this script replaces what README.md holds between
-<!-- model-kinds:begin --> and <!-- model-kinds:end --> with it.
+tests/integration/artifacts/model-kinds.md; `scripts/record-figures.sh model-kinds` runs it and
+keeps the table as bench/results/figures/model-kinds.md. This script replaces what README.md
+holds between <!-- model-kinds:begin --> and <!-- model-kinds:end --> with that table.
 
 Usage: /usr/bin/python3 scripts/model-kinds-table.py [TABLE.md] [--check]
        --check: exit 1 when README.md's table differs from TABLE.md, change nothing
@@ -18,10 +19,10 @@ BEGIN, END = "<!-- model-kinds:begin -->", "<!-- model-kinds:end -->"
 
 def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--check"]
-    table_path = Path(args[0]) if args else ROOT / "tests/integration/artifacts/model-kinds.md"
+    table_path = Path(args[0]) if args else ROOT / "bench/results/figures/model-kinds.md"
     if not table_path.is_file():
-        print(f"model-kinds-table: {table_path} not found: run tests/integration/test_model_kinds.py "
-              "with --upstream=real first", file=sys.stderr)
+        print(f"model-kinds-table: {table_path} not found: run scripts/record-figures.sh model-kinds "
+              "first", file=sys.stderr)
         return 2
     table = table_path.read_text().strip() + "\n"
     readme = ROOT / "README.md"

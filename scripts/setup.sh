@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl ccache
   libboost1.81-dev rapidjson-dev libfmt-dev libyaml-cpp-dev catch2 libssl-dev libsystemd-dev
-  libxxhash-dev
+  libxxhash-dev universal-ctags
   python3 python3-numpy python3-pytest python3-pytest-xdist python3-requests python3-yaml nodejs npm
   systemd strace dpkg-dev lintian
   nginx-light wrk gnuplot-nox valgrind

@@ -16,8 +16,9 @@ if grep -rnE '#include *"proxy/' "$root/core" "$root/backends" "$root/config"; t
   echo "layering: core/, backends/ and config/ must not depend on proxy/" >&2
   fail=1
 fi
-# proxy/'s planes (docs/architecture.md, "Layers"): http <- control <- admin <- data <- tools.
-# A plane includes only the planes left of it.
+# proxy/'s planes (docs/architecture.md, "Layers"): http <- control <- {admin, data} <- tools.
+# A plane includes only the planes left of it: admin and data are siblings, neither includes
+# the other; tools (the composition root, proxy/tools/daemon.hpp) joins them.
 check_plane() {  # plane, the planes it must not include
   local plane=$1 forbidden=$2
   if grep -rnE "#include *\"proxy/($forbidden)/" "$root/proxy/$plane"; then
@@ -28,7 +29,7 @@ check_plane() {  # plane, the planes it must not include
 check_plane http 'control|admin|data|tools'
 check_plane control 'admin|data|tools'
 check_plane admin 'data|tools'
-check_plane data 'tools'
+check_plane data 'admin|tools'
 if grep -rnE '/slots' "$root/core" "$root/proxy" --include='*.cpp' --include='*.hpp' | grep -v 'classify_target\|starts_with("/slots/")\|path == "/slots"\|/slots\* \|/slots is not forwarded\|//'; then
   echo "layering: only backends/ may know a /slots URL" >&2
   fail=1

@@ -385,7 +385,7 @@ core::result<std::string> admin_server::start() {
   const std::string address = local_address(*a.value());
   // Over the cap a client is answered at once instead of waiting in the backlog: an operator
   // or a health check learns that the port is busy, and the connection costs one descriptor
-  // for a moment (reserved for it: reserved_descriptors in proxy/data/server.hpp).
+  // for a moment (reserved for it: reserved_descriptors in proxy/tools/daemon.hpp).
   const core::error full{core::errc::over_capacity, 0,
                          fmt::format("the admin API has {} connections open "
                                      "(admin.maxConnections); retry later",

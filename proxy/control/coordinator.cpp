@@ -47,17 +47,18 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
   };
 }
 
-// After a prepared request completed: what its response said about cache reuse. Feeds the
-// session's counters (core::session_reuse, for every kind) and the reuse metrics (tokens reused
-// after restores, prefill seconds saved). `slot`: where the request ran, whose owner is the
-// request's session; after a restore, compares what the response reused with what was restored
-// and logs kv.session.restore.unpaid below half. The first own restore of `server` that reused
-// nothing is also a warning, once (docs/llama-server.md §10: --swa-full).
+// After a request completed: what its response said about cache reuse. Feeds the session's
+// counters (core::session_reuse, for every kind but auxiliary and none), the reuse of every
+// response by source, and the reuse metrics (tokens reused after restores, prefill seconds
+// saved). `slot`: where the request ran, whose owner is the request's session (-1: a slot
+// llama-server chose); after a restore, compares what the response reused with what was
+// restored and logs kv.session.restore.unpaid below half. The first own restore of `server`
+// that reused nothing is also a warning, once (docs/llama-server.md §10: --swa-full).
 void record_response(core::slot_pool& pool, core::reuse_stats& reuse, const std::string& server,
                      int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
-  pool.note_reuse(pool.owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
-                  reuse.prompt_tokens_per_s());
+  pool.outcomes().note_reuse(pool.table().owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
+                             reuse.prompt_tokens_per_s());
   const bool seen_before = reuse.first_reused_nothing().has_value();
   const auto unpaid = reuse.record_response(slot, kind, t);
   if (!unpaid) return;
@@ -80,8 +81,8 @@ net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
                                                           slot_actions& actions,
                                                           bool stop_at_failure) {
   core::result<core::unit> out = core::unit{};
-  for (int id : pool.slot_ids()) {
-    auto step = pool.checkpoint_slot(id, steady_clock::now());
+  for (int id : pool.table().ids()) {
+    auto step = pool.plans().checkpoint_slot(id, steady_clock::now());
     if (!step) continue;
     const auto saved = co_await actions.run_save(*step);
     if (saved || !out) continue;
@@ -95,12 +96,12 @@ net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
 
 slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot) {
   slot_chooser c;
-  c.slot_ids = [&pool] { return pool.slot_ids(); };
+  c.slot_ids = [&pool] { return pool.table().ids(); };
   c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
     return pool.choose_slot(who, free);
   };
   c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
-  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.slot_ids().size() > 1; };
+  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.table().ids().size() > 1; };
   return c;
 }
 
@@ -240,7 +241,7 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
   }
   if (tenancy_.may_pass_through(*t)) {
     if (!tenancy_.needs_erase(t->who.credential)) {
-      pool_.note_pass_through(t->who.credential);
+      pool_.placed().note_pass_through(t->who.credential);
       leases_.begin_pass_through(t);
       out.what = admission::outcome::pass_through;
       co_return out;
@@ -289,7 +290,7 @@ void coordinator::release_and_wake(const std::shared_ptr<lease_ticket>& t) {
 net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   end_pass_through(t);
   if (leases_.holds(t)) {
-    if (t->slot >= 0) pool_.abort_prepare(t->slot);
+    if (t->slot >= 0) pool_.outcomes().abort_prepare(t->slot);
     release_and_wake(t);
   }
   co_return;
@@ -308,7 +309,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   const bool session = !who.session_id.empty() && who.purpose.empty();
   const std::string own = session && pool_.persistence_enabled() ? pool_.hash_for(who)
                                                                  : std::string();
-  if (!own.empty() && pool_.slot_of(own) < 0) {
+  if (!own.empty() && pool_.table().slot_of(own) < 0) {
     // Not resident here: the manifest on disk may be newer than ours (another kvpersist
     // sharing the snapshot and state directories saved it). One small read, never on the
     // resident path. Its own commit may still be in flight (it left a slot moments ago).
@@ -330,7 +331,8 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
       co_return claimed.err();
     }
   }
-  if (const auto owner = pool_.owner(slot); !owner.empty() && (own.empty() || owner != own)) {
+  if (const auto owner = pool_.table().owner(slot);
+      !owner.empty() && (own.empty() || owner != own)) {
     // Another session's slot, just checkpointed (idle or early): once that commit lands its
     // owner is clean and needs no second save. The owner itself never waits for it.
     const auto committed = co_await commits_.wait(owner);
@@ -345,14 +347,15 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
+  // A pass-through ticket holds no slot: its reply counts all the same.
+  if (reply) record_response(pool_, reuse_, opts_.server_name, t->slot, reply->kind, reply->timings);
   if (!leases_.holds(t) || t->slot < 0) co_return;
-  if (reply) {
-    record_response(pool_, reuse_, opts_.server_name, t->slot, reply->kind, reply->timings);
+  if (reply)
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
-  }
   sleep_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
-  if (auto s = pool_.end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
+  if (auto s =
+          pool_.outcomes().end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
     // only the snapshot written, not the manifest (docs/design.md §11).
     const auto saved = co_await actions_.start_save(*s);
@@ -364,7 +367,7 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
 net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t) || !t->exclusive)
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
-  co_await runtime_.refresh_runtime(pool_.slot_ids().front());
+  co_await runtime_.refresh_runtime(pool_.table().ids().front());
   if (!pool_.persistence_enabled()) {
     const auto claimed = co_await tenancy_.claim(t->who, true);
     if (!claimed) release_and_wake(t);
@@ -390,8 +393,10 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
-                                                   bool reached_slot) {
+                                                   bool reached_slot,
+                                                   std::optional<reply_report> reply) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
+  if (reply) record_response(pool_, reuse_, opts_.server_name, -1, reply->kind, reply->timings);
   if (reached_slot && pool_.persistence_enabled())
     co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);

@@ -191,7 +191,7 @@ class coordinator {
   // configured (`turn_end`: the reply handed the conversation back to the user), releases
   // the lease and wakes the next waiter. A pass-through ticket just ends (end_pass_through).
   // `reply`: what the response said about reuse (coordinator.cpp's record_response), recorded
-  // first.
+  // first, a pass-through's too.
   net::awaitable<void> finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                               bool turn_end = false, std::optional<reply_report> reply = {});
   // Exclusive use of the server for a request llama-server cannot pin (managed mode):
@@ -199,7 +199,9 @@ class coordinator {
   // task, so that finish_exclusive can tell which slot the server used and forget only its
   // owner (all owners if the server cannot be asked).
   net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
-  net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot);
+  // `reply`: what the response said about reuse, recorded as on a slot llama-server chose.
+  net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                                        std::optional<reply_report> reply = {});
   // Releases a lease without running `finish` (the request never reached the slot), or ends
   // a pass-through ticket.
   net::awaitable<void> release(std::shared_ptr<lease_ticket> t);

@@ -102,9 +102,9 @@ void write_session(json_writer& w, const session_row& v) {
 // below its threshold.
 std::string_view backend_state(const core::slot_pool& c) {
   if (!c.persistence_enabled()) return "unavailable";
-  switch (c.circuit().current()) {
+  switch (c.health().circuit().current()) {
     case core::breaker::state::closed:
-      return c.circuit().consecutive_failures() > 0 ? "degraded" : "healthy";
+      return c.health().circuit().consecutive_failures() > 0 ? "degraded" : "healthy";
     case core::breaker::state::open: return "open";
     case core::breaker::state::half_open: return "half_open";
   }
@@ -129,21 +129,21 @@ void write_backend(json_writer& w, const core::slot_pool& c, const std::string& 
 void write_slots(json_writer& w, const core::slot_pool& c,
                  const std::map<int, std::shared_ptr<lease_ticket>>& leased) {
   w.StartArray();
-  for (int id : c.slot_ids()) {
+  for (int id : c.table().ids()) {
     w.StartObject();
     w.Key("id");
     w.Int(id);
     w.Key("owner");
-    if (c.owner(id).empty())
+    if (c.table().owner(id).empty())
       w.Null();
     else
-      jstr(w, core::abbrev(c.owner(id)));
+      jstr(w, core::abbrev(c.table().owner(id)));
     w.Key("state");
-    jstr(w, core::to_string(c.state(id)));
+    jstr(w, core::to_string(c.table().state(id)));
     w.Key("leased");
     w.Bool(leased.contains(id));
     w.Key("auxiliary");
-    w.Bool(id == c.aux_slot());
+    w.Bool(id == c.table().aux_slot());
     w.EndObject();
   }
   w.EndArray();
@@ -151,7 +151,7 @@ void write_slots(json_writer& w, const core::slot_pool& c,
 
 void write_snapshot_totals(json_writer& w, const core::slot_pool& c) {
   std::uint64_t valid = 0, invalid = 0, bytes = 0;
-  for (const auto& m : c.manifests()) {
+  for (const auto& m : c.records().manifests()) {
     if (m.state == core::snapshot_state::ready) {
       ++valid;
       bytes += m.bytes;
@@ -178,6 +178,19 @@ void write_core_stats(json_writer& w, const core::core_stats& st) {
   core::write_json_count(w, "emptySaves", st.empty_saves);
   core::write_json_count(w, "switches", st.switches);
   core::write_json_count(w, "invalidations", st.invalidations);
+}
+
+// Every prompt token the responses reported reusing, in all and by where it came from
+// (core::reuse_source; README "Admin API").
+void write_response_reuse(json_writer& w, const core::reuse_stats& r) {
+  w.StartObject();
+  core::write_json_count(w, "reusedTokens", r.response_reused_total());
+  w.Key("bySource");
+  w.StartObject();
+  for (auto source : core::reuse_sources)
+    core::write_json_count(w, core::to_string(source), r.response_reused(source));
+  w.EndObject();
+  w.EndObject();
 }
 
 // One labelled sample per family, for the metrics with a single value per server.
@@ -230,7 +243,7 @@ void write_save_counters(const metric_sink& m, const core::core_stats& st) {
 void write_snapshot_gauges(const metric_sink& m, const core::slot_pool& c) {
   std::uint64_t valid = 0, bytes = 0;
   std::int64_t oldest = 0;
-  for (const auto& man : c.manifests())
+  for (const auto& man : c.records().manifests())
     if (man.state == core::snapshot_state::ready) {
       ++valid;
       bytes += man.bytes;
@@ -253,19 +266,19 @@ void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
   for (auto s : {core::breaker::state::closed, core::breaker::state::open,
                  core::breaker::state::half_open})
     w.sample("kvpersist_circuit_state", fmt::format("{},state=\"{}\"", lbl, core::to_string(s)),
-             c.circuit().current() == s ? 1 : 0);
+             c.health().circuit().current() == s ? 1 : 0);
   w.family("kvpersist_slot_state", "gauge", "Slot state (1 for the current one).");
-  for (int id : c.slot_ids())
+  for (int id : c.table().ids())
     for (auto s : {core::slot_state::unknown, core::slot_state::idle, core::slot_state::saving,
                    core::slot_state::restoring, core::slot_state::ready,
                    core::slot_state::inference, core::slot_state::dirty})
       w.sample("kvpersist_slot_state",
                fmt::format("{},slot=\"{}\",state=\"{}\"", lbl, id, core::to_string(s)),
-               c.state(id) == s ? 1 : 0);
+               c.table().state(id) == s ? 1 : 0);
   w.family("kvpersist_slot_owned", "gauge", "1 when a session owns the slot.");
-  for (int id : c.slot_ids())
+  for (int id : c.table().ids())
     w.sample("kvpersist_slot_owned", fmt::format("{},slot=\"{}\"", lbl, id),
-             c.owner(id).empty() ? 0 : 1);
+             c.table().owner(id).empty() ? 0 : 1);
 }
 
 // "restoreNotReused" in /kv/status: null, or the first own restore no response reused.
@@ -343,6 +356,8 @@ std::string coordinator::status_json() const {
   core::write_json_count(w, "prefilledTokens", reuse_.prefilled_tokens());
   w.Key("prefillSecondsSaved");
   w.Double(reuse_.prefill_seconds_saved());
+  w.Key("allResponses");
+  write_response_reuse(w, reuse_);
   w.EndObject();
   w.Key("restoreNotReused");  // docs/llama-server.md §10
   write_reused_nothing(w, reuse_.first_reused_nothing());
@@ -391,6 +406,17 @@ void coordinator::write_metrics(core::prom_writer& w) const {
     w.sample("kvpersist_reused_prompt_tokens_total",
              fmt::format("{},source=\"{}\"", m.labels, to_string(source)),
              static_cast<double>(reuse_.reused_tokens(source)));
+  w.family("kvpersist_response_reused_tokens_total", "counter",
+           "Prompt tokens llama-server reported reusing on every response kvpersist read, by "
+           "where the reused KV came from: own, content, seed or prefix (the first response "
+           "after a restore of that snapshot; prefix: a prefix snapshot's seed), resident (the "
+           "session's own turns in its slot), kept (a slot's content a cold start or an "
+           "auxiliary call ran on within the sharing scope), cold (nothing kvpersist arranged: "
+           "an erased slot, a fallback, a request llama-server placed itself).");
+  for (auto source : core::reuse_sources)
+    w.sample("kvpersist_response_reused_tokens_total",
+             fmt::format("{},source=\"{}\"", m.labels, core::to_string(source)),
+             static_cast<double>(reuse_.response_reused(source)));
   m.counter("kvpersist_prefill_seconds_saved_total",
             "Estimated prefill time saved by restores, from the server's measured prompt speed.",
             reuse_.prefill_seconds_saved());

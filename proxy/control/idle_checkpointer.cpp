@@ -25,7 +25,7 @@ idle_checkpointer::idle_checkpointer(net::any_io_executor strand, idle_checkpoin
       timer_(strand_) {}
 
 void idle_checkpointer::arm() {
-  auto deadline = pool_.idle_deadline();
+  auto deadline = pool_.table().idle_deadline();
   if (!deadline || stopped_) return;
   if (running_) {
     // The loop re-reads the deadline when its timer fires, so the timer is moved (which
@@ -49,14 +49,14 @@ net::awaitable<void> idle_checkpointer::loop() {
     if (stopped_) break;
     if (ec == net::error::operation_aborted) {
       // Re-armed (expires_at cancels the pending wait): wait for the new deadline.
-      if (pool_.idle_deadline()) continue;
+      if (pool_.table().idle_deadline()) continue;
       break;
     }
     const auto now = steady_clock::now();
-    for (int id : pool_.slot_ids()) {
+    for (int id : pool_.table().ids()) {
       // A request is running there (or may be: a pass-through); its end re-arms.
       if (leases_.is_leased(id) || leases_.passing_through() > 0) continue;
-      auto s = pool_.idle_checkpoint(id, now);
+      auto s = pool_.plans().idle_checkpoint(id, now);
       if (!s) continue;
       // Hold the slot's lease for the save so no request can slip in between (docs/design.md §10).
       auto self = std::make_shared<lease_ticket>(strand_);
@@ -70,7 +70,7 @@ net::awaitable<void> idle_checkpointer::loop() {
       leases_.release(self);
       leases_.grant_waiting();
     }
-    auto next = pool_.idle_deadline();
+    auto next = pool_.table().idle_deadline();
     if (!next) break;
     if (*next <= steady_clock::now()) {
       // Due but its slot is leased: that request's finish re-arms the timer.

@@ -41,12 +41,13 @@ net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool f
   co_return pr;
 }
 
-net::awaitable<void> lease::finish(bool reached_slot, bool turn_end) {
+net::awaitable<void> lease::finish(bool reached_slot, bool turn_end,
+                                   std::optional<reply_report> reply) {
   auto* c = std::exchange(c_, nullptr);
   if (t_->exclusive)
-    co_await c->on_strand(c->finish_exclusive(t_, reached_slot));
+    co_await c->on_strand(c->finish_exclusive(t_, reached_slot, std::move(reply)));
   else
-    co_await c->on_strand(c->finish(t_, reached_slot, turn_end));
+    co_await c->on_strand(c->finish(t_, reached_slot, turn_end, std::move(reply)));
 }
 
 void lease::finish_later(bool reached_slot, bool turn_end, std::optional<reply_report> reply) {

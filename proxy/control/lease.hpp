@@ -41,8 +41,10 @@ class lease {
   // nobody ahead) answers with that outcome at once.
   net::awaitable<prepare_result> prepare(core::request_identity who, bool fresh_upstream);
   // The request is over: marks the slot dirty, checkpoints as configured, releases.
-  // `reached_slot`: llama-server received it; `turn_end`: its reply ended the user's turn.
-  net::awaitable<void> finish(bool reached_slot, bool turn_end = false);
+  // `reached_slot`: llama-server received it; `turn_end`: its reply ended the user's turn;
+  // `reply`: what the response said about reuse, recorded on the same trip to the strand.
+  net::awaitable<void> finish(bool reached_slot, bool turn_end = false,
+                              std::optional<reply_report> reply = {});
   // The same, not awaited: the strand runs it before anything this session asks later, so
   // the next request sees the lease released while a turn-end checkpoint still runs.
   // `reply`: what the response said about reuse, recorded on the same trip to the strand.

@@ -16,7 +16,7 @@ new_session_gate::new_session_gate(std::size_t per_minute, const core::slot_pool
 std::optional<core::error> new_session_gate::refusal(const std::string& hash,
                                                      const std::string& credential,
                                                      std::chrono::steady_clock::time_point now) {
-  if (hash.empty() || per_minute_ == 0 || pool_.session(hash)) return std::nullopt;
+  if (hash.empty() || per_minute_ == 0 || pool_.listing().session(hash)) return std::nullopt;
   const auto verdict = buckets_.take(credential, now);
   if (verdict.allowed) return std::nullopt;
   ++refused_;

@@ -38,7 +38,7 @@ net::awaitable<void> overwrite_tracker::forget_overwritten(const std::string& cr
                                     [](const auto& slot_task) { return slot_task.second >= 0; });
   note_slots_readable(readable);
   std::vector<int> touched;
-  for (int id : pool_.slot_ids()) {
+  for (int id : pool_.table().ids()) {
     // The slot that ran the request has a new last task; if the server cannot tell us,
     // nobody's slot can be trusted.
     const bool same = readable && after->contains(id) && tasks_before_.contains(id) &&
@@ -46,17 +46,17 @@ net::awaitable<void> overwrite_tracker::forget_overwritten(const std::string& cr
     if (!same) touched.push_back(id);
   }
   for (int id : touched) {
-    if (!pool_.owner(id).empty()) {
+    if (!pool_.table().owner(id).empty()) {
       log(log_level::info, "kv.slot.overwritten",
           {{"slot", std::to_string(id)},
-           {"session", std::string(core::abbrev(pool_.owner(id)))},
+           {"session", std::string(core::abbrev(pool_.table().owner(id)))},
            {"effect", "restores from its snapshot next time"}});
     }
     // docs/design.md §20: known to be the request's when it is the one slot that changed.
     if (readable && touched.size() == 1)
-      pool_.note_unpinned_ran(id, credential);
+      pool_.placed().note_unpinned_ran(id, credential);
     else
-      pool_.forget_slot(id);
+      pool_.table().forget_slot(id);
   }
 }
 

@@ -33,13 +33,13 @@ void log_cold_start(const core::slot_pool& pool, const core::prepare_plan& plan,
                     core::prepare_kind kind, const std::string& before, int slot) {
   if (plan.kept)
     log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool.owner(slot)))},
+        {{"session", std::string(core::abbrev(pool.table().owner(slot)))},
          {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
          {"links", std::to_string(plan.kept_links)},
          {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
   else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
     log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool.owner(slot)))},
+        {{"session", std::string(core::abbrev(pool.table().owner(slot)))},
          {"slot", std::to_string(plan.slot)}});
 }
 
@@ -54,8 +54,8 @@ plan_runner::plan_runner(plan_runner_parts parts)
 
 net::awaitable<core::result<core::prepare_kind>> plan_runner::run(
     const core::request_identity& who, int slot, bool strict) {
-  const std::string before = pool_.owner(slot);
-  const auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
+  const std::string before = pool_.table().owner(slot);
+  const auto plan = pool_.plans().prepare(who, slot, steady_clock::now(), wall_now());
   forget_records_dropped_by_pool();
   if (!plan.fail && !plan.resident) log_session_switch(pool_, before, who, slot);
   co_await write_invalidations(plan);
@@ -72,13 +72,14 @@ net::awaitable<core::result<core::prepare_kind>> plan_runner::run(
                                              : done.err().message});
   log_circuit_changes(pool_);
   prefix_.note_plan(slot, plan, who);
-  const auto kind = pool_.start_inference(who, slot);
+  const auto kind = pool_.outcomes().start_inference(who, slot);
+  reuse_.note_prepared(slot, kind == core::prepare_kind::auxiliary ? !plan.erase : plan.kept);
   log_cold_start(pool_, plan, kind, before, slot);
   co_return kind;
 }
 
 void plan_runner::forget_records_dropped_by_pool() {
-  for (const auto& hash : pool_.take_forgotten_records()) {
+  for (const auto& hash : pool_.records().take_forgotten()) {
     reuse_.forget(hash);
     retention_.forget(hash);
     log(log_level::debug, "kv.session.record_forgotten",
@@ -96,7 +97,7 @@ net::awaitable<void> plan_runner::write_invalidations(const core::prepare_plan& 
 }
 
 core::error plan_runner::abort(int slot, core::error e) {
-  pool_.abort_prepare(slot);
+  pool_.outcomes().abort_prepare(slot);
   return e;
 }
 

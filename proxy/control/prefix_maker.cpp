@@ -30,7 +30,7 @@ void prefix_maker::note_plan(int slot, const core::prepare_plan& plan,
                              const core::request_identity& who) {
   seeds_.erase(slot);
   if (!plan.restore || plan.restore->seed_for.empty()) return;
-  const core::manifest* donor = pool_.find_manifest(plan.restore->hash);
+  const core::manifest* donor = pool_.records().find_manifest(plan.restore->hash);
   if (!donor) return;
   seeds_[slot] = seed_note{plan.restore->hash, donor->chain.size(), donor->tokens,
                            plan.restore->common_links, who.chain, who.credential};
@@ -66,9 +66,11 @@ void prefix_maker::note_manifests(const std::vector<core::manifest>& manifests) 
 // restores), or -1.
 int prefix_maker::free_clean_slot() const {
   int clean = -1;
-  for (int id : pool_.slot_ids()) {
-    if (id == pool_.aux_slot() || leases_.is_leased(id) || pool_.owner_dirty(id)) continue;
-    if (pool_.owner(id).empty()) return id;
+  for (int id : pool_.table().ids()) {
+    if (id == pool_.table().aux_slot() || leases_.is_leased(id) ||
+        pool_.records().dirty(pool_.table().owner(id)))
+      continue;
+    if (pool_.table().owner(id).empty()) return id;
     if (clean < 0) clean = id;
   }
   return clean;
@@ -119,34 +121,34 @@ net::awaitable<bool> prefix_maker::make_on(int slot, const core::prefix_wish& w,
          {"why", std::string(why)}});
     return false;
   };
-  const auto plan = pool_.prepare(who, slot, steady_clock::now(), wall_now());
+  const auto plan = pool_.plans().prepare(who, slot, steady_clock::now(), wall_now());
   // Only a seed (or the slot's content) holding the prefix is worth cutting; anything else
   // would prefill it from nothing, on no one's behalf.
   if (plan.fail || plan.resident || plan.save || !plan.manifest_writes.empty() ||
       !(plan.restore || (plan.kept && plan.kept_links >= w.links.size()))) {
-    pool_.abort_prepare(slot);
+    pool_.outcomes().abort_prepare(slot);
     co_return skip("no snapshot or slot holds the prefix");
   }
   const auto done = co_await actions_.execute(plan, true);
   if (!done) {
-    pool_.abort_prepare(slot);
+    pool_.outcomes().abort_prepare(slot);
     co_return skip(done.err().message);
   }
-  (void)pool_.start_inference(who, slot);
+  (void)pool_.outcomes().start_inference(who, slot);
   auto body = core::pin_request_body(cut.body, slot);
   core::result<core::unit> ran = body.ok() ? core::result<core::unit>(core::unit{})
                                            : core::result<core::unit>(body.err());
   if (body) ran = co_await backend_.run_on_slot(slot, cut.target, std::move(body.value()));
-  auto step = pool_.end_inference(slot, true, steady_clock::now());
+  auto step = pool_.outcomes().end_inference(slot, true, steady_clock::now());
   if (!ran) {
-    pool_.forget_slot(slot);  // what the failed request left there is nobody's
+    pool_.table().forget_slot(slot);  // what the failed request left there is nobody's
     co_return skip(ran.err().message);
   }
-  if (!step) step = pool_.checkpoint_slot(slot, steady_clock::now());
+  if (!step) step = pool_.plans().checkpoint_slot(slot, steady_clock::now());
   if (!step) co_return skip("nothing to save");
   const auto saved = co_await actions_.run_save(*step);
   if (!saved) co_return skip(saved.err().message);
-  const core::manifest* m = pool_.find_manifest(step->hash);
+  const core::manifest* m = pool_.records().find_manifest(step->hash);
   log(log_level::info, "kv.prefix.saved",
       {{"session", std::string(core::abbrev(step->hash))},
        {"from", std::string(core::abbrev(w.donor))}, {"slot", std::to_string(slot)},

@@ -56,7 +56,7 @@ struct files_removed {
 };
 
 net::awaitable<std::uint64_t> retention_keeper::drop_session(std::string hash) {
-  pool_.forget(hash);
+  pool_.plans().forget(hash);
   reuse_.forget(hash);
   forget(hash);
   const auto store = store_;
@@ -146,7 +146,7 @@ net::awaitable<void> retention_keeper::enforce_session_budget() {
 }
 
 std::vector<core::retention_entry> retention_keeper::retention_by_use() const {
-  auto entries = pool_.retention_entries();
+  auto entries = pool_.listing().retention_entries();
   for (auto& e : entries)
     if (const auto it = restored_at_.find(e.hash); it != restored_at_.end())
       e.updated_s = std::max(e.updated_s, it->second);
@@ -189,7 +189,7 @@ net::awaitable<gc_report> retention_keeper::overwrite_evicted(
     int slot, std::vector<core::retention_eviction> evict) {
   gc_report out;
   // The slot's content goes: whoever owned it (saved) restores on its next request.
-  pool_.forget_slot(slot);
+  pool_.table().forget_slot(slot);
   if (const auto code = co_await actions_.run_erase(slot)) {
     log(log_level::warn, "kv.gc.overwrite_failed",
         {{"slot", std::to_string(slot)}, {"code", std::string(core::to_string(*code))},
@@ -221,7 +221,7 @@ net::awaitable<gc_report> retention_keeper::overwrite_evicted(
 // owner is saved first (that save keeps the budget itself; what is left is planned after).
 net::awaitable<gc_report> retention_keeper::run_gc_overwriting() {
   auto report = [this](const gc_report& done) {
-    const auto left = pool_.retention_entries();
+    const auto left = pool_.listing().retention_entries();
     std::uint64_t bytes = 0;
     for (const auto& e : left) bytes += e.bytes;
     return gc_report{done.evicted, done.freed_bytes, left.size(), bytes, false};
@@ -252,10 +252,10 @@ net::awaitable<gc_report> retention_keeper::run_gc_overwriting() {
 // The slot a server-owned overwrite uses: the session's own, else an empty one, else the
 // first. REQUIRES: the exclusive lease.
 int retention_keeper::overwrite_slot(const std::string& hash) const {
-  if (const int own = pool_.slot_of(hash); own >= 0) return own;
-  for (int id : pool_.slot_ids())
-    if (pool_.content(id).whose == core::content_whose::empty) return id;
-  return pool_.slot_ids().front();
+  if (const int own = pool_.table().slot_of(hash); own >= 0) return own;
+  for (int id : pool_.table().ids())
+    if (pool_.table().content(id).whose == core::content_whose::empty) return id;
+  return pool_.table().ids().front();
 }
 
 // Server-owned mode (docs/design.md §12, "Purge"): kvpersist cannot delete llama-server's
@@ -267,7 +267,7 @@ net::awaitable<std::optional<std::string>> retention_keeper::overwrite_snapshots
   if (!pool_.persistence_enabled()) co_return "persistence is off: no slot action is possible";
   const int slot = overwrite_slot(hash);
   if (auto why = co_await save_owner_before_overwrite(slot, hash)) co_return why;
-  pool_.forget_slot(slot);
+  pool_.table().forget_slot(slot);
   if (const auto code = co_await actions_.run_erase(slot))
     co_return fmt::format("the slot could not be erased ({})", core::to_string(*code));
   co_return co_await overwrite_generations(slot, hash);
@@ -275,9 +275,9 @@ net::awaitable<std::optional<std::string>> retention_keeper::overwrite_snapshots
 
 net::awaitable<std::optional<std::string>> retention_keeper::save_owner_before_overwrite(
     int slot, const std::string& hash) {
-  const auto& holder = pool_.owner(slot);
+  const auto& holder = pool_.table().owner(slot);
   if (holder.empty() || holder == hash) co_return std::nullopt;
-  if (auto s = pool_.checkpoint_slot(slot, steady_clock::now())) {
+  if (auto s = pool_.plans().checkpoint_slot(slot, steady_clock::now())) {
     const auto saved = co_await actions_.run_save(*s);
     if (!saved) co_return "the slot's owner could not be saved first: " + saved.err().message;
   }
@@ -286,14 +286,14 @@ net::awaitable<std::optional<std::string>> retention_keeper::save_owner_before_o
 
 net::awaitable<std::optional<std::string>> retention_keeper::overwrite_generations(int slot,
                                                                                std::string hash) {
-  const auto* m = pool_.find_manifest(hash);
+  const auto* m = pool_.records().find_manifest(hash);
   const char current = m ? m->generation : 'b';
   for (char g : {current == 'a' ? 'b' : 'a', current}) {
     const auto file = core::snapshot_filename(hash, g);
     const auto r = co_await backend_.save(slot, file);
     if (!r) co_return file + ": " + r.err().message;
     if (r->n_saved != 0) {
-      pool_.forget_slot(slot);  // something kvpersist did not plan ran there
+      pool_.table().forget_slot(slot);  // something kvpersist did not plan ran there
       co_return fmt::format("{}: llama-server saved {} tokens, not an empty slot", file,
                             r->n_saved);
     }

@@ -104,8 +104,8 @@ class retention_keeper {
   // retention.maxTotalBytes or maxBytesPerCredential is set and kvpersist cannot delete llama-server's files. Then
   // nothing is forgotten without its files overwritten (gc waits while persistence is off).
   bool disk_budget_on() const;
-  // pool_.retention_entries(), each ranked by its last save or restore, whichever is later:
-  // a snapshot that seeds new sessions stays while it is used.
+  // pool_.listing().retention_entries(), each ranked by its last save or restore, whichever is
+  // later: a snapshot that seeds new sessions stays while it is used.
   std::vector<core::retention_entry> retention_by_use() const;
   // Erases `slot` once and overwrites each evicted session's files from it; stops at the
   // first failure (that session is kept). Returns how many were forgotten and their bytes.

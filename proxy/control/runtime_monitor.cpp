@@ -99,7 +99,7 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
   pool_.set_compatibility(d.verdict);
   disabled_why_.clear();
   if (d.restarted) {
-    pool_.on_epoch_change();
+    pool_.table().on_epoch_change();
     log(log_level::info, "kv.backend.restarted", {{"effect", "slot ownership reset"}});
   }
   if (d.newly_ready) {
@@ -116,7 +116,7 @@ void runtime_monitor::apply_probe(const full_probe& fp) {
 // unknown, not empty; a new process shows itself by a new marker when it answers again.
 void runtime_monitor::note_unavailable(const core::probe_decision& d) {
   if (pool_.persistence_enabled())
-    pool_.on_unreachable();
+    pool_.table().on_unreachable();
   else
     pool_.disable_persistence(core::errc::backend_unavailable);
   if (!warned_disabled_)
@@ -133,16 +133,17 @@ void runtime_monitor::note_unavailable(const core::probe_decision& d) {
 bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& p) {
   std::vector<int> ids;
   for (int i = 0; i < p->runtime.total_slots; ++i) ids.push_back(i);
-  if (ids == pool_.slot_ids()) return true;
+  if (ids == pool_.table().ids()) return true;
   if (!leases_.nothing_leased()) {
     pool_.disable_persistence();
     pending_probe_ = full_probe{p, std::nullopt};  // apply when the leases are gone
     return false;
   }
-  pool_.set_slots(ids);
+  pool_.table().set_ids(ids);
   log(log_level::info, "kv.slots.layout",
       {{"slots", std::to_string(ids.size())},
-       {"auxiliary", pool_.aux_slot() >= 0 ? std::to_string(pool_.aux_slot()) : "none"}});
+       {"auxiliary",
+        pool_.table().aux_slot() >= 0 ? std::to_string(pool_.table().aux_slot()) : "none"}});
   return true;
 }
 
@@ -234,9 +235,9 @@ net::awaitable<void> runtime_monitor::establish_behaviour(int slot) {
 net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own_slot) {
   auto owned = [&] {
     std::map<int, std::string> out;
-    for (int id : pool_.slot_ids())
-      if (!pool_.owner(id).empty() && (id == own_slot || !leases_.is_leased(id)))
-        out[id] = pool_.owner(id);
+    for (int id : pool_.table().ids())
+      if (!pool_.table().owner(id).empty() && (id == own_slot || !leases_.is_leased(id)))
+        out[id] = pool_.table().owner(id);
     return out;
   };
   std::vector<int> emptied;
@@ -262,12 +263,13 @@ void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
   if (emptied.empty()) return;
   for (int id : emptied) {
     log(log_level::info, "kv.slot.emptied",
-        {{"slot", std::to_string(id)}, {"session", std::string(core::abbrev(pool_.owner(id)))},
+        {{"slot", std::to_string(id)},
+         {"session", std::string(core::abbrev(pool_.table().owner(id)))},
          {"effect", "restores from its snapshot next time"}});
-    pool_.forget_emptied_slot(id);
+    pool_.table().forget_emptied_slot(id);
   }
-  const auto ids = pool_.slot_ids();
-  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.owner(id).empty(); }))
+  const auto ids = pool_.table().ids();
+  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.table().owner(id).empty(); }))
     return;
   watch_.forget_behaviour();  // every owned slot lost its KV: the process may run another model
   log(log_level::info, "kv.backend.restarted",
@@ -326,7 +328,7 @@ net::awaitable<void> runtime_monitor::end_runtime_change(bool reached_server) {
   }
   lora_before_.reset();
   if (changed) {
-    pool_.on_epoch_change();
+    pool_.table().on_epoch_change();
     full_probe_due_.store(true);
     log(log_level::info, "kv.backend.runtime_changed",
         {{"server", opts_.server_name}, {"effect", "slot ownership reset; fingerprint read again"}});

@@ -51,18 +51,18 @@ net::awaitable<core::result<core::unit>> server_tenancy::claim(const core::reque
       co_return core::error{core::errc::erase_failed, 0,
                             "the server may hold another credential's KV and could not be erased"};
     }
-    pool_.on_server_erased();
+    pool_.table().on_server_erased();
     log(log_level::info, "kv.server.erased",
         {{"slots", std::to_string(slots)},
          {"effect", "persistence is off: every slot erased before another credential's request"}});
   }
-  pool_.note_pass_through(who.credential);
+  pool_.placed().note_pass_through(who.credential);
   co_return core::unit{};
 }
 
 bool server_tenancy::holds_every_slot(const lease_ticket& t) const {
   const auto& leased = leases_.leased();
-  const auto ids = pool_.slot_ids();
+  const auto ids = pool_.table().ids();
   return std::all_of(ids.begin(), ids.end(), [&](int id) {
     const auto it = leased.find(id);
     return it != leased.end() && it->second.get() == &t;
@@ -71,7 +71,7 @@ bool server_tenancy::holds_every_slot(const lease_ticket& t) const {
 
 net::awaitable<core::result<core::unit>> server_tenancy::erase_foreign_slots(
     const core::request_identity& who) {
-  for (const auto& e : pool_.erases_before_unpinned(who)) {
+  for (const auto& e : pool_.placed().erases_before_unpinned(who)) {
     const auto failed = co_await actions_.run_erase(e.slot);
     if (failed && e.required)
       co_return core::error{*failed, 0,

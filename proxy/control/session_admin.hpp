@@ -125,7 +125,7 @@ class session_admin {
   // credential-scoped session plans its own hash and the slot's content and the session stay
   // that credential's. An unknown session gets none.
   core::request_identity restore_identity(const session_ref& ref) const;
-  session_row row_with_reuse(core::slot_pool::session_view v) const;
+  session_row row_with_reuse(core::session_view v) const;
 
   std::string server_name_;
   core::slot_pool& pool_;

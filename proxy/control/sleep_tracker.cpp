@@ -74,8 +74,9 @@ void sleep_tracker::note_sleeping(bool sleeping) {
     return;
   }
   int dirty = 0;
-  for (int id : pool_.slot_ids()) dirty += pool_.owner_dirty(id) ? 1 : 0;
-  pool_.on_epoch_change();
+  for (int id : pool_.table().ids())
+    dirty += pool_.records().dirty(pool_.table().owner(id)) ? 1 : 0;
+  pool_.table().on_epoch_change();
   log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
       {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
        {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
@@ -89,7 +90,7 @@ void sleep_tracker::note_request_finished(int slot, time_point at) { finished_at
 
 bool sleep_tracker::may_have_slept(int slot, time_point now) const {
   const auto period = watch_.sleep_period();
-  if (period.count() <= 0 || pool_.owner(slot).empty()) return false;
+  if (period.count() <= 0 || pool_.table().owner(slot).empty()) return false;
   auto it = finished_at_.find(slot);
   return it != finished_at_.end() && now - it->second >= period;
 }
@@ -106,12 +107,12 @@ std::optional<sleep_tracker::time_point> sleep_tracker::last_server_use() const 
 
 void sleep_tracker::adopt_period(std::chrono::seconds period) {
   watch_.learn_sleep_period(period);
-  pool_.set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
+  pool_.checkpoints().set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
   log(log_level::warn, "kv.backend.sleep_learned",
       {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
        {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
                               "upstream.sleepIdleSeconds to llama-server's --sleep-idle-seconds",
-                              pool_.options().idle_checkpoint.count())}});
+                              pool_.checkpoints().idle_checkpoint().count())}});
 }
 
 }  // namespace kvp::proxy

@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
+#include "core/prefix_snapshot.hpp"
 #include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
@@ -25,11 +26,11 @@ std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 }  // namespace
 
 void log_circuit_changes(core::slot_pool& pool) {
-  for (const auto& c : pool.take_circuit_changes()) {
+  for (const auto& c : pool.health().take_changes()) {
     if (c.opened) {
       log(log_level::warn, "kv.persistence.circuit_open",
           {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(pool.circuit().consecutive_failures())},
+           {"failures", std::to_string(pool.health().circuit().consecutive_failures())},
            {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
     } else {
       log(log_level::info, "kv.persistence.circuit_recovered");
@@ -60,8 +61,8 @@ net::awaitable<core::result<core::unit>> slot_actions::write_manifest(core::mani
          {"code", std::string(core::to_string(r.err().code))}, {"reason", r.err().message}});
     co_return r;
   }
-  const bool new_session = pool_.find_manifest(m.session_hash) == nullptr;
-  pool_.store_manifest(m);
+  const bool new_session = pool_.records().find_manifest(m.session_hash) == nullptr;
+  pool_.outcomes().store_manifest(m);
   if (new_session) co_await hooks_.session_added();
   co_return core::unit{};
 }
@@ -97,7 +98,7 @@ net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_sa
     metrics_.save_ms.observe(r->save_ms);
     metrics_.save_bytes.observe(static_cast<double>(r->n_written));
   }
-  auto written = pool_.on_save(step, r, steady_clock::now(), wall_now());
+  auto written = pool_.outcomes().on_save(step, r, steady_clock::now(), wall_now());
   if (!written) {
     const auto& err = written.err();
     hooks_.slot_error(err);
@@ -149,7 +150,7 @@ net::awaitable<void> slot_actions::commit_save(core::save_step step, core::manif
          {"tokens", std::to_string(m.tokens)}, {"bytes", std::to_string(m.bytes)},
          {"ms", ms_str(m.save_ms)}, {"generation", std::string(1, step.generation)}});
   } else {
-    pool_.on_commit_failed(out.err(), steady_clock::now());
+    pool_.outcomes().on_commit_failed(out.err(), steady_clock::now());
     log(log_level::warn, "kv.session.save.failed",
         {{"session", sess}, {"code", std::string(core::to_string(out.err().code))},
          {"status", "0"}, {"reason", out.err().message}});
@@ -170,7 +171,7 @@ net::awaitable<core::result<core::unit>> slot_actions::run_save(core::save_step 
 // header or by content.
 core::restore_source slot_actions::source_of(const core::restore_step& rs) const {
   if (!rs.seed_for.empty()) return core::restore_source::seed;
-  const auto* m = pool_.find_manifest(rs.hash);
+  const auto* m = pool_.records().find_manifest(rs.hash);
   return m && core::is_content_session(m->session_id) ? core::restore_source::content
                                                       : core::restore_source::own;
 }
@@ -181,7 +182,7 @@ core::restore_source slot_actions::source_of(const core::restore_step& rs) const
 net::awaitable<core::result<core::unit>> slot_actions::check_snapshot(
     const core::restore_step& rs) {
   if (!snapshots_.shared()) co_return core::unit{};
-  const auto* m = pool_.find_manifest(rs.hash);
+  const auto* m = pool_.records().find_manifest(rs.hash);
   const auto files = snapshots_;
   const auto filename = rs.filename;
   const auto bytes = rs.expected_bytes;
@@ -213,7 +214,7 @@ net::awaitable<core::restore_decision> slot_actions::run_restore(const core::res
     metrics_.restore_ms.observe(r->restore_ms);
     metrics_.restore_bytes.observe(static_cast<double>(r->n_read));
   }
-  auto d = pool_.on_restore(rs, r, steady_clock::now(), wall_now());
+  auto d = pool_.outcomes().on_restore(rs, r, steady_clock::now(), wall_now());
   if (d.write) {
     const auto invalid = *d.write;
     const auto written = co_await write_manifest(invalid);
@@ -224,7 +225,9 @@ net::awaitable<core::restore_decision> slot_actions::run_restore(const core::res
   if (d.restored) {
     hooks_.restored(rs.hash);
     const auto source = source_of(rs);
-    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source);
+    const auto* donor = pool_.records().find_manifest(rs.hash);
+    reuse_.note_restore(rs.slot, seed ? rs.seed_for : rs.hash, r->n_restored, source,
+                        seed && donor && core::is_prefix_session(donor->session_id));
     log(log_level::info, "kv.session.restore.success",
         {{"session", sess}, {"slot", std::to_string(rs.slot)},
          {"source", std::string(to_string(source))}, {"from", from},
@@ -296,7 +299,7 @@ net::awaitable<core::result<core::unit>> slot_actions::execute(const core::prepa
 // A cold start's erase; the error code when it failed.
 net::awaitable<std::optional<core::errc>> slot_actions::run_erase(int slot) {
   auto r = co_await backend_.erase(slot);
-  if (pool_.on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
+  if (pool_.outcomes().on_erase(slot, r, steady_clock::now())) co_return std::nullopt;
   const auto code = !r && r.err().code == core::errc::slot_not_found ? core::errc::slot_not_found
                                                                      : core::errc::erase_failed;
   if (!r) hooks_.slot_error(r.err());

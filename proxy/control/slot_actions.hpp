@@ -128,7 +128,7 @@ template <class T>
 net::awaitable<core::result<T>> slot_actions::on_file_pool(std::string_view what,
                                                            std::function<core::result<T>()> work) {
   auto r = co_await files_.run<T>(what, std::move(work));
-  if (!r) pool_.on_file_failure(r.err(), std::chrono::steady_clock::now());
+  if (!r) pool_.health().on_failure(r.err(), std::chrono::steady_clock::now());
   co_return r;
 }
 

@@ -1,12 +1,12 @@
-// The proxy: accepts client connections, reads requests, refuses /slots, sends inference
-// requests through the coordinator's lease and relays every response as it streams. Which
-// llama-server a request goes to is upstream_table's; who the request is,
-// request_identity_reader's; the resumable-stream routes, stream_routes'.
+// The data plane: serves the proxy port's client connections. It reads requests, refuses
+// /slots, sends inference requests through the coordinator's lease and relays every response
+// as it streams. Which llama-server a request goes to is upstream_table's; who the request
+// is, request_identity_reader's; the resumable-stream routes, stream_routes'. What listens,
+// starts and stops is proxy/tools/daemon.hpp's.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -14,91 +14,61 @@
 
 #include "backends/net.hpp"
 #include "config/config.hpp"
-#include "proxy/admin/admin.hpp"
-#include "proxy/http/body_budget.hpp"
-#include "proxy/control/coordinator.hpp"
-#include "proxy/http/http_status.hpp"
 #include "proxy/control/lease.hpp"
-#include "core/resumable_stream.hpp"
-#include "proxy/http/listener.hpp"
-#include "proxy/http/relay.hpp"
+#include "proxy/data/client_conn.hpp"
+#include "proxy/data/exchange.hpp"
+#include "proxy/data/forwarder.hpp"
 #include "proxy/data/request_identity_reader.hpp"
 #include "proxy/data/stream_routes.hpp"
 #include "proxy/data/upstream_table.hpp"
+#include "proxy/http/body_budget.hpp"
 
 namespace kvp::proxy {
 
-// Descriptors kvpersist keeps for everything but proxy clients: the process's own, each
-// llama-server's idle pool, management calls and file pool, and the admin listener's cap.
-std::uint64_t reserved_descriptors(const config::config& cfg);
-
-// limits.maxConnections, clamped so that every proxy client can also hold an upstream
-// connection without exhausting RLIMIT_NOFILE `nofile`: two descriptors per client beside
-// reserved_descriptors(cfg). At least 1.
-std::size_t proxy_connection_cap(const config::config& cfg, std::uint64_t nofile);
-
 class server {
  public:
-  // REQUIRES: cfg passed config::validate.
-  server(net::io_context& ioc, config::config cfg);
+  // REQUIRES: cfg passed config::validate; `upstreams`, built from cfg, outlives the server,
+  // and its routers are discovered and coordinators started before the first connection.
+  server(config::config cfg, upstream_table& upstreams);
   ~server();
 
-  // Binds the listener (port 0 picks one), starts the coordinator and the admin API.
-  // Returns the bound address as "host:port", or an error message.
-  net::awaitable<core::result<std::string>> start();
-  // The admin listener's bound address ("" when disabled). Valid after start().
-  const std::string& admin_address() const { return admin_address_; }
+  // Serves one client connection until it closes, or the drain closes it (the proxy
+  // listener's serve function).
+  net::awaitable<void> serve(tcp_stream stream);
 
-  // Graceful stop (docs/design.md §16): stop accepting, let in-flight requests finish
-  // within shutdown_grace, close the rest, checkpoint the dirty slot, stop timers.
-  net::awaitable<void> shutdown();
+  // The drain (docs/design.md §16): no connection reads another request, and those waiting
+  // for one are closed. Called again, it closes those that finished a request since. Any thread.
+  void stop_reading();
+  // Closes every connection, in the middle of a request or not: the grace is over. Any thread.
+  void close_all();
+  // The requests being served now.
+  int in_flight() const { return active_.load(); }
 
  private:
-  struct client_conn;
-  net::awaitable<void> run_session(tcp_stream stream);
+  // Cancels the connections' pending reads and writes: only theirs between requests
+  // (`only_idle`), or everyone's.
+  void close_connections(bool only_idle);
   net::awaitable<bool> handle(client_conn& c, http::request<http::string_body> req);
-  net::awaitable<void> before_router_request(upstream_entry& up, client_conn& c,
-                                             std::string_view path);
+  net::awaitable<bool> admit(exchange& x);
+  net::awaitable<void> before_router_request(exchange& x);
   // POST /lora-adapters: forwarded while the coordinator holds the whole server.
-  net::awaitable<bool> forward_runtime_change(upstream_entry& up, client_conn& c,
-                                              http::request<http::string_body>& req,
-                                              relay_state& st);
-  net::awaitable<bool> handle_under_lease(upstream_entry& up, client_conn& c,
-                                          http::request<http::string_body>& req,
-                                          const core::request_class& rc,
-                                          const core::request_identity& who);
+  net::awaitable<bool> forward_runtime_change(exchange& x);
+  net::awaitable<bool> handle_under_lease(exchange& x);
   // Persistence off: forwarded untouched; `ticket` (no slot) ends with the response.
-  net::awaitable<bool> pass_through(upstream_entry& up, client_conn& c,
-                                    http::request<http::string_body>& req, lease ticket,
-                                    std::optional<upstream_conn> pooled);
-  net::awaitable<bool> run_exclusive(upstream_entry& up, client_conn& c,
-                                     http::request<http::string_body>& req, lease held,
-                                     upstream_conn conn);
-  net::awaitable<bool> run_on_slot(upstream_entry& up, client_conn& c,
-                                   http::request<http::string_body>& req, lease held,
-                                   core::prepare_kind kind, upstream_conn conn,
-                                   std::chrono::steady_clock::time_point t0);
-  bool abandoned(client_conn& c);
-  net::awaitable<bool> departed(client_conn& c);
-  net::awaitable<bool> answer_abandoned(client_conn& c, const http::request<http::string_body>& req);
-  net::awaitable<bool> forward(upstream_entry& up, client_conn& c,
-                               http::request<http::string_body>& req,
-                               std::optional<upstream_conn> pre, relay_state& st,
-                               std::string* tail = nullptr);
-  // What a stream route (stream_routes) answers and forwards through: `c`'s send and forward.
-  stream_route_io stream_io_of(client_conn& c);
-  net::awaitable<bool> send(client_conn& c, response res);
+  net::awaitable<bool> pass_through(exchange& x, lease ticket, std::optional<upstream_conn> pooled);
+  net::awaitable<bool> run_exclusive(exchange& x, lease held, upstream_conn conn);
+  net::awaitable<bool> run_on_slot(exchange& x, lease held, core::prepare_kind kind,
+                                   upstream_conn conn, std::chrono::steady_clock::time_point t0);
+  net::awaitable<bool> answer_abandoned(exchange& x);
+  // What a stream route (stream_routes) answers and forwards through: x's client and forward.
+  stream_route_io stream_io_of(exchange& x);
 
-  net::io_context& ioc_;
-  config::config cfg_;
+  const config::config cfg_;
   body_budget bodies_;
-  // The proxy port: at most proxy_connection_cap() clients, the rest wait in the backlog.
-  std::unique_ptr<listener> listener_;
-  upstream_table upstreams_;
+  upstream_table& upstreams_;
+  const forwarder forwarder_;  // reaches upstreams_
   stream_routes streams_;  // reaches upstreams_
   const request_identity_reader identities_;
-  std::unique_ptr<admin_server> admin_;
-  std::string admin_address_;
 
   std::mutex conns_mu_;
   std::set<std::shared_ptr<client_conn>> conns_;  // guarded by conns_mu_

@@ -81,8 +81,7 @@ net::awaitable<bool> stream_routes::forward(core::stream_route kind,
   if (auto name = directory_.server_of(conversation)) up = upstreams_.server_named(*name);
   if (!up) up = &upstreams_.route(req);
   if (lookup) co_return co_await forward_lookup(*up, req, *lookup, io);
-  relay_state st;
-  co_return co_await io.forward(*up, req, st);
+  co_return co_await io.forward(*up, req);
 }
 
 // A lookup's reply names upstream ids: it is read whole and given back with the client's.

@@ -18,7 +18,6 @@
 #include "proxy/data/stream_directory.hpp"
 #include "proxy/data/upstream_table.hpp"
 #include "proxy/http/http_status.hpp"
-#include "proxy/http/relay.hpp"
 
 namespace kvp::proxy {
 
@@ -26,10 +25,9 @@ namespace kvp::proxy {
 struct stream_route_io {
   // Sends `res` to the client; returns whether the connection may read another request.
   std::function<net::awaitable<bool>(response res)> answer;
-  // Forwards `req` to `up` and relays the response to the client, `st` saying how it ended;
-  // returns whether the connection may read another request.
-  std::function<net::awaitable<bool>(upstream_entry& up, http::request<http::string_body>& req,
-                                     relay_state& st)>
+  // Forwards `req` (the request stream_routes::forward was given, namespaced) to `up` and
+  // relays the response to the client; returns whether the connection may read another request.
+  std::function<net::awaitable<bool>(upstream_entry& up, http::request<http::string_body>& req)>
       forward;
 };
 

@@ -25,8 +25,8 @@
 #include "proxy/data/upstream_default.hpp"
 #include "proxy/http/listen.hpp"
 #include "proxy/control/private_dir.hpp"
-#include "proxy/data/server.hpp"
 #include "proxy/tools/args.hpp"
+#include "proxy/tools/daemon.hpp"
 
 #ifdef KVP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -83,7 +83,7 @@ void stderr_sink(core::log_level, std::string_view line) {
 
 // Raises the soft RLIMIT_NOFILE to the hard limit, as Go's runtime and nginx
 // (worker_rlimit_nofile) do: the soft default of 1024 is a relic of select(), which kvpersist
-// does not use, and every client may also hold an upstream connection. The server clamps
+// does not use, and every client may also hold an upstream connection. The daemon clamps
 // limits.maxConnections to what the result allows.
 void raise_nofile_limit() {
   rlimit rl{};
@@ -234,9 +234,9 @@ net::awaitable<void> ignore_sighup(net::signal_set& h) {
   }
 }
 
-// Starts the server, and on SIGINT or SIGTERM shuts it down (draining and saving) and stops
+// Starts the daemon, and on SIGINT or SIGTERM shuts it down (draining and saving) and stops
 // the io_context. `rc` becomes 1 if it cannot listen.
-net::awaitable<void> run_until_signalled(proxy::server& s, net::io_context& io,
+net::awaitable<void> run_until_signalled(proxy::daemon& s, net::io_context& io,
                                          const config::config& c, int& rc,
                                          net::signal_set& stop_signals) {
   auto r = co_await s.start();
@@ -288,7 +288,7 @@ int serve(const std::vector<std::string>& args) {
   raise_nofile_limit();
   // The hint lets a single-threaded daemon (the default) skip cross-thread wakeups.
   net::io_context ioc(cfg.threads);
-  proxy::server srv(ioc, cfg);
+  proxy::daemon srv(ioc, cfg);
   int exit_code = 0;
   // Registered before anything starts, so a SIGTERM during startup still drains and saves.
   net::signal_set signals(ioc, SIGINT, SIGTERM);

@@ -11,6 +11,7 @@ namespace {
 using kvp::core::prepare_kind;
 using kvp::core::response_timings;
 using kvp::core::restore_source;
+using kvp::core::reuse_source;
 using kvp::core::reuse_stats;
 
 response_timings timings(std::int64_t cache_n, std::int64_t prompt_n = -1, double prompt_ms = -1) {
@@ -116,6 +117,63 @@ TEST_CASE("resident responses and unreported reuse leave the aggregates alone",
   REQUIRE(s.last_restore("A"));
   s.forget("A");
   CHECK_FALSE(s.last_restore("A"));
+}
+
+TEST_CASE("every response's reuse counts by where it came from, and the sources add up",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "A", 1000, restore_source::own);
+  (void)s.record_response(0, prepare_kind::restored, timings(900));
+  (void)s.record_response(0, prepare_kind::resident, timings(950));
+  s.note_prepared(0, true);  // a cold start on the slot's content, kept within the scope
+  (void)s.record_response(0, prepare_kind::cold, timings(40));
+  s.note_prepared(0, false);  // erased first: what llama-server reused was its own doing
+  (void)s.record_response(0, prepare_kind::cold, timings(7));
+  s.note_prepared(1, true);  // an auxiliary call on the slot's content
+  (void)s.record_response(1, prepare_kind::auxiliary, timings(30));
+  s.note_prepared(1, false);
+  (void)s.record_response(1, prepare_kind::auxiliary, timings(3));
+  (void)s.record_response(-1, prepare_kind::none, timings(5));  // placed by llama-server
+  s.note_prepared(1, true);
+  (void)s.record_response(1, prepare_kind::none, timings(2));  // without persistence: no plan kept it
+  (void)s.record_response(0, prepare_kind::resident, timings(-1));  // unreported: nothing
+  CHECK(s.response_reused(reuse_source::own) == 900);
+  CHECK(s.response_reused(reuse_source::resident) == 950);
+  CHECK(s.response_reused(reuse_source::kept) == 70);
+  CHECK(s.response_reused(reuse_source::cold) == 17);
+  CHECK(s.response_reused_total() == 900 + 950 + 70 + 17);
+  // The after-restore counters and the other aggregates are what they were.
+  CHECK(s.reused_tokens_total() == 900);
+}
+
+TEST_CASE("a prefix snapshot's seed counts as prefix, and as a seed after restores",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "S", 1000, restore_source::seed, true);
+  (void)s.record_response(0, prepare_kind::restored, timings(600));
+  s.note_restore(0, "T", 1000, restore_source::seed);
+  (void)s.record_response(0, prepare_kind::restored, timings(400));
+  s.note_restore(1, "C", 500, restore_source::content);
+  (void)s.record_response(1, prepare_kind::restored, timings(450));
+  CHECK(s.response_reused(reuse_source::prefix) == 600);
+  CHECK(s.response_reused(reuse_source::seed) == 400);
+  CHECK(s.response_reused(reuse_source::content) == 450);
+  CHECK(s.reused_tokens(restore_source::seed) == 1000);
+  CHECK(s.reused_tokens(restore_source::content) == 450);
+  CHECK(s.response_reused_total() == s.reused_tokens_total());
+  // A seed that reused nothing did not pay, from a prefix snapshot too.
+  s.note_restore(0, "S", 1000, restore_source::seed, true);
+  CHECK(s.record_response(0, prepare_kind::restored, timings(0)));
+}
+
+TEST_CASE("auxiliary calls and requests without a plan leave the other aggregates alone",
+          "[reuse_stats]") {
+  reuse_stats s;
+  (void)s.record_response(0, prepare_kind::auxiliary, timings(10, 500, 100));
+  (void)s.record_response(-1, prepare_kind::none, timings(10, 500, 100));
+  CHECK(s.prefilled_tokens() == 0);
+  CHECK(s.prompt_tokens_per_s() == 0);
+  CHECK(s.response_reused_total() == 20);
 }
 
 }  // namespace reuse_stats_test

@@ -43,11 +43,11 @@ slot_pool make_pool() {
 
 // One request of `w`, every planned call succeeding; returns how it was prepared.
 prepare_kind request(slot_pool& p, const request_identity& w) {
-  return kvp::testing::run_plan(p, w, p.prepare(w, only_slot, t0, wall), t0, wall);
+  return kvp::testing::run_plan(p, w, p.plans().prepare(w, only_slot, t0, wall), t0, wall);
 }
 
 session_reuse reuse_of(const slot_pool& p, const std::string& id) {
-  const auto v = p.session(p.hash_for(id));
+  const auto v = p.listing().session(p.hash_for(id));
   REQUIRE(v);
   return v->reuse;
 }
@@ -59,9 +59,9 @@ TEST_CASE("a session counts its restores and every request's reuse", "[core][reu
   const auto A = who("A", chain({1, 2})), B = who("B", chain({7, 8}));
   const auto a = p.hash_for("A");
   REQUIRE(request(p, A) == prepare_kind::cold);
-  p.note_reuse(a, prepare_kind::cold, 0, 1000.0);
+  p.outcomes().note_reuse(a, prepare_kind::cold, 0, 1000.0);
   REQUIRE(request(p, A) == prepare_kind::resident);
-  p.note_reuse(a, prepare_kind::resident, 40, 1000.0);
+  p.outcomes().note_reuse(a, prepare_kind::resident, 40, 1000.0);
   CHECK(reuse_of(p, "A").restores == 0);
   CHECK(reuse_of(p, "A").reused_tokens == 40);
   CHECK(reuse_of(p, "A").reused_after_restore == 0);
@@ -69,9 +69,9 @@ TEST_CASE("a session counts its restores and every request's reuse", "[core][reu
 
   REQUIRE(request(p, B) == prepare_kind::cold);  // A is saved on the switch
   REQUIRE(request(p, A) == prepare_kind::restored);
-  p.note_reuse(a, prepare_kind::restored, 90, 1000.0);
+  p.outcomes().note_reuse(a, prepare_kind::restored, 90, 1000.0);
   REQUIRE(request(p, A) == prepare_kind::resident);
-  p.note_reuse(a, prepare_kind::resident, 120, 1000.0);
+  p.outcomes().note_reuse(a, prepare_kind::resident, 120, 1000.0);
   const auto r = reuse_of(p, "A");
   CHECK(r.restores == 1);
   CHECK(r.reused_tokens == 40 + 90 + 120);
@@ -87,7 +87,7 @@ TEST_CASE("a seed restore counts for the session it was restored for", "[core][r
   REQUIRE(request(p, A) == prepare_kind::cold);
   REQUIRE(request(p, who("other", chain({99}))) == prepare_kind::cold);
   REQUIRE(request(p, B) == prepare_kind::restored);  // seeded from A's snapshot
-  p.note_reuse(p.hash_for("B"), prepare_kind::restored, 50, 0.0);
+  p.outcomes().note_reuse(p.hash_for("B"), prepare_kind::restored, 50, 0.0);
   CHECK(reuse_of(p, "B").restores == 1);
   CHECK(reuse_of(p, "B").reused_after_restore == 50);
   CHECK(reuse_of(p, "B").prefill_seconds_saved == 0.0);  // the prompt speed is not known yet
@@ -99,10 +99,10 @@ TEST_CASE("reuse of an unknown or forgotten session is not recorded", "[core][re
   auto p = make_pool();
   const auto A = who("A", chain({1}));
   REQUIRE(request(p, A) == prepare_kind::cold);
-  p.note_reuse(p.hash_for("nobody"), prepare_kind::resident, 10, 1.0);
-  CHECK_FALSE(p.session(p.hash_for("nobody")));
-  p.note_reuse(p.hash_for("A"), prepare_kind::resident, 10, 1.0);
-  REQUIRE(p.forget(p.hash_for("A")));
+  p.outcomes().note_reuse(p.hash_for("nobody"), prepare_kind::resident, 10, 1.0);
+  CHECK_FALSE(p.listing().session(p.hash_for("nobody")));
+  p.outcomes().note_reuse(p.hash_for("A"), prepare_kind::resident, 10, 1.0);
+  REQUIRE(p.plans().forget(p.hash_for("A")));
   REQUIRE(request(p, A) == prepare_kind::cold);
   CHECK(reuse_of(p, "A").reused_tokens == 0);
 }

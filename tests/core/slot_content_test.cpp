@@ -58,7 +58,7 @@ void run(slot_pool& p, const request_identity& w, const prepare_plan& plan) {
 
 prepare_plan request(slot_pool& p, request_identity w) {
   p.resolve_session(w);
-  auto plan = p.prepare(w, only_slot, t0, wall);
+  auto plan = p.plans().prepare(w, only_slot, t0, wall);
   run(p, w, plan);
   return plan;
 }
@@ -68,15 +68,15 @@ prepare_plan request(slot_pool& p, request_identity w) {
 TEST_CASE("a slot's content is unknown at first, known after a request, empty after an erase",
           "[core][slot_content]") {
   auto p = make_pool(scope::credential);
-  CHECK(p.content(0).whose == content_whose::unknown);
+  CHECK(p.table().content(0).whose == content_whose::unknown);
   const auto first = request(p, session("A", "k1"));
   CHECK(first.erase);                 // unknown content is never shared under a scope
   CHECK_FALSE(first.erase_required);  // ... but with one credential seen, nobody else's
-  CHECK(p.content(0).whose == content_whose::known);
-  CHECK(p.content(0).credential == "k1");
-  CHECK(p.content(0).session == p.hash_for(session("A", "k1")));
-  p.on_epoch_change();
-  CHECK(p.content(0).whose == content_whose::empty);  // a new server process holds nothing
+  CHECK(p.table().content(0).whose == content_whose::known);
+  CHECK(p.table().content(0).credential == "k1");
+  CHECK(p.table().content(0).session == p.hash_for(session("A", "k1")));
+  p.table().on_epoch_change();
+  CHECK(p.table().content(0).whose == content_whose::empty);  // a new server process holds nothing
 }
 
 TEST_CASE("under credential scope another credential never runs on the slot un-erased",
@@ -90,26 +90,26 @@ TEST_CASE("under credential scope another credential never runs on the slot un-e
     CHECK_FALSE(plan.erase);
   }
   SECTION("an auxiliary call of another credential: the erase is required") {
-    const auto plan = p.prepare(auxiliary("k2"), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(auxiliary("k2"), only_slot, t0, wall);
     CHECK(plan.save);
     CHECK(plan.erase);
     CHECK(plan.erase_required);
   }
   SECTION("a new session of another credential: no keep, no seed, a required erase") {
-    const auto plan = p.prepare(session("B", "k2"), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("B", "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.kept);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase);
     CHECK(plan.erase_required);
   }
   SECTION("a new session of the same credential keeps the slot's content") {
-    const auto plan = p.prepare(session("B", "k1", chain({7, 8})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("B", "k1", chain({7, 8})), only_slot, t0, wall);
     CHECK(plan.kept);
     CHECK_FALSE(plan.erase);
   }
   SECTION("another credential sending A's session id names another session") {
     CHECK(p.hash_for(session("A", "k2")) != p.hash_for(session("A", "k1")));
-    const auto plan = p.prepare(session("A", "k2"), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("A", "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.resident);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase_required);
@@ -121,9 +121,9 @@ TEST_CASE("unknown content needs a required erase only once several credentials 
   auto p = make_pool(scope::credential);
   request(p, session("A", "k1"));
   request(p, session("B", "k2"));  // a second credential
-  p.forget_slot(0);                 // something kvpersist did not plan ran there
-  REQUIRE(p.content(0).whose == content_whose::unknown);
-  const auto plan = p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
+  p.table().forget_slot(0);                 // something kvpersist did not plan ran there
+  REQUIRE(p.table().content(0).whose == content_whose::unknown);
+  const auto plan = p.plans().prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
   CHECK(plan.erase_required);
@@ -132,11 +132,12 @@ TEST_CASE("unknown content needs a required erase only once several credentials 
 TEST_CASE("a failed scope erase leaves the content unknown", "[core][slot_content]") {
   auto p = make_pool(scope::credential);
   request(p, session("A", "k1"));
-  const auto plan = p.prepare(auxiliary("k2"), only_slot, t0, wall);
+  const auto plan = p.plans().prepare(auxiliary("k2"), only_slot, t0, wall);
   REQUIRE(plan.erase_required);
-  if (plan.save) REQUIRE(p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall).ok());
-  CHECK_FALSE(p.on_erase(only_slot, error{errc::erase_failed, 500, "no"}, t0));
-  CHECK(p.content(0).whose == content_whose::unknown);
+  if (plan.save)
+    REQUIRE(p.outcomes().on_save(*plan.save, slot_saved{100, 4096, 1.0}, t0, wall).ok());
+  CHECK_FALSE(p.outcomes().on_erase(only_slot, error{errc::erase_failed, 500, "no"}, t0));
+  CHECK(p.table().content(0).whose == content_whose::unknown);
 }
 
 TEST_CASE("under instance scope any known content is shared; under session only its own",
@@ -144,12 +145,12 @@ TEST_CASE("under instance scope any known content is shared; under session only 
   SECTION("instance") {
     auto p = make_pool(scope::instance);
     request(p, session("A", "k1"));
-    CHECK_FALSE(p.prepare(auxiliary("k2"), only_slot, t0, wall).erase);
+    CHECK_FALSE(p.plans().prepare(auxiliary("k2"), only_slot, t0, wall).erase);
   }
   SECTION("session: another session of the same credential is erased, not required") {
     auto p = make_pool(scope::session);
     request(p, session("A", "k1"));
-    const auto plan = p.prepare(session("B", "k1", chain({7})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("B", "k1", chain({7})), only_slot, t0, wall);
     CHECK(plan.erase);
     CHECK_FALSE(plan.erase_required);
     CHECK_FALSE(plan.kept);
@@ -162,31 +163,31 @@ TEST_CASE("a server that did not answer leaves its slots unknown, as their crede
   request(p, session("A", "k1"));
   request(p, session("B", "k2"));
   request(p, session("A", "k1"));  // the slot holds k1's KV; two credentials seen
-  p.on_unreachable();  // a stall: the KV may still be there, and will be after SIGCONT
+  p.table().on_unreachable();  // a stall: the KV may still be there, and will be after SIGCONT
   // Below, chain {7, 8}: a new conversation that no saved snapshot can seed.
-  CHECK(p.content(0).whose == content_whose::unknown);
-  CHECK(p.content(0).credential == "k1");
-  CHECK(p.owner(0).empty());
-  p.on_unreachable();  // the probe keeps failing: nothing more is forgotten
-  CHECK(p.content(0).credential_known);
+  CHECK(p.table().content(0).whose == content_whose::unknown);
+  CHECK(p.table().content(0).credential == "k1");
+  CHECK(p.table().owner(0).empty());
+  p.table().on_unreachable();  // the probe keeps failing: nothing more is forgotten
+  CHECK(p.table().content(0).credential_known);
   SECTION("another credential's new conversation erases first, and must") {
-    const auto plan = p.prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall);
     CHECK(plan.erase);
     CHECK(plan.erase_required);
     CHECK_FALSE(plan.kept);
   }
   SECTION("another credential's auxiliary call too") {
-    CHECK(p.prepare(auxiliary("k2"), only_slot, t0, wall).erase_required);
+    CHECK(p.plans().prepare(auxiliary("k2"), only_slot, t0, wall).erase_required);
   }
   SECTION("the same credential keeps it: no erase") {
-    const auto plan = p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall);
     CHECK_FALSE(plan.erase);
     CHECK(plan.kept);
   }
   SECTION("only a new epoch makes it empty") {
-    p.on_epoch_change();
-    CHECK(p.content(0).whose == content_whose::empty);
-    CHECK_FALSE(p.prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall).erase);
+    p.table().on_epoch_change();
+    CHECK(p.table().content(0).whose == content_whose::empty);
+    CHECK_FALSE(p.plans().prepare(session("C", "k2", chain({7, 8})), only_slot, t0, wall).erase);
   }
 }
 
@@ -195,11 +196,11 @@ TEST_CASE("an empty slot that went out of sight is unknown, of nobody known",
   auto p = make_pool(scope::credential);
   request(p, session("A", "k1"));
   request(p, session("B", "k2"));
-  p.on_epoch_change();
-  p.on_unreachable();
-  CHECK(p.content(0).whose == content_whose::unknown);
-  CHECK_FALSE(p.content(0).credential_known);
-  CHECK(p.prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall).erase_required);
+  p.table().on_epoch_change();
+  p.table().on_unreachable();
+  CHECK(p.table().content(0).whose == content_whose::unknown);
+  CHECK_FALSE(p.table().content(0).credential_known);
+  CHECK(p.plans().prepare(session("C", "k1", chain({7, 8})), only_slot, t0, wall).erase_required);
 }
 
 TEST_CASE("persistence off keeps the slots' credentials: isolation does not depend on it",
@@ -207,29 +208,30 @@ TEST_CASE("persistence off keeps the slots' credentials: isolation does not depe
   auto p = make_pool(scope::credential);
   request(p, session("A", "k1"));
   p.disable_persistence();
-  CHECK(p.content(0).whose == content_whose::unknown);
-  CHECK(p.content(0).credential == "k1");
+  CHECK(p.table().content(0).whose == content_whose::unknown);
+  CHECK(p.table().content(0).credential == "k1");
   CHECK_FALSE(p.pass_through_needs_erase("k1"));
   CHECK(p.pass_through_needs_erase("k2"));
-  p.note_pass_through("k1");
+  p.placed().note_pass_through("k1");
   CHECK_FALSE(p.pass_through_needs_erase("k1"));
   SECTION("another credential after every slot was erased is the new tenant") {
-    p.on_server_erased();
+    p.table().on_server_erased();
     CHECK_FALSE(p.pass_through_needs_erase("k2"));
-    p.note_pass_through("k2");
+    p.placed().note_pass_through("k2");
     CHECK(p.pass_through_needs_erase("k1"));
     CHECK_FALSE(p.pass_through_needs_erase("k2"));
     SECTION("and persistence back: k1 erases first, k2 keeps its content") {
       p.set_runtime(kvp::testing::qwen7b_runtime());
-      CHECK(p.prepare(session("C", "k1", chain({1, 2})), only_slot, t0, wall).erase_required);
-      p.abort_prepare(only_slot);
-      CHECK(p.prepare(session("D", "k2", chain({1, 2})), only_slot, t0, wall).kept);
+      CHECK(
+          p.plans().prepare(session("C", "k1", chain({1, 2})), only_slot, t0, wall).erase_required);
+      p.outcomes().abort_prepare(only_slot);
+      CHECK(p.plans().prepare(session("D", "k2", chain({1, 2})), only_slot, t0, wall).kept);
     }
   }
   SECTION("a pass-through of another credential without an erase (isolation off) leaves "
           "content of nobody known") {
-    p.note_pass_through("k2");
-    CHECK_FALSE(p.content(0).credential_known);
+    p.placed().note_pass_through("k2");
+    CHECK_FALSE(p.table().content(0).credential_known);
     CHECK(p.pass_through_needs_erase("k1"));
     CHECK(p.pass_through_needs_erase("k2"));
   }
@@ -240,7 +242,7 @@ TEST_CASE("persistence off, one credential: nothing there is another tenant's",
   auto p = make_pool(scope::credential);
   p.disable_persistence();  // before any request: the slot is unknown
   CHECK_FALSE(p.pass_through_needs_erase("k1"));
-  p.note_pass_through("k1");
+  p.placed().note_pass_through("k1");
   CHECK_FALSE(p.pass_through_needs_erase("k1"));
   CHECK(p.pass_through_needs_erase("k2"));
 }
@@ -249,7 +251,7 @@ TEST_CASE("persistence off under instance scope never asks for an erase", "[core
   auto p = make_pool(scope::instance);
   request(p, session("A", "k1"));
   p.disable_persistence();
-  p.note_pass_through("k1");
+  p.placed().note_pass_through("k1");
   CHECK_FALSE(p.pass_through_needs_erase("k2"));
 }
 
@@ -262,7 +264,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto next = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(next);
     CHECK(next.session_id == "X");
-    CHECK(p.prepare(next, only_slot, t0, wall).resident);
+    CHECK(p.plans().prepare(next, only_slot, t0, wall).resident);
   }
   SECTION("another first user message with the same preamble: still the header's session") {
     auto other = session("X", "k1", chain({1, 9}));
@@ -273,7 +275,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto title = session("X", "k1", chain({9, 2}));
     p.resolve_session(title);
     CHECK(title.session_id == sub_session_id("X", to_hex(title.chain[0]).substr(0, 16)));
-    const auto plan = p.prepare(title, only_slot, t0, wall);
+    const auto plan = p.plans().prepare(title, only_slot, t0, wall);
     CHECK_FALSE(plan.resident);  // never silently on X's KV while X is thought resident
     CHECK(plan.save);            // X is saved first
     run(p, title, plan);
@@ -281,7 +283,7 @@ TEST_CASE("a header request with another preamble than its session's is a sub-se
     auto back = session("X", "k1", chain({1, 2, 3, 4}));
     p.resolve_session(back);
     CHECK(back.session_id == "X");
-    const auto again = p.prepare(back, only_slot, t0, wall);
+    const auto again = p.plans().prepare(back, only_slot, t0, wall);
     REQUIRE(again.restore);
     CHECK(again.restore->hash == p.hash_for(back));
   }
@@ -353,12 +355,12 @@ slot_pool make_managed_pool(scope s, int n) {
   auto p = make_pool(s);
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) ids.push_back(i);
-  p.set_slots(ids);
+  p.table().set_ids(ids);
   return p;
 }
 
 void request_on(slot_pool& p, const request_identity& w, int slot) {
-  const auto plan = p.prepare(w, slot, t0, wall);
+  const auto plan = p.plans().prepare(w, slot, t0, wall);
   kvp::testing::run_plan(p, w, plan, t0, wall);
 }
 
@@ -366,7 +368,7 @@ using erases = std::vector<std::pair<int, bool>>;  // (slot, required)
 
 erases erases_for(slot_pool& p, const request_identity& w) {
   erases out;
-  for (const auto& e : p.erases_before_unpinned(w)) out.emplace_back(e.slot, e.required);
+  for (const auto& e : p.placed().erases_before_unpinned(w)) out.emplace_back(e.slot, e.required);
   return out;
 }
 
@@ -382,13 +384,13 @@ TEST_CASE("an unpinnable request: every slot it may not run on is erased first, 
   CHECK(erases_for(p, auxiliary("k2")) == erases{{0, true}, {2, true}});
   // The same request under A's session header is no session turn: the same erases.
   CHECK(erases_for(p, session("A", "k2")) == erases{{0, true}, {2, true}});
-  REQUIRE(p.on_erase(0, slot_erased{100}, t0));
-  REQUIRE(p.on_erase(2, slot_erased{0}, t0));
-  CHECK(p.owner(0).empty());  // an erased slot holds nobody's KV
-  p.note_unpinned_ran(2, "k2");
-  CHECK(p.content(2).whose == content_whose::known);
-  CHECK(p.content(2).credential == "k2");
-  CHECK(p.content(2).session.empty());
+  REQUIRE(p.outcomes().on_erase(0, slot_erased{100}, t0));
+  REQUIRE(p.outcomes().on_erase(2, slot_erased{0}, t0));
+  CHECK(p.table().owner(0).empty());  // an erased slot holds nobody's KV
+  p.placed().note_unpinned_ran(2, "k2");
+  CHECK(p.table().content(2).whose == content_whose::known);
+  CHECK(p.table().content(2).credential == "k2");
+  CHECK(p.table().content(2).session.empty());
   CHECK(erases_for(p, auxiliary("k2")).empty());  // empty or k2's own everywhere
   CHECK(erases_for(p, auxiliary("k1")) == erases{{1, true}, {2, true}});
 }
@@ -410,32 +412,33 @@ TEST_CASE("a request refused before it reached llama-server leaves its erased sl
   auto p = make_managed_pool(scope::credential, 2);
   request_on(p, session("A", "k1"), 0);
   const auto b = session("B", "k2");
-  const auto plan = p.prepare(b, 1, t0, wall);
+  const auto plan = p.plans().prepare(b, 1, t0, wall);
   REQUIRE(plan.erase);
-  REQUIRE(p.on_erase(1, slot_erased{0}, t0));
-  p.start_inference(b, 1);
-  (void)p.end_inference(1, false, t0);  // e.g. a body that cannot be pinned
-  CHECK(p.owner(1).empty());
-  CHECK(p.content(1).whose == content_whose::empty);
+  REQUIRE(p.outcomes().on_erase(1, slot_erased{0}, t0));
+  p.outcomes().start_inference(b, 1);
+  (void)p.outcomes().end_inference(1, false, t0);  // e.g. a body that cannot be pinned
+  CHECK(p.table().owner(1).empty());
+  CHECK(p.table().content(1).whose == content_whose::empty);
   // A resident request refused the same way: the slot still holds A's turns.
   const auto a = session("A", "k1");
-  REQUIRE(p.prepare(a, 0, t0, wall).resident);
-  p.start_inference(a, 0);
-  (void)p.end_inference(0, false, t0);
-  CHECK(p.owner(0) == p.hash_for(a));
-  CHECK(p.content(0).credential == "k1");
+  REQUIRE(p.plans().prepare(a, 0, t0, wall).resident);
+  p.outcomes().start_inference(a, 0);
+  (void)p.outcomes().end_inference(0, false, t0);
+  CHECK(p.table().owner(0) == p.hash_for(a));
+  CHECK(p.table().content(0).credential == "k1");
 }
 
 TEST_CASE("a slot seen empty is forgotten alone", "[core][slot_content]") {
   auto p = make_managed_pool(scope::credential, 2);
   request_on(p, session("A", "k1"), 0);
   request_on(p, session("B", "k2"), 1);
-  p.forget_emptied_slot(1);
-  CHECK(p.owner(1).empty());
-  CHECK(p.content(1).whose == content_whose::empty);
-  CHECK(p.owner(0) == p.hash_for(session("A", "k1")));
-  CHECK(p.content(0).credential == "k1");
-  CHECK(p.prepare(session("C", "k3"), 0, t0, wall).erase_required);  // A's KV is still there
+  p.table().forget_emptied_slot(1);
+  CHECK(p.table().owner(1).empty());
+  CHECK(p.table().content(1).whose == content_whose::empty);
+  CHECK(p.table().owner(0) == p.hash_for(session("A", "k1")));
+  CHECK(p.table().content(0).credential == "k1");
+  CHECK(
+      p.plans().prepare(session("C", "k3"), 0, t0, wall).erase_required);  // A's KV is still there
 }
 
 }  // namespace slot_content_test

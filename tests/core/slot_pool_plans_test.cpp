@@ -96,37 +96,38 @@ manifest ready_manifest(const slot_pool& c, const std::string& id, char gen,
 // inference, which reaches the slot. Saves report `saved_tokens`.
 prepare_kind run_request(slot_pool& c, const request_identity& who, steady_time now,
                          std::uint64_t saved_tokens = 100) {
-  auto plan = c.prepare(who, only_slot, now, wall);
+  auto plan = c.plans().prepare(who, only_slot, now, wall);
   REQUIRE_FALSE(plan.fail);
-  for (const auto& m : plan.manifest_writes) c.store_manifest(m);
+  for (const auto& m : plan.manifest_writes) c.outcomes().store_manifest(m);
   if (plan.save) {
-    auto d = c.on_save(*plan.save, saved(saved_tokens), now, wall);
+    auto d = c.outcomes().on_save(*plan.save, saved(saved_tokens), now, wall);
     REQUIRE(d.ok());
-    c.store_manifest(d.value());
+    c.outcomes().store_manifest(d.value());
   }
   bool erase = plan.erase;
   if (plan.restore) {
-    auto d = c.on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
+    auto d =
+        c.outcomes().on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
     REQUIRE(d.restored);
     erase = erase || d.need_erase;
   }
-  if (erase) REQUIRE(c.on_erase(only_slot, erased(), now));
-  const auto kind = c.start_inference(who, only_slot);
-  if (auto s = c.end_inference(only_slot, true, now)) {
-    auto d = c.on_save(*s, saved(saved_tokens), now, wall);
+  if (erase) REQUIRE(c.outcomes().on_erase(only_slot, erased(), now));
+  const auto kind = c.outcomes().start_inference(who, only_slot);
+  if (auto s = c.outcomes().end_inference(only_slot, true, now)) {
+    auto d = c.outcomes().on_save(*s, saved(saved_tokens), now, wall);
     REQUIRE(d.ok());
-    c.store_manifest(d.value());
+    c.outcomes().store_manifest(d.value());
   }
   return kind;
 }
 
 // Saves the dirty owner through checkpoint_owner and stores its manifest.
 void checkpoint(slot_pool& c, steady_time now, std::uint64_t tokens) {
-  auto s = c.checkpoint_slot(only_slot, now);
+  auto s = c.plans().checkpoint_slot(only_slot, now);
   REQUIRE(s);
-  auto d = c.on_save(*s, saved(tokens), now, wall);
+  auto d = c.outcomes().on_save(*s, saved(tokens), now, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
+  c.outcomes().store_manifest(d.value());
 }
 
 }  // namespace
@@ -134,41 +135,41 @@ void checkpoint(slot_pool& c, steady_time now, std::uint64_t tokens) {
 TEST_CASE("a session goes cold, dirty, saving and clean (docs/design.md §7)", "[core][slot_pool]") {
   auto c = make_core();
   const auto a = c.hash_for("A");
-  CHECK(c.state(only_slot) == slot_state::unknown);
-  CHECK(c.owner(only_slot).empty());
+  CHECK(c.table().state(only_slot) == slot_state::unknown);
+  CHECK(c.table().owner(only_slot).empty());
 
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   CHECK(p.erase);
   CHECK_FALSE(p.save);
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.resident);
   CHECK(p.manifest_writes.empty());
-  CHECK(c.on_erase(only_slot, erased(), t0));
-  CHECK(c.state(only_slot) == slot_state::idle);
+  CHECK(c.outcomes().on_erase(only_slot, erased(), t0));
+  CHECK(c.table().state(only_slot) == slot_state::idle);
 
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold);
-  CHECK(c.owner(only_slot) == a);
-  CHECK(c.state(only_slot) == slot_state::inference);
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold);
+  CHECK(c.table().owner(only_slot) == a);
+  CHECK(c.table().state(only_slot) == slot_state::inference);
 
-  CHECK_FALSE(c.end_inference(only_slot, true, t0 + 1s));
-  CHECK(c.state(only_slot) == slot_state::dirty);
-  CHECK(c.owner_dirty(only_slot));
+  CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 1s));
+  CHECK(c.table().state(only_slot) == slot_state::dirty);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
 
-  auto s = c.checkpoint_slot(only_slot, t0 + 2s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 2s);
   REQUIRE(s);
-  CHECK(c.state(only_slot) == slot_state::saving);
+  CHECK(c.table().state(only_slot) == slot_state::saving);
   CHECK(s->hash == a);
   CHECK(s->slot == 0);
   CHECK(s->revision == 1);
 
-  auto d = c.on_save(*s, saved(2124), t0 + 3s, wall);
+  auto d = c.outcomes().on_save(*s, saved(2124), t0 + 3s, wall);
   REQUIRE(d.ok());
   // Not clean until the manifest is durable.
-  CHECK(c.owner_dirty(only_slot));
-  c.store_manifest(d.value());
-  CHECK_FALSE(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::ready);
-  CHECK(c.owner(only_slot) == a);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  c.outcomes().store_manifest(d.value());
+  CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::ready);
+  CHECK(c.table().owner(only_slot) == a);
 
   CHECK(c.stats().cold_starts == 1);
   CHECK(c.stats().saves == 1);
@@ -183,35 +184,35 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   REQUIRE(a != b);
 
   // A #1: erase only.
-  auto p1 = c.prepare(session("A"), only_slot, t0, wall);
+  auto p1 = c.plans().prepare(session("A"), only_slot, t0, wall);
   CHECK(p1.erase);
   CHECK_FALSE(p1.save);
   CHECK_FALSE(p1.restore);
   CHECK_FALSE(p1.resident);
-  REQUIRE(c.on_erase(only_slot, erased(), t0));
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold);
-  CHECK_FALSE(c.end_inference(only_slot, true, t0 + 1s));
+  REQUIRE(c.outcomes().on_erase(only_slot, erased(), t0));
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold);
+  CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 1s));
 
   // A #2: resident, no calls at all.
-  auto p2 = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+  auto p2 = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
   CHECK(p2.resident);
   CHECK_FALSE(p2.erase);
   CHECK_FALSE(p2.save);
   CHECK_FALSE(p2.restore);
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::resident);
-  CHECK_FALSE(c.end_inference(only_slot, true, t0 + 3s));
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::resident);
+  CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 3s));
 
   // B: save A into generation 'a'; B's cold start keeps A's content (docs/design.md §20:
   // llama-server reuses the common token prefix, which is never worse than an erase).
-  auto p3 = c.prepare(session("B"), only_slot, t0 + 4s, wall);
+  auto p3 = c.plans().prepare(session("B"), only_slot, t0 + 4s, wall);
   CHECK_FALSE(p3.resident);
   check_save(p3, a, 'a', 2);
   CHECK_FALSE(p3.erase);
   CHECK(p3.kept);
   CHECK_FALSE(p3.restore);
-  CHECK(c.state(only_slot) == slot_state::saving);
+  CHECK(c.table().state(only_slot) == slot_state::saving);
 
-  auto d3 = c.on_save(*p3.save, saved(1500), t0 + 5s, wall);
+  auto d3 = c.outcomes().on_save(*p3.save, saved(1500), t0 + 5s, wall);
   REQUIRE(d3.ok());
   CHECK(d3->session_id == "A");
   CHECK(d3->session_hash == a);
@@ -225,14 +226,14 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   CHECK(d3->model_id == test_runtime().model_path);
   CHECK(d3->runtime_fingerprint == expected_fingerprint());
   CHECK(d3->created_at == wall);
-  c.store_manifest(d3.value());
-  REQUIRE(c.on_erase(only_slot, erased(1500), t0 + 5s));
-  CHECK(c.start_inference(session("B"), only_slot) == prepare_kind::cold);
-  CHECK(c.owner(only_slot) == b);
-  CHECK_FALSE(c.end_inference(only_slot, true, t0 + 6s));
+  c.outcomes().store_manifest(d3.value());
+  REQUIRE(c.outcomes().on_erase(only_slot, erased(1500), t0 + 5s));
+  CHECK(c.outcomes().start_inference(session("B"), only_slot) == prepare_kind::cold);
+  CHECK(c.table().owner(only_slot) == b);
+  CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 6s));
 
   // A #3: save B, restore A with A's token count.
-  auto p4 = c.prepare(session("A"), only_slot, t0 + 7s, wall);
+  auto p4 = c.plans().prepare(session("A"), only_slot, t0 + 7s, wall);
   CHECK_FALSE(p4.resident);
   check_save(p4, b, 'a', 1);
   REQUIRE(p4.restore);
@@ -241,16 +242,16 @@ TEST_CASE("request A, A, B, A plans exactly the milestone's calls (docs/design.m
   CHECK(p4.restore->expected_tokens == 1500);
   CHECK_FALSE(p4.erase);
 
-  auto d4 = c.on_save(*p4.save, saved(900), t0 + 8s, wall);
+  auto d4 = c.outcomes().on_save(*p4.save, saved(900), t0 + 8s, wall);
   REQUIRE(d4.ok());
-  c.store_manifest(d4.value());
-  auto r4 = c.on_restore(*p4.restore, restored(1500), t0 + 8s, wall);
+  c.outcomes().store_manifest(d4.value());
+  auto r4 = c.outcomes().on_restore(*p4.restore, restored(1500), t0 + 8s, wall);
   CHECK(r4.restored);
   CHECK_FALSE(r4.need_erase);
   CHECK_FALSE(r4.write);
-  CHECK(c.state(only_slot) == slot_state::ready);
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::restored);
-  CHECK(c.owner(only_slot) == a);
+  CHECK(c.table().state(only_slot) == slot_state::ready);
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::restored);
+  CHECK(c.table().owner(only_slot) == a);
 
   CHECK(c.stats().switches == 2);
   CHECK(c.stats().saves == 2);
@@ -265,41 +266,41 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
   const auto a = c.hash_for("A");
 
   run_request(c, session("A"), t0);
-  auto s1 = c.checkpoint_slot(only_slot, t0 + 1s);
+  auto s1 = c.plans().checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s1);
   CHECK(s1->generation == 'a');
   CHECK(s1->filename == a + ".a.bin");
-  auto d1 = c.on_save(*s1, saved(100), t0 + 1s, wall);
+  auto d1 = c.outcomes().on_save(*s1, saved(100), t0 + 1s, wall);
   REQUIRE(d1.ok());
-  c.store_manifest(d1.value());
-  CHECK(c.find_manifest(a)->generation == 'a');
+  c.outcomes().store_manifest(d1.value());
+  CHECK(c.records().find_manifest(a)->generation == 'a');
 
   run_request(c, session("A"), t0 + 2s);
-  auto s2 = c.checkpoint_slot(only_slot, t0 + 3s);
+  auto s2 = c.plans().checkpoint_slot(only_slot, t0 + 3s);
   REQUIRE(s2);
   CHECK(s2->generation == 'b');
   CHECK(s2->filename == a + ".b.bin");
 
   SECTION("a stored save switches the manifest to the new generation") {
-    auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
+    auto d2 = c.outcomes().on_save(*s2, saved(200), t0 + 3s, wall);
     REQUIRE(d2.ok());
     CHECK(d2->generation == 'b');
     CHECK(d2->created_at == wall);
-    c.store_manifest(d2.value());
-    CHECK(c.find_manifest(a)->generation == 'b');
-    CHECK(c.find_manifest(a)->tokens == 200);
+    c.outcomes().store_manifest(d2.value());
+    CHECK(c.records().find_manifest(a)->generation == 'b');
+    CHECK(c.records().find_manifest(a)->tokens == 200);
 
     run_request(c, session("A"), t0 + 4s);
-    auto s3 = c.checkpoint_slot(only_slot, t0 + 5s);
+    auto s3 = c.plans().checkpoint_slot(only_slot, t0 + 5s);
     REQUIRE(s3);
     CHECK(s3->generation == 'a');
     CHECK(s3->filename == a + ".a.bin");
-    auto d3 = c.on_save(*s3, saved(300), t0 + 5s, wall);
-    c.store_manifest(d3.value());
+    auto d3 = c.outcomes().on_save(*s3, saved(300), t0 + 5s, wall);
+    c.outcomes().store_manifest(d3.value());
 
     // A restore reads the generation the manifest points at.
     run_request(c, session("B"), t0 + 6s);
-    auto p = c.prepare(session("A"), only_slot, t0 + 7s, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0 + 7s, wall);
     REQUIRE(p.restore);
     CHECK(p.restore->filename == a + ".a.bin");
     CHECK(p.restore->expected_tokens == 300);
@@ -308,11 +309,11 @@ TEST_CASE("saves rotate generations a, b, a and restores follow the manifest (do
   SECTION("a save whose manifest was never stored does not rotate") {
     // The server wrote b, but the manifest write failed: the manifest still points at a,
     // and the next save targets b again, never the last good file.
-    auto d2 = c.on_save(*s2, saved(200), t0 + 3s, wall);
+    auto d2 = c.outcomes().on_save(*s2, saved(200), t0 + 3s, wall);
     REQUIRE(d2.ok());
-    CHECK(c.find_manifest(a)->generation == 'a');
-    CHECK(c.owner_dirty(only_slot));
-    auto again = c.checkpoint_slot(only_slot, t0 + 4s);
+    CHECK(c.records().find_manifest(a)->generation == 'a');
+    CHECK(c.records().dirty(c.table().owner(only_slot)));
+    auto again = c.plans().checkpoint_slot(only_slot, t0 + 4s);
     REQUIRE(again);
     CHECK(again->generation == 'b');
     CHECK(again->filename == a + ".b.bin");
@@ -323,46 +324,46 @@ TEST_CASE("a save of revision N while revision N+1 happens leaves the slot dirty
           "[core][slot_pool]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
-  auto s = c.checkpoint_slot(only_slot, t0 + 1s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
   CHECK(s->revision == 1);
 
   // Another turn of A completes before the save's result is in.
-  auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
   CHECK(p.resident);
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0 + 3s);
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 3s);
 
-  auto d = c.on_save(*s, saved(100), t0 + 4s, wall);
+  auto d = c.outcomes().on_save(*s, saved(100), t0 + 4s, wall);
   REQUIRE(d.ok());
   CHECK(d->revision == 1);
-  c.store_manifest(d.value());
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::dirty);
+  c.outcomes().store_manifest(d.value());
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::dirty);
 
-  auto s2 = c.checkpoint_slot(only_slot, t0 + 5s);
+  auto s2 = c.plans().checkpoint_slot(only_slot, t0 + 5s);
   REQUIRE(s2);
   CHECK(s2->revision == 2);
-  auto d2 = c.on_save(*s2, saved(180), t0 + 6s, wall);
-  c.store_manifest(d2.value());
-  CHECK_FALSE(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::ready);
+  auto d2 = c.outcomes().on_save(*s2, saved(180), t0 + 6s, wall);
+  c.outcomes().store_manifest(d2.value());
+  CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::ready);
 }
 
 TEST_CASE("checkpoint requests for the same revision coalesce (docs/design.md §7)",
           "[core][slot_pool]") {
   auto c = make_core();
-  CHECK_FALSE(c.checkpoint_slot(only_slot, t0));  // nobody owns the slot
+  CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0));  // nobody owns the slot
 
   run_request(c, session("A"), t0);
-  auto s = c.checkpoint_slot(only_slot, t0 + 1s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
-  CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 1s));  // one is in flight for this revision
-  auto d = c.on_save(*s, saved(100), t0 + 2s, wall);
-  c.store_manifest(d.value());
-  CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 3s));  // clean: nothing to do
-  CHECK_FALSE(c.idle_deadline());            // the flush superseded the idle timer
-  CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 1h));
+  CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0 + 1s));  // one is in flight for this revision
+  auto d = c.outcomes().on_save(*s, saved(100), t0 + 2s, wall);
+  c.outcomes().store_manifest(d.value());
+  CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0 + 3s));  // clean: nothing to do
+  CHECK_FALSE(c.table().idle_deadline());            // the flush superseded the idle timer
+  CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 1h));
   CHECK(c.stats().saves == 1);
 }
 
@@ -375,54 +376,56 @@ TEST_CASE("the early checkpoint follows a turn end, waits at least twice the las
   const auto a = c.hash_for("A");
   run_request(c, session("B"), t0 - 5s);  // two sessions take turns: the slot is contended
   run_request(c, session("A"), t0);  // a tool step, not a turn end: the idle deadline
-  CHECK(c.idle_deadline() == t0 + 30s);
+  CHECK(c.table().idle_deadline() == t0 + 30s);
 
   auto end_turn = [&](steady_time now) {
-    REQUIRE(c.prepare(session("A"), only_slot, now, wall).resident);
-    c.start_inference(session("A"), only_slot);
-    CHECK_FALSE(c.end_inference(only_slot, true, now, true));  // no save on the spot: onTurnEnd is off
+    REQUIRE(c.plans().prepare(session("A"), only_slot, now, wall).resident);
+    c.outcomes().start_inference(session("A"), only_slot);
+    CHECK_FALSE(c.outcomes().end_inference(only_slot, true, now,
+                                           true));  // no save on the spot: onTurnEnd is off
   };
   end_turn(t0 + 1s);
-  CHECK(c.idle_deadline() == t0 + 3s);  // earlyMs: no save measured yet
-  auto s = c.idle_checkpoint(only_slot, t0 + 3s);
+  CHECK(c.table().idle_deadline() == t0 + 3s);  // earlyMs: no save measured yet
+  auto s = c.plans().idle_checkpoint(only_slot, t0 + 3s);
   REQUIRE(s);
   CHECK(s->hash == a);
-  auto d = c.on_save(*s, slot_saved{100, 24 + 100 * 1024, 1500.0}, t0 + 4s, wall);  // 1.5 s
+  auto d =
+      c.outcomes().on_save(*s, slot_saved{100, 24 + 100 * 1024, 1500.0}, t0 + 4s, wall);  // 1.5 s
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
-  CHECK_FALSE(c.owner_dirty(only_slot));
+  c.outcomes().store_manifest(d.value());
+  CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
 
   end_turn(t0 + 10s);
-  CHECK(c.idle_deadline() == t0 + 13s);  // twice the last save (3 s) is more than earlyMs
+  CHECK(c.table().idle_deadline() == t0 + 13s);  // twice the last save (3 s) is more than earlyMs
 
   SECTION("a big snapshot waits no longer than the idle checkpoint would") {
-    auto big = c.on_save(*c.checkpoint_slot(only_slot, t0 + 11s), slot_saved{100, 1 << 20, 20'000.0},
-                         t0 + 31s, wall);
-    c.store_manifest(big.value());
+    auto big = c.outcomes().on_save(*c.plans().checkpoint_slot(only_slot, t0 + 11s),
+                                    slot_saved{100, 1 << 20, 20'000.0}, t0 + 31s, wall);
+    c.outcomes().store_manifest(big.value());
     end_turn(t0 + 40s);
-    CHECK(c.idle_deadline() == t0 + 70s);
+    CHECK(c.table().idle_deadline() == t0 + 70s);
   }
   SECTION("a single conversation never pays for it: only the idle checkpoint") {
     auto alone = make_core(o);
     run_request(alone, session("A"), t0);
-    REQUIRE(alone.prepare(session("A"), only_slot, t0 + 1s, wall).resident);
-    alone.start_inference(session("A"), only_slot);
-    alone.end_inference(only_slot, true, t0 + 1s, true);
-    CHECK(alone.idle_deadline() == t0 + 31s);
+    REQUIRE(alone.plans().prepare(session("A"), only_slot, t0 + 1s, wall).resident);
+    alone.outcomes().start_inference(session("A"), only_slot);
+    alone.outcomes().end_inference(only_slot, true, t0 + 1s, true);
+    CHECK(alone.table().idle_deadline() == t0 + 31s);
   }
   SECTION("contention ends when the other session has taken no turn for contention_window") {
-    REQUIRE(c.prepare(session("A"), only_slot, t0 + 11min, wall).resident);
-    c.start_inference(session("A"), only_slot);
-    c.end_inference(only_slot, true, t0 + 11min, true);
-    CHECK(c.idle_deadline() == t0 + 11min + 30s);
+    REQUIRE(c.plans().prepare(session("A"), only_slot, t0 + 11min, wall).resident);
+    c.outcomes().start_inference(session("A"), only_slot);
+    c.outcomes().end_inference(only_slot, true, t0 + 11min, true);
+    CHECK(c.table().idle_deadline() == t0 + 11min + 30s);
   }
   SECTION("with earlyMs 0 a turn end arms the idle deadline only") {
     auto plain = make_core();
     run_request(plain, session("A"), t0);
-    REQUIRE(plain.prepare(session("A"), only_slot, t0 + 1s, wall).resident);
-    plain.start_inference(session("A"), only_slot);
-    plain.end_inference(only_slot, true, t0 + 1s, true);
-    CHECK(plain.idle_deadline() == t0 + 31s);
+    REQUIRE(plain.plans().prepare(session("A"), only_slot, t0 + 1s, wall).resident);
+    plain.outcomes().start_inference(session("A"), only_slot);
+    plain.outcomes().end_inference(only_slot, true, t0 + 1s, true);
+    CHECK(plain.table().idle_deadline() == t0 + 31s);
   }
 }
 
@@ -433,19 +436,21 @@ TEST_CASE("a commit that fails after the save leaves the previous snapshot curre
   run_request(c, session("A"), t0);
   checkpoint(c, t0 + 1s, 100);  // generation a, committed
   run_request(c, session("A"), t0 + 2s);
-  auto s = c.checkpoint_slot(only_slot, t0 + 3s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 3s);
   REQUIRE(s);
   CHECK(s->generation == 'b');
-  auto d = c.on_save(*s, saved(200), t0 + 3s, wall);
+  auto d = c.outcomes().on_save(*s, saved(200), t0 + 3s, wall);
   REQUIRE(d.ok());
   const auto saves = c.stats().saves;
-  c.on_commit_failed(error{errc::file_io_timeout, 0, "manifest write took too long"}, t0 + 4s);
+  c.outcomes().on_commit_failed(error{errc::file_io_timeout, 0, "manifest write took too long"},
+                                t0 + 4s);
   CHECK(c.stats().saves == saves - 1);
   CHECK(c.stats().save_failures == 1);
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.find_manifest(c.hash_for("A"))->generation == 'a');
-  CHECK(c.circuit().consecutive_failures() == 1);  // a stuck filesystem counts like a timeout
-  auto again = c.checkpoint_slot(only_slot, t0 + 5s);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.records().find_manifest(c.hash_for("A"))->generation == 'a');
+  CHECK(c.health().circuit().consecutive_failures() ==
+        1);  // a stuck filesystem counts like a timeout
+  auto again = c.plans().checkpoint_slot(only_slot, t0 + 5s);
   REQUIRE(again);
   CHECK(again->generation == 'b');
 }
@@ -458,59 +463,59 @@ TEST_CASE(
   const auto a = c.hash_for("A");
   const auto b = c.hash_for("B");
   run_request(c, session("A"), t0);
-  REQUIRE(c.idle_deadline());
-  CHECK(*c.idle_deadline() == t0 + 30s);
+  REQUIRE(c.table().idle_deadline());
+  CHECK(*c.table().idle_deadline() == t0 + 30s);
 
   SECTION("not before the deadline, once at it") {
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s - 1ms));
-    CHECK(c.idle_deadline() == t0 + 30s);  // still armed
-    auto s = c.idle_checkpoint(only_slot, t0 + 30s);
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s - 1ms));
+    CHECK(c.table().idle_deadline() == t0 + 30s);  // still armed
+    auto s = c.plans().idle_checkpoint(only_slot, t0 + 30s);
     REQUIRE(s);
     CHECK(s->hash == a);
     CHECK(s->revision == 1);
-    CHECK(c.state(only_slot) == slot_state::saving);
-    CHECK_FALSE(c.idle_deadline());
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 31s));
-    auto d = c.on_save(*s, saved(100), t0 + 31s, wall);
-    c.store_manifest(d.value());
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 1h));
+    CHECK(c.table().state(only_slot) == slot_state::saving);
+    CHECK_FALSE(c.table().idle_deadline());
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 31s));
+    auto d = c.outcomes().on_save(*s, saved(100), t0 + 31s, wall);
+    c.outcomes().store_manifest(d.value());
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 1h));
   }
 
   SECTION("a newer revision moves the deadline; the old one does nothing") {
     run_request(c, session("A"), t0 + 10s);
-    CHECK(c.idle_deadline() == t0 + 40s);
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s));
-    auto s = c.idle_checkpoint(only_slot, t0 + 40s);
+    CHECK(c.table().idle_deadline() == t0 + 40s);
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s));
+    auto s = c.plans().idle_checkpoint(only_slot, t0 + 40s);
     REQUIRE(s);
     CHECK(s->revision == 2);
   }
 
   SECTION("a request that starts before the deadline cancels it") {
-    auto p = c.prepare(session("A"), only_slot, t0 + 29s, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0 + 29s, wall);
     CHECK(p.resident);
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s));
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s));
   }
 
   SECTION("an owner change: the old timer does not save the new owner early") {
     run_request(c, session("B"), t0 + 5s);  // saves A, B now owns the slot
-    CHECK(c.owner(only_slot) == b);
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s));
-    auto s = c.idle_checkpoint(only_slot, t0 + 35s);
+    CHECK(c.table().owner(only_slot) == b);
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s));
+    auto s = c.plans().idle_checkpoint(only_slot, t0 + 35s);
     REQUIRE(s);
     CHECK(s->hash == b);
   }
 
   SECTION("after an auxiliary request nobody owns the slot: no idle save") {
     run_request(c, auxiliary("A", "session-title"), t0 + 1s);
-    CHECK(c.owner(only_slot).empty());
-    CHECK_FALSE(c.idle_deadline());
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s));
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 31s));
+    CHECK(c.table().owner(only_slot).empty());
+    CHECK_FALSE(c.table().idle_deadline());
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s));
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 31s));
   }
 
   SECTION("after an epoch change the slot is empty: no idle save") {
-    c.on_epoch_change();
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 30s));
+    c.table().on_epoch_change();
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 30s));
   }
 }
 
@@ -521,21 +526,21 @@ TEST_CASE("idle checkpoints can be turned off, and a clean owner arms no timer",
     o.idle_checkpoint = 0ms;
     auto c = make_core(o);
     run_request(c, session("A"), t0);
-    CHECK(c.owner_dirty(only_slot));
-    CHECK_FALSE(c.idle_deadline());
-    CHECK_FALSE(c.idle_checkpoint(only_slot, t0 + 1h));
+    CHECK(c.records().dirty(c.table().owner(only_slot)));
+    CHECK_FALSE(c.table().idle_deadline());
+    CHECK_FALSE(c.plans().idle_checkpoint(only_slot, t0 + 1h));
   }
   SECTION("a restored session whose request never reached the slot stays clean") {
     auto c = make_core();
     c.add_manifest(ready_manifest(c, "A", 'a', 100));
-    auto p = c.prepare(session("A"), only_slot, t0, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
     REQUIRE(p.restore);
-    REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
-    c.start_inference(session("A"), only_slot);
-    CHECK_FALSE(c.end_inference(only_slot, false, t0 + 1s));
-    CHECK_FALSE(c.owner_dirty(only_slot));
-    CHECK(c.state(only_slot) == slot_state::ready);
-    CHECK_FALSE(c.idle_deadline());
+    REQUIRE(c.outcomes().on_restore(*p.restore, restored(100), t0, wall).restored);
+    c.outcomes().start_inference(session("A"), only_slot);
+    CHECK_FALSE(c.outcomes().end_inference(only_slot, false, t0 + 1s));
+    CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
+    CHECK(c.table().state(only_slot) == slot_state::ready);
+    CHECK_FALSE(c.table().idle_deadline());
   }
 }
 
@@ -545,11 +550,11 @@ namespace {
 slot_pool restored_turn(std::uint64_t revision) {
   auto c = make_core();
   c.add_manifest(ready_manifest(c, "A", 'a', 100, revision));
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p.restore);
-  REQUIRE(c.on_restore(*p.restore, restored(100), t0, wall).restored);
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0 + 1s);
+  REQUIRE(c.outcomes().on_restore(*p.restore, restored(100), t0, wall).restored);
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 1s);
   return c;
 }
 }  // namespace
@@ -557,8 +562,8 @@ slot_pool restored_turn(std::uint64_t revision) {
 TEST_CASE("a cancelled request that reached the slot still makes it dirty (docs/design.md §7)",
           "[core][slot_pool]") {
   auto c = restored_turn(3);
-  CHECK(c.owner_dirty(only_slot));
-  auto s = c.checkpoint_slot(only_slot, t0 + 2s);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 2s);
   REQUIRE(s);
   CHECK(s->revision == 4);  // the loaded manifest was revision 3
   CHECK(s->generation == 'b');
@@ -568,22 +573,22 @@ TEST_CASE("a revision at 2^64-1 still wraps to dirty and is saved (serial compar
           "[core][slot_pool]") {
   // parse_manifest refuses revisions above 2^53; the comparison holds on its own too.
   auto c = restored_turn(UINT64_MAX);
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.session(c.hash_for("A"))->dirty);
-  auto s = c.checkpoint_slot(only_slot, t0 + 2s);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.listing().session(c.hash_for("A"))->dirty);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 2s);
   REQUIRE(s);
   CHECK(s->revision == 0);  // 2^64-1 + 1
-  auto d = c.on_save(*s, saved(120), t0 + 2s, wall);
+  auto d = c.outcomes().on_save(*s, saved(120), t0 + 2s, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
-  CHECK_FALSE(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::ready);
+  c.outcomes().store_manifest(d.value());
+  CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::ready);
   // The next turn is dirty again and the idle checkpoint still fires.
-  c.prepare(session("A"), only_slot, t0 + 3s, wall);
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0 + 3s);
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.idle_checkpoint(only_slot, t0 + 1h));
+  c.plans().prepare(session("A"), only_slot, t0 + 3s, wall);
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 3s);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.plans().idle_checkpoint(only_slot, t0 + 1h));
 }
 
 TEST_CASE(
@@ -596,28 +601,28 @@ TEST_CASE(
   checkpoint(c, t0 + 1s, 2124);
   run_request(c, session("A"), t0 + 2s);  // dirty again
 
-  auto p = c.prepare(session("B"), only_slot, t0 + 3s, wall);
+  auto p = c.plans().prepare(session("B"), only_slot, t0 + 3s, wall);
   REQUIRE(p.save);
   CHECK(p.save->generation == 'b');
-  auto d = c.on_save(*p.save, slot_saved{0, 24, 0.1}, t0 + 3s, wall);
+  auto d = c.outcomes().on_save(*p.save, slot_saved{0, 24, 0.1}, t0 + 3s, wall);
   CHECK_FALSE(d.ok());
   CHECK(d.err().code == errc::save_empty);
-  CHECK(c.owner(only_slot).empty());
-  CHECK(c.state(only_slot) == slot_state::unknown);
-  const manifest* m = c.find_manifest(a);
+  CHECK(c.table().owner(only_slot).empty());
+  CHECK(c.table().state(only_slot) == slot_state::unknown);
+  const manifest* m = c.records().find_manifest(a);
   REQUIRE(m);
   CHECK(m->generation == 'a');
   CHECK(m->tokens == 2124);
   CHECK(m->state == snapshot_state::ready);
   CHECK(c.stats().empty_saves == 1);
   CHECK(c.stats().saves == 1);
-  CHECK(c.circuit().consecutive_failures() == 0);
+  CHECK(c.health().circuit().consecutive_failures() == 0);
 
   // B continues cold on the slot as it is; A later restores the last good generation.
   REQUIRE(p.kept);
-  CHECK(c.start_inference(session("B"), only_slot) == prepare_kind::cold);
-  c.end_inference(only_slot, true, t0 + 4s);
-  auto p2 = c.prepare(session("A"), only_slot, t0 + 5s, wall);
+  CHECK(c.outcomes().start_inference(session("B"), only_slot) == prepare_kind::cold);
+  c.outcomes().end_inference(only_slot, true, t0 + 4s);
+  auto p2 = c.plans().prepare(session("A"), only_slot, t0 + 5s, wall);
   REQUIRE(p2.restore);
   CHECK(p2.restore->filename == a + ".a.bin");
   CHECK(p2.restore->expected_tokens == 2124);
@@ -626,13 +631,13 @@ TEST_CASE(
 TEST_CASE("a save that wrote no bytes is a failure, not a snapshot", "[core][slot_pool]") {
   auto c = make_core();
   run_request(c, session("A"), t0);
-  auto s = c.checkpoint_slot(only_slot, t0 + 1s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
-  auto d = c.on_save(*s, slot_saved{100, 0, 0.1}, t0 + 1s, wall);
+  auto d = c.outcomes().on_save(*s, slot_saved{100, 0, 0.1}, t0 + 1s, wall);
   CHECK_FALSE(d.ok());
   CHECK(d.err().code == errc::save_failed);
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::dirty);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::dirty);
   CHECK(c.stats().save_failures == 1);
 }
 
@@ -646,19 +651,20 @@ TEST_CASE(
   checkpoint(c, t0 + 1s, 100);
   run_request(c, session("A"), t0 + 2s);
 
-  auto p = c.prepare(session("B"), only_slot, t0 + 3s, wall);
+  auto p = c.plans().prepare(session("B"), only_slot, t0 + 3s, wall);
   REQUIRE(p.save);
-  auto d = c.on_save(*p.save, error{errc::save_failed, 500, "Unable to save slot"}, t0 + 3s, wall);
+  auto d = c.outcomes().on_save(*p.save, error{errc::save_failed, 500, "Unable to save slot"},
+                                t0 + 3s, wall);
   CHECK_FALSE(d.ok());
   CHECK(d.err().code == errc::save_failed);
   CHECK(d.err().http_status == 500);
-  CHECK(c.circuit().consecutive_failures() == 1);  // a 5xx is the server's fault
-  CHECK(c.state(only_slot) == slot_state::dirty);
+  CHECK(c.health().circuit().consecutive_failures() == 1);  // a 5xx is the server's fault
+  CHECK(c.table().state(only_slot) == slot_state::dirty);
   REQUIRE(p.kept);
   CHECK_FALSE(p.erase);
-  CHECK(c.start_inference(session("B"), only_slot) == prepare_kind::cold);
-  CHECK(c.find_manifest(a)->generation == 'a');
-  CHECK(c.find_manifest(a)->tokens == 100);
+  CHECK(c.outcomes().start_inference(session("B"), only_slot) == prepare_kind::cold);
+  CHECK(c.records().find_manifest(a)->generation == 'a');
+  CHECK(c.records().find_manifest(a)->tokens == 100);
   CHECK(c.stats().save_failures == 1);
 }
 
@@ -666,25 +672,25 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
   auto c = make_core();
   const auto a = c.hash_for("A");
   c.add_manifest(ready_manifest(c, "A", 'b', 2124));
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p.restore);
   CHECK(p.restore->filename == a + ".b.bin");
   CHECK(p.restore->expected_tokens == 2124);
   CHECK_FALSE(p.erase);
   CHECK_FALSE(p.save);
-  CHECK(c.state(only_slot) == slot_state::restoring);
+  CHECK(c.table().state(only_slot) == slot_state::restoring);
 
   SECTION("the token count matches: restored") {
-    auto d = c.on_restore(*p.restore, restored(2124), t0, wall);
+    auto d = c.outcomes().on_restore(*p.restore, restored(2124), t0, wall);
     CHECK(d.restored);
     CHECK_FALSE(d.need_erase);
     CHECK_FALSE(d.write);
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::restored);
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::restored);
     CHECK(c.stats().restore_bytes == 24 + 2124 * 1024);
   }
 
   SECTION("200 with fewer tokens: invalid, erase, cold, never retried") {
-    auto d = c.on_restore(*p.restore, restored(2000), t0, wall);
+    auto d = c.outcomes().on_restore(*p.restore, restored(2000), t0, wall);
     CHECK_FALSE(d.restored);
     CHECK(d.need_erase);
     CHECK(d.err.code == errc::snapshot_corrupt);
@@ -693,25 +699,25 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
     CHECK(d.write->invalid_reason == "KV_SNAPSHOT_CORRUPT");
     CHECK(d.write->generation == 'b');  // marked, not deleted or moved
     CHECK(d.write->session_hash == a);
-    CHECK(c.state(only_slot) == slot_state::unknown);
-    c.store_manifest(*d.write);
-    REQUIRE(c.on_erase(only_slot, erased(2000), t0));
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
+    CHECK(c.table().state(only_slot) == slot_state::unknown);
+    c.outcomes().store_manifest(*d.write);
+    REQUIRE(c.outcomes().on_erase(only_slot, erased(2000), t0));
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
     CHECK(c.stats().restore_failures == 1);
     CHECK(c.stats().invalidations == 1);
     CHECK(c.stats().cold_starts == 1);
-    CHECK(c.circuit().consecutive_failures() == 0);
+    CHECK(c.health().circuit().consecutive_failures() == 0);
 
-    c.end_inference(only_slot, true, t0 + 1s);
-    c.on_epoch_change();
-    auto p2 = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+    c.outcomes().end_inference(only_slot, true, t0 + 1s);
+    c.table().on_epoch_change();
+    auto p2 = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
     CHECK_FALSE(p2.restore);
     CHECK_FALSE(p2.erase);  // a new server process: the slot is empty, nothing to erase
-    CHECK(c.content(0).whose == content_whose::empty);
+    CHECK(c.table().content(0).whose == content_whose::empty);
   }
 
   SECTION("200 with zero tokens is not a restore") {
-    auto d = c.on_restore(*p.restore, restored(0), t0, wall);
+    auto d = c.outcomes().on_restore(*p.restore, restored(0), t0, wall);
     CHECK_FALSE(d.restored);
     CHECK(d.need_erase);
     REQUIRE(d.write);
@@ -719,7 +725,7 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
   }
 
   SECTION("HTTP 400: invalid, the server already cleared the slot, no erase") {
-    auto d = c.on_restore(
+    auto d = c.outcomes().on_restore(
         *p.restore,
         error{errc::restore_failed, 400,
               "Unable to restore slot: No available space in KV cache or invalid slot save file"},
@@ -730,49 +736,50 @@ TEST_CASE("restore outcomes are verified (docs/design.md §9, invariant 10)", "[
     CHECK(d.write->state == snapshot_state::invalid);
     CHECK(d.write->invalid_reason == "KV_RESTORE_FAILED");
     CHECK(d.err.code == errc::restore_failed);
-    CHECK(c.state(only_slot) == slot_state::idle);
-    CHECK(c.circuit().consecutive_failures() == 0);  // the file's fault, not the server's
-    c.store_manifest(*d.write);
-    CHECK(c.find_manifest(a)->state == snapshot_state::invalid);
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
-    CHECK(c.owner(only_slot) == a);
+    CHECK(c.table().state(only_slot) == slot_state::idle);
+    CHECK(c.health().circuit().consecutive_failures() == 0);  // the file's fault, not the server's
+    c.outcomes().store_manifest(*d.write);
+    CHECK(c.records().find_manifest(a)->state == snapshot_state::invalid);
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
+    CHECK(c.table().owner(only_slot) == a);
   }
 
   SECTION("transport failure: the snapshot stays valid, the breaker counts") {
-    auto d = c.on_restore(*p.restore, transport(), t0, wall);
+    auto d = c.outcomes().on_restore(*p.restore, transport(), t0, wall);
     CHECK_FALSE(d.restored);
     CHECK_FALSE(d.need_erase);
     CHECK_FALSE(d.write);
     CHECK(d.err.code == errc::backend_unavailable);
-    CHECK(c.state(only_slot) == slot_state::unknown);
-    CHECK(c.circuit().consecutive_failures() == 1);
-    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
-    c.end_inference(only_slot, true, t0 + 1s);
-    c.on_epoch_change();
-    auto p2 = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+    CHECK(c.table().state(only_slot) == slot_state::unknown);
+    CHECK(c.health().circuit().consecutive_failures() == 1);
+    CHECK(c.records().find_manifest(a)->state == snapshot_state::ready);
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
+    c.outcomes().end_inference(only_slot, true, t0 + 1s);
+    c.table().on_epoch_change();
+    auto p2 = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
     REQUIRE(p2.restore);
     CHECK(p2.restore->filename == a + ".b.bin");
   }
 
   SECTION("KV_SLOT_NOT_FOUND: the slot is wrong, the snapshot stays ready") {
-    auto d = c.on_restore(*p.restore, error{errc::slot_not_found, 400, "Invalid slot ID"}, t0,
-                          wall);
+    auto d = c.outcomes().on_restore(*p.restore,
+                                     error{errc::slot_not_found, 400, "Invalid slot ID"}, t0, wall);
     CHECK_FALSE(d.restored);
     CHECK_FALSE(d.need_erase);
     CHECK_FALSE(d.write);
     CHECK(d.err.code == errc::slot_not_found);
-    CHECK(c.state(only_slot) == slot_state::unknown);
-    CHECK(c.circuit().consecutive_failures() == 0);
-    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
+    CHECK(c.table().state(only_slot) == slot_state::unknown);
+    CHECK(c.health().circuit().consecutive_failures() == 0);
+    CHECK(c.records().find_manifest(a)->state == snapshot_state::ready);
   }
 
   SECTION("HTTP 500: a server problem, not the file's") {
-    auto d = c.on_restore(*p.restore, error{errc::restore_failed, 500, "boom"}, t0, wall);
+    auto d =
+        c.outcomes().on_restore(*p.restore, error{errc::restore_failed, 500, "boom"}, t0, wall);
     CHECK_FALSE(d.restored);
     CHECK_FALSE(d.write);
-    CHECK(c.circuit().consecutive_failures() == 1);
-    CHECK(c.find_manifest(a)->state == snapshot_state::ready);
+    CHECK(c.health().circuit().consecutive_failures() == 1);
+    CHECK(c.records().find_manifest(a)->state == snapshot_state::ready);
   }
 }
 
@@ -783,23 +790,23 @@ TEST_CASE("restore verification can be relaxed, and restores turned off",
     o.verify_restore = false;
     auto c = make_core(o);
     c.add_manifest(ready_manifest(c, "A", 'a', 2124));
-    auto p = c.prepare(session("A"), only_slot, t0, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
     REQUIRE(p.restore);
-    auto d = c.on_restore(*p.restore, restored(2000), t0, wall);
+    auto d = c.outcomes().on_restore(*p.restore, restored(2000), t0, wall);
     CHECK(d.restored);
     CHECK_FALSE(d.write);
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::restored);
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::restored);
   }
   SECTION("restore_enabled off goes cold and leaves the manifest alone") {
     auto o = test_options();
     o.restore_enabled = false;
     auto c = make_core(o);
     c.add_manifest(ready_manifest(c, "A", 'a', 2124));
-    auto p = c.prepare(session("A"), only_slot, t0, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
     CHECK_FALSE(p.restore);
     CHECK(p.erase);
     CHECK(p.manifest_writes.empty());
-    CHECK(c.find_manifest(c.hash_for("A"))->state == snapshot_state::ready);
+    CHECK(c.records().find_manifest(c.hash_for("A"))->state == snapshot_state::ready);
   }
 }
 
@@ -827,7 +834,7 @@ TEST_CASE("a snapshot from another runtime is invalidated, never restored (docs/
     c.add_manifest(ready_manifest(c, "A", 'a', 500, 3, expected_fingerprint(o)));
   }
 
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   CHECK_FALSE(p.restore);
   CHECK(p.erase);
   REQUIRE(p.manifest_writes.size() == 1);
@@ -837,17 +844,17 @@ TEST_CASE("a snapshot from another runtime is invalidated, never restored (docs/
   CHECK(m.invalid_reason == "KV_SNAPSHOT_INCOMPATIBLE");
   CHECK(m.generation == 'a');
   CHECK(m.updated_at == wall);
-  CHECK(c.find_manifest(a)->state == snapshot_state::invalid);
+  CHECK(c.records().find_manifest(a)->state == snapshot_state::invalid);
   CHECK(c.stats().invalidations == 1);
-  REQUIRE(c.on_erase(only_slot, erased(), t0));
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold);
+  REQUIRE(c.outcomes().on_erase(only_slot, erased(), t0));
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold);
 }
 
 TEST_CASE("a snapshot from the same runtime in an earlier process restores",
           "[core][slot_pool]") {
   auto c = make_core();
   c.add_manifest(ready_manifest(c, "A", 'b', 777, 9));
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p.restore);
   CHECK(p.manifest_writes.empty());
   CHECK(p.restore->filename == c.hash_for("A") + ".b.bin");
@@ -859,7 +866,7 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
-  REQUIRE(c.owner_dirty(only_slot));
+  REQUIRE(c.records().dirty(c.table().owner(only_slot)));
 
   request_identity aux;
   SECTION("a purpose marks it, even with the session's id") {
@@ -867,28 +874,28 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
   }
   SECTION("no session id at all") { aux = request_identity{}; }
 
-  auto p = c.prepare(aux, only_slot, t0 + 1s, wall);
+  auto p = c.plans().prepare(aux, only_slot, t0 + 1s, wall);
   CHECK_FALSE(p.resident);
   REQUIRE(p.save);
   CHECK(p.save->hash == a);
   CHECK(p.save->generation == 'a');
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.erase);
-  auto d = c.on_save(*p.save, saved(800), t0 + 1s, wall);
+  auto d = c.outcomes().on_save(*p.save, saved(800), t0 + 1s, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
+  c.outcomes().store_manifest(d.value());
 
-  CHECK(c.start_inference(aux, only_slot) == prepare_kind::auxiliary);
-  CHECK(c.owner(only_slot).empty());
-  CHECK_FALSE(c.end_inference(only_slot, true, t0 + 2s));
-  CHECK(c.owner(only_slot).empty());
-  CHECK(c.state(only_slot) == slot_state::unknown);
-  CHECK_FALSE(c.idle_deadline());
-  CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 3s));  // auxiliary content is never saved
-  CHECK(c.find_manifest(a)->revision == 1);  // and never counted as A's progress
+  CHECK(c.outcomes().start_inference(aux, only_slot) == prepare_kind::auxiliary);
+  CHECK(c.table().owner(only_slot).empty());
+  CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 2s));
+  CHECK(c.table().owner(only_slot).empty());
+  CHECK(c.table().state(only_slot) == slot_state::unknown);
+  CHECK_FALSE(c.table().idle_deadline());
+  CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0 + 3s));  // auxiliary content is never saved
+  CHECK(c.records().find_manifest(a)->revision == 1);  // and never counted as A's progress
 
   // The next session request restores A.
-  auto p2 = c.prepare(session("A"), only_slot, t0 + 4s, wall);
+  auto p2 = c.plans().prepare(session("A"), only_slot, t0 + 4s, wall);
   CHECK_FALSE(p2.resident);
   CHECK_FALSE(p2.save);
   REQUIRE(p2.restore);
@@ -898,18 +905,19 @@ TEST_CASE("auxiliary requests save the owner and leave the slot unowned (docs/de
 
 TEST_CASE("an auxiliary request with nothing to save makes no calls", "[core][slot_pool]") {
   auto c = make_core();
-  SECTION("an empty slot") { c.on_epoch_change(); }
+  SECTION("an empty slot") { c.table().on_epoch_change(); }
   SECTION("clean owner") {
     run_request(c, session("A"), t0);
     checkpoint(c, t0 + 1s, 100);
   }
-  auto p = c.prepare(auxiliary("", "compaction"), only_slot, t0 + 2s, wall);
+  auto p = c.plans().prepare(auxiliary("", "compaction"), only_slot, t0 + 2s, wall);
   CHECK_FALSE(p.save);
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.erase);
   CHECK_FALSE(p.resident);
-  CHECK(c.start_inference(auxiliary("", "compaction"), only_slot) == prepare_kind::auxiliary);
-  CHECK(c.owner(only_slot).empty());
+  CHECK(c.outcomes().start_inference(auxiliary("", "compaction"), only_slot) ==
+        prepare_kind::auxiliary);
+  CHECK(c.table().owner(only_slot).empty());
 }
 
 TEST_CASE("switch-only saving can be turned off", "[core][slot_pool]") {
@@ -917,7 +925,7 @@ TEST_CASE("switch-only saving can be turned off", "[core][slot_pool]") {
   o.save_on_switch = false;
   auto c = make_core(o);
   run_request(c, session("A"), t0);
-  auto p = c.prepare(session("B"), only_slot, t0 + 1s, wall);
+  auto p = c.plans().prepare(session("B"), only_slot, t0 + 1s, wall);
   CHECK_FALSE(p.save);
   CHECK(p.kept);  // the unsaved turns stay in the slot, where B may reuse their prefix
 }
@@ -927,28 +935,28 @@ TEST_CASE("dispose saves a dirty owner, then lets go: the next request restores"
   auto c = make_core();
   const auto a = c.hash_for("A");
   run_request(c, session("A"), t0);
-  REQUIRE(c.owner(only_slot) == a);
+  REQUIRE(c.table().owner(only_slot) == a);
   // Dirty: the ownership is kept until the save is stored.
-  CHECK_FALSE(c.release_session(a));
-  CHECK(c.owner(only_slot) == a);
-  auto s = c.checkpoint_session(a, t0 + 1s);
+  CHECK_FALSE(c.plans().release_session(a));
+  CHECK(c.table().owner(only_slot) == a);
+  auto s = c.plans().checkpoint_session(a, t0 + 1s);
   REQUIRE(s);
-  auto d = c.on_save(*s, saved(300), t0 + 1s, wall);
+  auto d = c.outcomes().on_save(*s, saved(300), t0 + 1s, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
-  CHECK(c.release_session(a));
-  CHECK(c.owner(only_slot).empty());
-  REQUIRE(c.session(a));  // still known, with its snapshot
-  CHECK(c.session(a)->snapshot->tokens == 300);
+  c.outcomes().store_manifest(d.value());
+  CHECK(c.plans().release_session(a));
+  CHECK(c.table().owner(only_slot).empty());
+  REQUIRE(c.listing().session(a));  // still known, with its snapshot
+  CHECK(c.listing().session(a)->snapshot->tokens == 300);
 
-  auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
   CHECK_FALSE(p.resident);
   CHECK_FALSE(p.save);
   CHECK_FALSE(p.erase);
   REQUIRE(p.restore);
   CHECK(p.restore->expected_tokens == 300);
   // A session that owns no slot has nothing to let go.
-  CHECK(c.release_session(c.hash_for("B")));
+  CHECK(c.plans().release_session(c.hash_for("B")));
 }
 
 TEST_CASE("checkpoint.onTurnEnd saves when a reply ends the user's turn, not a tool step",
@@ -957,28 +965,28 @@ TEST_CASE("checkpoint.onTurnEnd saves when a reply ends the user's turn, not a t
   o.save_on_turn_end = true;
   auto c = make_core(o);
   run_request(c, session("A"), t0);  // a step (turn_end false): no save
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.state(only_slot) == slot_state::dirty);
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.table().state(only_slot) == slot_state::dirty);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p.resident);
-  c.start_inference(session("A"), only_slot);
-  auto s = c.end_inference(only_slot, true, t0 + 1s, true);
+  c.outcomes().start_inference(session("A"), only_slot);
+  auto s = c.outcomes().end_inference(only_slot, true, t0 + 1s, true);
   REQUIRE(s);
   CHECK(s->hash == c.hash_for("A"));
   CHECK(s->revision == 2);
   CHECK(s->generation == 'a');
-  CHECK(c.state(only_slot) == slot_state::saving);
+  CHECK(c.table().state(only_slot) == slot_state::saving);
 }
 
 TEST_CASE("checkpoint.onStepEnd saves after every model call", "[core][slot_pool]") {
   auto o = test_options();
   o.save_on_step_end = true;
   auto c = make_core(o);
-  auto p = c.prepare(session("A"), only_slot, t0, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p.erase);
-  REQUIRE(c.on_erase(only_slot, erased(), t0));
-  c.start_inference(session("A"), only_slot);
-  auto s = c.end_inference(only_slot, true, t0 + 1s, false);
+  REQUIRE(c.outcomes().on_erase(only_slot, erased(), t0));
+  c.outcomes().start_inference(session("A"), only_slot);
+  auto s = c.outcomes().end_inference(only_slot, true, t0 + 1s, false);
   REQUIRE(s);
   CHECK(s->revision == 1);
 }
@@ -988,24 +996,24 @@ namespace {
 // Three transport failures in a row: erase (A), save of A (B keeps the slot's content), and
 // a checkpoint of B. B owns the slot, dirty, and the breaker is open until t0 + 1s + 60s.
 void open_breaker(slot_pool& c) {
-  auto p1 = c.prepare(session("A"), only_slot, t0, wall);
+  auto p1 = c.plans().prepare(session("A"), only_slot, t0, wall);
   REQUIRE(p1.erase);
-  CHECK_FALSE(c.on_erase(only_slot, transport(), t0));
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0);
-  auto p2 = c.prepare(session("B"), only_slot, t0 + 1s, wall);
+  CHECK_FALSE(c.outcomes().on_erase(only_slot, transport(), t0));
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0);
+  auto p2 = c.plans().prepare(session("B"), only_slot, t0 + 1s, wall);
   REQUIRE(p2.save);
   REQUIRE(p2.kept);
-  CHECK_FALSE(c.on_save(*p2.save, transport(), t0 + 1s, wall).ok());
-  CHECK(c.circuit().current() == breaker::state::closed);
-  c.start_inference(session("B"), only_slot);
-  c.end_inference(only_slot, true, t0 + 1s);
-  auto s = c.checkpoint_slot(only_slot, t0 + 1s);
+  CHECK_FALSE(c.outcomes().on_save(*p2.save, transport(), t0 + 1s, wall).ok());
+  CHECK(c.health().circuit().current() == breaker::state::closed);
+  c.outcomes().start_inference(session("B"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 1s);
+  auto s = c.plans().checkpoint_slot(only_slot, t0 + 1s);
   REQUIRE(s);
-  CHECK_FALSE(c.on_save(*s, transport(), t0 + 1s, wall).ok());
-  REQUIRE(c.circuit().current() == breaker::state::open);
-  REQUIRE(c.owner(only_slot) == c.hash_for("B"));
-  REQUIRE(c.owner_dirty(only_slot));
+  CHECK_FALSE(c.outcomes().on_save(*s, transport(), t0 + 1s, wall).ok());
+  REQUIRE(c.health().circuit().current() == breaker::state::open);
+  REQUIRE(c.table().owner(only_slot) == c.hash_for("B"));
+  REQUIRE(c.records().dirty(c.table().owner(only_slot)));
 }
 
 }  // namespace
@@ -1017,33 +1025,33 @@ TEST_CASE("an open circuit skips persistence, and inference goes on (docs/design
   const auto b = c.hash_for("B");
   open_breaker(c);
 
-  auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
   CHECK_FALSE(p.fail);
   CHECK_FALSE(p.save);
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.erase);
   CHECK_FALSE(p.resident);
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold);
-  CHECK(c.owner(only_slot) == a);
-  c.end_inference(only_slot, true, t0 + 2s);
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold);
+  CHECK(c.table().owner(only_slot) == a);
+  c.outcomes().end_inference(only_slot, true, t0 + 2s);
 
   // A resident session is not affected by the open circuit.
-  CHECK(c.prepare(session("A"), only_slot, t0 + 3s, wall).resident);
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0 + 3s);
+  CHECK(c.plans().prepare(session("A"), only_slot, t0 + 3s, wall).resident);
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 3s);
 
   // Idle and flush checkpoints are paused too.
-  CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 4s));
+  CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0 + 4s));
 
   // After the cooldown one half-open trial runs the calls again.
-  auto trial = c.prepare(session("B"), only_slot, t0 + 61s, wall);
-  CHECK(c.circuit().current() == breaker::state::half_open);
+  auto trial = c.plans().prepare(session("B"), only_slot, t0 + 61s, wall);
+  CHECK(c.health().circuit().current() == breaker::state::half_open);
   REQUIRE(trial.save);
   CHECK(trial.save->hash == a);
   CHECK(trial.kept);
-  REQUIRE(c.on_save(*trial.save, saved(100), t0 + 61s, wall).ok());
-  CHECK(c.circuit().current() == breaker::state::closed);
-  CHECK(c.circuit().consecutive_failures() == 0);
+  REQUIRE(c.outcomes().on_save(*trial.save, saved(100), t0 + 61s, wall).ok());
+  CHECK(c.health().circuit().current() == breaker::state::closed);
+  CHECK(c.health().circuit().consecutive_failures() == 0);
   (void)b;
 }
 
@@ -1054,14 +1062,16 @@ TEST_CASE("a restore miss is a returning session that runs cold, not a first vis
   run_request(c, session("B"), t0 + 1s);  // saves A
   CHECK(c.stats().cold_starts == 2);
   CHECK(c.stats().restore_misses == 0);
-  auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);  // saves B, restores A: it fails
+  auto p =
+      c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);  // saves B, restores A: it fails
   REQUIRE(p.save);
   REQUIRE(p.restore);
-  c.store_manifest(c.on_save(*p.save, saved(100), t0 + 2s, wall).value());
-  auto d = c.on_restore(*p.restore, error{errc::restore_failed, 400, "bad file"}, t0 + 2s, wall);
+  c.outcomes().store_manifest(c.outcomes().on_save(*p.save, saved(100), t0 + 2s, wall).value());
+  auto d = c.outcomes().on_restore(*p.restore, error{errc::restore_failed, 400, "bad file"},
+                                   t0 + 2s, wall);
   CHECK_FALSE(d.restored);
-  CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
-  c.end_inference(only_slot, true, t0 + 2s);
+  CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::cold_fallback);
+  c.outcomes().end_inference(only_slot, true, t0 + 2s);
   CHECK(c.stats().restore_misses == 1);
   CHECK(run_request(c, session("B"), t0 + 3s) == prepare_kind::restored);
   CHECK(c.stats().restore_misses == 1);
@@ -1071,36 +1081,36 @@ TEST_CASE("a restore miss is a returning session that runs cold, not a first vis
 TEST_CASE("the breaker's transitions are reported once each, in order",
           "[core][slot_pool][circuit]") {
   auto c = make_core();
-  CHECK(c.take_circuit_changes().empty());
+  CHECK(c.health().take_changes().empty());
   open_breaker(c);
-  auto opened = c.take_circuit_changes();
+  auto opened = c.health().take_changes();
   REQUIRE(opened.size() == 1);
   CHECK(opened[0].opened);
   CHECK(opened[0].cause == errc::backend_unavailable);
-  CHECK(c.take_circuit_changes().empty());  // taken once
+  CHECK(c.health().take_changes().empty());  // taken once
 
   // While open, more cold requests change nothing.
-  c.prepare(session("A"), only_slot, t0 + 2s, wall);
-  c.start_inference(session("A"), only_slot);
-  c.end_inference(only_slot, true, t0 + 2s);
-  CHECK(c.take_circuit_changes().empty());
+  c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
+  c.outcomes().start_inference(session("A"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 2s);
+  CHECK(c.health().take_changes().empty());
 
   // A failed half-open trial reopens: still the same outage, no new report.
-  auto trial = c.prepare(session("B"), only_slot, t0 + 61s, wall);
+  auto trial = c.plans().prepare(session("B"), only_slot, t0 + 61s, wall);
   REQUIRE(trial.save);
-  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok());
-  CHECK(c.take_circuit_changes().empty());
-  c.abort_prepare(only_slot);
+  CHECK_FALSE(c.outcomes().on_save(*trial.save, transport(), t0 + 61s, wall).ok());
+  CHECK(c.health().take_changes().empty());
+  c.outcomes().abort_prepare(only_slot);
 
   // A successful trial after the (doubled) cooldown recovers, reported once.
-  auto trial2 = c.prepare(session("B"), only_slot, t0 + 61s + 121s, wall);
+  auto trial2 = c.plans().prepare(session("B"), only_slot, t0 + 61s + 121s, wall);
   REQUIRE(trial2.save);
-  REQUIRE(c.on_save(*trial2.save, saved(100), t0 + 182s, wall).ok());
-  auto recovered = c.take_circuit_changes();
+  REQUIRE(c.outcomes().on_save(*trial2.save, saved(100), t0 + 182s, wall).ok());
+  auto recovered = c.health().take_changes();
   REQUIRE(recovered.size() == 1);
   CHECK_FALSE(recovered[0].opened);
-  CHECK(c.on_erase(only_slot, erased(), t0 + 182s));
-  CHECK(c.take_circuit_changes().empty());
+  CHECK(c.outcomes().on_erase(only_slot, erased(), t0 + 182s));
+  CHECK(c.health().take_changes().empty());
 }
 
 TEST_CASE("an open circuit fails the request in strict mode", "[core][slot_pool]") {
@@ -1110,30 +1120,30 @@ TEST_CASE("an open circuit fails the request in strict mode", "[core][slot_pool]
   const auto b = c.hash_for("B");
   open_breaker(c);
 
-  auto p = c.prepare(session("A"), only_slot, t0 + 2s, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0 + 2s, wall);
   CHECK(p.fail);
   CHECK_FALSE(p.save);
   CHECK_FALSE(p.restore);
   CHECK_FALSE(p.erase);
-  c.abort_prepare(only_slot);
-  CHECK(c.owner(only_slot) == b);  // B's dirty content is still in the slot
-  CHECK(c.owner_dirty(only_slot));
-  CHECK(c.prepare(session("B"), only_slot, t0 + 3s, wall).resident);
-  c.start_inference(session("B"), only_slot);
-  c.end_inference(only_slot, true, t0 + 3s);
+  c.outcomes().abort_prepare(only_slot);
+  CHECK(c.table().owner(only_slot) == b);  // B's dirty content is still in the slot
+  CHECK(c.records().dirty(c.table().owner(only_slot)));
+  CHECK(c.plans().prepare(session("B"), only_slot, t0 + 3s, wall).resident);
+  c.outcomes().start_inference(session("B"), only_slot);
+  c.outcomes().end_inference(only_slot, true, t0 + 3s);
 
   // The half-open trial fails: open again with a doubled cooldown.
-  auto trial = c.prepare(session("A"), only_slot, t0 + 61s, wall);
+  auto trial = c.plans().prepare(session("A"), only_slot, t0 + 61s, wall);
   CHECK_FALSE(trial.fail);
   REQUIRE(trial.save);
-  CHECK_FALSE(c.on_save(*trial.save, transport(), t0 + 61s, wall).ok());
-  CHECK(c.circuit().current() == breaker::state::open);
-  c.abort_prepare(only_slot);
-  CHECK(c.prepare(session("A"), only_slot, t0 + 62s, wall).fail);
-  c.abort_prepare(only_slot);
-  CHECK(c.prepare(session("A"), only_slot, t0 + 61s + 119s, wall).fail);
-  c.abort_prepare(only_slot);
-  CHECK_FALSE(c.prepare(session("A"), only_slot, t0 + 61s + 120s, wall).fail);
+  CHECK_FALSE(c.outcomes().on_save(*trial.save, transport(), t0 + 61s, wall).ok());
+  CHECK(c.health().circuit().current() == breaker::state::open);
+  c.outcomes().abort_prepare(only_slot);
+  CHECK(c.plans().prepare(session("A"), only_slot, t0 + 62s, wall).fail);
+  c.outcomes().abort_prepare(only_slot);
+  CHECK(c.plans().prepare(session("A"), only_slot, t0 + 61s + 119s, wall).fail);
+  c.outcomes().abort_prepare(only_slot);
+  CHECK_FALSE(c.plans().prepare(session("A"), only_slot, t0 + 61s + 120s, wall).fail);
 }
 
 TEST_CASE("a server epoch change ends residency, and the session restores (docs/design.md §4)",
@@ -1144,13 +1154,13 @@ TEST_CASE("a server epoch change ends residency, and the session restores (docs/
   checkpoint(c, t0 + 1s, 100);
   run_request(c, session("A"), t0 + 2s);  // dirty again, never saved
 
-  c.on_epoch_change();
-  CHECK(c.owner(only_slot).empty());
-  CHECK(c.state(only_slot) == slot_state::unknown);
-  CHECK_FALSE(c.owner_dirty(only_slot));
-  CHECK_FALSE(c.idle_deadline());
+  c.table().on_epoch_change();
+  CHECK(c.table().owner(only_slot).empty());
+  CHECK(c.table().state(only_slot) == slot_state::unknown);
+  CHECK_FALSE(c.records().dirty(c.table().owner(only_slot)));
+  CHECK_FALSE(c.table().idle_deadline());
 
-  auto p = c.prepare(session("A"), only_slot, t0 + 3s, wall);
+  auto p = c.plans().prepare(session("A"), only_slot, t0 + 3s, wall);
   CHECK_FALSE(p.resident);
   CHECK_FALSE(p.save);  // the old process's slot is gone: nothing to save
   REQUIRE(p.restore);
@@ -1167,21 +1177,21 @@ TEST_CASE("set_runtime: the same model keeps residency, a new model is an epoch 
 
   SECTION("re-probe of the same server") {
     c.set_runtime(test_runtime());
-    CHECK(c.owner(only_slot) == a);
-    CHECK(c.prepare(session("A"), only_slot, t0 + 1s, wall).resident);
+    CHECK(c.table().owner(only_slot) == a);
+    CHECK(c.plans().prepare(session("A"), only_slot, t0 + 1s, wall).resident);
   }
   SECTION("a different model file (docs/design.md §3)") {
     auto rt = test_runtime();
     rt.model_path = "/models/llama-3.1-8b-instruct-q4_k_m.gguf";
     c.set_runtime(rt);
-    CHECK(c.owner(only_slot).empty());
+    CHECK(c.table().owner(only_slot).empty());
     const auto a2 = c.hash_for("A");
     CHECK(a2 != a);
-    auto p = c.prepare(session("A"), only_slot, t0 + 1s, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0 + 1s, wall);
     CHECK_FALSE(p.resident);
     CHECK_FALSE(p.save);
     CHECK_FALSE(p.erase);  // another model: a new process whose slot is empty
-    CHECK(c.find_manifest(a2) == nullptr);
+    CHECK(c.records().find_manifest(a2) == nullptr);
   }
 }
 
@@ -1190,31 +1200,31 @@ TEST_CASE("without persistence every plan is empty", "[core][slot_pool]") {
     slot_pool c(test_options());
     CHECK_FALSE(c.persistence_enabled());
     CHECK(c.hash_for("A").empty());
-    auto p = c.prepare(session("A"), only_slot, t0, wall);
+    auto p = c.plans().prepare(session("A"), only_slot, t0, wall);
     CHECK_FALSE(p.save);
     CHECK_FALSE(p.restore);
     CHECK_FALSE(p.erase);
     CHECK_FALSE(p.resident);
     CHECK_FALSE(p.fail);
-    CHECK(c.start_inference(session("A"), only_slot) == prepare_kind::none);
-    CHECK_FALSE(c.end_inference(only_slot, true, t0));
-    CHECK_FALSE(c.checkpoint_slot(only_slot, t0));
-    CHECK_FALSE(c.idle_deadline());
-    CHECK(c.owner(only_slot).empty());
+    CHECK(c.outcomes().start_inference(session("A"), only_slot) == prepare_kind::none);
+    CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0));
+    CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0));
+    CHECK_FALSE(c.table().idle_deadline());
+    CHECK(c.table().owner(only_slot).empty());
   }
   SECTION("after disable_persistence (slot actions turned off)") {
     auto c = make_core();
     run_request(c, session("A"), t0);
     c.disable_persistence();
     CHECK_FALSE(c.persistence_enabled());
-    CHECK(c.owner(only_slot).empty());
-    auto p = c.prepare(session("B"), only_slot, t0 + 1s, wall);
+    CHECK(c.table().owner(only_slot).empty());
+    auto p = c.plans().prepare(session("B"), only_slot, t0 + 1s, wall);
     CHECK_FALSE(p.save);
     CHECK_FALSE(p.restore);
     CHECK_FALSE(p.erase);
-    CHECK(c.start_inference(session("B"), only_slot) == prepare_kind::none);
-    CHECK_FALSE(c.end_inference(only_slot, true, t0 + 2s));
-    CHECK_FALSE(c.checkpoint_slot(only_slot, t0 + 3s));
+    CHECK(c.outcomes().start_inference(session("B"), only_slot) == prepare_kind::none);
+    CHECK_FALSE(c.outcomes().end_inference(only_slot, true, t0 + 2s));
+    CHECK_FALSE(c.plans().checkpoint_slot(only_slot, t0 + 3s));
   }
 }
 

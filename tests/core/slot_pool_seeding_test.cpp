@@ -50,27 +50,27 @@ prepare_kind run(slot_pool& p, const request_identity& w, const prepare_plan& pl
 }
 
 prepare_kind request(slot_pool& p, const request_identity& w) {
-  return run(p, w, p.prepare(w, only_slot, t0, wall));
+  return run(p, w, p.plans().prepare(w, only_slot, t0, wall));
 }
 
 // A's turn, then a checkpoint: A has a ready snapshot of `c` and still owns the slot.
 void saved(slot_pool& p, const request_identity& a) {
   request(p, a);
-  auto s = p.checkpoint_slot(only_slot, t0);
+  auto s = p.plans().checkpoint_slot(only_slot, t0);
   REQUIRE(s);
-  auto d = p.on_save(*s, slot_saved{100, 4096, 1.0}, t0, wall);
+  auto d = p.outcomes().on_save(*s, slot_saved{100, 4096, 1.0}, t0, wall);
   REQUIRE(d.ok());
-  p.store_manifest(d.value());
+  p.outcomes().store_manifest(d.value());
 }
 
 // `a`'s turn saved as a snapshot of `bytes` bytes.
 void saved_of_size(slot_pool& p, const request_identity& a, std::uint64_t bytes) {
   request(p, a);
-  auto s = p.checkpoint_slot(only_slot, t0);
+  auto s = p.plans().checkpoint_slot(only_slot, t0);
   REQUIRE(s);
-  auto d = p.on_save(*s, slot_saved{bytes / 1000, bytes, 1.0}, t0, wall);
+  auto d = p.outcomes().on_save(*s, slot_saved{bytes / 1000, bytes, 1.0}, t0, wall);
   REQUIRE(d.ok());
-  p.store_manifest(d.value());
+  p.outcomes().store_manifest(d.value());
 }
 
 // Another session with an unrelated prompt takes the slot (A is saved first if dirty).
@@ -86,20 +86,20 @@ TEST_CASE("a new session is seeded from the snapshot sharing most links", "[core
   saved(p, C);
   evict(p);
   const auto B = who("B", chain({1, 2, 7}));
-  const auto plan = p.prepare(B, only_slot, t0, wall);
+  const auto plan = p.plans().prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for("A"));
-  CHECK(plan.restore->filename == p.find_manifest(p.hash_for("A"))->snapshot_file());
+  CHECK(plan.restore->filename == p.records().find_manifest(p.hash_for("A"))->snapshot_file());
   CHECK(plan.restore->seed_for == p.hash_for("B"));
   CHECK(plan.restore->common_links == 2);
   CHECK_FALSE(plan.erase);
   CHECK(run(p, B, plan) == prepare_kind::restored);
-  CHECK(p.owner(only_slot) == p.hash_for("B"));
+  CHECK(p.table().owner(only_slot) == p.hash_for("B"));
   // B's first save is its own file, with its own chain.
-  auto s = p.checkpoint_slot(only_slot, t0);
+  auto s = p.plans().checkpoint_slot(only_slot, t0);
   REQUIRE(s);
   CHECK(s->hash == p.hash_for("B"));
-  auto d = p.on_save(*s, slot_saved{120, 4096, 1.0}, t0, wall);
+  auto d = p.outcomes().on_save(*s, slot_saved{120, 4096, 1.0}, t0, wall);
   REQUIRE(d.ok());
   CHECK(d->chain == B.chain);
   CHECK(d->credential == "k1");
@@ -120,7 +120,7 @@ TEST_CASE("among snapshots sharing most links the seed reads the fewest bytes",
   saved_of_size(p, later, 3'000'000);
   evict(p);
   const auto B = who("B", chain({1, 9}));
-  auto plan = p.prepare(B, only_slot, t0, wall);
+  auto plan = p.plans().prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for(prefix));
   CHECK(plan.restore->expected_bytes == 1'000'000);
@@ -128,7 +128,7 @@ TEST_CASE("among snapshots sharing most links the seed reads the fewest bytes",
   run(p, B, plan);
   // A request sharing two links with the donor still starts from the donor: more reused.
   const auto C = who("C", chain({1, 2, 8}));
-  plan = p.prepare(C, only_slot, t0, wall);
+  plan = p.plans().prepare(C, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for(donor));
   CHECK(plan.restore->common_links == 2);
@@ -138,7 +138,7 @@ TEST_CASE("no seed without the first link in common", "[core][seeding]") {
   auto p = make_pool();
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
-  const auto plan = p.prepare(who("B", chain({4, 2, 3})), only_slot, t0, wall);
+  const auto plan = p.plans().prepare(who("B", chain({4, 2, 3})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   // The slot's content is kept all the same (docs/design.md §20): nothing the chain can see
   // is shared, and llama-server reuses whatever tokens are.
@@ -155,13 +155,13 @@ TEST_CASE("an empty preamble needs a message in common too", "[core][seeding]") 
     return w;
   };
   request(p, bare("A", chain({0, 1})));
-  auto plan = p.prepare(bare("B", chain({0, 2})), only_slot, t0, wall);
+  auto plan = p.plans().prepare(bare("B", chain({0, 2})), only_slot, t0, wall);
   CHECK(plan.kept);  // the slot shares only the empty link 0, which counts as nothing
   CHECK(plan.kept_links == 0);
   run(p, bare("B", chain({0, 2})), plan);  // A was saved first
   evict(p);                                // and B now
-  CHECK_FALSE(p.prepare(bare("E", chain({0, 9})), only_slot, t0, wall).restore);
-  plan = p.prepare(bare("D", chain({0, 2, 5})), only_slot, t0, wall);
+  CHECK_FALSE(p.plans().prepare(bare("E", chain({0, 9})), only_slot, t0, wall).restore);
+  plan = p.plans().prepare(bare("D", chain({0, 2, 5})), only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for("B"));
 }
@@ -173,19 +173,19 @@ TEST_CASE("a session's own snapshot wins unless another shares more", "[core][se
   saved(p, who("B", chain({1, 2})));
   evict(p);
   SECTION("own shares as much: own") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 8})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(who("B", chain({1, 2, 8})), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("B"));
     CHECK(plan.restore->seed_for.empty());
   }
   SECTION("another shares more (B was compacted into A's prefix): the other") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 9})), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(who("B", chain({1, 2, 3, 9})), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("A"));
     CHECK(plan.restore->common_links == 3);
   }
   SECTION("a request without a chain: own, as before seeding") {
-    const auto plan = p.prepare(who("B", {}), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(who("B", {}), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for("B"));
   }
@@ -195,25 +195,25 @@ TEST_CASE("the slot's content is kept when it shares the most", "[core][seeding]
   auto p = make_pool();
   request(p, who("A", chain({1, 2, 3})));  // A owns the slot, dirty, no snapshot yet
   const auto B = who("B", chain({1, 2, 9}));
-  const auto plan = p.prepare(B, only_slot, t0, wall);
+  const auto plan = p.plans().prepare(B, only_slot, t0, wall);
   REQUIRE(plan.save);  // A is saved first, as on any switch
   CHECK(plan.save->hash == p.hash_for("A"));
   CHECK_FALSE(plan.restore);  // A's new snapshot would share as much: no reload needed
   CHECK_FALSE(plan.erase);
   CHECK(plan.kept_links == 2);
   CHECK(run(p, B, plan) == prepare_kind::cold);
-  CHECK(p.owner(only_slot) == p.hash_for("B"));
+  CHECK(p.table().owner(only_slot) == p.hash_for("B"));
 }
 
 TEST_CASE("sharing: session never seeds nor keeps", "[core][seeding]") {
   auto p = make_pool(false);
   request(p, who("A", chain({1, 2, 3})));
-  auto plan = p.prepare(who("B", chain({1, 2, 9})), only_slot, t0, wall);
+  auto plan = p.plans().prepare(who("B", chain({1, 2, 9})), only_slot, t0, wall);
   CHECK(plan.erase);
   CHECK(plan.kept_links == 0);
   run(p, who("B", chain({1, 2, 9})), plan);
   evict(p);
-  plan = p.prepare(who("C", chain({1, 2, 3})), only_slot, t0, wall);
+  plan = p.plans().prepare(who("C", chain({1, 2, 3})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
 }
@@ -222,14 +222,14 @@ TEST_CASE("sharing: credential seeds only within one credential", "[core][seedin
   auto p = make_pool(true, true);
   saved(p, who("A", chain({1, 2, 3}), "k1"));
   SECTION("another key: the slot is not kept either") {
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k2"), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(who("B", chain({1, 2, 3, 4}), "k2"), only_slot, t0, wall);
     CHECK_FALSE(plan.restore);
     CHECK(plan.erase);
     CHECK(plan.erase_required);  // docs/design.md §20: a failed erase fails the request
   }
   SECTION("the same key") {
     request(p, who("other", chain({99, 98}), "k1"));
-    const auto plan = p.prepare(who("B", chain({1, 2, 3, 4}), "k1"), only_slot, t0, wall);
+    const auto plan = p.plans().prepare(who("B", chain({1, 2, 3, 4}), "k1"), only_slot, t0, wall);
     REQUIRE(plan.restore);
     CHECK(plan.restore->hash == p.hash_for(who("A", {}, "k1")));
   }
@@ -242,7 +242,7 @@ TEST_CASE("no seeding where a restored prefix is not reused", "[core][seeding]")
   p.set_compatibility("experimental");
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
-  const auto plan = p.prepare(who("B", chain({1, 2, 3, 4})), only_slot, t0, wall);
+  const auto plan = p.plans().prepare(who("B", chain({1, 2, 3, 4})), only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
   CHECK(plan.erase);
 }
@@ -253,18 +253,18 @@ TEST_CASE("seeds are ready snapshots of this runtime that are still known", "[co
   evict(p);
   const auto B = who("B", chain({1, 2, 3, 4}));
   SECTION("invalidated") {
-    REQUIRE(p.invalidate(p.hash_for("A"), errc::snapshot_corrupt, wall));
-    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
+    REQUIRE(p.plans().invalidate(p.hash_for("A"), errc::snapshot_corrupt, wall));
+    CHECK_FALSE(p.plans().prepare(B, only_slot, t0, wall).restore);
   }
   SECTION("forgotten (purge, retention)") {
-    REQUIRE(p.forget(p.hash_for("A")));
-    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
+    REQUIRE(p.plans().forget(p.hash_for("A")));
+    CHECK_FALSE(p.plans().prepare(B, only_slot, t0, wall).restore);
   }
   SECTION("another runtime") {
     auto rt = kvp::testing::qwen7b_runtime();
     rt.build_info = "b7000-other";
     p.set_runtime(rt);
-    CHECK_FALSE(p.prepare(B, only_slot, t0, wall).restore);
+    CHECK_FALSE(p.plans().prepare(B, only_slot, t0, wall).restore);
   }
 }
 
@@ -274,16 +274,16 @@ TEST_CASE("a seed that fails verification is invalidated, the requester runs col
   saved(p, who("A", chain({1, 2, 3})));
   evict(p);
   const auto B = who("B", chain({1, 2, 9}));
-  const auto plan = p.prepare(B, only_slot, t0, wall);
+  const auto plan = p.plans().prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
-  const auto d = p.on_restore(*plan.restore, slot_restored{3, 10, 1.0}, t0, wall);
+  const auto d = p.outcomes().on_restore(*plan.restore, slot_restored{3, 10, 1.0}, t0, wall);
   CHECK_FALSE(d.restored);
   CHECK(d.need_erase);
   REQUIRE(d.write);
   CHECK(d.write->session_hash == p.hash_for("A"));  // the donor's snapshot, not B's
-  REQUIRE(p.on_erase(only_slot, slot_erased{0}, t0));
-  CHECK(p.start_inference(B, only_slot) == prepare_kind::cold_fallback);
-  CHECK(p.owner(only_slot) == p.hash_for("B"));
+  REQUIRE(p.outcomes().on_erase(only_slot, slot_erased{0}, t0));
+  CHECK(p.outcomes().start_inference(B, only_slot) == prepare_kind::cold_fallback);
+  CHECK(p.table().owner(only_slot) == p.hash_for("B"));
 }
 
 // How the proxy makes a prefix snapshot (docs/design.md §3, "Prefix snapshots"): a request of
@@ -299,23 +299,23 @@ TEST_CASE("a prefix snapshot is made as a session of its own and then seeds",
   evict(p);
   const auto shared = std::vector<chain_link>{chain({1})[0]};
   const auto maker = who(prefix_session_id(shared.back()), shared);
-  auto plan = p.prepare(maker, only_slot, t0, wall);
+  auto plan = p.plans().prepare(maker, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for(donor));
   CHECK(plan.restore->seed_for == p.hash_for(maker));
   CHECK(run(p, maker, plan) == prepare_kind::restored);
-  auto s = p.checkpoint_slot(only_slot, t0);
+  auto s = p.plans().checkpoint_slot(only_slot, t0);
   REQUIRE(s);
   CHECK(s->hash == p.hash_for(maker));
-  auto m = p.on_save(*s, slot_saved{1000, 1'000'000, 1.0}, t0, wall);
+  auto m = p.outcomes().on_save(*s, slot_saved{1000, 1'000'000, 1.0}, t0, wall);
   REQUIRE(m.ok());
   CHECK(m->chain == shared);
   CHECK(m->credential == "k1");
   CHECK(is_prefix_session(m->session_id));
-  p.store_manifest(m.value());
+  p.outcomes().store_manifest(m.value());
   evict(p);
   const auto B = who("B", chain({1, 9}));
-  plan = p.prepare(B, only_slot, t0, wall);
+  plan = p.plans().prepare(B, only_slot, t0, wall);
   REQUIRE(plan.restore);
   CHECK(plan.restore->hash == p.hash_for(maker));
   CHECK(plan.restore->expected_bytes == 1'000'000);
@@ -323,7 +323,7 @@ TEST_CASE("a prefix snapshot is made as a session of its own and then seeds",
   // Another credential's request sharing the preamble: neither the donor nor its prefix.
   evict(p);
   const auto other = who("other-key", chain({1, 9}), "k2");
-  plan = p.prepare(other, only_slot, t0, wall);
+  plan = p.plans().prepare(other, only_slot, t0, wall);
   CHECK_FALSE(plan.restore);
 }
 

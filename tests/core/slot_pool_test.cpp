@@ -56,7 +56,7 @@ std::vector<int> ids(int n) {
 
 slot_pool make_pool(int slots, bool reserve_aux = false) {
   slot_pool c(pool_options(reserve_aux));
-  c.set_slots(ids(slots));
+  c.table().set_ids(ids(slots));
   c.set_runtime(pool_runtime(slots));
   return c;
 }
@@ -87,38 +87,39 @@ outcome run_on(slot_pool& c, const request_identity& who, int slot, steady_time 
                std::uint64_t tokens = 500) {
   outcome o;
   o.slot = slot;
-  auto plan = c.prepare(who, slot, now, wall);
+  auto plan = c.plans().prepare(who, slot, now, wall);
   REQUIRE_FALSE(plan.fail);
   CHECK(plan.slot == slot);
-  for (const auto& m : plan.manifest_writes) c.store_manifest(m);
+  for (const auto& m : plan.manifest_writes) c.outcomes().store_manifest(m);
   if (plan.save) {
     o.save = plan.save;
     o.calls.push_back(save_call(*plan.save));
-    auto d = c.on_save(*plan.save, saved(tokens), now, wall);
+    auto d = c.outcomes().on_save(*plan.save, saved(tokens), now, wall);
     REQUIRE(d.ok());
-    c.store_manifest(d.value());
+    c.outcomes().store_manifest(d.value());
   }
   bool erase = plan.erase;
   if (plan.restore) {
     CHECK(plan.restore->slot == slot);
     o.calls.push_back("restore:" + std::to_string(slot));
-    auto d = c.on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
+    auto d =
+        c.outcomes().on_restore(*plan.restore, restored(plan.restore->expected_tokens), now, wall);
     REQUIRE(d.restored);
     erase = erase || d.need_erase;
   }
   if (erase) {
     o.calls.push_back("erase:" + std::to_string(slot));
-    REQUIRE(c.on_erase(slot, erased(), now));
+    REQUIRE(c.outcomes().on_erase(slot, erased(), now));
   }
-  o.kind = c.start_inference(who, slot);
-  CHECK_FALSE(c.end_inference(slot, true, now));
+  o.kind = c.outcomes().start_inference(who, slot);
+  CHECK_FALSE(c.outcomes().end_inference(slot, true, now));
   return o;
 }
 
 // choose_slot over `free`, then the request on that slot. REQUIRES a slot to be chosen.
 outcome request(slot_pool& c, const request_identity& who, steady_time now,
                 std::vector<int> free = {}) {
-  if (free.empty()) free = c.slot_ids();
+  if (free.empty()) free = c.table().ids();
   auto slot = c.choose_slot(who, free);
   REQUIRE(slot);
   return run_on(c, who, *slot, now);
@@ -126,12 +127,12 @@ outcome request(slot_pool& c, const request_identity& who, steady_time now,
 
 // Saves the owner of `slot` (makes it clean).
 void clean(slot_pool& c, int slot, steady_time now) {
-  auto s = c.checkpoint_slot(slot, now);
+  auto s = c.plans().checkpoint_slot(slot, now);
   REQUIRE(s);
-  auto d = c.on_save(*s, saved(500), now, wall);
+  auto d = c.outcomes().on_save(*s, saved(500), now, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
-  REQUIRE_FALSE(c.owner_dirty(slot));
+  c.outcomes().store_manifest(d.value());
+  REQUIRE_FALSE(c.records().dirty(c.table().owner(slot)));
 }
 
 std::vector<int> without(std::vector<int> v, int x) {
@@ -143,19 +144,19 @@ std::vector<int> without(std::vector<int> v, int x) {
 
 TEST_CASE("the pool is every slot the server has, and the aux slot is the highest one",
           "[core][slot_pool]") {
-  CHECK(make_pool(3).slot_ids() == ids(3));
-  CHECK(make_pool(3).aux_slot() == -1);
-  CHECK(make_pool(3, true).aux_slot() == 2);
+  CHECK(make_pool(3).table().ids() == ids(3));
+  CHECK(make_pool(3).table().aux_slot() == -1);
+  CHECK(make_pool(3, true).table().aux_slot() == 2);
   // One slot cannot be split: no reservation, or sessions would have nowhere to go.
-  CHECK(make_pool(1, true).aux_slot() == -1);
+  CHECK(make_pool(1, true).table().aux_slot() == -1);
   // set_slots with the same layout keeps ownership; a new layout starts from scratch.
   auto c = make_pool(2);
   auto a = request(c, session("A"), t0);
-  c.set_slots(ids(2));
-  CHECK(c.slot_of(c.hash_for("A")) == a.slot);
-  c.set_slots(ids(3));
-  CHECK(c.slot_of(c.hash_for("A")) == -1);
-  CHECK(c.slot_ids() == ids(3));
+  c.table().set_ids(ids(2));
+  CHECK(c.table().slot_of(c.hash_for("A")) == a.slot);
+  c.table().set_ids(ids(3));
+  CHECK(c.table().slot_of(c.hash_for("A")) == -1);
+  CHECK(c.table().ids() == ids(3));
 }
 
 TEST_CASE("selection: a session returns to the slot it owns even when others are free",
@@ -168,13 +169,13 @@ TEST_CASE("selection: a session returns to the slot it owns even when others are
   CHECK(b.calls == std::vector<std::string>{"erase:" + std::to_string(b.slot)});
   // Slot 2 is empty and A's slot is the least recently used: neither attracts A away.
   for (int i = 0; i < 3; ++i) {
-    CHECK(c.choose_slot(session("A"), c.slot_ids()) == a.slot);
+    CHECK(c.choose_slot(session("A"), c.table().ids()) == a.slot);
     auto again = request(c, session("A"), t0 + 2s + i * 1s);
     CHECK(again.slot == a.slot);
     CHECK(again.kind == prepare_kind::resident);
     CHECK(again.calls.empty());
   }
-  CHECK(c.choose_slot(session("B"), c.slot_ids()) == b.slot);
+  CHECK(c.choose_slot(session("B"), c.table().ids()) == b.slot);
   // The owned slot wins even when it is the only dirty one and an empty one is listed first.
   CHECK(c.choose_slot(session("B"), {2, 1, 0}) == b.slot);
 }
@@ -185,10 +186,10 @@ TEST_CASE("selection: a busy owned slot means wait, even when other slots are fr
   auto a = request(c, session("A"), t0);
   // A's slot is leased (a request of A is streaming): A's next request must queue behind it,
   // not start a second copy of the conversation on another slot.
-  CHECK_FALSE(c.choose_slot(session("A"), without(c.slot_ids(), a.slot)));
+  CHECK_FALSE(c.choose_slot(session("A"), without(c.table().ids(), a.slot)));
   CHECK_FALSE(c.choose_slot(session("A"), {}));
   // Other sessions are not held up by it.
-  auto other = c.choose_slot(session("B"), without(c.slot_ids(), a.slot));
+  auto other = c.choose_slot(session("B"), without(c.table().ids(), a.slot));
   REQUIRE(other);
   CHECK(*other != a.slot);
 }
@@ -200,13 +201,13 @@ TEST_CASE("selection: empty slots first, lowest id first among equals", "[core][
   clean(c, a.slot, t0 + 1s);  // A is clean now: still an owned slot, ranked after empty ones
   auto b = request(c, session("B"), t0 + 2s);
   CHECK(b.slot == 1);
-  auto x = c.choose_slot(session("C"), c.slot_ids());
+  auto x = c.choose_slot(session("C"), c.table().ids());
   CHECK(x == 2);
   // Not listed as free: the next best (the clean LRU slot, A's) is taken instead.
   CHECK(c.choose_slot(session("C"), {0, 1}) == 0);
   // Auxiliary calls without a reserved slot follow the same order.
-  CHECK(c.choose_slot(aux(), c.slot_ids()) == 2);
-  CHECK(c.choose_slot(aux("compaction", "A"), c.slot_ids()) == 2);
+  CHECK(c.choose_slot(aux(), c.table().ids()) == 2);
+  CHECK(c.choose_slot(aux("compaction", "A"), c.table().ids()) == 2);
 }
 
 TEST_CASE("selection: the least recently used clean slot goes before any dirty one",
@@ -221,17 +222,17 @@ TEST_CASE("selection: the least recently used clean slot goes before any dirty o
   clean(c, b.slot, t0 + 3s);
   clean(c, cc.slot, t0 + 3s);
   // B (clean, used before C) is evicted without a save, although A's dirty slot is older.
-  CHECK(c.choose_slot(session("D"), c.slot_ids()) == b.slot);
+  CHECK(c.choose_slot(session("D"), c.table().ids()) == b.slot);
   auto d = request(c, session("D"), t0 + 4s);
   CHECK(d.slot == b.slot);
   CHECK(d.calls.empty());  // B's clean content is kept for D (docs/design.md §20)
-  CHECK(c.slot_of(c.hash_for("B")) == -1);
-  CHECK(c.slot_of(c.hash_for("A")) == 0);
-  CHECK(c.owner_dirty(0));
+  CHECK(c.table().slot_of(c.hash_for("B")) == -1);
+  CHECK(c.table().slot_of(c.hash_for("A")) == 0);
+  CHECK(c.records().dirty(c.table().owner(0)));
   // C's next turn is resident and makes it dirty: now every slot is dirty and the least
   // recently used one (A's, untouched since t0) is evicted, with A saved first.
   request(c, session("C"), t0 + 5s);
-  for (int s : c.slot_ids()) REQUIRE(c.owner_dirty(s));
+  for (int s : c.table().ids()) REQUIRE(c.records().dirty(c.table().owner(s)));
   auto e = request(c, session("E"), t0 + 6s);
   CHECK(e.slot == 0);
   REQUIRE(e.save);
@@ -245,11 +246,11 @@ TEST_CASE("selection: with every slot dirty the least recently used one is evict
   request(c, session("B"), t0 + 1s);
   request(c, session("C"), t0 + 2s);
   request(c, session("A"), t0 + 3s);  // A is now the most recent: B is the LRU
-  for (int s : c.slot_ids()) REQUIRE(c.owner_dirty(s));
-  const int b_slot = c.slot_of(c.hash_for("B"));
-  CHECK(c.choose_slot(session("D"), c.slot_ids()) == b_slot);
+  for (int s : c.table().ids()) REQUIRE(c.records().dirty(c.table().owner(s)));
+  const int b_slot = c.table().slot_of(c.hash_for("B"));
+  CHECK(c.choose_slot(session("D"), c.table().ids()) == b_slot);
 
-  auto plan = c.prepare(session("D"), b_slot, t0 + 4s, wall);
+  auto plan = c.plans().prepare(session("D"), b_slot, t0 + 4s, wall);
   REQUIRE(plan.save);
   CHECK(plan.save->slot == b_slot);
   CHECK(plan.save->hash == c.hash_for("B"));
@@ -257,20 +258,20 @@ TEST_CASE("selection: with every slot dirty the least recently used one is evict
   CHECK(plan.kept);  // D has no snapshot: it runs on B's content, saved first
   CHECK_FALSE(plan.erase);
   CHECK_FALSE(plan.restore);
-  auto d = c.on_save(*plan.save, saved(700), t0 + 4s, wall);
+  auto d = c.outcomes().on_save(*plan.save, saved(700), t0 + 4s, wall);
   REQUIRE(d.ok());
-  c.store_manifest(d.value());
-  CHECK(c.start_inference(session("D"), b_slot) == prepare_kind::cold);
-  c.end_inference(b_slot, true, t0 + 4s);
-  CHECK(c.find_manifest(c.hash_for("B"))->tokens == 700);
+  c.outcomes().store_manifest(d.value());
+  CHECK(c.outcomes().start_inference(session("D"), b_slot) == prepare_kind::cold);
+  c.outcomes().end_inference(b_slot, true, t0 + 4s);
+  CHECK(c.records().find_manifest(c.hash_for("B"))->tokens == 700);
   // The other owners were not touched.
-  CHECK(c.slot_of(c.hash_for("A")) >= 0);
-  CHECK(c.slot_of(c.hash_for("C")) >= 0);
-  CHECK(c.owner_dirty(c.slot_of(c.hash_for("A"))));
+  CHECK(c.table().slot_of(c.hash_for("A")) >= 0);
+  CHECK(c.table().slot_of(c.hash_for("C")) >= 0);
+  CHECK(c.records().dirty(c.table().owner(c.table().slot_of(c.hash_for("A")))));
 
   // B comes back: it takes the LRU dirty slot (C's), saving C and restoring B there.
   auto b2 = request(c, session("B"), t0 + 5s);
-  CHECK(b2.slot == c.slot_of(c.hash_for("B")));
+  CHECK(b2.slot == c.table().slot_of(c.hash_for("B")));
   REQUIRE(b2.save);
   CHECK(b2.save->hash == c.hash_for("C"));
   CHECK(b2.calls.size() == 2);
@@ -314,9 +315,9 @@ TEST_CASE("N sessions on N slots rotate without calls; N+1 evict the LRU with on
       std::string lru;
       int lru_slot = -1;
       steady_time oldest = steady_time::max();
-      for (int slot : c.slot_ids()) {
+      for (int slot : c.table().ids()) {
         for (const auto& [name, t] : last_use) {
-          if (c.owner(slot) == c.hash_for(name) && t < oldest) {
+          if (c.table().owner(slot) == c.hash_for(name) && t < oldest) {
             oldest = t;
             lru = name;
             lru_slot = slot;
@@ -324,7 +325,8 @@ TEST_CASE("N sessions on N slots rotate without calls; N+1 evict the LRU with on
         }
       }
       REQUIRE(lru_slot >= 0);
-      REQUIRE(c.slot_of(c.hash_for(s)) == -1);  // the cycle never finds its session resident
+      REQUIRE(c.table().slot_of(c.hash_for(s)) ==
+              -1);  // the cycle never finds its session resident
       auto o = request(c, session(s), now += 1s);
       CHECK(o.slot == lru_slot);
       REQUIRE(o.save);
@@ -339,31 +341,31 @@ TEST_CASE("N sessions on N slots rotate without calls; N+1 evict the LRU with on
 TEST_CASE("the reserved auxiliary slot: aux calls only there, sessions never",
           "[core][slot_pool][aux]") {
   auto c = make_pool(3, true);
-  REQUIRE(c.aux_slot() == 2);
+  REQUIRE(c.table().aux_slot() == 2);
   // Sessions fill 0 and 1, then evict among them; slot 2 stays free for aux calls although
   // it is empty and would rank first.
   auto a = request(c, session("A"), t0);
   auto b = request(c, session("B"), t0 + 1s);
   CHECK(a.slot == 0);
   CHECK(b.slot == 1);
-  CHECK(c.choose_slot(session("C"), c.slot_ids()) == 0);  // LRU dirty, not the empty aux slot
+  CHECK(c.choose_slot(session("C"), c.table().ids()) == 0);  // LRU dirty, not the empty aux slot
   CHECK_FALSE(c.choose_slot(session("C"), {2}));          // the aux slot alone: wait
 
   // Aux calls (a purpose, or no session at all) take only slot 2 and plan no calls there:
   // with one credential nothing there can be another tenant's (docs/design.md §20).
   for (const auto& who : {aux("session-title"), aux("compaction", "A"), request_identity{}}) {
-    CHECK(c.choose_slot(who, c.slot_ids()) == 2);
+    CHECK(c.choose_slot(who, c.table().ids()) == 2);
     CHECK_FALSE(c.choose_slot(who, {0, 1}));  // aux slot busy: wait, never evict a session
     auto o = run_on(c, who, 2, t0 + 2s);
     CHECK(o.kind == prepare_kind::auxiliary);
     CHECK(o.calls.empty());
-    CHECK(c.owner(2).empty());
+    CHECK(c.table().owner(2).empty());
   }
   // Every owned slot is untouched: A and B resident, still dirty, same slots.
-  CHECK(c.slot_of(c.hash_for("A")) == 0);
-  CHECK(c.slot_of(c.hash_for("B")) == 1);
-  CHECK(c.owner_dirty(0));
-  CHECK(c.owner_dirty(1));
+  CHECK(c.table().slot_of(c.hash_for("A")) == 0);
+  CHECK(c.table().slot_of(c.hash_for("B")) == 1);
+  CHECK(c.records().dirty(c.table().owner(0)));
+  CHECK(c.records().dirty(c.table().owner(1)));
   CHECK(c.stats().saves == 0);
   auto a2 = request(c, session("A"), t0 + 3s);
   CHECK(a2.kind == prepare_kind::resident);
@@ -380,7 +382,7 @@ TEST_CASE("without a reservation an aux call evicts like a session and leaves th
   REQUIRE(o.save);
   CHECK(o.save->hash == c.hash_for("A"));
   CHECK(o.calls.size() == 1);  // the save; nothing is restored for an aux call
-  CHECK(c.owner(0).empty());
+  CHECK(c.table().owner(0).empty());
   // The emptied slot is the first choice of the next newcomer; A restores there.
   auto a = request(c, session("A"), t0 + 3s);
   CHECK(a.slot == 0);
@@ -454,14 +456,14 @@ TEST_CASE("an epoch change (server restart) clears every slot of the pool", "[co
   request(c, session("B"), t0 + 1s);
   clean(c, 0, t0 + 2s);
   clean(c, 1, t0 + 2s);
-  c.on_epoch_change();
-  for (int s : c.slot_ids()) {
-    CHECK(c.owner(s).empty());
-    CHECK(c.state(s) == slot_state::unknown);
+  c.table().on_epoch_change();
+  for (int s : c.table().ids()) {
+    CHECK(c.table().owner(s).empty());
+    CHECK(c.table().state(s) == slot_state::unknown);
   }
-  CHECK(c.slot_of(c.hash_for("A")) == -1);
-  CHECK(c.slot_of(c.hash_for("B")) == -1);
-  CHECK_FALSE(c.idle_deadline());
+  CHECK(c.table().slot_of(c.hash_for("A")) == -1);
+  CHECK(c.table().slot_of(c.hash_for("B")) == -1);
+  CHECK_FALSE(c.table().idle_deadline());
   // Nobody is resident: each session restores (on whichever non-aux slot it gets).
   auto a = request(c, session("A"), t0 + 3s);
   CHECK(a.kind == prepare_kind::restored);
@@ -475,7 +477,7 @@ TEST_CASE("an epoch change (server restart) clears every slot of the pool", "[co
   auto rt = pool_runtime(3);
   rt.model_path = "/models/other.gguf";
   c.set_runtime(rt);
-  for (int s : c.slot_ids()) CHECK(c.owner(s).empty());
+  for (int s : c.table().ids()) CHECK(c.table().owner(s).empty());
 }
 
 TEST_CASE("a dirty owner saved on eviction keeps its revision; a clean owner is not saved again",
@@ -492,8 +494,8 @@ TEST_CASE("a dirty owner saved on eviction keeps its revision; a clean owner is 
   REQUIRE(e.save);
   CHECK(e.save->hash == c.hash_for("B"));
   CHECK(e.save->revision == 1);
-  CHECK(c.find_manifest(c.hash_for("A"))->revision == 1);
-  CHECK(c.find_manifest(c.hash_for("B"))->revision == 1);
+  CHECK(c.records().find_manifest(c.hash_for("A"))->revision == 1);
+  CHECK(c.records().find_manifest(c.hash_for("B"))->revision == 1);
 }
 
 // docs/design.md §14: "a session's requests stay in order". The session's first request on a slot
@@ -502,24 +504,25 @@ TEST_CASE("a dirty owner saved on eviction keeps its revision; a clean owner is 
 TEST_CASE("a session whose request is being prepared on one slot is not given a second slot",
           "[core][slot_pool]") {
   auto c = make_pool(3);
-  auto plan = c.prepare(session("A"), 0, t0, wall);  // A#1 holds slot 0, its erase in flight
+  auto plan =
+      c.plans().prepare(session("A"), 0, t0, wall);  // A#1 holds slot 0, its erase in flight
   REQUIRE(plan.erase);
   // A#2 arrives; the lease queue offers it the free slots 1 and 2.
   CHECK_FALSE(c.choose_slot(session("A"), {1, 2}));
   // Same while the first request restores a snapshot of A (a longer window).
-  REQUIRE(c.on_erase(0, erased(), t0));
-  c.start_inference(session("A"), 0);
-  c.end_inference(0, true, t0);
+  REQUIRE(c.outcomes().on_erase(0, erased(), t0));
+  c.outcomes().start_inference(session("A"), 0);
+  c.outcomes().end_inference(0, true, t0);
   auto b = request(c, session("B"), t0 + 1s);
   auto x = request(c, session("X"), t0 + 2s);
   (void)b;
   (void)x;
   request(c, session("Y"), t0 + 3s);  // evicts A (LRU dirty) after saving it
-  REQUIRE(c.slot_of(c.hash_for("A")) == -1);
-  const int target = *c.choose_slot(session("A"), c.slot_ids());
-  auto p2 = c.prepare(session("A"), target, t0 + 4s, wall);
+  REQUIRE(c.table().slot_of(c.hash_for("A")) == -1);
+  const int target = *c.choose_slot(session("A"), c.table().ids());
+  auto p2 = c.plans().prepare(session("A"), target, t0 + 4s, wall);
   REQUIRE(p2.restore);
-  CHECK_FALSE(c.choose_slot(session("A"), without(c.slot_ids(), target)));
+  CHECK_FALSE(c.choose_slot(session("A"), without(c.table().ids(), target)));
 }
 
 // The body rewrite that pins a request to the chosen slot (core/request_rewrite.hpp), as an
@@ -594,17 +597,17 @@ namespace {
 // A request on `slot` whose plan's save comes back empty (n_saved 0: llama-server refused the
 // request before it, or cleared the slot): nothing of the previous owner is kept.
 void request_saving_nothing(slot_pool& c, const request_identity& who, int slot) {
-  auto plan = c.prepare(who, slot, t0, wall);
+  auto plan = c.plans().prepare(who, slot, t0, wall);
   REQUIRE_FALSE(plan.fail);
-  if (plan.save) CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok());
-  if (plan.erase) REQUIRE(c.on_erase(slot, erased(), t0));
-  c.start_inference(who, slot);
-  CHECK_FALSE(c.end_inference(slot, true, t0));
+  if (plan.save) CHECK_FALSE(c.outcomes().on_save(*plan.save, saved(0), t0, wall).ok());
+  if (plan.erase) REQUIRE(c.outcomes().on_erase(slot, erased(), t0));
+  c.outcomes().start_inference(who, slot);
+  CHECK_FALSE(c.outcomes().end_inference(slot, true, t0));
 }
 
 std::set<std::string> known_sessions(const slot_pool& c) {
   std::set<std::string> out;
-  for (const auto& v : c.sessions()) out.insert(v.hash);
+  for (const auto& v : c.listing().sessions()) out.insert(v.hash);
   return out;
 }
 
@@ -620,15 +623,15 @@ TEST_CASE("records without a snapshot beyond the bound: the least recently used 
   // A's turns are saved when S0 takes the slot: a snapshot, retention's to forget, not this.
   run_on(c, session("A"), 0, t0);
   run_on(c, session("S0"), 0, t0);
-  REQUIRE(c.find_manifest(c.hash_for("A")));
+  REQUIRE(c.records().find_manifest(c.hash_for("A")));
   for (const char* s : {"S1", "S2", "S3", "S4", "S5"}) request_saving_nothing(c, session(s), 0);
   CHECK(known_sessions(c) ==
         std::set<std::string>{c.hash_for("A"), c.hash_for("S3"), c.hash_for("S4"),
                               c.hash_for("S5")});
   std::set<std::string> forgotten;
-  for (const auto& h : c.take_forgotten_records()) forgotten.insert(h);
+  for (const auto& h : c.records().take_forgotten()) forgotten.insert(h);
   CHECK(forgotten == std::set<std::string>{c.hash_for("S0"), c.hash_for("S1"), c.hash_for("S2")});
-  CHECK(c.take_forgotten_records().empty());
+  CHECK(c.records().take_forgotten().empty());
 
   // S4 and then S3 are used again: S5 is now the least recently used, and goes for S6.
   request_saving_nothing(c, session("S4"), 0);
@@ -637,7 +640,7 @@ TEST_CASE("records without a snapshot beyond the bound: the least recently used 
   CHECK(known_sessions(c) ==
         std::set<std::string>{c.hash_for("A"), c.hash_for("S3"), c.hash_for("S4"),
                               c.hash_for("S6")});
-  CHECK(c.take_forgotten_records() == std::vector<std::string>{c.hash_for("S5")});
+  CHECK(c.records().take_forgotten() == std::vector<std::string>{c.hash_for("S5")});
 }
 
 TEST_CASE("a record a slot holds or a request is prepared for is never forgotten",
@@ -645,7 +648,7 @@ TEST_CASE("a record a slot holds or a request is prepared for is never forgotten
   auto o = pool_options();
   o.max_records_without_snapshot = 1;
   slot_pool c(o);
-  c.set_slots(ids(3));
+  c.table().set_ids(ids(3));
   c.set_runtime(pool_runtime(3));
   request(c, session("A"), t0);
   request(c, session("B"), t0);
@@ -654,24 +657,25 @@ TEST_CASE("a record a slot holds or a request is prepared for is never forgotten
   CHECK(known_sessions(c) ==
         std::set<std::string>{c.hash_for("A"), c.hash_for("B"), c.hash_for("C")});
   // D is prepared on A's slot: A (still the owner, saved first) and D both stay.
-  const auto slot = c.choose_slot(session("D"), c.slot_ids());
+  const auto slot = c.choose_slot(session("D"), c.table().ids());
   REQUIRE(slot);
-  auto plan = c.prepare(session("D"), *slot, t0, wall);
-  CHECK(c.take_forgotten_records().empty());
+  auto plan = c.plans().prepare(session("D"), *slot, t0, wall);
+  CHECK(c.records().take_forgotten().empty());
   CHECK(known_sessions(c).size() == 4);
   REQUIRE(plan.save);
-  CHECK_FALSE(c.on_save(*plan.save, saved(0), t0, wall).ok());  // an empty save: no snapshot
-  c.start_inference(session("D"), *slot);
-  CHECK_FALSE(c.end_inference(*slot, true, t0));
+  CHECK_FALSE(
+      c.outcomes().on_save(*plan.save, saved(0), t0, wall).ok());  // an empty save: no snapshot
+  c.outcomes().start_inference(session("D"), *slot);
+  CHECK_FALSE(c.outcomes().end_inference(*slot, true, t0));
   // The next new session finds the departed owner idle, without a snapshot: it goes.
-  const auto e_slot = c.choose_slot(session("E"), c.slot_ids());
+  const auto e_slot = c.choose_slot(session("E"), c.table().ids());
   REQUIRE(e_slot);
-  auto e_plan = c.prepare(session("E"), *e_slot, t0, wall);
+  auto e_plan = c.plans().prepare(session("E"), *e_slot, t0, wall);
   (void)e_plan;
-  CHECK(c.take_forgotten_records() == std::vector<std::string>{c.hash_for("A")});
+  CHECK(c.records().take_forgotten() == std::vector<std::string>{c.hash_for("A")});
   CHECK(known_sessions(c) == std::set<std::string>{c.hash_for("B"), c.hash_for("C"),
                                                    c.hash_for("D"), c.hash_for("E")});
-  c.abort_prepare(*e_slot);
+  c.outcomes().abort_prepare(*e_slot);
 }
 
 }  // namespace slot_pool_test

@@ -183,6 +183,7 @@ def test_dashboard_in_headless_chromium(stack):
     switch(stack, A, B, A)
     a, b = prefix(stack, A), prefix(stack, B)
     a_reuse = stack.proxy.admin("GET", "/kv/sessions/" + A.session, token=TOKEN).json["reuse"]
+    all_reused = stack.proxy.admin("GET", "/kv/status", token=TOKEN).json["servers"][0]["stats"]["allResponses"]
     with Browser() as browser:
         # the token comes in the fragment, which the browser never sends to the server
         browser.open("http://127.0.0.1:%d/ui#token=%s" % (port, TOKEN))
@@ -222,6 +223,8 @@ def test_dashboard_in_headless_chromium(stack):
     restores = dom.by_id("total-restores")
     assert restores is not None and "Restores" in restores["text"], "no totals rendered"
     assert int(restores["attrs"]["data-value"]) >= 1, restores
+    reused = dom.by_id("total-reused-all")  # every response's reuse (stats.allResponses)
+    assert reused is not None and reused["attrs"]["data-value"] == str(all_reused["reusedTokens"]), (reused, all_reused)
     slot_owner = [r["text"] for r in dom.with_attr("tr", "data-slot")]
     assert len(slot_owner) == 1 and a in slot_owner[0], slot_owner
     assert "hidden" in dom.by_id("login")["attrs"]  # the fragment's token was used

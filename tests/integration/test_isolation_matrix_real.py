@@ -59,7 +59,7 @@ from kvptest.chat import chat_body, make_text
 from kvptest.checks import reported_reuse
 from kvptest.http_client import http_request
 from kvptest.llama import BAN_BYTE_TOKENS
-from kvptest.multislot_helpers import CallTaker, Llama, require_real_llama, start_proxy
+from kvptest.multislot_helpers import CallTaker, FlagsLlama, require_real_llama, start_proxy
 
 pytestmark = pytest.mark.real_only
 
@@ -84,24 +84,6 @@ APIS = ("chat", "responses", "messages")
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
-class LayoutLlama(Llama):
-    """llama-server with the given flags and nothing else but `-c`, `--slot-save-path`, `-t 2`:
-    no `--no-cache-idle-slots`, no `--cache-ram 0`."""
-
-    def __init__(self, workdir: str, flags: list[str]):
-        super().__init__(workdir, n_parallel=0, name="llama-matrix")
-        self.flags = flags
-
-    def command(self) -> list[str]:
-        return [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(N_CTX), "--slot-save-path", self.save_dir, "-t", "2"] + self.flags
-
-    def erase_every_slot(self):
-        for s in range(self.props()["total_slots"]):
-            r = http_request(self.port, "POST", "/slots/%d?action=erase" % s, body={}, timeout=30)
-            assert r.status == 200, r.body[:200]
-
-
 # ============================================================================ requests and what they report
 def body_of(api: str, system: str, user: str) -> dict:
     sampling = {"temperature": 0, "seed": 1, "logit_bias": BAN_BYTE_TOKENS}
@@ -124,7 +106,7 @@ def send(port: int, api: str, key: str, system: str, user: str, session: str | N
     return n
 
 
-def prompts(llama: LayoutLlama, api: str) -> tuple[str, str]:
+def prompts(llama: FlagsLlama, api: str) -> tuple[str, str]:
     """(A's secret system prompt, the control's system prompt) of this API's case: text of its
     own from the first word, so no case shares more than the chat template's header with
     another."""
@@ -148,7 +130,8 @@ def start_layout(name: str, tmp_path_factory):
     this layout (every slot erased before each, and B's two requests of the seeded case through
     a kvpersist of their own); then the server is restarted, so nothing of them is left in its
     RAM prompt cache for the cases."""
-    server = LayoutLlama(str(tmp_path_factory.mktemp("llama-%s" % name)), LAYOUTS[name][0]).start()
+    server = FlagsLlama(str(tmp_path_factory.mktemp("llama-%s" % name)), LAYOUTS[name][0], N_CTX,
+                        name="llama-matrix").start()
     try:
         baselines = {}
         for api in APIS:

@@ -3,7 +3,7 @@
 * A request's prefix chain keeps at most 256 links, however many messages its body holds
   (core/prefix_chain.hpp); a session record without a snapshot (a first visit not saved yet,
   a request llama-server refused whose save came back empty) is forgotten least recently
-  used first beyond retention.maxSessions (core/slot_pool.hpp). Measured before the fix:
+  used first beyond retention.maxSessions (core/session_records.hpp). Measured before the fix:
   40 sessions of 8 MiB bodies of tiny messages under maxSessions 5 took kvpersist's RSS from
   11 to 205 MiB, every record kept with its whole chain although nothing was on disk.
 * A session id over 256 bytes is replaced by "sha256:" and its digest (core/identity.hpp):

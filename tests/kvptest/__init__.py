@@ -33,11 +33,15 @@ For scripts too (standard library plus PyYAML, python3-yaml; no pytest):
 * upstreams:   FakeUpstream / RealUpstream / RealUpstreamView behind one interface (Call,
                take_calls(), settle())
 * fake_llama:  FakeLlamaServer, the in-process fake llama-server (also a script:
-               `python3 -m kvptest.fake_llama --port N --slot-save-path DIR`)
+               `python3 -m kvptest.fake_llama --port N --slot-save-path DIR`); preset("defaults")
+               for llama-server's own defaults
+* fake_prompt_cache: PromptCache, the fake's model of llama-server's RAM prompt cache
 * fake_router: FakeRouter, a fake llama-server router of FakeLlamaServer children
 * messages_client: MessagesConversation, a Claude Code-like /v1/messages session
 * dashboard_client: the admin API's event stream and headless Chromium for the dashboard
 * admin_client: the admin API and the CLI: idle(), scrape(), admin_addr(), run_cli(), JsonKvPersist
+* api_run:     ApiConversation (chat, Responses or Messages), reuse_run() (a run in the three API
+               families, each response's reuse with its source), counted_reuse()
 
 For the tests only (they import pytest, for skips and fixtures):
 * stack:       Stack, one test's upstream and kvpersist processes (the `stack` fixture)

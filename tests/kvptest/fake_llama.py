@@ -8,7 +8,10 @@ the slot its `id_slot` names or, without one, as llama-server places it (docs/ll
 slot with llama-server's response shapes and
 error semantics (a failed restore clears the slot), `/props` with a per-process
 random `media_marker`, SSE streaming with chunked transfer, and cancellation
-when the client connection drops.
+when the client connection drops. On request, llama-server's RAM prompt cache and idle-slot
+caching over a unified pool (docs/llama-server.md §5; kvptest.fake_prompt_cache):
+`preset("defaults")` is `llama-server -m model.gguf` (4 slots over one pool, an 8 GiB cache,
+idle slots copied to it and cleared); without it the fake is `-np 1 --cache-ram 0`.
 
 Tokens are whitespace-split words. A chat prompt is rendered as
 `<|role|> words... <|role|> words... <|assistant|>` (a stand-in chat template),
@@ -19,6 +22,7 @@ Use it in-process (FakeLlamaServer(...).start()/stop()/restart()) or as a script
 repository root:
 
     PYTHONPATH=tests /usr/bin/python3 -m kvptest.fake_llama --port 8080 --slot-save-path /tmp/slots
+    PYTHONPATH=tests /usr/bin/python3 -m kvptest.fake_llama --port 8080 --preset defaults
 
 Everything is recorded (requests, management calls, stream events with their
 send times, aborted streams) under a lock, for tests to assert on.
@@ -41,6 +45,8 @@ import urllib.parse
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from kvptest.fake_prompt_cache import PromptCache, common_prefix
+
 MAGIC = b"ggsq"
 FILE_VERSION = 3
 POLL_S = 0.02  # how often a busy handler checks whether its client went away
@@ -58,6 +64,23 @@ PINNABLE_PATHS = {
     "/v1/completions", "/completions", "/completion",
     "/infill", "/v1/responses",
 }
+
+# llama-server without -np (docs/llama-server.md §5): this many slots over one unified KV pool
+AUTO_SLOTS = 4
+# What `llama-server -m model.gguf` runs with, as FakeLlamaServer keyword arguments
+# (docs/llama-server.md §5; --cache-ram 8192 MiB)
+PRESETS = {
+    "defaults": {"total_slots": "auto", "cache_idle_slots": True, "cache_ram_bytes": 8192 << 20,
+                 "slot_prompt_similarity": 0.1},
+}
+# The routes whose task is a completion: only those read the RAM cache when placed (§5)
+COMPLETION_PATHS = PINNABLE_PATHS - {"/infill"} | {"/v1/messages"}
+
+
+def preset(name: str, **overrides) -> dict:
+    """FakeLlamaServer keyword arguments for a llama-server command line (PRESETS), with
+    `overrides` on top: FakeLlamaServer(dir, **preset("defaults"))."""
+    return {**PRESETS[name], **overrides}
 
 
 def now() -> float:
@@ -94,14 +117,6 @@ def chat_tokens(messages) -> list[str]:
         toks.extend(tokenize(content_text(m.get("content"))))
     toks.append("<|assistant|>")
     return toks
-
-
-def common_prefix(a: list[str], b: list[str]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def peer_closed(sock: socket.socket) -> bool:
@@ -197,16 +212,28 @@ CREATED: list["FakeLlamaServer"] = []
 
 class FakeLlamaServer:
     def __init__(self, slot_save_path: str | None = None, *, port: int = 0, host: str = "127.0.0.1",
-                 total_slots: int = 1, n_ctx: int = 8192,
+                 total_slots: int | str = 1, n_ctx: int = 8192,
                  model_path: str = "/models/fake-model-Q8_0.gguf", build_info: str = "b1-fake0001",
                  n_predict: int = 4, event_delay: float = 0.0, prefill_delay: float = 0.0,
-                 kv_bytes_per_token: int = 64):
+                 kv_bytes_per_token: int = 64, kv_unified: bool | None = None,
+                 cache_idle_slots: bool = False, cache_ram_bytes: int = 0,
+                 slot_prompt_similarity: float = 0.1):
+        """`total_slots` "auto" is llama-server without -np: 4 slots over one unified pool
+        (`kv_unified` None: unified exactly then). `cache_ram_bytes` sizes the RAM prompt cache
+        (0: off, as --cache-ram 0; -1: no byte limit), `cache_idle_slots` copies every other
+        idle slot to it when a task starts, and clears them in a unified pool (docs/llama-server.md
+        §5). The fake's own defaults are those of `-np 1 --cache-ram 0 --no-cache-idle-slots`;
+        preset("defaults") gives llama-server's."""
         CREATED.append(self)
         self.host = host
         self.port = port
         self.slot_save_path = slot_save_path
         self.slot_actions_disabled = slot_save_path is None
-        self.total_slots = total_slots
+        self.total_slots = AUTO_SLOTS if total_slots == "auto" else total_slots
+        self.kv_unified = total_slots == "auto" if kv_unified is None else kv_unified
+        # --cache-idle-slots needs the RAM cache: llama-server turns it off without one
+        self.cache_idle_slots = cache_idle_slots and cache_ram_bytes != 0
+        self.cache_ram_bytes = cache_ram_bytes
         self.n_ctx = n_ctx
         self.model_path = model_path
         self.build_info = build_info
@@ -232,8 +259,9 @@ class FakeLlamaServer:
         self.wakes = 0
         self.kv_bytes_per_token = kv_bytes_per_token
         # --slot-prompt-similarity: a request without id_slot takes the idle slot whose content
-        # shares more than this fraction of its prompt (docs/llama-server.md §4.1)
-        self.slot_prompt_similarity = 0.1
+        # shares more than this fraction of its prompt (docs/llama-server.md §4.1); 0 turns that
+        # choice off, and with it the RAM cache's use by a pinned request (§5)
+        self.slot_prompt_similarity = slot_prompt_similarity
         self.media_marker = ""
         self.pinned_marker = None           # as LLAMA_MEDIA_MARKER: the same marker after restart()
         self.epoch = 0
@@ -290,6 +318,11 @@ class FakeLlamaServer:
         # restore, 0 after an erase; a new process knows none.
         self.slot_n: dict[int, int] = {}
         self.slot_task: dict[int, int] = {}  # GET /slots' id_task: the last request run on the slot
+        # the RAM prompt cache (docs/llama-server.md §5): a new process starts with it empty
+        self.ram_cache: PromptCache | None = None
+        if self.cache_ram_bytes != 0:
+            pool = self.n_ctx if self.kv_unified else self.n_ctx * self.total_slots
+            self.ram_cache = PromptCache(self.cache_ram_bytes, pool, self.kv_bytes_per_token)
         # a slot runs one task at a time; its actions wait for it (deferred)
         self._slot_locks: dict[int, threading.Lock] = {}
         self._active: dict[int, socket.socket] = {}  # request id -> client socket
@@ -334,6 +367,51 @@ class FakeLlamaServer:
             return i
         idle = [(t, -i) for i, t in self.slot_last_used.items() if i not in busy]
         return -min(idle)[1] if idle else None
+
+    def launch(self, slot: int, prompt: list[str], busy: set[int], *, pinned: bool, completion: bool):
+        """What llama-server does around launching a task on `slot`, with the RAM cache on
+        (docs/llama-server.md §5): get_available_slot may swap the slot's content through the
+        cache (completions only), then idle-slot caching copies every other idle slot to the
+        cache and, in a unified pool, clears it. `busy`: the other slots running a task.
+        REQUIRES self._lock."""
+        if self.ram_cache is None:
+            return
+        if completion and self._swaps_through_ram_cache(slot, prompt, pinned):
+            held = list(self.slots.get(slot) or [])
+            self.ram_cache.save(held)
+            loaded = self.ram_cache.load(held, prompt)
+            if loaded is not None:
+                self.slots[slot] = loaded
+                self._restored.discard(slot)
+            self.ram_cache.update()
+        if self.cache_idle_slots:
+            for i in sorted(self.slots):
+                held = self.slots[i]
+                if i == slot or i in busy or not held:
+                    continue
+                if self.ram_cache.save(held):
+                    self.ram_cache.update()
+                if self.kv_unified:
+                    self.slots[i] = []
+                    if i in self.slot_n:
+                        self.slot_n[i] = 0
+
+    def _swaps_through_ram_cache(self, slot: int, prompt: list[str], pinned: bool) -> bool:
+        """get_available_slot's update_cache for the slot a task was given: a slot chosen (or
+        pinned) for its similarity when the prompt keeps less than half of it (f_keep < 0.5); a
+        pinned slot the prompt shares too little with, unless it is empty (f_keep 0/0) or the
+        similarity choice is off; a slot chosen as least recently used always."""
+        held = self.slots.get(slot) or []
+        lcp = common_prefix(held, prompt)
+        if self.slot_prompt_similarity and held and prompt and lcp / len(prompt) > self.slot_prompt_similarity:
+            return lcp / len(held) < 0.5
+        if pinned:
+            return bool(self.slot_prompt_similarity and held)
+        return True
+
+    def busy_slots(self, but: int) -> set[int]:
+        """The slots other than `but` that run a task (or a slot action) now. REQUIRES self._lock."""
+        return {i for i, x in self._slot_locks.items() if i != but and x.locked()}
 
     @property
     def url(self) -> str:
@@ -422,6 +500,8 @@ class FakeLlamaServer:
             self.sleeping = True
             self.slots.clear()
             self.slot_n = {}
+            if self.ram_cache is not None:
+                self.ram_cache.clear()
 
     def hold_inference(self):
         """Inference requests that start from now on wait before their prefill (their slot
@@ -990,6 +1070,7 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = self._prompt_tokens(path, j)
         k = j.get("id_slot") if path in PINNABLE_PATHS else None
         pinned = f.slot_index(k) if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
+        task = {"pinned": pinned is not None, "completion": path in COMPLETION_PATHS}
         if pinned is None and f.total_slots == 1:
             pinned = 0
         if pinned is not None:
@@ -1007,7 +1088,7 @@ class _Handler(BaseHTTPRequestHandler):
         rid = self.rec["id"]
 
         # wait for the slot (a request for a busy slot is deferred, without headers)
-        taken = self._take_slot(pinned, prompt)
+        taken = self._take_slot(pinned, prompt, task)
         if taken is None:
             self._mark_abort("queued", 0)
             return
@@ -1077,10 +1158,12 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             finish()
 
-    def _take_slot(self, pinned, prompt):
+    def _take_slot(self, pinned, prompt, task):
         """(slot, its lock, held) for the task, once a slot is free: `pinned`, or the one
         get_available_slot picks among the idle ones; None when the client left meanwhile.
-        With concurrent_inference a request never waits (a fresh lock), placed all the same."""
+        The task is launched there (FakeLlamaServer.launch; `task`: pinned by the client, a
+        completion). With concurrent_inference a request never waits (a fresh lock), placed
+        all the same."""
         f = self.fake
         if pinned is not None:
             lock = threading.Lock() if f.concurrent_inference else f.slot_lock(pinned)
@@ -1090,16 +1173,18 @@ class _Handler(BaseHTTPRequestHandler):
             with f._lock:
                 self.rec["slot"] = pinned
                 f.slot_task[pinned] = self.rec["id"]
+                f.launch(pinned, prompt, f.busy_slots(pinned), **task)
             return pinned, lock
         while True:
             with f._lock:
-                busy = set() if f.concurrent_inference else {i for i, x in f._slot_locks.items() if x.locked()}
+                busy = set() if f.concurrent_inference else f.busy_slots(-1)
                 slot = f.place_unpinned(prompt, busy)
                 lock = None if slot is None else threading.Lock() if f.concurrent_inference else f.slot_lock(slot)
                 if lock is not None and lock.acquire(blocking=False):
                     self.rec["slot"] = slot
                     f.slot_task[slot] = self.rec["id"]
                     f.slot_n[slot] = max(len(prompt), 1)
+                    f.launch(slot, prompt, busy, **task)
                     return slot, lock
             if peer_closed(self.connection) or f._stopping.is_set():
                 return None
@@ -1260,22 +1345,48 @@ class _Handler(BaseHTTPRequestHandler):
         self._write_chunk(ev)
 
 
-def main():
+def slots_arg(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+def cli_args(argv=None) -> argparse.Namespace:
+    """The script's options; `--preset NAME` sets the RAM-cache and slot options of PRESETS
+    (--cache-ram in MiB, as llama-server's), and the options given beside it override them."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--slot-save-path", default=None)
-    ap.add_argument("--total-slots", type=int, default=1)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="defaults: as `llama-server -m model.gguf` (4 slots, one unified pool, "
+                         "--cache-ram 8192, idle slots cached)")
+    ap.add_argument("--total-slots", type=slots_arg, default=1, help="a number, or auto (4, unified)")
+    ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=False)
+    ap.add_argument("--cache-ram", type=int, default=0, help="MiB; 0 off, -1 no limit")
+    ap.add_argument("--slot-prompt-similarity", type=float, default=0.1)
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--n-predict", type=int, default=4)
     ap.add_argument("--event-delay-ms", type=float, default=0.0)
     ap.add_argument("--prefill-delay-ms", type=float, default=0.0)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.preset:
+        p = PRESETS[a.preset]
+        ap.set_defaults(total_slots=p["total_slots"], cache_idle_slots=p["cache_idle_slots"],
+                        cache_ram=p["cache_ram_bytes"] >> 20, slot_prompt_similarity=p["slot_prompt_similarity"])
+        a = ap.parse_args(argv)
+    return a
+
+
+def main():
+    a = cli_args()
     if a.slot_save_path:
         os.makedirs(a.slot_save_path, exist_ok=True)
+    cache_ram_bytes = a.cache_ram << 20 if a.cache_ram > 0 else a.cache_ram
     f = FakeLlamaServer(a.slot_save_path, port=a.port, host=a.host, total_slots=a.total_slots, n_ctx=a.n_ctx,
                         n_predict=a.n_predict, event_delay=a.event_delay_ms / 1000.0,
-                        prefill_delay=a.prefill_delay_ms / 1000.0)
+                        prefill_delay=a.prefill_delay_ms / 1000.0, kv_unified=a.kv_unified,
+                        cache_idle_slots=a.cache_idle_slots, cache_ram_bytes=cache_ram_bytes,
+                        slot_prompt_similarity=a.slot_prompt_similarity)
     f.start()
     print("fake llama-server listening on %s (slot actions %s)" %
           (f.url, "disabled" if f.slot_actions_disabled else "enabled"), flush=True)

@@ -230,6 +230,26 @@ class Llama:
         return tail(self.log_path, n)
 
 
+class FlagsLlama(Llama):
+    """A real llama-server started as a user starts it: `-m MODEL --host --port -c N_CTX
+    --slot-save-path DIR -t 2` and `flags`, nothing else (no `--no-cache-idle-slots`, no
+    `--cache-ram 0`, no `-np` unless `flags` has one: llama-server's defaults otherwise)."""
+
+    def __init__(self, workdir: str, flags: list[str], n_ctx: int, name: str = "llama-flags"):
+        super().__init__(workdir, n_parallel=0, name=name)
+        self.flags = flags
+        self.n_ctx = n_ctx
+
+    def command(self) -> list[str]:
+        return [self.binary, "-m", self.model, "--host", HOST, "--port", str(self.port),
+                "-c", str(self.n_ctx), "--slot-save-path", self.save_dir, "-t", "2"] + self.flags
+
+    def erase_every_slot(self):
+        for s in range(self.props()["total_slots"]):
+            r = http_request(self.port, "POST", "/slots/%d?action=erase" % s, body={}, timeout=30)
+            assert r.status == 200, r.body[:200]
+
+
 # ============================================================================ prompts and chat
 # ============================================================================ nginx
 def nginx_binary() -> str | None:

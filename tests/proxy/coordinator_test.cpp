@@ -1033,7 +1033,7 @@ TEST_CASE("repeated backend failures open the circuit, and requests keep flowing
 }
 
 // proxy/data/server.cpp's lease_guard releases a lease through coordinator::release when the
-// request coroutine leaves by an exception after prepare(). core::slot_pool::
+// request coroutine leaves by an exception after prepare(). core::plan_outcomes::
 // abort_prepare() then leaves the slot in state `inference` with the owner kept, so the
 // shutdown checkpoint (checkpoint_owner requires state `dirty`) no longer saves an owner
 // that was dirty before that request.

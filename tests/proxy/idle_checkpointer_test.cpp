@@ -44,7 +44,7 @@ struct harness : kvp::testing::control_parts {
 
   harness() {
     REQUIRE(store.open().ok());
-    pool.set_idle_checkpoint(50ms);
+    pool.checkpoints().set_idle_checkpoint(50ms);
     pool.set_runtime(kvp::testing::qwen7b_runtime());
     REQUIRE(pool.persistence_enabled());
   }
@@ -62,11 +62,11 @@ struct harness : kvp::testing::control_parts {
     who.session_id = id;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
-    const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
     REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, 0);
+    (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
+    (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
     fake.clear_calls();
   }
 };

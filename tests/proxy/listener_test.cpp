@@ -1,5 +1,4 @@
-// Tests for proxy/http/listener.hpp (a port's connection cap: wait or refuse) and the descriptor
-// budget of proxy/data/server.hpp that both listeners' caps fit in.
+// Tests for proxy/http/listener.hpp: a port's connection cap, wait or refuse.
 #include "proxy/http/listener.hpp"
 
 #include <catch2/catch.hpp>
@@ -8,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "config/config.hpp"
 #include "proxy/http/listen.hpp"
-#include "proxy/data/server.hpp"
 #include "tests/support/run.hpp"
 
 namespace listener_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
@@ -129,27 +126,6 @@ TEST_CASE("a stopped listener accepts nothing more", "[proxy][listener]") {
   boost::system::error_code ec;
   s.connect({net::ip::make_address("127.0.0.1"), t.port_number}, ec);
   CHECK(ec == net::error::connection_refused);
-}
-
-TEST_CASE("the proxy's cap leaves room for the admin cap, upstream pools and files",
-          "[proxy][listener]") {
-  using kvp::proxy::proxy_connection_cap;
-  using kvp::proxy::reserved_descriptors;
-  kvp::config::config cfg;
-  for (std::uint64_t nofile : {128u, 256u, 1024u, 8192u}) {
-    const auto cap = proxy_connection_cap(cfg, nofile);
-    CHECK(2 * cap + reserved_descriptors(cfg) <= nofile);
-  }
-  CHECK(proxy_connection_cap(cfg, 1'000'000) == cfg.limits.max_connections);
-  CHECK(proxy_connection_cap(cfg, 16) == 1);  // never 0: the proxy still serves one client
-
-  const auto with_admin = reserved_descriptors(cfg);
-  cfg.admin.max_connections = 100;
-  CHECK(reserved_descriptors(cfg) == with_admin + 100 - 16);
-  cfg.admin.listen = "";  // no admin listener: nothing reserved for it
-  CHECK(reserved_descriptors(cfg) == with_admin - 16 - 1);
-  cfg.upstream.max_idle_connections = 40;  // each server's idle pool
-  CHECK(reserved_descriptors(cfg) == with_admin - 17 + 24);
 }
 
 }  // namespace listener_test

@@ -36,7 +36,7 @@ struct harness {
     m.session_id = "known";
     m.credential = "key-A";
     pool.add_manifest(m);
-    REQUIRE(pool.session(hash("known")));
+    REQUIRE(pool.listing().session(hash("known")));
   }
   std::string hash(const std::string& id) const { return pool.hash_for(std::string_view(id)); }
   bool allowed(const std::string& id, const std::string& credential,

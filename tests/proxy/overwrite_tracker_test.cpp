@@ -73,7 +73,7 @@ struct harness : kvp::testing::control_parts {
 
   harness() {
     REQUIRE(store.open().ok());
-    pool.set_slots({0, 1});
+    pool.table().set_ids({0, 1});
     auto rt = kvp::testing::qwen7b_runtime();
     rt.total_slots = 2;
     pool.set_runtime(rt);
@@ -91,11 +91,11 @@ struct harness : kvp::testing::control_parts {
     who.session_id = id;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
-    const auto plan = pool.prepare(who, slot, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, slot, now, "2026-06-01T00:00:00Z");
     REQUIRE(run(actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, slot);
-    (void)pool.end_inference(slot, true, now);
-    REQUIRE(pool.owner(slot) == pool.hash_for(std::string_view(id)));
+    (void)pool.outcomes().start_inference(who, slot);
+    (void)pool.outcomes().end_inference(slot, true, now);
+    REQUIRE(pool.table().owner(slot) == pool.hash_for(std::string_view(id)));
   }
   // One unpinnable request: `after` is the slot list once it ran.
   void unpinnable_request(std::optional<std::map<int, std::int64_t>> after) {
@@ -108,12 +108,12 @@ struct harness : kvp::testing::control_parts {
 TEST_CASE("overwrite_tracker: only the slot whose last task changed loses its owner",
           "[proxy][overwrite_tracker]") {
   harness h;
-  const auto a = h.pool.owner(0);
+  const auto a = h.pool.table().owner(0);
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, 7}};
   h.unpinnable_request(std::map<int, std::int64_t>{{0, 5}, {1, 8}});
   CHECK(h.slots.reads == 2);
-  CHECK(h.pool.owner(0) == a);
-  CHECK(h.pool.owner(1).empty());
+  CHECK(h.pool.table().owner(0) == a);
+  CHECK(h.pool.table().owner(1).empty());
   const auto lines = h.logged.of("kv.slot.overwritten");
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("slot=1") != std::string::npos);
@@ -125,10 +125,10 @@ TEST_CASE("overwrite_tracker: the one slot that ran the request holds its creden
   harness h;
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, 7}};
   h.unpinnable_request(std::map<int, std::int64_t>{{0, 5}, {1, 8}});
-  CHECK(h.pool.content(1).whose == kvp::core::content_whose::known);
-  CHECK(h.pool.content(1).credential == "k2");
-  CHECK(h.pool.content(1).session.empty());
-  CHECK(h.pool.content(0).session == h.pool.owner(0));  // untouched
+  CHECK(h.pool.table().content(1).whose == kvp::core::content_whose::known);
+  CHECK(h.pool.table().content(1).credential == "k2");
+  CHECK(h.pool.table().content(1).session.empty());
+  CHECK(h.pool.table().content(0).session == h.pool.table().owner(0));  // untouched
 }
 
 TEST_CASE("overwrite_tracker: a slot that shows no task before or after did not run it; a list "
@@ -137,15 +137,15 @@ TEST_CASE("overwrite_tracker: a slot that shows no task before or after did not 
   harness h;
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, -1}};
   h.unpinnable_request(std::map<int, std::int64_t>{{0, 6}, {1, -1}});
-  CHECK(h.pool.owner(0).empty());
-  CHECK_FALSE(h.pool.owner(1).empty());
+  CHECK(h.pool.table().owner(0).empty());
+  CHECK_FALSE(h.pool.table().owner(1).empty());
 
   h.take_slot("A", 0);
   h.slots.tasks = std::map<int, std::int64_t>{{0, -1}, {1, -1}};
   h.unpinnable_request(std::map<int, std::int64_t>{{0, -1}, {1, -1}});
-  CHECK(h.pool.owner(0).empty());
-  CHECK(h.pool.owner(1).empty());
-  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);
+  CHECK(h.pool.table().owner(0).empty());
+  CHECK(h.pool.table().owner(1).empty());
+  CHECK(h.pool.table().content(0).whose == kvp::core::content_whose::unknown);
   CHECK(h.logged.of("kv.slot.state_unknown").size() == 1);
 }
 
@@ -155,26 +155,26 @@ TEST_CASE("overwrite_tracker: an unreadable slot list forgets every owner, logge
   harness h;
   h.slots.tasks = std::nullopt;
   h.unpinnable_request(std::nullopt);
-  CHECK(h.pool.owner(0).empty());
-  CHECK(h.pool.owner(1).empty());
+  CHECK(h.pool.table().owner(0).empty());
+  CHECK(h.pool.table().owner(1).empty());
   CHECK(h.logged.of("kv.slot.overwritten").size() == 2);
   CHECK(h.logged.of("kv.slot.state_unknown").size() == 1);
 
   h.take_slot("A", 0);
   h.unpinnable_request(std::nullopt);  // still unreadable: not logged again
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   CHECK(h.logged.of("kv.slot.state_unknown").size() == 1);
 
   // Readable before but not after: every owner again.
   h.take_slot("A", 0);
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, 7}};
   h.unpinnable_request(std::nullopt);
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
 
   h.take_slot("A", 0);
   h.slots.tasks = std::map<int, std::int64_t>{{0, 5}, {1, 7}};
   h.unpinnable_request(std::map<int, std::int64_t>{{0, 5}, {1, 7}});
-  CHECK_FALSE(h.pool.owner(0).empty());
+  CHECK_FALSE(h.pool.table().owner(0).empty());
   CHECK(h.logged.of("kv.slot.state_known").size() == 1);
 }
 

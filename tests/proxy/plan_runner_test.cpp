@@ -64,7 +64,7 @@ struct harness : kvp::testing::control_parts {
     const auto prepared = run(who(id, key), false);
     REQUIRE(prepared);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
+    (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
     return prepared.value();
   }
   std::string hash(const std::string& id) const { return pool.hash_for(std::string_view(id)); }
@@ -89,7 +89,7 @@ TEST_CASE("a session switch: the owner saved, the slot erased for a cold start, 
   kvp::testing::log_capture log;
   CHECK(h.turn("B", 200) == prepare_kind::cold);
   CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a')), erase_call(0)});
-  CHECK(h.pool.owner(0) == h.hash("B"));
+  CHECK(h.pool.table().owner(0) == h.hash("B"));
   REQUIRE(log.of("kv.session.switch").size() == 1);
   CHECK(log.of("kv.session.switch")[0].find("slot=0") != std::string::npos);
   CHECK(log.of("kv.session.cold").size() == 1);
@@ -111,8 +111,8 @@ TEST_CASE("strict mode: a failed save stops the plan, aborted, the owner keeps i
   CHECK(prepared.err().code == errc::save_failed);
   CHECK(prepared.err().message == "saving the previous session failed (strict mode)");
   CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
-  CHECK(h.pool.owner(0) == h.hash("A"));
-  CHECK(h.pool.owner_dirty(0));
+  CHECK(h.pool.table().owner(0) == h.hash("A"));
+  CHECK(h.pool.records().dirty(h.pool.table().owner(0)));
   CHECK(h.turn("A", 1100) == prepare_kind::resident);  // nothing half-prepared left behind
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("a required erase that fails stops the plan without strict mode; the s
   CHECK(h.fake.slot_calls() == calls{save_call(kvp::core::snapshot_filename(
                                          h.pool.hash_for(harness::who("A", "key-A")), 'a')),
                                      erase_call(0)});
-  CHECK(h.pool.owner(0) != h.pool.hash_for(b));
+  CHECK(h.pool.table().owner(0) != h.pool.hash_for(b));
 }
 
 }  // namespace plan_runner_test

@@ -78,13 +78,14 @@ struct harness : kvp::testing::control_parts {
   // saved; returns how it was prepared.
   kvp::core::prepare_kind turn(request_identity w, std::uint64_t tokens) {
     pool.resolve_session(w);
-    const auto plan = pool.prepare(w, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
+    const auto plan =
+        pool.plans().prepare(w, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
     maker.note_plan(0, plan, w);
     REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
-    const auto kind = pool.start_inference(w, 0);
+    const auto kind = pool.outcomes().start_inference(w, 0);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
-    const auto step = pool.checkpoint_slot(0, std::chrono::steady_clock::now());
+    (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
+    const auto step = pool.plans().checkpoint_slot(0, std::chrono::steady_clock::now());
     REQUIRE(step);
     REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.run_save(*step)).ok());
     return kind;
@@ -94,7 +95,7 @@ struct harness : kvp::testing::control_parts {
   std::shared_ptr<const std::string> donor_then_seed(std::uint64_t reused) {
     const auto donor = chat_body({"first question", "second question", "third question"});
     turn(who("D", donor), 4000);
-    pool.forget_slot(0);
+    pool.table().forget_slot(0);
     fake.clear_slot();
     auto b = std::make_shared<const std::string>(chat_body({"another question"}));
     CHECK(turn(who("B", *b), 1200) == kvp::core::prepare_kind::restored);
@@ -170,7 +171,7 @@ TEST_CASE("prefix_maker: a failed cut request saves nothing and leaves the slot 
   kvp::testing::run_for(h.ioc, 100ms);
   CHECK(h.fake.slot_calls() == calls{{"run", 0, route}});
   CHECK_FALSE(h.store.read(h.prefix_hash()));
-  CHECK(h.pool.owner(0).empty());  // what the failed request left is nobody's
+  CHECK(h.pool.table().owner(0).empty());  // what the failed request left is nobody's
   CHECK_FALSE(h.leases.is_leased(0));
 }
 

@@ -97,10 +97,10 @@ struct harness : kvp::testing::control_parts {
     fake.put_snapshot(m.snapshot_file(), m.tokens);
   }
   bool known(const std::string& id) const {
-    return pool.find_manifest(hash(id)) != nullptr && store.read(hash(id)).has_value();
+    return pool.records().find_manifest(hash(id)) != nullptr && store.read(hash(id)).has_value();
   }
   bool forgotten(const std::string& id) const {
-    return pool.find_manifest(hash(id)) == nullptr && !store.read(hash(id)).has_value();
+    return pool.records().find_manifest(hash(id)) == nullptr && !store.read(hash(id)).has_value();
   }
   // `id`, sent with `credential`, takes slot 0 (its cold start erases it) and leaves `tokens`
   // there, then is saved.
@@ -111,12 +111,12 @@ struct harness : kvp::testing::control_parts {
     who.credential = credential;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
-    const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
     REQUIRE(run(actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, 0);
+    (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, now);
-    const auto step = pool.checkpoint_slot(0, now);
+    (void)pool.outcomes().end_inference(0, true, now);
+    const auto step = pool.plans().checkpoint_slot(0, now);
     REQUIRE(step);
     REQUIRE(run(actions.run_save(*step)).ok());
   }
@@ -256,7 +256,8 @@ TEST_CASE("a save keeps room in the saving credential's share, not in another's"
   CHECK(h.fake.slot_calls() == calls{erase_call(0), save_call(a_file)});
   CHECK(h.known("B1"));
   CHECK(h.known("B2"));
-  CHECK(h.pool.find_manifest(h.pool.hash_for(a)));  // alone over its share: the one just saved
+  CHECK(h.pool.records().find_manifest(
+      h.pool.hash_for(a)));  // alone over its share: the one just saved
   CHECK(h.keeper.counters().gc_evicted == 0);
 }
 

@@ -77,11 +77,11 @@ struct harness : kvp::testing::control_parts {
     who.session_id = id;
     pool.resolve_session(who);
     const auto now = steady_clock::now();
-    const auto plan = pool.prepare(who, slot, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, slot, now, "2026-06-01T00:00:00Z");
     REQUIRE(run(actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, slot);
+    (void)pool.outcomes().start_inference(who, slot);
     fake.run_inference(tokens);
-    (void)pool.end_inference(slot, true, now);
+    (void)pool.outcomes().end_inference(slot, true, now);
     leases.release(held);
     fake.clear_calls();
   }
@@ -117,20 +117,20 @@ TEST_CASE("runtime_monitor: upstream trouble and a new media marker: a restart, 
   harness h;
   h.start();
   h.take_slot("A", 1000);
-  REQUIRE_FALSE(h.pool.owner(0).empty());
+  REQUIRE_FALSE(h.pool.table().owner(0).empty());
 
   // The same process: /props only, and the slot still holds its tokens.
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(0));
   CHECK(h.fake.calls() == calls{props, inspect});
-  CHECK_FALSE(h.pool.owner(0).empty());
+  CHECK_FALSE(h.pool.table().owner(0).empty());
 
   h.fake.clear_calls();
   h.fake.restart_server();
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(0));
   CHECK(h.fake.calls() == calls{props, probe});
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   CHECK(h.pool.runtime().media_marker == "<__media_2__>");
   CHECK(h.pool.persistence_enabled());
 }
@@ -144,7 +144,7 @@ TEST_CASE("runtime_monitor: a slot emptied behind the same marker is a restart",
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(-1));
   CHECK(h.fake.calls() == calls{props, inspect});
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   CHECK(h.pool.runtime().media_marker == "<__media_1__>");
 }
 
@@ -158,7 +158,7 @@ TEST_CASE("runtime_monitor: a leased slot is not read for the restart sign",
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(-1));
   CHECK(h.fake.calls() == calls{props});
-  CHECK_FALSE(h.pool.owner(0).empty());
+  CHECK_FALSE(h.pool.table().owner(0).empty());
   h.leases.release(held);
 }
 
@@ -175,10 +175,10 @@ TEST_CASE("runtime_monitor: sleep entered ends residency and teaches the sleep p
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(0));
   CHECK(h.fake.calls() == calls{props});  // no slot list read: it would wake the server
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   CHECK(h.pool.persistence_enabled());
   // Learned: 3 s since the last request; the idle checkpoint now runs a second before it.
-  CHECK(h.pool.options().idle_checkpoint == 2000ms);
+  CHECK(h.pool.checkpoints().idle_checkpoint() == 2000ms);
   kvp::testing::run_for(h.ioc, 100ms);  // sleep.json is written on the file pool
   CHECK(h.store.read_learned_sleep() == 3s);
 }
@@ -194,7 +194,7 @@ TEST_CASE("runtime_monitor: managed mode takes every slot; a new layout waits fo
   rt.total_slots = 2;
   h.fake.set_runtime(rt);
   h.start();
-  CHECK(h.pool.slot_ids() == std::vector<int>{0, 1});
+  CHECK(h.pool.table().ids() == std::vector<int>{0, 1});
 
   rt.total_slots = 3;
   h.fake.set_runtime(rt);
@@ -205,12 +205,12 @@ TEST_CASE("runtime_monitor: managed mode takes every slot; a new layout waits fo
   CHECK(h.fake.calls() == calls{probe});
   CHECK(h.monitor.probe_pending());
   CHECK_FALSE(h.pool.persistence_enabled());  // off while the layout waits
-  CHECK(h.pool.slot_ids() == std::vector<int>{0, 1});
+  CHECK(h.pool.table().ids() == std::vector<int>{0, 1});
 
   h.leases.release(held);
   h.monitor.apply_pending_probe();
   CHECK_FALSE(h.monitor.probe_pending());
-  CHECK(h.pool.slot_ids() == std::vector<int>{0, 1, 2});
+  CHECK(h.pool.table().ids() == std::vector<int>{0, 1, 2});
   CHECK(h.pool.persistence_enabled());
 }
 
@@ -271,12 +271,12 @@ TEST_CASE("runtime_monitor: the background probe applies a restart when nothing 
   const auto held = kvp::testing::hold_slot(h.leases, h.ioc, 0);
   h.fake.restart_server();
   kvp::testing::drive_until(h.ioc, [&] { return h.monitor.probe_pending(); });
-  CHECK_FALSE(h.pool.owner(0).empty());  // kept while the slot is leased
+  CHECK_FALSE(h.pool.table().owner(0).empty());  // kept while the slot is leased
   CHECK(h.pool.runtime().media_marker == "<__media_1__>");
 
   h.leases.release(held);
   h.monitor.apply_pending_probe();
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   CHECK(h.pool.runtime().media_marker == "<__media_2__>");
 }
 
@@ -288,14 +288,14 @@ TEST_CASE("runtime_monitor: a runtime change that changed the adapters resets re
   h.take_slot("A", 1000);
   h.run(h.monitor.begin_runtime_change());
   h.run(h.monitor.end_runtime_change(true));  // read back as before
-  CHECK_FALSE(h.pool.owner(0).empty());
+  CHECK_FALSE(h.pool.table().owner(0).empty());
 
   h.run(h.monitor.begin_runtime_change());
   auto rt = h.fake.runtime();
   rt.lora_adapters = "0,/models/style.gguf,0.5;";
   h.fake.set_runtime(rt);
   h.run(h.monitor.end_runtime_change(true));
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   h.fake.clear_calls();
   h.run(h.monitor.look_for_changes(-1));
   CHECK(h.fake.calls() == calls{probe});
@@ -308,24 +308,24 @@ TEST_CASE("runtime_monitor: a server that stops answering leaves its slots unkno
   harness h;
   h.start();
   h.take_slot("A", 1000);
-  REQUIRE(h.pool.content(0).whose == kvp::core::content_whose::known);
+  REQUIRE(h.pool.table().content(0).whose == kvp::core::content_whose::known);
   h.fake.set_unreachable(true);  // a SIGSTOP: every call times out
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(0));
   CHECK(h.pool.persistence_enabled());
-  CHECK(h.pool.owner(0).empty());
-  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);  // on main: empty
-  CHECK(h.pool.content(0).credential_known);
+  CHECK(h.pool.table().owner(0).empty());
+  CHECK(h.pool.table().content(0).whose == kvp::core::content_whose::unknown);  // on main: empty
+  CHECK(h.pool.table().content(0).credential_known);
 
   // SIGCONT: the same process answers; nothing makes the slot empty.
   h.fake.set_unreachable(false);
   h.run(h.monitor.look_for_changes(0));
-  CHECK(h.pool.content(0).whose == kvp::core::content_whose::unknown);
+  CHECK(h.pool.table().content(0).whose == kvp::core::content_whose::unknown);
   // A new process does.
   h.fake.restart_server();
   h.monitor.note_upstream_trouble();
   h.run(h.monitor.look_for_changes(0));
-  CHECK(h.pool.content(0).whose == kvp::core::content_whose::empty);
+  CHECK(h.pool.table().content(0).whose == kvp::core::content_whose::empty);
 }
 
 TEST_CASE("runtime_monitor: whether kvpersist can erase slots, for isolation without persistence",

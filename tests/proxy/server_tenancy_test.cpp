@@ -160,11 +160,11 @@ TEST_CASE("before a request llama-server places itself, a slot it may not run on
   REQUIRE(h.pool.persistence_enabled());
   // key-A's session runs on slot 0 and stays there.
   const auto a = harness::who("A", "key-A");
-  const auto plan = h.pool.prepare(a, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
+  const auto plan = h.pool.plans().prepare(a, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
   REQUIRE(h.run(h.actions.execute(plan, false)).ok());
-  (void)h.pool.start_inference(a, 0);
+  (void)h.pool.outcomes().start_inference(a, 0);
   h.fake.run_inference(500);
-  (void)h.pool.end_inference(0, true, std::chrono::steady_clock::now());
+  (void)h.pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
   h.fake.clear_calls();
 
   REQUIRE(h.run(h.tenancy.erase_foreign_slots(harness::who("X", "key-A"))));

@@ -90,11 +90,11 @@ struct harness : kvp::testing::control_parts {
   void take_slot(const std::string& id, std::uint64_t tokens, const std::string& credential = "") {
     const auto who = identity(id, credential);
     const auto now = std::chrono::steady_clock::now();
-    const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
     REQUIRE(run(actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, 0);
+    (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, now);
+    (void)pool.outcomes().end_inference(0, true, now);
   }
   static request_identity identity(const std::string& id, const std::string& credential) {
     request_identity who;
@@ -104,9 +104,9 @@ struct harness : kvp::testing::control_parts {
   }
   // The plan a request of `id` sent with `credential` would get on slot 0 now; nothing runs.
   kvp::core::prepare_plan plan_for(const std::string& id, const std::string& credential) {
-    const auto plan = pool.prepare(identity(id, credential), 0, std::chrono::steady_clock::now(),
-                                   "2026-06-01T00:00:00Z");
-    pool.abort_prepare(0);
+    const auto plan = pool.plans().prepare(
+        identity(id, credential), 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
+    pool.outcomes().abort_prepare(0);
     return plan;
   }
 };
@@ -164,7 +164,7 @@ TEST_CASE("an admin save that fails answers the save's code; the snapshot stays 
   CHECK(error_of(h.run(h.admin.save("A"))) == "KV_SAVE_FAILED: save failed");
   CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
   CHECK_FALSE(h.store.read(h.hash("A")));
-  CHECK(h.pool.owner_dirty(0));
+  CHECK(h.pool.records().dirty(h.pool.table().owner(0)));
 }
 
 TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
@@ -177,7 +177,7 @@ TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
   h.fake.clear_calls();
   CHECK(done(h.run(h.admin.restore("A"))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(h.file("A", 'a'))});
-  CHECK(h.pool.slot_of(h.hash("A")) == 0);
+  CHECK(h.pool.table().slot_of(h.hash("A")) == 0);
   CHECK(h.refreshed_while_held == std::vector<int>{0});
   CHECK(done(h.run(h.admin.restore("A"))) == admin_result::resident);
   CHECK(h.fake.slot_calls().size() == 1);
@@ -202,20 +202,21 @@ TEST_CASE("admin restore puts the session's KV in the slot under its manifest's 
 
   CHECK(done(h.run(h.admin.restore(a))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(kvp::core::snapshot_filename(a, 'a'))});
-  CHECK(h.pool.slot_of(a) == 0);
-  CHECK(h.pool.content(0).credential == "key-A");
-  const auto entries = h.pool.retention_entries();
+  CHECK(h.pool.table().slot_of(a) == 0);
+  CHECK(h.pool.table().content(0).credential == "key-A");
+  const auto entries = h.pool.listing().retention_entries();
   const auto rec = std::find_if(entries.begin(), entries.end(),
                                 [&](const auto& e) { return e.hash == a; });
   REQUIRE(rec != entries.end());
   CHECK(rec->credential == "key-A");
   // A's own next turn runs on the restored KV, and so may A's key's other sessions; a request
   // without a key, or with B's, may not: its plan erases first, and a failed erase fails it.
-  CHECK(h.pool.session(a)->resident);
+  CHECK(h.pool.listing().session(a)->resident);
   using kvp::core::door_answer;
-  CHECK(h.pool.door_for(0, harness::identity("X", "key-A")) == door_answer::run);
-  CHECK(h.pool.door_for(0, harness::identity("X", "key-B")) == door_answer::erase_or_refuse);
-  CHECK(h.pool.door_for(0, harness::identity("X", "")) == door_answer::erase_or_refuse);
+  CHECK(h.pool.plans().door_for(0, harness::identity("X", "key-A")) == door_answer::run);
+  CHECK(h.pool.plans().door_for(0, harness::identity("X", "key-B")) ==
+        door_answer::erase_or_refuse);
+  CHECK(h.pool.plans().door_for(0, harness::identity("X", "")) == door_answer::erase_or_refuse);
   const auto plan = h.plan_for("X", "");
   CHECK(plan.erase);
   CHECK(plan.erase_required);
@@ -230,15 +231,15 @@ TEST_CASE("admin dispose saves the session, then lets its slot go; not when the 
   SECTION("saved: disposed") {
     CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::disposed);
     CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
-    CHECK(h.pool.slot_of(h.hash("A")) == -1);
+    CHECK(h.pool.table().slot_of(h.hash("A")) == -1);
     CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::nothing_to_dispose);
   }
   SECTION("the save failed: kept") {
     h.fake.fail_next_save(failure::http(500));
     CHECK(error_of(h.run(h.admin.dispose("A"))) ==
           "KV_SAVE_FAILED: save failed: the session keeps its slot");
-    CHECK(h.pool.slot_of(h.hash("A")) == 0);
-    CHECK(h.pool.owner_dirty(0));
+    CHECK(h.pool.table().slot_of(h.hash("A")) == 0);
+    CHECK(h.pool.records().dirty(h.pool.table().owner(0)));
   }
 }
 

@@ -45,11 +45,11 @@ struct harness : kvp::testing::control_parts {
     kvp::core::request_identity who;
     who.session_id = id;
     const auto now = steady_clock::now();
-    const auto plan = pool.prepare(who, 0, now, "2026-06-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
     REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
-    (void)pool.start_inference(who, 0);
+    (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(100);
-    (void)pool.end_inference(0, true, now);
+    (void)pool.outcomes().end_inference(0, true, now);
   }
 };
 
@@ -70,13 +70,13 @@ TEST_CASE("a start adopts the sleep period an earlier process learned, unless co
   REQUIRE(first.store.write_learned_sleep(20s).ok());
   kvp::testing::run_on(first.ioc, first.ioc.get_executor(), first.sleep.start());
   CHECK(first.sleep.period() == 20s);
-  CHECK(first.pool.options().idle_checkpoint == 19'000ms);
+  CHECK(first.pool.checkpoints().idle_checkpoint() == 19'000ms);
 
   harness set(configured(60s));  // upstream.sleepIdleSeconds wins over sleep.json
   REQUIRE(set.store.write_learned_sleep(20s).ok());
   kvp::testing::run_on(set.ioc, set.ioc.get_executor(), set.sleep.start());
   CHECK(set.sleep.period() == 60s);
-  CHECK(set.pool.options().idle_checkpoint == 0ms);
+  CHECK(set.pool.checkpoints().idle_checkpoint() == 0ms);
 }
 
 TEST_CASE("a sleep seen ends residency, learns the period from the last use, records it",
@@ -90,11 +90,11 @@ TEST_CASE("a sleep seen ends residency, learns the period from the last use, rec
   h.sleep.note_sleeping(false);  // awake, as it was: nothing
   CHECK(log.of("kv.backend.awake").empty());
   h.sleep.note_sleeping(true);
-  CHECK(h.pool.owner(0).empty());
+  CHECK(h.pool.table().owner(0).empty());
   REQUIRE(log.of("kv.backend.sleeping").size() == 1);
   CHECK(log.of("kv.backend.sleeping")[0].find("unsaved_sessions=1") != std::string::npos);
   CHECK(h.sleep.period() == 3s);
-  CHECK(h.pool.options().idle_checkpoint == 2000ms);
+  CHECK(h.pool.checkpoints().idle_checkpoint() == 2000ms);
   CHECK(log.of("kv.backend.sleep_learned").size() == 1);
   kvp::testing::run_for(h.ioc, 100ms);  // sleep.json is written on the file pool
   CHECK(h.store.read_learned_sleep() == 3s);

@@ -86,15 +86,15 @@ struct harness : kvp::testing::control_parts {
     who.session_id = id;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
-    const auto plan = pool.prepare(who, 0, now, "2026-01-01T00:00:00Z");
+    const auto plan = pool.plans().prepare(who, 0, now, "2026-01-01T00:00:00Z");
     REQUIRE(run(actions.execute(plan, false)).ok());
-    const auto kind = pool.start_inference(who, 0);
+    const auto kind = pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
-    (void)pool.end_inference(0, true, std::chrono::steady_clock::now());
+    (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
     return kind;
   }
   kvp::core::save_step checkpoint() {
-    auto s = pool.checkpoint_slot(0, std::chrono::steady_clock::now());
+    auto s = pool.plans().checkpoint_slot(0, std::chrono::steady_clock::now());
     REQUIRE(s);
     return *s;
   }
@@ -124,8 +124,8 @@ TEST_CASE("a save writes the snapshot file, then the manifest that names it",
   CHECK(on_disk->tokens == 1000);
   CHECK(on_disk->generation == step.generation);
   CHECK(on_disk->state == snapshot_state::ready);
-  REQUIRE(h.pool.find_manifest(step.hash));
-  CHECK(h.pool.find_manifest(step.hash)->generation == step.generation);
+  REQUIRE(h.pool.records().find_manifest(step.hash));
+  CHECK(h.pool.records().find_manifest(step.hash)->generation == step.generation);
   CHECK_FALSE(h.commits.in_flight(step.hash));
   CHECK(h.told == std::vector<std::string>{"saved 0 1000", "session_added", "commit_ended"});
 }
@@ -149,8 +149,8 @@ TEST_CASE("a failed save leaves the previous manifest current", "[proxy][slot_ac
   REQUIRE(on_disk);
   CHECK(on_disk->generation == first.generation);
   CHECK(on_disk->tokens == 1000);
-  CHECK(h.pool.find_manifest(first.hash)->generation == first.generation);
-  CHECK(h.pool.owner_dirty(0));  // still to be saved
+  CHECK(h.pool.records().find_manifest(first.hash)->generation == first.generation);
+  CHECK(h.pool.records().dirty(h.pool.table().owner(0)));  // still to be saved
   // No commit started: the owner hears only of the failed slot action.
   CHECK(h.told == std::vector<std::string>{"slot_error KV_SAVE_FAILED"});
 }
@@ -205,7 +205,7 @@ TEST_CASE("an erase: done, or its failure's code with the owner told", "[proxy][
 TEST_CASE("a file operation past its deadline is reported to the breaker",
           "[proxy][slot_actions]") {
   harness h(30ms);
-  const int before = h.pool.circuit().consecutive_failures();
+  const int before = h.pool.health().circuit().consecutive_failures();
   std::function<result<unit>()> stuck = [] {
     std::this_thread::sleep_for(200ms);
     return result<unit>(unit{});
@@ -213,7 +213,7 @@ TEST_CASE("a file operation past its deadline is reported to the breaker",
   const auto r = h.run(h.actions.on_file_pool<unit>("a stuck write", std::move(stuck)));
   REQUIRE_FALSE(r.ok());
   CHECK(r.err().code == errc::file_io_timeout);
-  CHECK(h.pool.circuit().consecutive_failures() == before + 1);
+  CHECK(h.pool.health().circuit().consecutive_failures() == before + 1);
 }
 
 }  // namespace slot_actions_test

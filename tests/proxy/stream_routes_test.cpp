@@ -45,8 +45,7 @@ net::awaitable<bool> record_forward(recorded_io* rec, proxy::upstream_entry* up,
 proxy::stream_route_io io_of(recorded_io& rec) {
   return {
       .answer = [&rec](proxy::response res) { return record_answer(&rec, std::move(res)); },
-      .forward = [&rec](proxy::upstream_entry& up, request& req,
-                        proxy::relay_state&) {
+      .forward = [&rec](proxy::upstream_entry& up, request& req) {
         return record_forward(&rec, &up, std::string(req.target()));
       },
   };

@@ -18,17 +18,18 @@ inline kvp::core::prepare_kind run_plan(kvp::core::slot_pool& p,
   using namespace kvp::core;
   REQUIRE_FALSE(plan.fail);
   if (plan.save) {
-    auto d = p.on_save(*plan.save, slot_saved{100, 4096, 1.0}, now, wall);
+    auto d = p.outcomes().on_save(*plan.save, slot_saved{100, 4096, 1.0}, now, wall);
     REQUIRE(d.ok());
-    p.store_manifest(d.value());
+    p.outcomes().store_manifest(d.value());
   }
   if (plan.restore)
-    REQUIRE(p.on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
-                         now, wall)
+    REQUIRE(p.outcomes()
+                .on_restore(*plan.restore, slot_restored{plan.restore->expected_tokens, 4096, 1.0},
+                            now, wall)
                 .restored);
-  if (plan.erase) REQUIRE(p.on_erase(plan.slot, slot_erased{0}, now));
-  const auto kind = p.start_inference(w, plan.slot);
-  (void)p.end_inference(plan.slot, true, now);
+  if (plan.erase) REQUIRE(p.outcomes().on_erase(plan.slot, slot_erased{0}, now));
+  const auto kind = p.outcomes().start_inference(w, plan.slot);
+  (void)p.outcomes().end_inference(plan.slot, true, now);
   return kind;
 }
 

@@ -128,6 +128,10 @@ function renderTotals(servers) {
     // stats.reusedTokens: after restores only; a session's row also counts its resident turns.
     card("total-reused", "Reused after restores", st((x) => x.reusedTokens), num,
       num(st((x) => x.prefilledTokens)) + " prefilled"),
+    // stats.allResponses: every response's reuse, whatever kept the KV there.
+    card("total-reused-all", "Reused, all requests", st((x) => x.allResponses.reusedTokens), num,
+      num(st((x) => x.allResponses.bySource.resident)) + " resident, " +
+      num(st((x) => x.allResponses.bySource.kept)) + " kept"),
     card("total-restores", "Restores", restores, num,
       num(hits) + " verified, " + num(st((x) => x.restoreFailures)) + " failed"),
     card("total-cold", "Cold starts", st((x) => x.coldStarts), num,

@@ -1,0 +1,46 @@
+// The door for requests that llama-server places on a slot of its own choosing
+// (docs/design.md §14, §20, §24): an unpinnable request in managed mode (`/v1/messages`,
+// embeddings, rerank), and any request while persistence is off (a pass-through). kvpersist
+// cannot say which slot such a request will run on, so the door is asked for every slot of
+// the server, and what the request leaves is recorded afterwards.
+//
+// A view over the slot table and the tenancy (core/pool_state.hpp): cheap to make, it holds
+// references and lives no longer than the pool. Thread safety: none; calls are made on the
+// server's strand.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/pool_state.hpp"
+#include "core/request_class.hpp"
+
+namespace kvp::core {
+
+// An erase before a request that llama-server places itself (docs/design.md §14, §20).
+struct isolating_erase {
+  int slot = 0;
+  bool required = false;  // the sharing scope's: a failed erase fails the request
+};
+
+class placed_door {
+ public:
+  explicit placed_door(pool_state& st) : st_(st) {}
+
+  // Persistence off (docs/design.md §5 "Without persistence", §20): a request of `credential`
+  // runs there, so any slot may hold its content from now on; nobody owns a slot.
+  void note_pass_through(const std::string& credential);
+
+  // Managed mode, an unpinnable request: the slots to erase before it, those whose content
+  // `who` may not run on, by the rule of an auxiliary call (§20). REQUIRES every slot's lease
+  // (an exclusive lease); the owners of dirty slots saved first.
+  std::vector<isolating_erase> erases_before_unpinned(const request_identity& who);
+  // ... and afterwards: it ran on `slot`, which now holds content of `credential` that belongs
+  // to no session. REQUIRES the exclusive lease.
+  void note_unpinned_ran(int slot, const std::string& credential);
+
+ private:
+  pool_state& st_;
+};
+
+}  // namespace kvp::core

@@ -1,0 +1,83 @@
+// Tests for core/placed_door.hpp (docs/design.md §14, §20, §24): the erases before a request
+// llama-server places itself, and what it leaves afterwards, with persistence on or off.
+#include "core/placed_door.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/core_strings.hpp"
+#include "tests/support/pool_state.hpp"
+
+namespace placed_door_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
+
+namespace {
+
+using namespace kvp::core;
+using kvp::testing::enabled_pool_state;
+
+// Three slots under `sharing: credential`: 0 holds key-A's session, 1 key-B's auxiliary
+// output, 2 is empty.
+pool_state three_tenants() {
+  slot_pool_options o;
+  o.seed_within_credential = true;
+  auto st = enabled_pool_state(3, o);
+  st.table.find(0)->owner = "A";
+  st.table.find(0)->state = slot_state::ready;
+  st.table.find(0)->content = {content_whose::known, "key-A", "A"};
+  st.table.find(1)->content = {content_whose::known, "key-B", ""};
+  st.table.find(2)->content = {content_whose::empty, {}, {}};
+  st.tenants.note_credential("key-A");
+  st.tenants.note_credential("key-B");
+  return st;
+}
+
+request_identity messages_of(std::string credential) {
+  return request_identity{"S", "", {}, std::move(credential)};
+}
+
+}  // namespace
+
+TEST_CASE("before an unpinnable request: every slot it may not run on, as an auxiliary call",
+          "[core][placed_door]") {
+  auto st = three_tenants();
+  const auto erases = placed_door(st).erases_before_unpinned(messages_of("key-A"));
+  REQUIRE(erases.size() == 1);
+  CHECK(erases[0].slot == 1);
+  CHECK(erases[0].required);
+  // Under `instance` nothing is another tenant's.
+  auto shared = enabled_pool_state(3);
+  shared.table.find(1)->content = {content_whose::known, "key-B", ""};
+  CHECK(placed_door(shared).erases_before_unpinned(messages_of("key-A")).empty());
+}
+
+TEST_CASE("the slot an unpinnable request ran on holds its credential's content of no session",
+          "[core][placed_door]") {
+  auto st = three_tenants();
+  placed_door(st).note_unpinned_ran(0, "key-C");
+  CHECK(st.table.owner(0).empty());
+  CHECK(st.table.state(0) == slot_state::unknown);
+  CHECK(st.table.content(0).whose == content_whose::known);
+  CHECK(st.table.content(0).credential == "key-C");
+  CHECK(st.table.content(0).session.empty());
+  CHECK(st.table.content(1).credential == "key-B");  // the others untouched
+}
+
+TEST_CASE("a pass-through: nobody owns a slot, and what may be anyone's but its credential's is unknown",
+          "[core][placed_door]") {
+  auto st = three_tenants();
+  placed_door(st).note_pass_through("key-A");
+  CHECK(st.table.owner(0).empty());
+  for (int id : {0, 2}) {
+    CHECK(st.table.state(id) == slot_state::unknown);
+    CHECK(st.table.content(id).whose == content_whose::unknown);
+    CHECK(st.table.content(id).credential == "key-A");
+    CHECK(st.table.content(id).credential_known);
+  }
+  // key-B's content, with key-A's requests possibly on top: nobody's known.
+  CHECK(st.table.content(1).whose == content_whose::unknown);
+  CHECK_FALSE(st.table.content(1).credential_known);
+}
+
+}  // namespace placed_door_test
