@@ -29,11 +29,22 @@ enum class errc {
   file_io_timeout,        // a file operation exceeded failure.fileTimeoutMs (a stuck filesystem)
   session_rate,           // a credential started new sessions faster than limits.newSessionsPerMinute
   runtime_change_pending, // a POST /lora-adapters while another waits or runs
-  request_refused,        // the client's request broke an HTTP rule (its status in error::http_status)
+  request_refused,        // the client's request is malformed or breaks an API rule (400)
   over_capacity,          // retry later: a full body budget or connection cap, a held stream
   upstream_unreachable,   // the forwarded request found no connection to llama-server
   upstream_timeout,       // llama-server did not connect or answer in time (upstream.idleTimeoutMs)
   upstream_closed,        // llama-server closed the connection before a response header
+  credential_refused,     // a missing or wrong API key (upstream.apiKey) or admin token (401)
+  route_forbidden,        // a route kvpersist never serves: /slots, the prediction route, a
+                          // cross-site admin request (403)
+  not_found,              // no such route, server or session, or no snapshot to act on (404)
+  method_not_allowed,     // a method the route does not take (405)
+  body_too_large,         // a request body over its limit (413)
+  target_too_long,        // a request line longer than llama-server reads (414)
+  media_type_refused,     // an admin POST or DELETE without Content-Type: application/json (415)
+  header_too_large,       // a header over its limits, in size or field count (431)
+  persistence_unavailable,  // an admin operation while persistence is off or its circuit open
+  snapshot_files_kept,    // purge: the session is forgotten, its files still hold its prompt
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -65,6 +76,16 @@ constexpr std::string_view to_string(errc e) {
     case errc::upstream_unreachable: return "KV_UPSTREAM_UNREACHABLE";
     case errc::upstream_timeout: return "KV_UPSTREAM_TIMEOUT";
     case errc::upstream_closed: return "KV_UPSTREAM_CLOSED";
+    case errc::credential_refused: return "KV_CREDENTIAL_REFUSED";
+    case errc::route_forbidden: return "KV_ROUTE_FORBIDDEN";
+    case errc::not_found: return "KV_NOT_FOUND";
+    case errc::method_not_allowed: return "KV_METHOD_NOT_ALLOWED";
+    case errc::body_too_large: return "KV_BODY_TOO_LARGE";
+    case errc::target_too_long: return "KV_TARGET_TOO_LONG";
+    case errc::media_type_refused: return "KV_MEDIA_TYPE_REFUSED";
+    case errc::header_too_large: return "KV_HEADER_TOO_LARGE";
+    case errc::persistence_unavailable: return "KV_PERSISTENCE_UNAVAILABLE";
+    case errc::snapshot_files_kept: return "KV_SNAPSHOT_FILES_KEPT";
   }
   return "KV_INVARIANT";
 }

@@ -110,6 +110,8 @@ reuse_source reuse_stats::settle_restore(int slot, std::int64_t cache_n,
   if (seed ? cache_n > 0 : static_cast<std::uint64_t>(cache_n) * 2 >= restored) return source;
   ++unpaid_restores_;
   unpaid = unpaid_restore{std::move(hash), restored, cache_n};
+  if (!seed && cache_n == 0 && restored > 0 && !first_reused_nothing_)
+    first_reused_nothing_ = unpaid;
   return source;
 }
 

@@ -95,6 +95,12 @@ class reuse_stats {
   std::uint64_t prefilled_tokens() const { return prefilled_tokens_; }
   double prefill_seconds_saved() const { return prefill_seconds_saved_; }
   std::uint64_t unpaid_restores() const { return unpaid_restores_; }
+  // The first restore of a session's own snapshot (not a seed) whose next response reused none
+  // of it: llama-server reprocessed every token it restored. A sliding-window model without
+  // --swa-full does that after every restore (docs/llama-server.md §10). nullopt before one.
+  const std::optional<unpaid_restore>& first_reused_nothing() const {
+    return first_reused_nothing_;
+  }
 
  private:
   struct restored_content {
@@ -114,6 +120,7 @@ class reuse_stats {
   std::set<int> kept_on_;  // slots whose prepared request runs on the content it found
   std::map<std::string, restore_reuse> last_restore_;   // session hash -> its last restore
   std::uint64_t unpaid_restores_ = 0;
+  std::optional<unpaid_restore> first_reused_nothing_;
   std::array<std::uint64_t, 3> reused_tokens_{};  // by restore_source
   std::array<std::uint64_t, reuse_sources.size()> response_reused_{};  // by reuse_source
   std::uint64_t prefilled_tokens_ = 0;             // sum of prompt_n

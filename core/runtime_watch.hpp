@@ -1,7 +1,6 @@
 // What the coordinator's probes of llama-server's runtime mean (docs/design.md §4): whether a
 // probe's answer starts a new epoch, keeps or turns persistence off, and backs the probe off;
-// the behaviour class established for the epoch; and what a sleep seen on /props teaches
-// about the server's sleep period. Pure: the coordinator runs the probes
+// and the behaviour class established for the epoch (its sleep is core/sleep_watch.hpp's). Pure: the coordinator runs the probes
 // (proxy/control/runtime_monitor.cpp), feeds their results here with the time, and
 // applies and logs what comes back. Thread safety: none (one per coordinator, on its strand).
 #pragma once
@@ -65,24 +64,11 @@ struct behaviour_judgement {
   std::string why;
 };
 
-// What a /props answer's is_sleeping changed.
-struct sleep_change {
-  enum class action { none, woke, fell_asleep };
-  action what = action::none;
-  // fell_asleep without a configured period: a shorter period than the one learned, to
-  // adopt (0: nothing new).
-  std::chrono::seconds learn{0};
-};
-
 class runtime_watch {
  public:
   using time_point = std::chrono::steady_clock::time_point;
   static constexpr std::chrono::seconds probe_retry_first{1};
   static constexpr std::chrono::seconds probe_retry_cap{30};
-
-  // `configured_sleep`: upstream.sleepIdleSeconds (0: not set, the period is learned).
-  explicit runtime_watch(std::chrono::seconds configured_sleep = std::chrono::seconds(0))
-      : configured_sleep_(configured_sleep) {}
 
   // The full probe's answer at `now`. A failure after /props answered starts a back-off; an
   // adopted runtime becomes the epoch, with its behaviour class when one was established
@@ -111,20 +97,7 @@ class runtime_watch {
   // The process behind the marker may run another model now.
   void forget_behaviour() { behaviour_epoch_.clear(); }
 
-  // /props said `sleeping` at `now`; `last_use`: when kvpersist last used the server (the
-  // end of a request or a slot list read), nullopt before any.
-  sleep_change note_sleeping(bool sleeping, time_point now, std::optional<time_point> last_use);
-  void learn_sleep_period(std::chrono::seconds period) { learned_sleep_ = period; }
-  // upstream.sleepIdleSeconds, else the learned period (0: the server is not known to sleep).
-  std::chrono::seconds sleep_period() const {
-    return configured_sleep_.count() > 0 ? configured_sleep_ : learned_sleep_;
-  }
-  bool sleep_configured() const { return configured_sleep_.count() > 0; }
-
  private:
-  // The period a sleep seen at `now` implies, at the least (0 when it cannot tell).
-  std::chrono::seconds measure_sleep_period(time_point now,
-                                            std::optional<time_point> last_use) const;
   // Why persistence cannot run on the probed server (a disable decision), or nullopt.
   static std::optional<probe_decision> unusable(const server_probe& p, const probe_context& ctx);
 
@@ -137,11 +110,6 @@ class runtime_watch {
   int probe_failures_ = 0;
   time_point probe_retry_at_{};
   std::string probe_retry_marker_;  // the process they failed on: a new one is probed at once
-  std::chrono::seconds configured_sleep_{0};
-  bool server_sleeping_ = false;  // /props said is_sleeping
-  // The longest idle time (since the last use) at which /props said llama-server was awake.
-  std::chrono::steady_clock::duration longest_awake_idle_{};
-  std::chrono::seconds learned_sleep_{0};  // the sleep period seen (no configured period)
 };
 
 }  // namespace kvp::core

@@ -34,6 +34,14 @@ if grep -rnE '/slots' "$root/core" "$root/proxy" --include='*.cpp' --include='*.
   echo "layering: only backends/ may know a /slots URL" >&2
   fail=1
 fi
+# docs/conventions.md §2: an error's status is chosen in one place, the table in
+# proxy/http/http_status.cpp; elsewhere a status is only a success (200, 204, 100 Continue).
+if grep -rnoE 'http::status::[a-z_]+|static_cast<http::status>|http::status\{|refused\(http' \
+      "$root/proxy" "$root/backends" --include='*.cpp' --include='*.hpp' \
+    | grep -v '/proxy/http/http_status\.cpp:' | grep -vE ':http::status::(ok|no_content|continue_)$'; then
+  echo "layering: only proxy/http/http_status.cpp chooses an error's status: give the error its errc" >&2
+  fail=1
+fi
 # Python (docs/conventions.md §5): helpers live in tests/kvptest/, tests/integration/ holds test
 # modules and conftest.py only, and no import of our own code edits sys.path (make-test-model.py
 # loads gguf-py from the llama.cpp tree its --llama-src names).

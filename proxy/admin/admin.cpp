@@ -30,11 +30,13 @@ namespace kvp::proxy {
 
 using core::log;
 using core::log_level;
+using core::errc;
 
 namespace {
 
-response json(unsigned status, std::string body, unsigned version) {
-  response res{static_cast<http::status>(status), version};
+// 200 with a JSON body, never cached.
+response json_ok(std::string body, unsigned version) {
+  response res{http::status::ok, version};
   res.set(http::field::server, std::string("kvpersist/") + kvp::version);
   res.set(http::field::content_type, "application/json");
   res.set(http::field::cache_control, "no-store");
@@ -43,49 +45,55 @@ response json(unsigned status, std::string body, unsigned version) {
   return res;
 }
 
-response err(unsigned status, std::string_view message, unsigned version) {
-  auto res = error_answer(refused(static_cast<http::status>(status), std::string(message)), version,
-                          true);
+// Every admin error: error_answer (its status from proxy/http/http_status.cpp's table, its log
+// line), never cached.
+response err(const core::error& e, unsigned version) {
+  auto res = error_answer(e, version, true);
   res.set(http::field::cache_control, "no-store");
   return res;
 }
 
-// What an admin result says, in {"result": ...} or as the error's message, and its status.
-struct result_text {
-  unsigned status;
-  std::string_view text;
-};
-
-result_text text_for(admin_result r) {
-  switch (r) {
-    case admin_result::saved: return {200, "saved"};
-    case admin_result::clean: return {200, "clean: nothing to save"};
-    case admin_result::not_resident: return {200, "not resident: its last snapshot is current"};
-    case admin_result::restored: return {200, "restored"};
-    case admin_result::resident: return {200, "resident"};
-    case admin_result::cold: return {200, "cold: no usable snapshot"};
-    case admin_result::restore_failed_cold: return {200, "restore failed: cold"};
-    case admin_result::invalidated: return {200, "invalidated"};
-    case admin_result::disposed: return {200, "disposed"};
-    case admin_result::nothing_to_dispose: return {200, "not resident: nothing to dispose"};
-    case admin_result::purged: return {200, "purged"};
-    case admin_result::flushed: return {200, "flushed"};
-    case admin_result::persistence_off: return {503, "persistence is off"};
-    case admin_result::circuit_open: return {503, "persistence unavailable (circuit open)"};
-    case admin_result::unknown_session: return {404, "unknown session"};
-    case admin_result::no_snapshot: return {404, "no snapshot for that session"};
-    case admin_result::save_failed: return {502, "save failed"};
-    case admin_result::save_failed_kept_slot: return {502, "save failed: the session keeps its slot"};
-    case admin_result::purged_files_kept:
-      return {502, "purged, but llama-server could not overwrite the session's snapshot files: "
-                   "they still hold its prompt (see the kv.session.purge.files_kept log line)"};
-  }
-  return {500, "unknown outcome"};
+response err(errc code, std::string_view message, unsigned version) {
+  return err(core::error{code, 0, std::string(message)}, version);
 }
 
-response outcome_response(const admin_outcome& o, unsigned version) {
-  auto a = answer_admin_outcome(o);
-  return json(a.status, std::move(a.body), version);
+// What an operation that succeeded says in {"result": ...}.
+std::string_view text_for(admin_result r) {
+  switch (r) {
+    case admin_result::saved: return "saved";
+    case admin_result::clean: return "clean: nothing to save";
+    case admin_result::not_resident: return "not resident: its last snapshot is current";
+    case admin_result::restored: return "restored";
+    case admin_result::resident: return "resident";
+    case admin_result::cold: return "cold: no usable snapshot";
+    case admin_result::restore_failed_cold: return "restore failed: cold";
+    case admin_result::invalidated: return "invalidated";
+    case admin_result::disposed: return "disposed";
+    case admin_result::nothing_to_dispose: return "not resident: nothing to dispose";
+    case admin_result::purged: return "purged";
+    case admin_result::flushed: return "flushed";
+  }
+  return "done";
+}
+
+// {"result": ...}; a purge adds freedBytes and filesDeleted.
+std::string outcome_json(const admin_outcome& o) {
+  rapidjson::StringBuffer sb;
+  core::json_writer w(sb);
+  w.StartObject();
+  core::write_json_member(w, "result", text_for(o.result));
+  if (o.result == admin_result::purged) {
+    core::write_json_count(w, "freedBytes", o.freed_bytes);
+    w.Key("filesDeleted");
+    w.Bool(o.files_deleted);
+  }
+  w.EndObject();
+  return sb.GetString();
+}
+
+response outcome_response(const admin_reply& r, unsigned version) {
+  if (!r) return err(r.err(), version);
+  return json_ok(outcome_json(r.value()), version);
 }
 
 std::string gc_report_json(const gc_report& r) {
@@ -160,7 +168,7 @@ net::awaitable<std::string> status_of(coordinator* c) { co_return c->status_json
 net::awaitable<session_page> page_of(coordinator* c, std::string after, std::size_t limit) {
   co_return c->admin().sessions_page(after, limit);
 }
-net::awaitable<std::optional<session_row>> session_of(coordinator* c, std::string id) {
+net::awaitable<core::result<session_row>> session_of(coordinator* c, std::string id) {
   co_return c->admin().session(id);
 }
 
@@ -197,7 +205,7 @@ net::awaitable<response> all_status(std::vector<coordinator*> coords, unsigned v
     auto part = co_await c->on_strand(status_of(c));
     servers.push_back(std::move(part));
   }
-  co_return json(200, status_body(servers), v);
+  co_return json_ok(status_body(servers), v);
 }
 
 // What /healthz always answers: {"status":"ok"}.
@@ -218,10 +226,12 @@ net::awaitable<std::string> json_of(session_page page) { co_return sessions_page
 net::awaitable<response> list_sessions(coordinator* coord, net::thread_pool::executor_type formatter,
                                        std::string target, unsigned v) {
   auto q = parse_page_query(target);
-  if (!q) co_return err(400, "limit must be 1..1000 and after a 64-hex session hash", v);
+  if (!q)
+    co_return err(errc::request_refused, "limit must be 1..1000 and after a 64-hex session hash",
+                  v);
   auto page = co_await coord->on_strand(page_of(coord, std::move(q->after), q->limit));
   auto body = co_await net::co_spawn(formatter, json_of(std::move(page)), net::use_awaitable);
-  co_return json(200, std::move(body), v);
+  co_return json_ok(std::move(body), v);
 }
 
 // The optional body of POST .../invalidate: {"reason": "..."} (at most 256 bytes of text).
@@ -250,34 +260,37 @@ net::awaitable<response> session_route(coordinator* coord, http::verb method, st
     rest.resize(slash);
   }
   rest = core::decode_path(rest);
-  if (rest.empty()) co_return err(404, "no session id in the path", v);
+  if (rest.empty()) co_return err(errc::not_found, "no session id in the path", v);
   // One co_await per statement (docs/conventions.md §3).
-  admin_outcome r;
+  admin_reply r;
   if (action.empty()) {
     if (method == http::verb::get) {
       const auto row = co_await coord->on_strand(session_of(coord, rest));
-      if (!row) co_return outcome_response({admin_result::unknown_session}, v);
-      co_return json(200, session_json(*row), v);
+      if (!row) co_return err(row.err(), v);
+      co_return json_ok(session_json(row.value()), v);
     } else if (method == http::verb::delete_) {
       r = co_await coord->on_strand(coord->admin().purge(rest));
     } else {
-      co_return err(405, "use GET or DELETE", v);
+      co_return err(errc::method_not_allowed, "use GET or DELETE", v);
     }
   } else {
-    if (method != http::verb::post) co_return err(405, "use POST", v);
+    if (method != http::verb::post) co_return err(errc::method_not_allowed, "use POST", v);
     if (action == "save" || action == "flush")
       r = co_await coord->on_strand(coord->admin().save(rest));
     else if (action == "restore")
       r = co_await coord->on_strand(coord->admin().restore(rest));
     else if (action == "invalidate") {
       auto note = invalidate_note(body);
-      if (!note) co_return err(400, "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
+      if (!note)
+        co_return err(errc::request_refused,
+                      "the body must be empty or {\"reason\": \"at most 256 bytes\"}", v);
       r = co_await coord->on_strand(coord->admin().invalidate(rest, std::move(*note)));
     }
     else if (action == "dispose")
       r = co_await coord->on_strand(coord->admin().dispose(rest));
     else
-      co_return err(404, "unknown action (save, flush, restore, invalidate, dispose)", v);
+      co_return err(errc::not_found, "unknown action (save, flush, restore, invalidate, dispose)",
+                    v);
   }
   co_return outcome_response(r, v);
 }
@@ -354,22 +367,6 @@ std::string sse_frames(const std::vector<core::event_history::entry>& entries) {
 }
 
 }  // namespace
-
-admin_answer answer_admin_outcome(const admin_outcome& o) {
-  const auto [status, text] = text_for(o.result);
-  if (status != 200) return admin_answer{status, error_json(static_cast<http::status>(status), text)};
-  rapidjson::StringBuffer sb;
-  core::json_writer w(sb);
-  w.StartObject();
-  core::write_json_member(w, "result", text);
-  if (o.result == admin_result::purged) {
-    core::write_json_count(w, "freedBytes", o.freed_bytes);
-    w.Key("filesDeleted");
-    w.Bool(o.files_deleted);
-  }
-  w.EndObject();
-  return admin_answer{status, sb.GetString()};
-}
 
 admin_server::admin_server(net::io_context& ioc, std::vector<coordinator*> coords,
                            const config::admin_config& cfg)
@@ -474,13 +471,14 @@ std::optional<response> admin_server::credential_refusal(
     const http::request<http::string_body>& req) const {
   const unsigned v = req.version();
   if (!token_.empty() && !token_matches(req[http::field::authorization], token_)) {
-    auto res = err(401, "missing or wrong bearer token", v);
+    auto res = err(errc::credential_refused, "missing or wrong bearer token", v);
     res.set(http::field::www_authenticate, "Bearer");
     return res;
   }
   if ((req.method() == http::verb::post || req.method() == http::verb::delete_) &&
       !is_json_media_type(req[http::field::content_type]))
-    return err(415, "POST and DELETE need Content-Type: application/json", v);
+    return err(errc::media_type_refused, "POST and DELETE need Content-Type: application/json",
+               v);
   return std::nullopt;
 }
 
@@ -492,11 +490,11 @@ net::awaitable<void> admin_server::serve_events(tcp_stream& s,
   const unsigned v = req.version();
   std::optional<response> refusal;
   if (auto why = cross_site_refusal(req)) {
-    refusal = err(403, *why, v);
+    refusal = err(errc::route_forbidden, *why, v);
   } else if (auto denied = credential_refusal(req)) {
     refusal = std::move(denied);
   } else if (req.method() != http::verb::get) {
-    refusal = err(405, "use GET", v);
+    refusal = err(errc::method_not_allowed, "use GET", v);
   } else if (event_streams_.fetch_add(1) >= max_event_streams) {
     --event_streams_;
     const core::error full{core::errc::over_capacity, 0,
@@ -554,15 +552,16 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   // /healthz answers a constant and changes nothing, so it stays open to container health
   // checks whatever Host they send (Docker and Kubernetes probes may name a service).
   if (path == "/healthz") {
-    if (method != http::verb::get && method != http::verb::head) co_return err(405, "use GET", v);
-    co_return json(200, healthy_body(), v);
+    if (method != http::verb::get && method != http::verb::head)
+      co_return err(errc::method_not_allowed, "use GET", v);
+    co_return json_ok(healthy_body(), v);
   }
-  if (auto why = cross_site_refusal(req)) co_return err(403, *why, v);
+  if (auto why = cross_site_refusal(req)) co_return err(errc::route_forbidden, *why, v);
   // The dashboard's files are the same for everyone and hold no data, so they need no token:
   // a browser cannot send a bearer header when it navigates. Its script asks for the token
   // and sends it on every request for data.
   if (const auto* file = ui_file(path)) {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return ui_response(*file, v);
   }
   if (auto refused = credential_refusal(req)) co_return std::move(*refused);
@@ -571,35 +570,36 @@ net::awaitable<response> admin_server::route(http::request<http::string_body> re
   if (auto name = core::query_param(target, "server"); name && !name->empty()) {
     auto it = std::find_if(coords_.begin(), coords_.end(),
                            [&](coordinator* c) { return c->name() == *name; });
-    if (it == coords_.end()) co_return err(404, "unknown server", v);
+    if (it == coords_.end()) co_return err(errc::not_found, "unknown server", v);
     coord = *it;
   }
   if (path == "/metrics") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await all_metrics(coords_, v);
   }
   if (path == "/kv/status") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await all_status(coords_, v);
   }
   if (path == "/kv/sessions") {
-    if (method != http::verb::get) co_return err(405, "use GET", v);
+    if (method != http::verb::get) co_return err(errc::method_not_allowed, "use GET", v);
     co_return co_await list_sessions(coord, formatter_.get_executor(), target, v);
   }
   if (path == "/kv/flush" || path == "/kv/gc") {
-    if (method != http::verb::post) co_return err(405, "use POST", v);
+    if (method != http::verb::post) co_return err(errc::method_not_allowed, "use POST", v);
     if (path == "/kv/flush") {
-      const auto flushed = co_await coord->on_strand(coord->admin_flush());
-      co_return outcome_response(flushed, v);
+      const auto flushed = co_await coord->on_strand(coord->checkpoint());
+      if (!flushed) co_return err(core::error{flushed.err().code, 0, "save failed"}, v);
+      co_return outcome_response(admin_outcome{admin_result::flushed}, v);
     }
-    const auto report = co_await coord->on_strand(coord->admin_gc());
-    co_return json(200, gc_report_json(report), v);
+    const auto report = co_await coord->on_strand(coord->admin().gc());
+    co_return json_ok(gc_report_json(report), v);
   }
   constexpr std::string_view prefix = "/kv/sessions/";
   if (raw_path.starts_with(prefix))
     co_return co_await session_route(coord, method, raw_path.substr(prefix.size()),
                                      std::move(req.body()), v);
-  co_return err(404, "not found", v);
+  co_return err(errc::not_found, "not found", v);
 }
 
 }  // namespace kvp::proxy

@@ -28,15 +28,6 @@
 
 namespace kvp::proxy {
 
-// An admin operation's answer: its HTTP status and JSON body, {"result": "..."} (a purge adds
-// freedBytes and filesDeleted), or, when it was refused or failed, the body of every error
-// answer (proxy/http/http_status.hpp's error_json).
-struct admin_answer {
-  unsigned status = 200;
-  std::string body;
-};
-admin_answer answer_admin_outcome(const admin_outcome& o);
-
 class admin_server {
  public:
   // `coords`: one per llama-server, the first is the default for session operations
@@ -49,10 +40,9 @@ class admin_server {
   core::result<std::string> start();
   void stop();
 
-  // Routes one request (exposed for tests): method, target, Authorization header value.
-  net::awaitable<http::response<http::string_body>> route(http::request<http::string_body> req);
-
  private:
+  // The answer to one request that is not an event stream.
+  net::awaitable<http::response<http::string_body>> route(http::request<http::string_body> req);
   net::awaitable<void> run_session(tcp_stream s);
   net::awaitable<void> serve_events(tcp_stream& s, const http::request<http::string_body>& req);
   net::awaitable<void> stream_events(tcp_stream& s, std::uint64_t after);

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
-#include "proxy/control/coordinator_internal.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -22,7 +21,6 @@ using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
 
-using detail::wall_now;
 
 namespace {
 
@@ -49,76 +47,49 @@ server_holder erased_hold(std::function<net::awaitable<Hold>()> acquire) {
   };
 }
 
-// One line per breaker transition, as soon as the lease holder that caused it is done with
-// its management calls (core::breaker reports only changes, so an outage is one line).
-void log_circuit_changes(core::slot_pool& pool) {
-  for (const auto& c : pool.health().take_changes()) {
-    if (c.opened) {
-      log(log_level::warn, "kv.persistence.circuit_open",
-          {{"code", std::string(core::to_string(c.cause))},
-           {"failures", std::to_string(pool.health().circuit().consecutive_failures())},
-           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
-    } else {
-      log(log_level::info, "kv.persistence.circuit_recovered");
-    }
-  }
-}
-
-// The slot changes hands: one line per switch (docs/design.md §6: B after A), not per request.
-void log_switch(const core::slot_pool& pool, const std::string& from,
-                const core::request_identity& who, int slot) {
-  const bool aux = who.session_id.empty() || !who.purpose.empty();
-  const std::string to = aux ? std::string() : pool.hash_for(who);
-  if (from.empty() || from == to) return;
-  log(log_level::info, "kv.session.switch",
-      {{"from", std::string(core::abbrev(from))},
-       {"to", aux ? std::string("auxiliary") : std::string(core::abbrev(to))},
-       {"slot", std::to_string(slot)}});
-}
-
-// A session request that starts cold: one line, saying whose content it keeps, if any.
-void log_cold_start(const core::slot_pool& pool, const core::prepare_plan& plan,
-                    core::prepare_kind kind, const std::string& before) {
-  if (plan.kept)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
-         {"slot", std::to_string(plan.slot)}, {"kept", std::string(core::abbrev(before))},
-         {"links", std::to_string(plan.kept_links)},
-         {"effect", "the slot's content is within the sharing scope: kept, not erased"}});
-  else if (kind == core::prepare_kind::cold || kind == core::prepare_kind::cold_fallback)
-    log(log_level::info, "kv.session.cold",
-        {{"session", std::string(core::abbrev(pool.table().owner(plan.slot)))},
-         {"slot", std::to_string(plan.slot)}});
-}
-
-// What the coordinator keeps beside the pool's records goes with them (docs/design.md §12).
-void forget_records_dropped_by_pool(core::slot_pool& pool, core::reuse_stats& reuse,
-                                    retention_keeper& retention) {
-  for (const auto& hash : pool.records().take_forgotten()) {
-    reuse.forget(hash);
-    retention.forget(hash);
-    log(log_level::debug, "kv.session.record_forgotten",
-        {{"session", std::string(core::abbrev(hash))}, {"why", "records"}});
-  }
-}
-
 // After a request completed: what its response said about cache reuse. Feeds the session's
 // counters (core::session_reuse, for every kind but auxiliary and none), the reuse of every
 // response by source, and the reuse metrics (tokens reused after restores, prefill seconds
 // saved). `slot`: where the request ran, whose owner is the request's session (-1: a slot
 // llama-server chose); after a restore, compares what the response reused with what was
-// restored and logs kv.session.restore.unpaid below half.
-void record_response(core::slot_pool& pool, core::reuse_stats& reuse, int slot,
-                     core::prepare_kind kind, response_timings t) {
+// restored and logs kv.session.restore.unpaid below half. The first own restore of `server`
+// that reused nothing is also a warning, once (docs/llama-server.md §10: --swa-full).
+void record_response(core::slot_pool& pool, core::reuse_stats& reuse, const std::string& server,
+                     int slot, core::prepare_kind kind, response_timings t) {
   if (t.cache_n < 0) return;
   pool.outcomes().note_reuse(pool.table().owner(slot), kind, static_cast<std::uint64_t>(t.cache_n),
                              reuse.prompt_tokens_per_s());
+  const bool seen_before = reuse.first_reused_nothing().has_value();
   const auto unpaid = reuse.record_response(slot, kind, t);
   if (!unpaid) return;
   log(log_level::info, "kv.session.restore.unpaid",
       {{"session", std::string(core::abbrev(unpaid->hash))}, {"slot", std::to_string(slot)},
        {"restored", std::to_string(unpaid->restored)}, {"reused", std::to_string(unpaid->reused)},
        {"effect", "the prompt was reprocessed after the restore"}});
+  if (seen_before || !reuse.first_reused_nothing()) return;
+  log(log_level::warn, "kv.backend.restore_not_reused",
+      {{"server", server}, {"session", std::string(core::abbrev(unpaid->hash))},
+       {"slot", std::to_string(slot)}, {"restored", std::to_string(unpaid->restored)},
+       {"reused", "0"}, {"flag", "--swa-full"},
+       {"effect", reused_nothing_advice(unpaid->restored)}});
+}
+
+// Saves every slot whose owner is dirty, in slot order (REQUIRES every slot's lease). A failed
+// save is logged by run_save and its session keeps its previous snapshot; the others are
+// still saved unless `stop_at_failure`. The first failure's error, if any.
+net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
+                                                          slot_actions& actions,
+                                                          bool stop_at_failure) {
+  core::result<core::unit> out = core::unit{};
+  for (int id : pool.table().ids()) {
+    auto step = pool.plans().checkpoint_slot(id, steady_clock::now());
+    if (!step) continue;
+    const auto saved = co_await actions.run_save(*step);
+    if (saved || !out) continue;
+    out = saved.err();
+    if (stop_at_failure) break;
+  }
+  co_return out;
 }
 
 }  // namespace
@@ -159,13 +130,17 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                    .restored = [this](const std::string& hash) { retention_.note_restored(hash); },
                }),
       hints_(opts_.server_name, strand_, store_, actions_),
-      runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_},
+      sleep_(strand_, sleep_tracker_parts{pool_, store_, actions_},
+             sleep_tracker_options{
+                 .server_name = opts_.server_name,
+                 .sleep_idle = opts_.sleep_idle,
+                 .idle_checkpoint = opts_.pool.idle_checkpoint,
+             }),
+      runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_, sleep_},
                runtime_monitor_options{
                    .server_name = opts_.server_name,
                    .single_slot = opts_.single_slot,
                    .probe_interval = opts_.epoch_probe_interval,
-                   .sleep_idle = opts_.sleep_idle,
-                   .idle_checkpoint = opts_.pool.idle_checkpoint,
                }),
       idle_(strand_, idle_checkpointer_parts{pool_, leases_, actions_},
             [this] { log_circuit_changes(pool_); }),
@@ -178,7 +153,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                  opts_.retention_interval, *backend_, pool_, actions_, commits_, store_,
                  snapshots_, reuse_,
                  erased_hold<exclusive_hold>([this] { return acquire_internal(); })),
-      admin_(opts_.server_name, pool_, actions_, retention_, snapshots_, reuse_,
+      admin_(opts_.server_name, pool_, actions_, plans_, retention_, snapshots_, reuse_,
              session_admin_hooks{
                  .hold_server =
                      erased_hold<exclusive_hold>([this] { return acquire_internal(); }),
@@ -233,6 +208,7 @@ net::awaitable<void> coordinator::load_state() {
 
 net::awaitable<void> coordinator::start() {
   co_await load_state();
+  co_await sleep_.start();
   co_await runtime_.start();
   if (opts_.retention_interval.count() > 0)
     net::co_spawn(strand_, retention_.gc_loop(), log_exception);
@@ -259,21 +235,19 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
   }
   // A probe that is due (a fresh connection, this request's own included; a back-off that
   // ended) runs before the request passes through: persistence may be back.
-  if (may_pass_through(*t)) {
+  if (tenancy_.may_pass_through(*t)) {
     if (!upstream_ready) runtime_.note_upstream_trouble();
     co_await runtime_.look_for_changes(-1);
   }
-  if (may_pass_through(*t)) {
-    if (!isolation_needs_erase(t->who.credential)) {
+  if (tenancy_.may_pass_through(*t)) {
+    if (!tenancy_.needs_erase(t->who.credential)) {
       pool_.placed().note_pass_through(t->who.credential);
       leases_.begin_pass_through(t);
       out.what = admission::outcome::pass_through;
       co_return out;
     }
     t->exclusive = true;  // another tenant's: waits for the server, erased by prepare_exclusive
-  } else if (!pool_.persistence_enabled() && !opts_.pool.strict && runtime_.erasable_slots() > 0) {
-    // Behind a lease held or waited for, persistence off: it may run on any slot, so it
-    // takes the server as a pass-through request would, erased first for another tenant.
+  } else if (tenancy_.takes_server_behind_leases()) {
     t->exclusive = true;
   }
   // Which session the request belongs to may depend on its content (docs/design.md §20):
@@ -291,56 +265,6 @@ net::awaitable<admission> coordinator::admit(std::shared_ptr<lease_ticket> t,
     out.prepared = co_await prepare(t, std::move(who), false);
   }
   co_return out;
-}
-
-// docs/design.md §5 "Without persistence": no slot to save, restore or erase, no strict
-// refusal to make, and nothing leased or queued that the request could overtake.
-bool coordinator::may_pass_through(const lease_ticket& t) const {
-  return !pool_.persistence_enabled() && !opts_.pool.strict && !t.exclusive &&
-         !t.runtime_change && leases_.idle() && !runtime_.probe_pending();
-}
-
-bool coordinator::isolation_needs_erase(const std::string& credential) const {
-  return runtime_.erasable_slots() > 0 && pool_.pass_through_needs_erase(credential);
-}
-
-// docs/design.md §20 "Isolation without persistence": before a request runs where llama-server
-// puts it, every slot is erased when another credential's content may be there. `alone`: the
-// caller holds every slot of the pool, so nothing else runs or is granted meanwhile; a request
-// that is not alone is refused (it comes back through admit and waits for the server).
-net::awaitable<std::optional<core::error>> coordinator::claim_server(
-    const core::request_identity& who, bool alone) {
-  if (isolation_needs_erase(who.credential)) {
-    if (!alone)
-      co_return core::error{core::errc::slot_busy, 0,
-                            "another credential's requests run on the server", 1};
-    const int slots = runtime_.erasable_slots();
-    for (int id = 0; id < slots; ++id) {
-      const auto r = co_await backend_->erase(id);
-      if (r) continue;
-      log(log_level::warn, "kv.slot.erase.failed",
-          {{"slot", std::to_string(id)},
-           {"code", std::string(core::to_string(core::errc::erase_failed))},
-           {"reason", r.err().message}});
-      co_return core::error{core::errc::erase_failed, 0,
-                            "the server may hold another credential's KV and could not be erased"};
-    }
-    pool_.table().on_server_erased();
-    log(log_level::info, "kv.server.erased",
-        {{"slots", std::to_string(slots)},
-         {"effect", "persistence is off: every slot erased before another credential's request"}});
-  }
-  pool_.placed().note_pass_through(who.credential);
-  co_return std::nullopt;
-}
-
-bool coordinator::holds_every_slot(const lease_ticket& t) const {
-  const auto& leased = leases_.leased();
-  const auto ids = pool_.table().ids();
-  return std::all_of(ids.begin(), ids.end(), [&](int id) {
-    const auto it = leased.find(id);
-    return it != leased.end() && it->second.get() == &t;
-  });
 }
 
 void coordinator::end_pass_through(const std::shared_ptr<lease_ticket>& t) {
@@ -378,7 +302,7 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   if (!leases_.holds(t) || t->slot < 0)
     co_return core::error{core::errc::invariant, 0, "lease not held"};
   const int slot = t->slot;
-  if (fresh_upstream || runtime_.may_have_slept(slot, steady_clock::now()))
+  if (fresh_upstream || sleep_.may_have_slept(slot, steady_clock::now()))
     runtime_.note_upstream_trouble();
   co_await runtime_.refresh_runtime(slot);
   pool_.resolve_session(who);
@@ -400,10 +324,11 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
   }
   if (!pool_.persistence_enabled() && !(opts_.pool.strict && session)) {
     // Persistence turned off since the lease was granted: isolation without it.
-    auto refused = co_await claim_server(who, holds_every_slot(*t));
-    if (refused) {
+    const bool alone = tenancy_.holds_every_slot(*t);
+    const auto claimed = co_await tenancy_.claim(who, alone);
+    if (!claimed) {
       release_and_wake(t);
-      co_return std::move(*refused);
+      co_return claimed.err();
     }
   }
   if (const auto owner = pool_.table().owner(slot);
@@ -413,49 +338,22 @@ net::awaitable<prepare_result> coordinator::prepare(std::shared_ptr<lease_ticket
     const auto committed = co_await commits_.wait(owner);
     (void)committed;
   }
-  const auto now = steady_clock::now();  // after the waits: the plan's clock is the breaker's
-  const std::string before = pool_.table().owner(slot);
-  auto plan = pool_.plans().prepare(who, slot, now, wall_now());
-  forget_records_dropped_by_pool(pool_, reuse_, retention_);
-  if (!plan.fail && !plan.resident) log_switch(pool_, before, who, slot);
-  for (const auto& m : plan.manifest_writes) {
-    const auto written = co_await actions_.write_manifest(m);
-    (void)written;  // logged; the core already counts the snapshot invalid
-    log(log_level::info, "kv.snapshot.invalidated",
-        {{"session", std::string(core::abbrev(m.session_hash))}, {"reason", m.invalid_reason}});
-  }
-  auto fail = [&](core::errc code, std::string why) {
-    pool_.outcomes().abort_prepare(slot);
-    release_and_wake(t);
-    return prepare_result(core::error{code, 0, std::move(why)});
-  };
-  if (plan.fail)
-    co_return fail(plan.fail_code, pool_.persistence_enabled()
-                                       ? "persistence unavailable (circuit open) and strict mode is on"
-                                       : "persistence is off and strict mode is on");
-
-  const auto done = co_await actions_.execute(plan, opts_.pool.strict);
-  if (done.failure)
-    co_return fail(done.failure->code, opts_.pool.strict ? done.failure->message + " (strict mode)"
-                                                         : done.failure->message);
-  log_circuit_changes(pool_);
-  prefix_.note_plan(slot, plan, who);
-  const auto kind = pool_.outcomes().start_inference(who, slot);
-  reuse_.note_prepared(slot, kind == core::prepare_kind::auxiliary ? !plan.erase : plan.kept);
-  log_cold_start(pool_, plan, kind, before);
-  co_return kind;
+  // After the waits: the plan's clock is the breaker's.
+  auto prepared = co_await plans_.run(who, slot, opts_.pool.strict);
+  if (!prepared) release_and_wake(t);
+  co_return prepared;
 }
 
 net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool reached_slot,
                                          bool turn_end, std::optional<reply_report> reply) {
   end_pass_through(t);
   // A pass-through ticket holds no slot: its reply counts all the same.
-  if (reply) record_response(pool_, reuse_, t->slot, reply->kind, reply->timings);
+  if (reply) record_response(pool_, reuse_, opts_.server_name, t->slot, reply->kind, reply->timings);
   if (!leases_.holds(t) || t->slot < 0) co_return;
   if (reply)
     prefix_.note_reply(t->slot, seed_reply{reply->kind, reply->timings.cache_n,
                                            std::move(reply->body), std::move(reply->target)});
-  runtime_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
+  sleep_.note_request_finished(t->slot, steady_clock::now());  // the sleep period's start
   if (auto s =
           pool_.outcomes().end_inference(t->slot, reached_slot, steady_clock::now(), turn_end)) {
     // The commit goes on after the lease is released: the session's next request needs
@@ -471,49 +369,34 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
   co_await runtime_.refresh_runtime(pool_.table().ids().front());
   if (!pool_.persistence_enabled()) {
-    auto refused = co_await claim_server(t->who, true);
-    if (refused) release_and_wake(t);
-    if (refused) co_return std::move(*refused);
+    const auto claimed = co_await tenancy_.claim(t->who, true);
+    if (!claimed) release_and_wake(t);
+    if (!claimed) co_return claimed.err();
     co_return core::prepare_kind::none;
   }
-  for (int id : pool_.table().ids()) {
-    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await actions_.run_save(*s);
-      if (!saved && opts_.pool.strict) {
-        release_and_wake(t);
-        co_return core::error{saved.err().code, 0,
-                              "saving a session before an unpinnable request failed"};
-      }
-    }
+  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict);
+  if (!saved && opts_.pool.strict) {
+    release_and_wake(t);
+    co_return core::error{saved.err().code, 0,
+                          "saving a session before an unpinnable request failed"};
   }
   // docs/design.md §14, §20: llama-server places the request (an unpinnable route, or one that
   // took the server while persistence was off) on the slot whose content shares the most of its
   // prompt, whoever put it there, so every slot it may not run on is erased first.
-  if (auto refused = co_await erase_foreign_slots(t->who)) {
+  const auto erased = co_await tenancy_.erase_foreign_slots(t->who);
+  if (!erased) {
     release_and_wake(t);
-    co_return std::move(*refused);
+    co_return erased.err();
   }
   co_await overwrites_.note_tasks_before();
   co_return core::prepare_kind::auxiliary;
-}
-
-net::awaitable<std::optional<core::error>> coordinator::erase_foreign_slots(
-    const core::request_identity& who) {
-  for (const auto& e : pool_.placed().erases_before_unpinned(who)) {
-    const auto failed = co_await actions_.run_erase(e.slot);
-    if (failed && e.required)
-      co_return core::error{*failed, 0,
-                            "a slot holds another scope's KV and could not be erased before a "
-                            "request llama-server places itself"};
-  }
-  co_return std::nullopt;
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
                                                    bool reached_slot,
                                                    std::optional<reply_report> reply) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
-  if (reply) record_response(pool_, reuse_, -1, reply->kind, reply->timings);
+  if (reply) record_response(pool_, reuse_, opts_.server_name, -1, reply->kind, reply->timings);
   if (reached_slot && pool_.persistence_enabled())
     co_await overwrites_.forget_overwritten(t->who.credential);
   release_and_wake(t);
@@ -535,16 +418,9 @@ net::awaitable<coordinator::exclusive_hold> coordinator::acquire_internal() {
   co_return exclusive_hold(*this, std::move(t));
 }
 
-net::awaitable<bool> coordinator::checkpoint() {
+net::awaitable<core::result<core::unit>> coordinator::checkpoint() {
   const auto hold = co_await acquire_internal();
-  bool ok = true;
-  for (int id : pool_.table().ids()) {
-    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
-      const auto saved = co_await actions_.run_save(*s);
-      ok = ok && saved.ok();
-    }
-  }
-  co_return ok;
+  co_return co_await save_dirty_slots(pool_, actions_, false);
 }
 
 // POST /lora-adapters (docs/design.md §4, §5): the whole server, so no request runs while the
@@ -552,13 +428,8 @@ net::awaitable<bool> coordinator::checkpoint() {
 net::awaitable<void> coordinator::begin_runtime_change(std::shared_ptr<lease_ticket> t) {
   if (!leases_.holds(t)) co_return;
   co_await commits_.wait_all();
-  for (int id : pool_.table().ids()) {
-    if (auto s = pool_.plans().checkpoint_slot(id, steady_clock::now())) {
-      // A failed save is logged by run_save; that session keeps its previous snapshot.
-      const auto saved = co_await actions_.run_save(*s);
-      (void)saved;
-    }
-  }
+  const auto saved = co_await save_dirty_slots(pool_, actions_, false);
+  (void)saved;  // logged; a session whose save failed keeps its previous snapshot
   co_await runtime_.begin_runtime_change();
 }
 

@@ -30,10 +30,13 @@
 #include "proxy/control/new_session_gate.hpp"
 #include "proxy/control/idle_checkpointer.hpp"
 #include "proxy/control/overwrite_tracker.hpp"
+#include "proxy/control/plan_runner.hpp"
 #include "proxy/control/prefix_maker.hpp"
 #include "proxy/control/retention_keeper.hpp"
 #include "proxy/control/runtime_monitor.hpp"
+#include "proxy/control/server_tenancy.hpp"
 #include "proxy/control/session_admin.hpp"
+#include "proxy/control/sleep_tracker.hpp"
 #include "proxy/control/slot_actions.hpp"
 #include "proxy/control/snapshot_files.hpp"
 
@@ -75,6 +78,10 @@ struct reply_report {
   std::shared_ptr<const std::string> body;
   std::string target;
 };
+
+// What a restore whose next response reused none of its `restored` tokens tells the operator
+// (core::reuse_stats::first_reused_nothing): the warning's and GET /kv/status's words.
+std::string reused_nothing_advice(std::uint64_t restored);
 
 // A page of GET /kv/sessions as JSON.
 std::string sessions_page_json(const session_page& page);
@@ -129,19 +136,18 @@ class coordinator {
            !opts_.pool.save_on_step_end;
   }
 
-  // Waits for the lease (no queue bound), saves the dirty owner, releases. Used on shutdown
-  // and by flush. Returns false if a save was needed and failed.
-  net::awaitable<bool> checkpoint();
+  // Waits for the lease (no queue bound), saves every dirty owner, releases. Used on shutdown,
+  // by flush and before a model switch. The first failed save's error (every other dirty
+  // owner is still saved).
+  net::awaitable<core::result<core::unit>> checkpoint();
 
   // Stops timers (idle checkpoint, background probe). Call on shutdown.
   void stop();
 
-  // Admin API (docs/design.md §18, §10), each on the strand. The session operations and reads
-  // are admin()'s (proxy/control/session_admin.hpp).
+  // Admin API (docs/design.md §18, §10), each on the strand. The session operations, reads and
+  // gc are admin()'s (proxy/control/session_admin.hpp); flush is checkpoint().
   std::string status_json() const;
   session_admin& admin() { return admin_; }
-  net::awaitable<admin_outcome> admin_flush();
-  net::awaitable<gc_report> admin_gc();
   void write_metrics(core::prom_writer& w) const;
 
   // What requests to this server showed that keeps new conversations cold
@@ -207,22 +213,8 @@ class coordinator {
   net::awaitable<void> begin_runtime_change(std::shared_ptr<lease_ticket> t);
   net::awaitable<void> end_runtime_change(std::shared_ptr<lease_ticket> t, bool reached_server);
 
-  // docs/design.md §5 "Without persistence": whether `t` may run without a slot now.
-  bool may_pass_through(const lease_ticket& t) const;
   // A pass-through ticket's request is over; the last one lets the queue's leases go.
   void end_pass_through(const std::shared_ptr<lease_ticket>& t);
-  // docs/design.md §20 "Isolation without persistence": slot actions exist and a request of
-  // `credential` may run only after every slot of the server is erased.
-  bool isolation_needs_erase(const std::string& credential) const;
-  // Before a request of `who` runs with persistence off: the erases it needs (`alone`: its
-  // ticket holds the whole pool), then it is the server's tenant. An error: it must not run.
-  net::awaitable<std::optional<core::error>> claim_server(const core::request_identity& who,
-                                                          bool alone);
-  bool holds_every_slot(const lease_ticket& t) const;
-  // REQUIRES the exclusive lease: erases every slot the door (docs/design.md §24) does not let
-  // `who` run on. A required erase that fails is the error to answer; a tried one that fails
-  // leaves a cold run.
-  net::awaitable<std::optional<core::error>> erase_foreign_slots(const core::request_identity& who);
   // Releases `t`'s lease; with nothing leased any more, a probe kept for that moment is applied.
   // Then the next waiter is granted, and the idle checkpoint armed for the next deadline.
   void release_and_wake(const std::shared_ptr<lease_ticket>& t);
@@ -269,18 +261,25 @@ class coordinator {
   // last, after everything it refers to.
   slot_actions actions_;
   hint_log hints_;  // requests' hints: counts, first sightings (hints.json)
-  // Probes, restarts, sleep, the slot layout, the behavioural fingerprint, runtime changes.
+  // llama-server's sleep: its period, when each slot was last used.
+  sleep_tracker sleep_;
+  // Probes, restarts, the slot layout, the behavioural fingerprint, runtime changes.
   runtime_monitor runtime_;
+  // The server as one tenant while persistence is off: pass-through and its erases.
+  server_tenancy tenancy_{server_tenancy_parts{pool_, leases_, runtime_, *backend_, actions_},
+                          opts_.pool.strict};
   // Saves dirty slots whose owner went idle (checkpoint.idleMs).
   idle_checkpointer idle_;
   // Which slots an unpinnable request overwrote (managed mode).
   overwrite_tracker overwrites_;
   // Retention: gc, the session budget, the disk budget and server-owned overwrites.
   retention_keeper retention_;
-  // The admin API's session operations and reads.
-  session_admin admin_;
   // Snapshots of shared preambles alone, made when nothing waits (docs/design.md §3).
   prefix_maker prefix_{strand_, prefix_maker_parts{pool_, leases_, actions_, *backend_}};
+  // Every plan a request or the admin API runs on a slot.
+  plan_runner plans_{plan_runner_parts{pool_, actions_, reuse_, retention_, prefix_}};
+  // The admin API's session operations and reads.
+  session_admin admin_;
 };
 
 }  // namespace kvp::proxy

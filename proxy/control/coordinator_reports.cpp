@@ -16,7 +16,7 @@
 #include "core/metrics.hpp"
 #include "core/retention.hpp"
 #include "proxy/control/coordinator.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 
 namespace kvp::proxy {
 
@@ -28,7 +28,7 @@ constexpr auto jstr = core::write_json_string;
 // Seconds since the snapshot was last saved (0 if its time does not parse or is ahead).
 std::int64_t snapshot_age_s(const core::manifest& m) {
   const auto at = core::parse_utc(m.updated_at);
-  return at > 0 ? std::max<std::int64_t>(0, detail::unix_now() - at) : 0;
+  return at > 0 ? std::max<std::int64_t>(0, unix_now() - at) : 0;
 }
 
 void write_snapshot(json_writer& w, const core::manifest& m) {
@@ -281,7 +281,34 @@ void write_state_gauges(const metric_sink& m, const core::slot_pool& c) {
              c.table().owner(id).empty() ? 0 : 1);
 }
 
+// "restoreNotReused" in /kv/status: null, or the first own restore no response reused.
+void write_reused_nothing(json_writer& w, const std::optional<core::unpaid_restore>& first) {
+  if (!first) {
+    w.Null();
+    return;
+  }
+  w.StartObject();
+  w.Key("session");
+  jstr(w, core::abbrev(first->hash));
+  core::write_json_count(w, "restored", first->restored);
+  core::write_json_count(w, "reused", 0);
+  w.Key("flag");
+  jstr(w, "--swa-full");
+  w.Key("effect");
+  jstr(w, reused_nothing_advice(first->restored));
+  w.EndObject();
+}
+
 }  // namespace
+
+std::string reused_nothing_advice(std::uint64_t restored) {
+  return fmt::format(
+      "llama-server reprocessed all {} restored tokens: a sliding-window model (Gemma 3, "
+      "gpt-oss) keeps only its window in a saved slot; start llama-server with --swa-full to "
+      "reuse them (a recurrent or hybrid model reuses a restore only when the next prompt "
+      "extends it exactly)",
+      restored);
+}
 
 std::string coordinator::status_json() const {
   rapidjson::StringBuffer sb;
@@ -332,6 +359,8 @@ std::string coordinator::status_json() const {
   w.Key("allResponses");
   write_response_reuse(w, reuse_);
   w.EndObject();
+  w.Key("restoreNotReused");  // docs/llama-server.md §10
+  write_reused_nothing(w, reuse_.first_reused_nothing());
   w.Key("hints");
   hints_.write_status(w);
   w.EndObject();

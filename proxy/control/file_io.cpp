@@ -24,7 +24,6 @@ struct file_io::shared_state {
   std::unordered_map<std::uint64_t, std::function<void()>> wakes;
   std::uint64_t next_id = 1;
   std::size_t max_queued = 0;
-  std::size_t busy = 0;  // jobs running now
   bool stopping = false;
 };
 
@@ -39,12 +38,10 @@ file_io::file_io(std::size_t threads, std::size_t max_queued, std::chrono::milli
         if (st->stopping) return;
         auto j = std::move(st->queue.front());
         st->queue.pop_front();
-        ++st->busy;
         lock.unlock();
         j.work();
         j.work = nullptr;  // the caller's copies go here, outside the lock
         lock.lock();
-        --st->busy;
         if (st->stopping) return;
         if (auto it = st->wakes.find(j.id); it != st->wakes.end()) {
           it->second();
@@ -71,11 +68,6 @@ bool file_io::submit(std::function<void()> work, std::function<void()> wake) {
   state_->queue.push_back({id, std::move(work)});
   state_->cv.notify_one();
   return true;
-}
-
-std::size_t file_io::in_flight() const {
-  std::lock_guard lock(state_->mu);
-  return state_->queue.size() + state_->busy;
 }
 
 core::error file_io::timed_out(std::string_view what) const {

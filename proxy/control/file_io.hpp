@@ -41,9 +41,6 @@ class file_io {
   template <class T>
   net::awaitable<core::result<T>> run(std::string_view what, std::function<core::result<T>()> work);
 
-  // Operations queued or running (for status and tests).
-  std::size_t in_flight() const;
-
  private:
   struct shared_state;
   // Queues `work` (which stores its result itself) and registers `wake`, which tells the

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -28,7 +28,7 @@ hint_log::hint_log(std::string server_name, net::any_io_executor strand,
 void hint_log::note(core::hint_id h) {
   const auto i = static_cast<std::size_t>(h);
   if (seen_[i].fetch_add(1, std::memory_order_relaxed) == 0)
-    net::co_spawn(strand_, record_first(h, detail::wall_now()), log_exception);
+    net::co_spawn(strand_, record_first(h, wall_now()), log_exception);
 }
 
 net::awaitable<void> hint_log::record_first(core::hint_id h, std::string seen_at) {

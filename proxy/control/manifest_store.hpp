@@ -74,10 +74,11 @@ class manifest_store {
   core::result<core::unit> write_learned_sleep(std::chrono::seconds period) const;
   std::chrono::seconds read_learned_sleep() const;
 
-  std::string path_for(const std::string& hash) const;
+  // The sessions directory, where a session's manifest is <hash>.json.
   const std::string& dir() const { return sessions_dir_; }
 
  private:
+  std::string path_for(const std::string& hash) const;
   std::string state_dir_;
   std::string sessions_dir_;
   dir_handle state_;

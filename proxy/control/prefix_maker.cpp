@@ -10,7 +10,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/request_rewrite.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -121,7 +121,7 @@ net::awaitable<bool> prefix_maker::make_on(int slot, const core::prefix_wish& w,
          {"why", std::string(why)}});
     return false;
   };
-  const auto plan = pool_.plans().prepare(who, slot, steady_clock::now(), detail::wall_now());
+  const auto plan = pool_.plans().prepare(who, slot, steady_clock::now(), wall_now());
   // Only a seed (or the slot's content) holding the prefix is worth cutting; anything else
   // would prefill it from nothing, on no one's behalf.
   if (plan.fail || plan.resident || plan.save || !plan.manifest_writes.empty() ||
@@ -130,9 +130,9 @@ net::awaitable<bool> prefix_maker::make_on(int slot, const core::prefix_wish& w,
     co_return skip("no snapshot or slot holds the prefix");
   }
   const auto done = co_await actions_.execute(plan, true);
-  if (done.failure) {
+  if (!done) {
     pool_.outcomes().abort_prepare(slot);
-    co_return skip(done.failure->message);
+    co_return skip(done.err().message);
   }
   (void)pool_.outcomes().start_inference(who, slot);
   auto body = core::pin_request_body(cut.body, slot);

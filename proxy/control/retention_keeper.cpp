@@ -12,7 +12,7 @@
 #include "core/identity.hpp"
 #include "core/log.hpp"
 #include "core/retention.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 
 namespace kvp::proxy {
 
@@ -44,7 +44,7 @@ void retention_keeper::stop() {
 }
 
 void retention_keeper::note_restored(const std::string& hash) {
-  restored_at_[hash] = detail::unix_now();
+  restored_at_[hash] = unix_now();
 }
 
 void retention_keeper::forget(const std::string& hash) { restored_at_.erase(hash); }
@@ -118,7 +118,7 @@ net::awaitable<gc_report> retention_keeper::run_gc() {
     }
     for (std::size_t i = 0; i < entries.size(); ++i) entries[i].bytes = sizes.value()[i];
   }
-  const auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now());
+  const auto plan = core::plan_retention(std::move(entries), limits_, unix_now());
   std::uint64_t freed = 0;
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
@@ -138,7 +138,7 @@ net::awaitable<void> retention_keeper::enforce_session_budget() {
   if (interval_.count() == 0) co_return;
   if (disk_budget_on()) co_return;  // keep_disk_budget applies the counts at every save
   const core::retention_limits counts{0, limits_.max_sessions, 0, per_credential};
-  const auto plan = core::plan_retention(retention_by_use(), counts, detail::unix_now());
+  const auto plan = core::plan_retention(retention_by_use(), counts, unix_now());
   for (const auto& e : plan.evict) {
     const auto bytes = co_await forget_session(e);
     (void)bytes;
@@ -164,14 +164,14 @@ net::awaitable<void> retention_keeper::keep_disk_budget(int slot, core::manifest
   // The session just saved counts as its commit will record it, and is never evicted by its
   // own save (a budget smaller than its snapshot keeps it alone, docs/design.md §12).
   std::erase_if(entries, [&](const auto& e) { return e.hash == saved.session_hash; });
-  entries.push_back({saved.session_hash, false, detail::unix_now(), saved.disk_bytes(), true,
+  entries.push_back({saved.session_hash, false, unix_now(), saved.disk_bytes(), true,
                      saved.credential, saved.bytes});
   for (auto& e : entries)
     e.in_use = e.in_use || commits_.in_flight(e.hash) || actions_.restoring(e.hash);
   // Room for the saving credential's next save, in its share and in the whole budget; every
   // other credential's share keeps room for its own (docs/design.md §12, "Disk budget").
   const core::retention_room room{true, saved.credential};
-  auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now(), room);
+  auto plan = core::plan_retention(std::move(entries), limits_, unix_now(), room);
   const bool over =
       limits_.max_total_bytes > 0 && plan.remaining_bytes > limits_.max_total_bytes;
   if (over && !warned_over_budget_)
@@ -243,7 +243,7 @@ net::awaitable<gc_report> retention_keeper::run_gc_overwriting() {
   // No save is coming that gc knows of: each share keeps room for its own credential's next
   // one; the whole budget's room is kept by each save for its saver.
   const core::retention_room room{true, std::nullopt};
-  auto plan = core::plan_retention(std::move(entries), limits_, detail::unix_now(), room);
+  auto plan = core::plan_retention(std::move(entries), limits_, unix_now(), room);
   gc_report done;
   if (!plan.evict.empty()) done = co_await overwrite_evicted(slot, std::move(plan.evict));
   co_return report(done);

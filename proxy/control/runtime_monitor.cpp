@@ -1,5 +1,5 @@
-// The watch over llama-server's runtime (docs/design.md §4): the probes, restart and sleep
-// detection, and the runtime fingerprint with its behavioural part.
+// The watch over llama-server's runtime (docs/design.md §4): the probes, restart detection, and
+// the runtime fingerprint with its behavioural part.
 #include "proxy/control/runtime_monitor.hpp"
 
 #include <algorithm>
@@ -7,8 +7,6 @@
 #include <functional>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/behaviour.hpp"
 #include "core/log.hpp"
@@ -36,44 +34,14 @@ net::awaitable<std::optional<manifest_store::compatibility_record>> read_compati
   co_return std::move(r.value());
 }
 
-net::awaitable<core::result<std::vector<core::behaviour_signature>>> read_behaviour_classes(
-    slot_actions& actions, manifest_store store, std::string meta_fp) {
-  std::function<core::result<std::vector<core::behaviour_signature>>()> read = [store, meta_fp] {
-    return core::result<std::vector<core::behaviour_signature>>(store.read_behaviours(meta_fp));
-  };
-  co_return co_await actions.on_file_pool<std::vector<core::behaviour_signature>>(
-      "reading the behaviour classes", std::move(read));
-}
-
-net::awaitable<void> write_behaviour_classes(slot_actions& actions, manifest_store store,
-                                             std::string meta_fp,
-                                             std::vector<core::behaviour_signature> known) {
-  std::function<core::result<core::unit>()> write = [store, meta_fp, known] {
-    return store.write_behaviours(meta_fp, known);
-  };
-  const auto w =
-      co_await actions.on_file_pool<core::unit>("writing the behaviour classes", std::move(write));
-  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
-}
-
-// The period an earlier process learned (sleep.json); 0: none, or unreadable.
-net::awaitable<std::chrono::seconds> read_learned_sleep(slot_actions& actions,
-                                                        manifest_store store) {
-  std::function<core::result<std::chrono::seconds>()> work = [store] {
-    return core::result<std::chrono::seconds>(store.read_learned_sleep());
-  };
-  auto r =
-      co_await actions.on_file_pool<std::chrono::seconds>("reading sleep.json", std::move(work));
-  co_return r ? r.value() : std::chrono::seconds(0);
-}
-
-net::awaitable<void> record_learned_sleep(slot_actions& actions, manifest_store store,
-                                          std::chrono::seconds period) {
-  std::function<core::result<core::unit>()> work = [store, period] {
-    return store.write_learned_sleep(period);
-  };
-  const auto w = co_await actions.on_file_pool<core::unit>("writing sleep.json", std::move(work));
-  if (!w) log(log_level::warn, "kv.state.write_failed", {{"reason", w.err().message}});
+// What persistence off means for isolation, for the log line. docs/design.md §20: isolation
+// does not depend on persistence, only on slot actions (`erasable`: the slots the last probe
+// answered with them, 0 without; nullopt: none answered yet).
+std::string persistence_off_effect(std::optional<int> erasable) {
+  if (erasable == 0) return "persistence off; isolation is off";
+  if (erasable.value_or(0) > 0)
+    return "persistence off; another credential's request runs on erased slots";
+  return "persistence off";
 }
 
 }  // namespace
@@ -86,15 +54,12 @@ runtime_monitor::runtime_monitor(net::any_io_executor strand, runtime_monitor_pa
       pool_(parts.pool),
       leases_(parts.leases),
       actions_(parts.actions),
+      sleep_(parts.sleep),
       opts_(std::move(opts)),
-      probe_timer_(strand_),
-      watch_(opts_.sleep_idle) {}
+      behaviour_({parts.backend, parts.store, parts.actions}, opts_.server_name),
+      probe_timer_(strand_) {}
 
 net::awaitable<void> runtime_monitor::start() {
-  if (opts_.sleep_idle.count() <= 0) {
-    const auto learned = co_await read_learned_sleep(actions_, store_);
-    if (learned.count() > 0) adopt_sleep_period(learned);
-  }
   auto p = co_await run_full_probe();
   apply_probe(p);
   if (opts_.probe_interval.count() > 0) net::co_spawn(strand_, probe_loop(), log_exception);
@@ -182,19 +147,11 @@ bool runtime_monitor::apply_slot_layout(const core::result<core::server_probe>& 
   return true;
 }
 
-// docs/design.md §20: isolation does not depend on persistence, only on slot actions.
-std::string runtime_monitor::persistence_off_effect() const {
-  if (isolation_off()) return "persistence off; isolation is off";
-  if (erasable_slots() > 0)
-    return "persistence off; another credential's request runs on erased slots";
-  return "persistence off";
-}
-
 void runtime_monitor::disable_persistence(const std::string& why, core::errc code) {
   if (pool_.persistence_enabled() || !warned_disabled_)
     log(log_level::warn, "kv.backend.unsupported",
         {{"code", std::string(core::to_string(code))}, {"reason", why},
-         {"effect", persistence_off_effect()}});
+         {"effect", persistence_off_effect(erasable_slots_)}});
   warned_disabled_ = true;
   disabled_why_ = why;
   pool_.disable_persistence(code);
@@ -228,7 +185,7 @@ net::awaitable<void> runtime_monitor::look_for_changes(int slot) {
     if (rt && rt->media_marker == pool_.runtime().media_marker &&
         rt->model_path == pool_.runtime().model_path &&
         rt->build_info == pool_.runtime().build_info) {
-      note_sleeping(rt->sleeping);
+      sleep_.note_sleeping(rt->sleeping);
       if (!rt->sleeping) {
         const auto emptied = co_await owned_slots_seen_empty(slot);
         forget_emptied_slots(emptied);
@@ -258,48 +215,17 @@ net::awaitable<void> runtime_monitor::establish_behaviour(int slot) {
   // Every prepare asks: two string compares, the hashing was done when the runtime was read.
   if (!pool_.persistence_enabled() || slot < 0 || watch_.behaviour_known()) co_return;
   const auto key = watch_.runtime_epoch();
-  auto first = co_await backend_.probe_behaviour(slot);
-  if (!first) co_return suspect_behaviour("the probe failed: " + first.err().message);
-  const auto meta_fp = watch_.meta_fingerprint();
-  auto read_back = co_await read_behaviour_classes(actions_, store_, meta_fp);
-  if (!read_back) co_return suspect_behaviour(read_back.err().message);
-  auto known = std::move(read_back.value());
-  const auto judged = core::runtime_watch::judge_first_behaviour(known, first.value());
-  using action = core::behaviour_judgement::action;
-  if (judged.what == action::adopt) co_return adopt_behaviour(key, judged.class_id);
-  if (judged.what == action::suspect) co_return suspect_behaviour(judged.why);
-  for (int i = 0; i < 2; ++i) {  // another model, or noise: two more probes must agree
-    auto again = co_await backend_.probe_behaviour(slot);
-    if (!again || !core::same_behaviour(first.value(), again.value()))
-      co_return suspect_behaviour("probes of one runtime disagree (nondeterministic backend?)");
+  const auto id = co_await behaviour_.establish(slot, watch_.meta_fingerprint());
+  if (!id) {
+    disable_persistence("the behavioural fingerprint is unknown: " + id.err().message,
+                        core::errc::backend_unavailable);
+    watch_.back_off(pool_.runtime().media_marker, steady_clock::now());
+    co_return;
   }
-  known.push_back(first.value());
-  co_await write_behaviour_classes(actions_, store_, meta_fp, known);
-  const auto id = core::behaviour_class_id(first.value());
-  if (known.size() > 1) {
-    log(log_level::warn, "kv.backend.behaviour_changed",
-        {{"server", opts_.server_name}, {"class", id},
-         {"code", std::string(core::to_string(core::errc::snapshot_incompatible))},
-         {"reason", "the model answers unlike any model seen under this metadata (weights "
-                    "replaced at the same path?)"},
-         {"effect", "snapshots of the other models are refused, and kept"}});
-  } else {
-    log(log_level::info, "kv.backend.behaviour", {{"server", opts_.server_name}, {"class", id}});
-  }
-  adopt_behaviour(key, id);
-}
-
-void runtime_monitor::adopt_behaviour(const std::string& key, const std::string& id) {
-  watch_.adopt_behaviour(key, id);
+  watch_.adopt_behaviour(key, id.value());
   auto rt = pool_.runtime();
-  rt.behaviour = id;
+  rt.behaviour = id.value();
   pool_.set_runtime(rt);
-}
-
-void runtime_monitor::suspect_behaviour(const std::string& why) {
-  disable_persistence("the behavioural fingerprint is unknown: " + why,
-                      core::errc::backend_unavailable);
-  watch_.back_off(pool_.runtime().media_marker, steady_clock::now());
 }
 
 // LLAMA_MEDIA_MARKER pins the marker across restarts (docs/llama-server.md §7). A slot that
@@ -319,7 +245,7 @@ net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own
   if (before.empty()) co_return emptied;
   auto slots = co_await backend_.inspect_slots();
   if (!slots) co_return emptied;  // --no-slots: this signal is not available
-  last_slots_read_ = steady_clock::now();  // a slot list read restarts llama-server's sleep timer
+  sleep_.note_slots_read(steady_clock::now());  // a slot list read restarts its sleep timer
   const auto after = owned();
   for (const auto& s : slots.value()) {
     auto b = before.find(s.id), a = after.find(s.id);
@@ -361,10 +287,10 @@ net::awaitable<void> runtime_monitor::probe_loop() {
       // GET /props never wakes a sleeping server; the full probe (a slot action) would.
       auto rt = co_await backend_.read_runtime();
       if (rt && rt->media_marker == pool_.runtime().media_marker) {
-        if (leases_.nothing_leased()) note_sleeping(rt->sleeping);
+        if (leases_.nothing_leased()) sleep_.note_sleeping(rt->sleeping);
         // GET /slots resets llama-server's sleep timer: not while it is meant to fall asleep.
         // One co_await per statement (docs/conventions.md §3).
-        if (leases_.nothing_leased() && !rt->sleeping && watch_.sleep_period().count() <= 0) {
+        if (leases_.nothing_leased() && !rt->sleeping && sleep_.period().count() <= 0) {
           const auto emptied = co_await owned_slots_seen_empty(-1);
           if (leases_.nothing_leased()) forget_emptied_slots(emptied);
         }
@@ -381,64 +307,6 @@ net::awaitable<void> runtime_monitor::probe_loop() {
       pending_probe_ = std::move(p);
     }
   }
-}
-
-void runtime_monitor::note_sleeping(bool sleeping) {
-  const auto change = watch_.note_sleeping(sleeping, steady_clock::now(), last_server_use());
-  using action = core::sleep_change::action;
-  if (change.what == action::none) return;
-  if (change.what == action::woke) {
-    log(log_level::info, "kv.backend.awake", {{"server", opts_.server_name}});
-    return;
-  }
-  int dirty = 0;
-  for (int id : pool_.table().ids())
-    dirty += pool_.records().dirty(pool_.table().owner(id)) ? 1 : 0;
-  pool_.table().on_epoch_change();
-  log(dirty ? log_level::warn : log_level::info, "kv.backend.sleeping",
-      {{"server", opts_.server_name}, {"unsaved_sessions", std::to_string(dirty)},
-       {"effect", "every slot's KV is gone; sessions restore from their snapshots"}});
-  if (change.learn.count() > 0) {
-    adopt_sleep_period(change.learn);
-    net::co_spawn(strand_, record_learned_sleep(actions_, store_, change.learn), log_exception);
-  }
-}
-
-// What kvpersist last sent llama-server that restarts its sleep timer: the end of a request,
-// or a slot list read. nullopt until a request ended in this process.
-std::optional<steady_clock::time_point> runtime_monitor::last_server_use() const {
-  std::optional<steady_clock::time_point> out;
-  for (const auto& [slot, at] : finished_at_)
-    if (!out || at > *out) out = at;
-  if (out) out = std::max(*out, last_slots_read_);
-  return out;
-}
-
-void runtime_monitor::adopt_sleep_period(std::chrono::seconds period) {
-  watch_.learn_sleep_period(period);
-  pool_.checkpoints().set_idle_checkpoint(checkpoint_before_sleep(opts_.idle_checkpoint, period));
-  log(log_level::warn, "kv.backend.sleep_learned",
-      {{"server", opts_.server_name}, {"sleep_idle_seconds", std::to_string(period.count())},
-       {"effect", fmt::format("dirty sessions are saved after {} ms idle; set "
-                              "upstream.sleepIdleSeconds to llama-server's --sleep-idle-seconds",
-                              pool_.checkpoints().idle_checkpoint().count())}});
-}
-
-bool runtime_monitor::may_have_slept(int slot, std::chrono::steady_clock::time_point now) const {
-  const auto period = watch_.sleep_period();
-  if (period.count() <= 0 || pool_.table().owner(slot).empty()) return false;
-  auto it = finished_at_.find(slot);
-  return it != finished_at_.end() && now - it->second >= period;
-}
-
-// The idle checkpoint runs at the latest a second before llama-server would sleep (at half
-// the sleep period for short ones), so a dirty slot is saved while its KV still exists.
-std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
-                                                  std::chrono::seconds sleep_idle) {
-  if (sleep_idle.count() <= 0) return idle;
-  const std::chrono::milliseconds period = sleep_idle;
-  const auto before = std::max(period - std::chrono::seconds(1), period / 2);
-  return idle.count() > 0 ? std::min(idle, before) : before;
 }
 
 // POST /lora-adapters (docs/design.md §4, §5): the adapters as they were before the change.
@@ -468,10 +336,6 @@ net::awaitable<void> runtime_monitor::end_runtime_change(bool reached_server) {
     log(log_level::info, "kv.backend.runtime_unchanged",
         {{"server", opts_.server_name}, {"effect", "the adapters read back as before; slots kept"}});
   }
-}
-
-void runtime_monitor::note_request_finished(int slot, steady_clock::time_point at) {
-  finished_at_[slot] = at;
 }
 
 void runtime_monitor::apply_pending_probe() {

@@ -1,7 +1,8 @@
 // The watch over one llama-server's runtime (docs/design.md §4): the probes (at start, in the
 // background every probe interval, and before a request when there is a reason to believe the
-// server changed), restart and sleep detection, the slot layout in managed mode, the behavioural
-// fingerprint, and the runtime changes POST /lora-adapters makes. What a probe means is
+// server changed), restart detection, sleep seen on /props (handed to sleep_tracker), the slot
+// layout in managed mode, the behavioural fingerprint, and the runtime changes POST
+// /lora-adapters makes. What a probe means is
 // core::runtime_watch's (core/runtime_watch.hpp); this type does the I/O, applies the decisions
 // to the pool (its runtime, its epoch, persistence on or off, its slots) and logs them. Restores
 // are planned only against a fingerprint established here for the current epoch.
@@ -23,33 +24,29 @@
 #include "backends/net.hpp"
 #include "core/runtime_watch.hpp"
 #include "core/slot_pool.hpp"
+#include "proxy/control/behaviour_prober.hpp"
 #include "proxy/control/lease_queue.hpp"
 #include "proxy/control/manifest_store.hpp"
+#include "proxy/control/sleep_tracker.hpp"
 #include "proxy/control/slot_actions.hpp"
 
 namespace kvp::proxy {
-
-// checkpoint.idleMs as it applies to a server that sleeps after `sleep_idle` (0: never): the
-// idle checkpoint runs at the latest a second before (at half of a short period).
-std::chrono::milliseconds checkpoint_before_sleep(std::chrono::milliseconds idle,
-                                                  std::chrono::seconds sleep_idle);
 
 // The coordinator's configuration as the monitor reads it.
 struct runtime_monitor_options {
   std::string server_name = "default";
   bool single_slot = true;                         // false: managed mode, every slot the server has
   std::chrono::milliseconds probe_interval{10'000};  // the background probe; 0: none
-  std::chrono::seconds sleep_idle{0};  // upstream.sleepIdleSeconds; 0: learned when seen
-  std::chrono::milliseconds idle_checkpoint{0};  // checkpoint.idleMs as configured
 };
 
 // The coordinator's parts the monitor works on; each must outlive it.
 struct runtime_monitor_parts {
   backends::kv_backend& backend;
-  const manifest_store& store;  // compatibility.json, sleep.json, the behaviour classes
+  const manifest_store& store;  // compatibility.json, the behaviour classes
   core::slot_pool& pool;        // the monitor sets its runtime, epoch, persistence and slots
   const lease_queue& leases;    // read only: which slots are leased
   slot_actions& actions;        // its file pool
+  sleep_tracker& sleep;         // told what /props says of sleep and when slots were read
 };
 
 class runtime_monitor {
@@ -57,9 +54,8 @@ class runtime_monitor {
   runtime_monitor(net::any_io_executor strand, runtime_monitor_parts parts,
                   runtime_monitor_options opts);
 
-  // The sleep period an earlier process learned (sleep.json, unless upstream.sleepIdleSeconds
-  // is set), the first probe applied, then the background probe started. Never fails: a
-  // problem is logged once and persistence stays off until a probe succeeds.
+  // The first probe applied, then the background probe started. Never fails: a problem is
+  // logged once and persistence stays off until a probe succeeds.
   net::awaitable<void> start();
   // Stops the background probe (its timer cancelled).
   void stop();
@@ -80,11 +76,6 @@ class runtime_monitor {
   // only when something did change. `slot`: the caller's leased slot, whose emptied KV is a
   // restart sign like any other owned slot's (-1: none held).
   net::awaitable<void> look_for_changes(int slot);
-
-  // The slot's owner has been idle for llama-server's whole sleep period.
-  bool may_have_slept(int slot, std::chrono::steady_clock::time_point now) const;
-  // A request on `slot` ended at `at`: the sleep period is measured from it.
-  void note_request_finished(int slot, std::chrono::steady_clock::time_point at);
 
   // A probe waits for the leases to go (a layout change, or a background probe's result).
   bool probe_pending() const { return pending_probe_.has_value(); }
@@ -123,22 +114,15 @@ class runtime_monitor {
   // Turns persistence off, with one warning line until it comes back.
   void disable_persistence(const std::string& why,
                            core::errc code = core::errc::backend_unsupported);
-  // What persistence off means for isolation, for the log line.
-  std::string persistence_off_effect() const;
+  // The behaviour class of the epoch, probed on `slot` when it is not known yet; persistence
+  // off on a back-off when it cannot be established.
   net::awaitable<void> establish_behaviour(int slot);
-  void adopt_behaviour(const std::string& key, const std::string& id);
-  void suspect_behaviour(const std::string& why);
   // The slots kvpersist believes hold a session that show no cached token (an erase it did
   // not make, or a restart that kept the media marker); the slots other requests hold are
   // skipped.
   net::awaitable<std::vector<int>> owned_slots_seen_empty(int own_slot);
   // Forgets those slots only; when no owned slot is left, it logs a restart behind the marker.
   void forget_emptied_slots(const std::vector<int>& emptied);
-  // llama-server's sleep (docs/design.md §4): entering it ends every slot's residency.
-  void note_sleeping(bool sleeping);
-  // The end of the last request, or the last slot list read (both restart the sleep timer).
-  std::optional<std::chrono::steady_clock::time_point> last_server_use() const;
-  void adopt_sleep_period(std::chrono::seconds period);
 
   net::any_io_executor strand_;
   backends::kv_backend& backend_;
@@ -146,7 +130,9 @@ class runtime_monitor {
   core::slot_pool& pool_;
   const lease_queue& leases_;
   slot_actions& actions_;
+  sleep_tracker& sleep_;
   runtime_monitor_options opts_;
+  behaviour_prober behaviour_;
 
   net::steady_timer probe_timer_;
   bool stopped_ = false;
@@ -156,13 +142,10 @@ class runtime_monitor {
   bool warned_disabled_ = false;
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   std::optional<int> erasable_slots_;  // erasable_slots(); nullopt: no probe answered yet
-  std::chrono::steady_clock::time_point last_slots_read_{};  // GET /slots (it keeps it awake)
-  manifest_store::compatibility_record compatibility_;      // as last read
-  // Epochs, the behaviour class, the probe back-off and the sleep period (docs/design.md §4).
+  manifest_store::compatibility_record compatibility_;  // as last read
+  // Epochs, the behaviour class and the probe back-off (docs/design.md §4).
   core::runtime_watch watch_;
   std::optional<std::string> lora_before_;  // the adapters before the runtime change in progress
-  // Slot -> when its last request ended (the sleep period is measured from it).
-  std::map<int, std::chrono::steady_clock::time_point> finished_at_;
 };
 
 }  // namespace kvp::proxy

@@ -10,7 +10,7 @@
 #include "core/log.hpp"
 #include "core/prefix_chain.hpp"
 #include "core/prefix_snapshot.hpp"
-#include "proxy/control/coordinator_internal.hpp"
+#include "proxy/control/wall_clock.hpp"
 #include "proxy/http/listen.hpp"
 
 namespace kvp::proxy {
@@ -18,13 +18,25 @@ namespace kvp::proxy {
 using core::log;
 using core::log_level;
 using std::chrono::steady_clock;
-using detail::wall_now;
 
 namespace {
 
 std::string ms_str(double ms) { return fmt::format("{:.1f}", ms); }
 
 }  // namespace
+
+void log_circuit_changes(core::slot_pool& pool) {
+  for (const auto& c : pool.health().take_changes()) {
+    if (c.opened) {
+      log(log_level::warn, "kv.persistence.circuit_open",
+          {{"code", std::string(core::to_string(c.cause))},
+           {"failures", std::to_string(pool.health().circuit().consecutive_failures())},
+           {"effect", "persistence paused; requests run cold until a trial call succeeds"}});
+    } else {
+      log(log_level::info, "kv.persistence.circuit_recovered");
+    }
+  }
+}
 
 slot_actions::slot_actions(backends::kv_backend& backend, const manifest_store& store,
                            core::slot_pool& pool, file_io& files, commit_pipeline& commits,
@@ -236,9 +248,9 @@ net::awaitable<core::restore_decision> slot_actions::run_restore(const core::res
 // The plan's calls in order: save, then restore or erase (an erase also after a restore that
 // left the slot's content unknown). Requests and the admin API run plans through here alike;
 // with `stop_on_failure` (strict mode) the first failure ends the plan.
-net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prepare_plan& plan,
-                                                            bool stop_on_failure) {
-  plan_result out;
+net::awaitable<core::result<core::unit>> slot_actions::execute(const core::prepare_plan& plan,
+                                                              bool stop_on_failure) {
+  core::result<core::unit> out = core::unit{};
   // The departing session's commit runs while the slot is restored or erased for the
   // arriving one; the request is forwarded only once both are done (docs/design.md §11).
   commit_handle commit;
@@ -250,8 +262,7 @@ net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prep
     auto saved = co_await start_save(step);
     if (!saved && stop_on_failure) {
       if (restoring != restoring_.end()) restoring_.erase(restoring);
-      out.failure = core::error{saved.err().code, 0, "saving the previous session failed"};
-      co_return out;
+      co_return core::error{saved.err().code, 0, "saving the previous session failed"};
     }
     if (saved) commit = std::move(saved.value());
   }
@@ -261,28 +272,26 @@ net::awaitable<slot_actions::plan_result> slot_actions::execute(const core::prep
   // request in every mode.
   bool erase_required = plan.erase_required;
   if (plan.restore) {
-    out.restore = co_await run_restore(*plan.restore);
+    const auto restore = co_await run_restore(*plan.restore);
     restoring_.erase(restoring);
-    if (!out.restore->restored && stop_on_failure) {
-      out.failure = core::error{out.restore->err.code, 0, "restoring the session's snapshot failed"};
-      co_return out;
-    }
-    if (!out.restore->restored) {
-      need_erase = out.restore->need_erase;
-      erase_required = out.restore->erase_required;
+    if (!restore.restored && stop_on_failure)
+      co_return core::error{restore.err.code, 0, "restoring the session's snapshot failed"};
+    if (!restore.restored) {
+      need_erase = restore.need_erase;
+      erase_required = restore.erase_required;
     }
   }
   if (need_erase) {
     const auto code = co_await run_erase(plan.slot);
     if (code && erase_required)
-      out.failure = core::error{*code, 0, "the slot holds another scope's KV and could not be erased"};
+      out = core::error{*code, 0, "the slot holds another scope's KV and could not be erased"};
     else if (code && stop_on_failure)
-      out.failure = core::error{*code, 0, "erasing the slot failed"};
+      out = core::error{*code, 0, "erasing the slot failed"};
   }
   if (commit) {
     const auto committed = co_await commit_pipeline::await(std::move(commit));
-    if (!committed && stop_on_failure && !out.failure)
-      out.failure = core::error{committed.err().code, 0, "saving the previous session failed"};
+    if (!committed && stop_on_failure && out)
+      out = core::error{committed.err().code, 0, "saving the previous session failed"};
   }
   co_return out;
 }

@@ -56,6 +56,11 @@ struct slot_action_metrics {
   core::histogram restore_bytes{{1e6, 1e7, 1e8, 5e8, 1e9, 4e9, 16e9}};
 };
 
+// One line per breaker transition the pool recorded (core::breaker reports only changes, so an
+// outage is one line); called as soon as the lease holder that caused it is done with its
+// management calls.
+void log_circuit_changes(core::slot_pool& pool);
+
 class slot_actions {
  public:
   // Every reference must outlive this object.
@@ -63,15 +68,13 @@ class slot_actions {
                file_io& files, commit_pipeline& commits, const snapshot_files& snapshots,
                core::reuse_stats& reuse, slot_action_hooks hooks);
 
-  struct plan_result {
-    std::optional<core::error> failure;             // only when stopped on it: what, and why
-    std::optional<core::restore_decision> restore;  // when the plan had a restore
-  };
   // The plan's calls in order: save, then restore or erase (an erase also after a restore that
   // left the slot's content unknown); the departing session's commit is awaited last. With
-  // `stop_on_failure` (strict mode) the first failure ends the plan. A failed erase the
-  // sharing scope requires (plan.erase_required) is a failure in every mode.
-  net::awaitable<plan_result> execute(const core::prepare_plan& plan, bool stop_on_failure);
+  // `stop_on_failure` (strict mode) the first failure ends the plan and is the error returned.
+  // A failed erase the sharing scope requires (plan.erase_required) is an error in every mode.
+  // What a restore did is the pool's (start_inference tells restored from cold_fallback).
+  net::awaitable<core::result<core::unit>> execute(const core::prepare_plan& plan,
+                                                   bool stop_on_failure);
 
   // A save in two halves (docs/design.md §11). start_save has llama-server write the slot to
   // the snapshot file (never the generation the manifest on disk names); when that succeeds

@@ -114,11 +114,11 @@ net::awaitable<void> router_models::before_unload(const member& m) {
 }
 
 net::awaitable<void> router_models::save(const member& m, std::string_view to) {
-  const auto out = co_await m.coord->on_strand(m.coord->admin_flush());
+  const auto saved = co_await m.coord->on_strand(m.coord->checkpoint());
   m.coord->note_upstream_trouble();  // its child may be gone before its next request
-  log(out.result == admin_result::flushed ? log_level::info : log_level::warn, "kv.router.saved",
+  log(saved ? log_level::info : log_level::warn, "kv.router.saved",
       {{"server", server_}, {"from", m.model}, {"to", std::string(to.empty() ? "(unload)" : to)},
-       {"ok", out.result == admin_result::flushed ? "1" : "0"}});
+       {"ok", saved ? "1" : "0"}});
 }
 
 net::awaitable<core::result<std::vector<backends::router_model>>> router_models::read_models() {

@@ -48,12 +48,12 @@ core::error slot_busy(acquisition::outcome what) {
 std::optional<core::error> refusal_before_routing(const http::request<http::string_body>& req,
                                                   const core::request_class& rc) {
   if (core::json_nesting_exceeds(req.body()))
-    return refused(http::status::bad_request,
-                   fmt::format("request body: JSON nested deeper than {} levels",
-                               core::json_max_depth));
+    return core::error{core::errc::request_refused, 0,
+                       fmt::format("request body: JSON nested deeper than {} levels",
+                                   core::json_max_depth)};
   if (rc.kind == core::endpoint_kind::slots)
-    return refused(http::status::forbidden,
-                   "kvpersist manages llama-server's slots; /slots is not forwarded");
+    return core::error{core::errc::route_forbidden, 0,
+                       "kvpersist manages llama-server's slots; /slots is not forwarded"};
   return std::nullopt;
 }
 
@@ -63,9 +63,9 @@ std::optional<core::error> refusal_before_routing(const http::request<http::stri
 // exclusive would still let an instance rewrite the slot while kvpersist's manifests
 // vouch for it, so it is refused like /slots.
 core::error prediction_refused() {
-  return refused(http::status::forbidden,
-                 "kvpersist manages llama-server's slots; the prediction route "
-                 "(upstream.predictRoute) is not forwarded");
+  return core::error{core::errc::route_forbidden, 0,
+                     "kvpersist manages llama-server's slots; the prediction route "
+                     "(upstream.predictRoute) is not forwarded"};
 }
 
 // A slot kvpersist could not prepare: the coordinator's error, with its Retry-After (a limit
@@ -278,8 +278,10 @@ net::awaitable<bool> server::admit(exchange& x) {
   // Checked before the body is parsed or the request admitted, as llama-server would check
   // it: a client without the key costs no parse and cannot make kvpersist save or evict the
   // resident session.
-  if (needs_slot && !client_may_use(up.cfg.upstream.api_key, x.req))
-    co_return co_await answer_error(x, refused(http::status::unauthorized, "Invalid API Key"));
+  if (needs_slot && !client_may_use(up.cfg.upstream.api_key, x.req)) {
+    const core::error invalid_key{core::errc::credential_refused, 0, "Invalid API Key"};
+    co_return co_await answer_error(x, invalid_key);
+  }
   if (needs_slot) {
     // README "Harnesses": what keeps this harness's new conversations cold, told, not
     // rewritten; read from the chain when the body was chained (parsed once).
@@ -303,9 +305,9 @@ net::awaitable<bool> server::admit(exchange& x) {
 net::awaitable<bool> server::answer_abandoned(exchange& x) {
   if (!x.client.pending.stopped()) co_return false;
   log(log_level::info, "kv.stream.stopped_before_forward", {});
-  const auto cancelled = refused(http::status::bad_request,
-                                 "request cancelled by a stop (DELETE /v1/stream) before it "
-                                 "reached llama-server");
+  const core::error cancelled{core::errc::request_refused, 0,
+                              "request cancelled by a stop (DELETE /v1/stream) before it "
+                              "reached llama-server"};
   co_return co_await answer_error(x, cancelled);
 }
 
@@ -397,10 +399,10 @@ net::awaitable<bool> server::run_on_slot(exchange& x, lease held, core::prepare_
     if (!pinned) {
       co_await held.finish(false);
       up.pool->release(std::move(conn.stream));
-      const auto unpinnable = refused(http::status::bad_request,
-                                      fmt::format("managed-slots mode needs the request body to "
-                                                  "be one JSON object: {}",
-                                                  pinned.err().message));
+      const core::error unpinnable{core::errc::request_refused, 0,
+                                   fmt::format("managed-slots mode needs the request body to "
+                                               "be one JSON object: {}",
+                                               pinned.err().message)};
       co_return co_await answer_error(x, unpinnable);
     }
     x.req.body() = std::move(pinned.value());

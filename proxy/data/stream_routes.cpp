@@ -47,9 +47,9 @@ net::awaitable<bool> stream_routes::forward(core::stream_route kind,
   if (kind == core::stream_route::lookup) {
     lookup = core::namespace_lookup(req.body(), credential);
     if (!lookup) {
-      const auto malformed = refused(http::status::bad_request,
-                                     "lookup body: {\"conversation_ids\": [...]} with at most 256 "
-                                     "string ids");
+      const core::error malformed{core::errc::request_refused, 0,
+                                  "lookup body: {\"conversation_ids\": [...]} with at most 256 "
+                                  "string ids"};
       co_return co_await io.answer(error_answer(malformed, req.version(), req.keep_alive()));
     }
     if (!lookup->upstream_to_client.empty()) conversation = lookup->upstream_to_client.front().first;

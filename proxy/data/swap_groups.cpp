@@ -51,12 +51,12 @@ net::awaitable<void> swap_groups::before_serving(const std::string& server) {
 net::awaitable<void> swap_groups::save_others(const member& to) {
   for (const auto& m : members_) {
     if (&m == &to || m.group != to.group) continue;
-    const auto out = co_await m.coord->on_strand(m.coord->admin_flush());
+    const auto saved = co_await m.coord->on_strand(m.coord->checkpoint());
     // Its process is about to stop: the next request re-reads /props and sees the new one.
     m.coord->note_upstream_trouble();
-    log(out.result == admin_result::flushed ? log_level::info : log_level::warn, "kv.swap.saved",
+    log(saved ? log_level::info : log_level::warn, "kv.swap.saved",
         {{"group", to.group}, {"from", m.server}, {"to", to.server},
-         {"ok", out.result == admin_result::flushed ? "1" : "0"}});
+         {"ok", saved ? "1" : "0"}});
   }
 }
 

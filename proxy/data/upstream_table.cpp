@@ -172,10 +172,10 @@ core::result<std::string> router_request_model(const http::request<http::string_
   if (req.method() != http::verb::post) return std::string();
   auto read = core::read_request_model(req.body());
   if (!read)
-    return refused(http::status::bad_request,
-                   fmt::format("request body: {}; kvpersist cannot tell which of the router's "
-                               "models it names",
-                               read.err().message));
+    return core::error{core::errc::request_refused, 0,
+                       fmt::format("request body: {}; kvpersist cannot tell which of the router's "
+                                   "models it names",
+                                   read.err().message)};
   return read;
 }
 

@@ -17,21 +17,35 @@ constexpr std::string_view upstream_event = "kv.upstream.unavailable";
 
 // The one place a status is chosen for an errc. Persistence failures answer 503 (the
 // coordinator already logged their cause); upstream transport failures 502/504 with a
-// warning, since the next coordinated request re-reads llama-server's state.
+// warning, since the next coordinated request re-reads llama-server's state. A request that
+// broke an HTTP or API rule answers that rule's 4xx without kv_code, as an HTTP server would;
+// so do the admin API's answers that predate kv_code (no session, persistence unavailable, a
+// purge that kept files), whose bodies stay as clients know them.
 answer_rule rule_for_code(errc code) {
+  constexpr auto refusal = [](http::status s) {
+    return answer_rule{s, false, log_level::debug, refused_event};
+  };
   switch (code) {
     case errc::session_rate:
     case errc::runtime_change_pending:
       return {http::status::too_many_requests, true, log_level::debug, refused_event};
-    case errc::over_capacity:
-      return {http::status::service_unavailable, false, log_level::debug, refused_event};
+    case errc::over_capacity: return refusal(http::status::service_unavailable);
     case errc::upstream_unreachable:
     case errc::upstream_closed:
       return {http::status::bad_gateway, false, log_level::warn, upstream_event};
     case errc::upstream_timeout:
       return {http::status::gateway_timeout, false, log_level::warn, upstream_event};
-    case errc::request_refused:
-      return {http::status::bad_request, false, log_level::debug, refused_event};
+    case errc::request_refused: return refusal(http::status::bad_request);
+    case errc::credential_refused: return refusal(http::status::unauthorized);
+    case errc::route_forbidden: return refusal(http::status::forbidden);
+    case errc::not_found: return refusal(http::status::not_found);
+    case errc::method_not_allowed: return refusal(http::status::method_not_allowed);
+    case errc::body_too_large: return refusal(http::status::payload_too_large);
+    case errc::target_too_long: return refusal(http::status::uri_too_long);
+    case errc::media_type_refused: return refusal(http::status::unsupported_media_type);
+    case errc::header_too_large: return refusal(http::status::request_header_fields_too_large);
+    case errc::persistence_unavailable: return refusal(http::status::service_unavailable);
+    case errc::snapshot_files_kept: return refusal(http::status::bad_gateway);
     default:
       break;
   }
@@ -51,9 +65,6 @@ std::string_view type_for(http::status s) {
   return static_cast<unsigned>(s) < 500 ? "invalid_request_error" : "server_error";
 }
 
-
-}  // namespace
-
 std::string error_json(http::status status, std::string_view message, std::string_view kv_code) {
   rapidjson::StringBuffer sb;
   core::json_writer w(sb);
@@ -70,12 +81,9 @@ std::string error_json(http::status status, std::string_view message, std::strin
   return sb.GetString();
 }
 
-answer_rule answer_rule_for(const core::error& e) {
-  answer_rule rule = rule_for_code(e.code);
-  if (e.code == errc::request_refused && e.http_status >= 400 && e.http_status < 500)
-    rule.status = static_cast<http::status>(e.http_status);
-  return rule;
-}
+}  // namespace
+
+answer_rule answer_rule_for(const core::error& e) { return rule_for_code(e.code); }
 
 response error_response(const core::error& e, unsigned version, bool keep_alive) {
   const answer_rule rule = answer_rule_for(e);
@@ -103,10 +111,6 @@ response error_answer(const core::error& e, unsigned version, bool keep_alive,
               {{"status", std::move(status)}, {"code", std::move(code)}, {"reason", e.message},
                {"detail", std::string(detail)}});
   return error_response(e, version, keep_alive);
-}
-
-core::error refused(http::status status, std::string message) {
-  return core::error{errc::request_refused, static_cast<int>(status), std::move(message)};
 }
 
 core::error unreachable_upstream(const core::error& cause) {

@@ -24,8 +24,8 @@ struct answer_rule {
   std::string_view event;
 };
 
-// The table's row for `e`. errc::request_refused takes its status from e.http_status (the
-// HTTP rule the request broke: 400, 401, 403, 404, 405, 413, 414, 415, 431).
+// The table's row for `e`: its code alone decides (e.http_status, llama-server's status when
+// one was involved, does not).
 answer_rule answer_rule_for(const core::error& e);
 
 // {"error":{"code":<status>,"message":<e.message>,"type":<type>[,"kv_code":<KV_*>]}} with
@@ -35,18 +35,10 @@ answer_rule answer_rule_for(const core::error& e);
 // numeric status, as llama-server sends it. Logs nothing: for an answer built ahead of time.
 response error_response(const core::error& e, unsigned version, bool keep_alive);
 
-// The body of every error answer: {"error":{"code":<status>,"message":..,"type":..[,"kv_code":..]}}
-// (`kv_code` "" leaves it out). error_response builds its body with it; the admin API's
-// operation outcomes (proxy/admin/admin.cpp) too.
-std::string error_json(http::status status, std::string_view message, std::string_view kv_code = {});
-
 // error_response, and the rule's log line (status, kv_code, message, and `detail` when the
 // cause has more to say than the client is told).
 response error_answer(const core::error& e, unsigned version, bool keep_alive,
                       std::string_view detail = {});
-
-// A request that broke an HTTP rule: errc::request_refused with `status`.
-core::error refused(http::status status, std::string message);
 
 // A forwarded request that found no connection to llama-server (`cause`: the pool's error):
 // errc::upstream_timeout when connecting timed out, errc::upstream_unreachable otherwise.

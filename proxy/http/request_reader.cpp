@@ -11,8 +11,8 @@ namespace kvp::proxy {
 
 namespace {
 
-response refusal(http::status status, std::string message) {
-  return error_answer(refused(status, std::move(message)), 11, false);
+response refusal(core::errc code, std::string message) {
+  return error_answer(core::error{code, 0, std::move(message)}, 11, false);
 }
 
 bool routed_by_llama_server(http::verb v) {
@@ -51,25 +51,25 @@ std::optional<response> refuse_unforwardable(const http::request_header<>& h,
                                              const std::vector<std::string>& dropped) {
   // Beast parses methods case-sensitively, as cpp-httplib does: "get" is verb::unknown here.
   if (!routed_by_llama_server(h.method()))
-    return refusal(http::status::method_not_allowed,
+    return refusal(core::errc::method_not_allowed,
                    "method not allowed (GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH)");
   // "METHOD SP target SP HTTP/1.1 CRLF". The base path of a server URL is not counted: a line it
   // pushes over the limit makes cpp-httplib close the connection, which smuggles nothing.
   if (h.method_string().size() + h.target().size() + 12 > upstream_limits::request_line)
-    return refusal(http::status::uri_too_long,
+    return refusal(core::errc::target_too_long,
                    fmt::format("request line longer than {} bytes", upstream_limits::request_line));
   const std::string_view connection = h[http::field::connection];
   std::size_t count = upstream_limits::added_fields;
   for (const auto& f : h) {
     if (!forwarded(f, connection, dropped)) continue;
     if (++count > upstream_limits::fields)
-      return refusal(http::status::request_header_fields_too_large,
+      return refusal(core::errc::header_too_large,
                      fmt::format("more than {} header fields",
                                  upstream_limits::fields - upstream_limits::added_fields));
     // Beast has already trimmed the value and joined obs-folds with a space; its name and
     // value bytes are those cpp-httplib accepts (tchar; VCHAR, obs-text, inner SP and HTAB).
     if (f.name_string().size() + f.value().size() + 4 > upstream_limits::field_line)
-      return refusal(http::status::request_header_fields_too_large,
+      return refusal(core::errc::header_too_large,
                      fmt::format("a header field line longer than {} bytes",
                                  upstream_limits::field_line));
   }
@@ -88,15 +88,15 @@ std::optional<response> read_error_response(const beast::error_code& ec) {
       ec == net::error::eof || ec == net::error::bad_descriptor)
     return std::nullopt;
   if (ec == http::error::header_limit)
-    return refusal(http::status::request_header_fields_too_large, "request header too large");
+    return refusal(core::errc::header_too_large, "request header too large");
   // A Content-Length above the limit is refused while the header is parsed, a chunked body
   // when its chunk sizes add up past it.
   if (ec == http::error::body_limit)
-    return refusal(http::status::payload_too_large, "request body too large");
+    return refusal(core::errc::body_too_large, "request body too large");
   if (ec == http::error::buffer_overflow)
-    return refusal(http::status::bad_request,
+    return refusal(core::errc::request_refused,
                    "chunk-size line, chunk extension or trailer section too long");
-  return refusal(http::status::bad_request, fmt::format("malformed request: {}", ec.message()));
+  return refusal(core::errc::request_refused, fmt::format("malformed request: {}", ec.message()));
 }
 
 response body_budget_exhausted(unsigned version) {

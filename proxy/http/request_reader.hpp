@@ -99,7 +99,8 @@ class basic_request_reader {
     // body; reading on would take the body for the next request (request smuggling).
     if (h.count(http::field::transfer_encoding) > 0 && !parser_.chunked())
       co_return co_await refuse(error_answer(
-          refused(http::status::bad_request, "Transfer-Encoding must end in chunked"), 11, false));
+          core::error{core::errc::request_refused, 0, "Transfer-Encoding must end in chunked"},
+          11, false));
     co_return true;
   }
 

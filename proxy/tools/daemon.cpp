@@ -130,7 +130,8 @@ net::awaitable<void> daemon::stop_coordinators() {
   for (auto* up : upstreams_.managed()) {
     co_await up->coord->on_strand(stop_coordinator(up->coord.get()));
     if (cfg_.checkpoint.on_shutdown) {
-      const bool ok = co_await up->coord->on_strand(up->coord->checkpoint());
+      const auto saved = co_await up->coord->on_strand(up->coord->checkpoint());
+      const bool ok = saved.ok();
       log(ok ? log_level::info : log_level::warn, "kv.shutdown.checkpoint",
           {{"server", up->cfg.name}, {"result", ok ? "ok" : "failed"}});
     }

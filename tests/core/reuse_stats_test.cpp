@@ -58,6 +58,26 @@ TEST_CASE("a restore reused below half did not pay and a seed only when nothing 
   CHECK(s.reused_tokens(restore_source::seed) == 1);
 }
 
+TEST_CASE("the first own restore its next response reused none of is kept; seeds do not count",
+          "[reuse_stats]") {
+  reuse_stats s;
+  s.note_restore(0, "A", 1000, restore_source::own);
+  CHECK(s.record_response(0, prepare_kind::restored, timings(1)));  // unpaid, but reused one
+  CHECK_FALSE(s.first_reused_nothing());
+  s.note_restore(0, "S", 1000, restore_source::seed);  // a seed shares only a prefix
+  CHECK(s.record_response(0, prepare_kind::restored, timings(0)));
+  CHECK_FALSE(s.first_reused_nothing());
+  s.note_restore(0, "B", 800, restore_source::content);
+  CHECK(s.record_response(0, prepare_kind::restored, timings(0)));
+  REQUIRE(s.first_reused_nothing());
+  CHECK(s.first_reused_nothing()->hash == "B");
+  CHECK(s.first_reused_nothing()->restored == 800);
+  CHECK(s.first_reused_nothing()->reused == 0);
+  s.note_restore(0, "C", 900, restore_source::own);
+  CHECK(s.record_response(0, prepare_kind::restored, timings(0)));
+  CHECK(s.first_reused_nothing()->hash == "B");  // the first stays
+}
+
 TEST_CASE("the prompt speed is a moving average over cold requests of 64 tokens and more",
           "[reuse_stats]") {
   reuse_stats s;

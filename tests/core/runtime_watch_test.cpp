@@ -208,41 +208,4 @@ TEST_CASE("the first behaviour probe: adopt a known class, suspect a silent one,
   CHECK(runtime_watch::judge_first_behaviour(none, a).what == j::confirm);
 }
 
-TEST_CASE("sleep: a change is reported once; awake looks bound the learned period",
-          "[core][runtime_watch]") {
-  using s = sleep_change::action;
-  runtime_watch w;
-  const auto used = t0;
-  CHECK(w.note_sleeping(false, used + 2s, used).what == s::none);
-  CHECK(w.note_sleeping(false, used + 5s, used).what == s::none);  // awake 5 s after use
-  auto c = w.note_sleeping(true, used + 9s, used);
-  CHECK(c.what == s::fell_asleep);
-  CHECK(c.learn == 5s);  // the longest awake idle, a lower bound
-  w.learn_sleep_period(c.learn);
-  CHECK(w.sleep_period() == 5s);
-  CHECK(w.note_sleeping(true, used + 10s, used).what == s::none);
-  CHECK(w.note_sleeping(false, used + 11s, used).what == s::woke);
-  // Asleep again with the same lower bound: nothing shorter to learn.
-  c = w.note_sleeping(true, used + 12s, used);
-  CHECK(c.what == s::fell_asleep);
-  CHECK(c.learn == 0s);
-}
-
-TEST_CASE("sleep: without an awake look the idle time bounds it; configured wins",
-          "[core][runtime_watch]") {
-  using s = sleep_change::action;
-  runtime_watch learned;
-  auto c = learned.note_sleeping(true, t0 + 7s, t0);
-  CHECK(c.what == s::fell_asleep);
-  CHECK(c.learn == 7s);  // asleep after 7 s idle: at most 7 s
-  runtime_watch unused;
-  CHECK(unused.note_sleeping(true, t0, std::nullopt).learn == 0s);  // nothing to measure from
-  runtime_watch configured(20s);
-  c = configured.note_sleeping(true, t0 + 7s, t0);
-  CHECK(c.what == s::fell_asleep);
-  CHECK(c.learn == 0s);
-  CHECK(configured.sleep_period() == 20s);
-  CHECK(learned.sleep_period() == 0s);  // until the coordinator adopts what it learned
-}
-
 }  // namespace runtime_watch_test

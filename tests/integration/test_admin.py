@@ -223,13 +223,49 @@ def test_session_save(stack, action):
     assert settled_calls(stack) == []
 
 
-def test_session_save_failure_is_502(stack):
+def test_session_save_failure_is_503(stack):
     stack.start()
     A = turned(stack.port)
     stack.fake.fail_next_save(500)
-    j = jadm(stack, "POST", "/kv/sessions/%s/save" % A.session, status=502)
-    assert j["error"]["code"] == 502
+    j = jadm(stack, "POST", "/kv/sessions/%s/save" % A.session, status=503)
+    assert j["error"] == {"code": 503, "message": "save failed", "type": "unavailable_error",
+                          "kv_code": "KV_SAVE_FAILED"}, j
     assert manifest_for(stack.state_dir, A.session) is None
+
+
+def refusal_after(stack, seen: int):
+    """The first kv.request.refused line after the first `seen` ones."""
+    return wait_until(lambda: (stack.proxy.events("kv.request.refused")[seen:] or [None])[0], 2)
+
+
+def as_answered(r, line) -> tuple:
+    """What a client and the log see of an error answer: status, the body's code, type and
+    kv_code, and the log line's level, status and code."""
+    e = json.loads(r.body)["error"]
+    return (r.status, e["code"], e["type"], e.get("kv_code"),
+            line and (line.level, line.fields.get("status"), line.fields.get("code")))
+
+
+@pytest.mark.parametrize("route", ["/kv/sessions/{}/save", "/kv/sessions/{}/dispose", "/kv/flush"])
+def test_a_failed_save_answers_alike_on_both_listeners(stack, route):
+    """docs/conventions.md §2: one failure, one answer. A save llama-server fails refuses a
+    request in strict mode on the proxy port; the admin API's save, dispose and flush meeting
+    the same failure answer the same status and kv_code, and log the same line."""
+    stack.start(config={"failure": {"strict": True}})
+    A = turned(stack.port)
+    stack.fake.fail_next_save(500)
+    seen = len(stack.proxy.events("kv.request.refused"))
+    r = Conversation(sid("B")).turn(stack.port, commit=False)
+    request = as_answered(r, refusal_after(stack, seen))
+    assert request == (503, 503, "unavailable_error", "KV_SAVE_FAILED",
+                       ("DEBUG", "503", "KV_SAVE_FAILED")), (request, r.body)
+    assert jadm(stack, "GET", "/kv/sessions/%s" % A.session)["dirty"] is True
+
+    stack.fake.fail_next_save(500)
+    seen = len(stack.proxy.events("kv.request.refused"))
+    a = adm(stack, "POST", route.format(A.session))
+    assert as_answered(a, refusal_after(stack, seen)) == request, a.body
+    assert jadm(stack, "GET", "/kv/sessions/%s" % A.session)["resident"] is True
 
 
 def test_session_save_with_persistence_off_is_503(stack):
@@ -475,7 +511,8 @@ def test_dispose_failed_save_keeps_the_slot(stack):
     idle(stack.proxy)
     stack.upstream.take_calls()
     stack.fake.fail_next_save(500)
-    jadm(stack, "POST", "/kv/sessions/%s/dispose" % A.session, status=502)
+    j = jadm(stack, "POST", "/kv/sessions/%s/dispose" % A.session, status=503)
+    assert j["error"]["kv_code"] == "KV_SAVE_FAILED", j
     assert acts(settled_calls(stack)) == ["save"]
     assert jadm(stack, "GET", "/kv/sessions/%s" % A.session)["resident"] is True
     ok(A.turn(port))
@@ -502,11 +539,12 @@ def test_flush_saves_dirty_slot(stack):
     assert settled_calls(stack) == []
 
 
-def test_flush_failure_is_502(stack):
+def test_flush_failure_is_503(stack):
     stack.start()
     A = turned(stack.port)
     stack.fake.fail_next_save(500)
-    jadm(stack, "POST", "/kv/flush", status=502)
+    j = jadm(stack, "POST", "/kv/flush", status=503)
+    assert j["error"]["kv_code"] == "KV_SAVE_FAILED", j
 
 
 # ============================================================================ /kv/gc

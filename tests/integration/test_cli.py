@@ -185,10 +185,10 @@ def test_refused_operations_exit_1(stack):
     # with --json the error body is printed as is, still exit 1
     r = cli(stack, "save", nobody, json_out=True)
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == 404
-    # a failing save is refused too (502)
+    # a failing save is refused too (503)
     stack.fake.fail_next_save(500)
     r = cli(stack, "flush")
-    assert r.returncode == 1 and "502" in r.stderr, (r.returncode, r.stderr)
+    assert r.returncode == 1 and "503" in r.stderr, (r.returncode, r.stderr)
 
 
 @pytest.mark.fake_only

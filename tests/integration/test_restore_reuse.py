@@ -81,3 +81,48 @@ def test_a_session_whose_system_prompt_changed_is_not_restored(stack):
     ok(A.turn(stack.port), "return")
     assert "restore" not in acts(settled_calls(stack))
     assert not stack.proxy.events("kv.session.restore.unpaid")
+
+
+@pytest.mark.fake_only
+def test_a_restore_that_reuses_nothing_warns_once_naming_swa_full(stack):
+    """docs/llama-server.md §10: a sliding-window model without --swa-full restores well and
+    reuses nothing of it (the fake's hybrid mode answers so). The daemon warns once, at the
+    first such response, naming --swa-full and the tokens the restore failed to reuse in that
+    request; /kv/status shows the same."""
+    stack.start()
+    stack.fake.reuse_after_restore = False
+
+    def status():
+        return stack.proxy.admin("GET", "/kv/status").json["servers"][0]["restoreNotReused"]
+
+    assert status() is None
+    A = Conversation(sid("A"))
+    r = switch_away_and_back(stack, A)
+    assert cached_tokens(r) == 0
+    line = stack.proxy.wait_for_log(r"kv\.backend\.restore_not_reused", 5)
+    assert line is not None and line.level == "WARN", stack.proxy.log_text()
+    restored = last_restore(stack, A)["tokens"]
+    assert restored > 0
+    effect = line.fields["effect"]
+    assert line.fields["flag"] == "--swa-full" and line.fields["restored"] == str(restored), line
+    assert "start llama-server with --swa-full" in effect and "all %d restored tokens" % restored in effect
+    hash8 = stack.proxy.admin("GET", "/kv/sessions/" + A.session).json["sessionHash"][:8]
+    assert line.fields["session"] == hash8, line
+    assert status() == {"session": hash8, "restored": restored, "reused": 0, "flag": "--swa-full",
+                        "effect": effect}
+
+    B = Conversation(sid("B"))
+    switch_away_and_back(stack, B)  # another restore that reuses nothing: logged, not warned
+    assert stack.proxy.wait_for_log(r"kv\.session\.restore\.unpaid .*session=%s" %
+                                     stack.proxy.admin("GET", "/kv/sessions/" + B.session)
+                                     .json["sessionHash"][:8], 5)
+    assert len(stack.proxy.events("kv.backend.restore_not_reused")) == 1
+    assert status()["session"] == hash8
+
+
+def test_a_restore_that_is_reused_warns_of_nothing(stack):
+    stack.start()
+    switch_away_and_back(stack, Conversation(sid("A")))
+    idle(stack.proxy)
+    assert not stack.proxy.events("kv.backend.restore_not_reused")
+    assert stack.proxy.admin("GET", "/kv/status").json["servers"][0]["restoreNotReused"] is None

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "proxy/admin/admin.hpp"
+#include "proxy/http/http_status.hpp"
 #include "proxy/control/lease.hpp"
 #include "tests/support/chains.hpp"
 #include "tests/support/core_strings.hpp"
@@ -34,9 +34,7 @@ namespace {
 using namespace std::chrono_literals;
 using kvp::core::prepare_kind;
 using kvp::net::io_context;
-using kvp::proxy::admin_outcome;
 using kvp::proxy::admin_result;
-using kvp::proxy::answer_admin_outcome;
 using kvp::proxy::coordinator;
 using kvp::proxy::coordinator_options;
 using kvp::net::awaitable;
@@ -232,7 +230,7 @@ struct harness : kvp::testing::coordinator_on_fake {
     return owner_of_slot0() == std::string(kvp::core::abbrev(hash(session)));
   }
   std::string slot0_state() const { return status()["slots"][rapidjson::SizeType{0}]["state"].GetString(); }
-  bool known(const std::string& hash_or_id) const { return coord->admin().session(hash_or_id).has_value(); }
+  bool known(const std::string& hash_or_id) const { return coord->admin().session(hash_or_id).ok(); }
 
   // The session's key under the runtime the server reports (core/slot_pool.hpp: hash_for).
   std::string hash(const std::string& session) const {
@@ -904,7 +902,9 @@ TEST_CASE("checkpoint() saves the dirty owner on shutdown, once (docs/design.md 
   SECTION("a failed save is reported") {
     h.turn("A", 1000);
     h.fake->fail_next_save(failure::http(500));
-    CHECK_FALSE(h.run(h.coord->checkpoint()));
+    const auto saved = h.run(h.coord->checkpoint());
+    REQUIRE_FALSE(saved);
+    CHECK(saved.err().code == kvp::core::errc::save_failed);
   }
 
   SECTION("it waits for the request holding the lease") {
@@ -1058,30 +1058,13 @@ TEST_CASE("admin restore by 64-hex hash restores that session, like GET resolves
   harness h(tmp.path());
   h.start_with_a_saved_b_dirty();
   auto r = h.run(h.coord->admin().restore(h.hash("A")));
-  CHECK(r.result == admin_result::restored);
-  CHECK(answer_admin_outcome(r).body == R"({"result":"restored"})");
+  REQUIRE(r);
+  CHECK(r.value().result == admin_result::restored);
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), restore_call(h.file("A", 'a'))});
   CHECK(h.owner_is("A"));
   auto page = h.coord->admin().sessions_page("", 10);
   REQUIRE(page.sessions.size() == 2);  // A and B: no session named after A's hash
   CHECK(page.next.empty());
-}
-
-TEST_CASE("admin outcomes answer with their status and body", "[proxy][admin]") {
-  const auto saved = answer_admin_outcome({admin_result::saved});
-  CHECK(saved.status == 200);
-  CHECK(saved.body == R"({"result":"saved"})");
-  const auto unknown = answer_admin_outcome({admin_result::unknown_session});
-  CHECK(unknown.status == 404);
-  CHECK(unknown.body ==
-        R"({"error":{"code":404,"message":"unknown session","type":"not_found_error"}})");
-  const auto kept = answer_admin_outcome({admin_result::save_failed_kept_slot});
-  CHECK(kept.status == 502);
-  CHECK(kept.body == R"({"error":{"code":502,"message":"save failed: the session keeps its slot",)"
-                     R"("type":"server_error"}})");
-  const auto purged = answer_admin_outcome(admin_outcome{admin_result::purged, 1234, true});
-  CHECK(purged.status == 200);
-  CHECK(purged.body == R"({"result":"purged","freedBytes":1234,"filesDeleted":true})");
 }
 
 TEST_CASE("purge in server-owned mode overwrites both generations with an empty slot",
@@ -1091,7 +1074,8 @@ TEST_CASE("purge in server-owned mode overwrites both generations with an empty 
   h.start_with_a_saved_b_dirty();
   REQUIRE(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);
   auto r = h.run(h.coord->admin().purge(h.hash("A")));
-  CHECK(r.result == admin_result::purged);
+  REQUIRE(r);
+  CHECK(r.value().result == admin_result::purged);
   // B's unsaved turns are saved before the slot is used; then the slot is erased and its
   // empty content saved over both of A's names: the files hold no token of A's prompt.
   // The generation the manifest does not name goes first: a failure leaves the named one whole.
@@ -1111,8 +1095,9 @@ TEST_CASE("a purge that cannot overwrite the files answers 502 and still forgets
   h.start_with_a_saved_b_dirty();
   h.fake->fail_next_erase(failure::http(500));
   auto r = h.run(h.coord->admin().purge(h.hash("A")));
-  CHECK(r.result == admin_result::purged_files_kept);
-  CHECK(answer_admin_outcome(r).status == 502);
+  REQUIRE_FALSE(r);
+  CHECK(r.err().code == kvp::core::errc::snapshot_files_kept);
+  CHECK(kvp::proxy::error_response(r.err(), 11, true).result() == kvp::http::status::bad_gateway);
   CHECK(h.fake->calls() == calls{save_call(h.file("B", 'a')), erase_call()});
   CHECK(h.fake->snapshot_tokens(h.file("A", 'a')) == 1000u);  // kept, and said so
   CHECK_FALSE(h.known(h.hash("A")));
@@ -1383,7 +1368,7 @@ TEST_CASE("disk budget: gc overwrites what is over the budget without a save",
   const auto old = write_old_session(tmp.path(), "OLD", 100'000);  // 200'000 on disk
   harness h(tmp.path(), disk_budget_options(150'000));
   h.start_quiet();
-  const auto report = h.run(h.coord->admin_gc());
+  const auto report = h.run(h.coord->admin().gc());
   CHECK(report.evicted == 1);
   CHECK(report.freed_bytes == 200'000u);
   CHECK(report.remaining_sessions == 0);
@@ -1450,7 +1435,7 @@ TEST_CASE("disk budget: with persistence off gc forgets nothing, since it cannot
   h.fake->slot_actions_disabled = true;
   h.start_quiet();
   REQUIRE_FALSE(h.persistence_on());
-  const auto report = h.run(h.coord->admin_gc());
+  const auto report = h.run(h.coord->admin().gc());
   CHECK(report.evicted == 0);
   CHECK(report.remaining_bytes == 200'000u);
   CHECK(h.fake->calls().empty());

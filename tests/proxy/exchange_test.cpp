@@ -74,7 +74,7 @@ TEST_CASE("an exchange answers in the client's version after the request is prep
 
 TEST_CASE("an HTTP/1.1 client's error answer keeps its connection", "[proxy][exchange]") {
   routed_exchange t(11);
-  const auto unauthorized = proxy::refused(http::status::unauthorized, "Invalid API Key");
+  const kvp::core::error unauthorized{kvp::core::errc::credential_refused, 0, "Invalid API Key"};
   CHECK(run_on(t.ioc, t.ioc.get_executor(), proxy::answer_error(*t.x, unauthorized)));
   drive_until(t.ioc, [&] { return t.pair.peer_received().bytes.find("Invalid API Key") != std::string::npos; });
   CHECK(t.pair.peer_received().bytes.rfind("HTTP/1.1 401 Unauthorized\r\n", 0) == 0);

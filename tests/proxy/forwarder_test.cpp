@@ -217,8 +217,8 @@ TEST_CASE("a new connection closed unanswered is not retried: 502", "[proxy][for
   CHECK(f.forward());  // the client's connection goes on
   const auto& got = f.client_got();
   CHECK(status_line(got.bytes) == "HTTP/1.1 502 Bad Gateway");
-  CHECK(body_of(got.bytes) == proxy::error_json(http::status::bad_gateway,
-                                                "upstream llama-server closed the connection"));
+  CHECK(body_of(got.bytes) == R"({"error":{"code":502,"message":"upstream llama-server closed )"
+                              R"(the connection","type":"server_error"}})");
   CHECK(f.llama.targets.size() == 1);
   CHECK_FALSE(f.pool_has_idle());
 }
@@ -243,7 +243,8 @@ TEST_CASE("a read that times out is answered 504 and never sent twice", "[proxy]
   const auto& got = f.client_got();
   CHECK(status_line(got.bytes) == "HTTP/1.1 504 Gateway Timeout");
   CHECK(body_of(got.bytes) ==
-        proxy::error_json(http::status::gateway_timeout, "upstream llama-server timed out"));
+        R"({"error":{"code":504,"message":"upstream llama-server timed out",)"
+        R"("type":"timeout_error"}})");
   CHECK(f.llama.targets.size() == 1);
   drive_until(f.ioc, [&] { return f.llama.hung_up_on == 1; });  // the timed-out one is closed
 }
@@ -258,8 +259,8 @@ TEST_CASE("a short reply that breaks before its end is answered 502", "[proxy][f
   CHECK_FALSE(f.x->relayed.header_sent);
   const auto& got = f.client_got();
   CHECK(status_line(got.bytes) == "HTTP/1.1 502 Bad Gateway");
-  CHECK(body_of(got.bytes) == proxy::error_json(http::status::bad_gateway,
-                                                "upstream llama-server closed the connection"));
+  CHECK(body_of(got.bytes) == R"({"error":{"code":502,"message":"upstream llama-server closed )"
+                              R"(the connection","type":"server_error"}})");
   CHECK(f.llama.targets.size() == 1);  // a status line came back: not retried
 }
 
@@ -310,7 +311,8 @@ TEST_CASE("an unreachable llama-server is answered 502", "[proxy][forwarder]") {
   const auto& got = f.client_got();
   CHECK(status_line(got.bytes) == "HTTP/1.1 502 Bad Gateway");
   CHECK(body_of(got.bytes) ==
-        proxy::error_json(http::status::bad_gateway, "upstream llama-server is unreachable"));
+        R"({"error":{"code":502,"message":"upstream llama-server is unreachable",)"
+        R"("type":"server_error"}})");
   CHECK_FALSE(f.x->relayed.request_sent);
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <utility>
 
 namespace http_status_test {  // this file's names, apart from other test files' (tests/CMakeLists.txt: unity builds)
 
@@ -48,17 +49,42 @@ TEST_CASE("limits answer 429 or 503 with Retry-After", "[proxy][http_status]") {
   CHECK_FALSE(full.keep_alive());
 }
 
-TEST_CASE("a refused request answers the status of the rule it broke", "[proxy][http_status]") {
-  const auto res = kvp::proxy::error_response(
-      kvp::proxy::refused(http::status::method_not_allowed, "use GET"), 10, false);
+TEST_CASE("a refused request answers the status of the rule it broke, without kv_code",
+          "[proxy][http_status]") {
+  const auto res = kvp::proxy::error_response({errc::method_not_allowed, 0, "use GET"}, 10, false);
   CHECK(res.result() == http::status::method_not_allowed);
   CHECK(res.version() == 10);
   CHECK(res.body() ==
         R"({"error":{"code":405,"message":"use GET","type":"invalid_request_error"}})");
-  CHECK(status_of(kvp::proxy::refused(http::status::unauthorized, "k")) == 401);
-  CHECK(status_of(kvp::proxy::refused(http::status::forbidden, "k")) == 403);
-  // A status outside 4xx is no refusal of the client's request: 400, never a 2xx or 5xx.
+  for (const auto& [code, status] : {std::pair{errc::request_refused, 400},
+                                     std::pair{errc::credential_refused, 401},
+                                     std::pair{errc::route_forbidden, 403},
+                                     std::pair{errc::not_found, 404},
+                                     std::pair{errc::method_not_allowed, 405},
+                                     std::pair{errc::body_too_large, 413},
+                                     std::pair{errc::target_too_long, 414},
+                                     std::pair{errc::media_type_refused, 415},
+                                     std::pair{errc::header_too_large, 431}}) {
+    CAPTURE(kvp::core::to_string(code));
+    const auto refusal = kvp::proxy::error_response({code, 0, "k"}, 11, true);
+    CHECK(static_cast<int>(refusal.result()) == status);
+    CHECK(refusal.body().find("kv_code") == std::string::npos);
+  }
+  CHECK(kvp::proxy::error_response({errc::credential_refused, 0, "k"}, 11, true).body() ==
+        R"({"error":{"code":401,"message":"k","type":"authentication_error"}})");
+  // The code alone decides: llama-server's status carried in the error changes nothing.
   CHECK(status_of({errc::request_refused, 200, "k"}) == 400);
+  CHECK(status_of({errc::not_found, 500, "k"}) == 404);
+}
+
+TEST_CASE("the admin API's outcomes that predate kv_code keep their status and body",
+          "[proxy][http_status]") {
+  CHECK(kvp::proxy::error_response({errc::persistence_unavailable, 0, "persistence is off"}, 11,
+                                   true)
+            .body() ==
+        R"({"error":{"code":503,"message":"persistence is off","type":"unavailable_error"}})");
+  CHECK(kvp::proxy::error_response({errc::snapshot_files_kept, 0, "purged, but"}, 11, true)
+            .body() == R"({"error":{"code":502,"message":"purged, but","type":"server_error"}})");
 }
 
 TEST_CASE("upstream transport failures answer 502, a timeout 504, without kv_code",

@@ -63,8 +63,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false))
-                      .failure);
+    REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
     (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());

@@ -41,6 +41,11 @@ manifest make_manifest(const std::string& session, std::uint64_t tokens = 2124) 
   return m;
 }
 
+// Where a session's manifest lies: <state_dir>/sessions/<hash>.json.
+std::string manifest_path(const manifest_store& store, const std::string& hash) {
+  return store.dir() + "/" + hash + ".json";
+}
+
 unsigned mode_of(const std::string& path) {
   struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
@@ -89,7 +94,7 @@ TEST_CASE("write replaces the manifest atomically with mode 0600", "[proxy][mani
   manifest_store store(tmp.path());
   REQUIRE(store.open().ok());
   auto m = make_manifest("A");
-  const auto path = store.path_for(m.session_hash);
+  const auto path = manifest_path(store, m.session_hash);
   CHECK(path == tmp.path() + "/sessions/" + m.session_hash + ".json");
 
   REQUIRE(store.write(m).ok());
@@ -112,17 +117,17 @@ TEST_CASE("a failed write leaves the previous manifest untouched", "[proxy][mani
   REQUIRE(store.open().ok());
   auto m = make_manifest("A");
   REQUIRE(store.write(m).ok());
-  const auto before = read_file(store.path_for(m.session_hash));
+  const auto before = read_file(manifest_path(store, m.session_hash));
 
   // The temp file's name is taken by a directory, so the new version cannot be written.
-  const auto tmp_path = store.path_for(m.session_hash) + ".tmp";
+  const auto tmp_path = manifest_path(store, m.session_hash) + ".tmp";
   fs::create_directory(tmp_path);
   m.tokens = 1;
   auto r = store.write(m);
   REQUIRE_FALSE(r.ok());
   CHECK(r.err().code == kvp::core::errc::metadata_io);
   CHECK(r.err().message.find(".tmp") != std::string::npos);
-  CHECK(read_file(store.path_for(m.session_hash)) == before);
+  CHECK(read_file(manifest_path(store, m.session_hash)) == before);
 }
 
 TEST_CASE("load_all returns valid manifests and reports the others", "[proxy][manifest_store]") {
@@ -135,12 +140,12 @@ TEST_CASE("load_all returns valid manifests and reports the others", "[proxy][ma
   REQUIRE(store.write(b).ok());
 
   const auto corrupt_hash = make_manifest("C").session_hash;
-  write_file(store.path_for(corrupt_hash), "{\"schemaVersion\": 1, \"sessionId\": ");
+  write_file(manifest_path(store, corrupt_hash), "{\"schemaVersion\": 1, \"sessionId\": ");
   // A valid manifest under another session's name: never trusted.
   const auto renamed_hash = make_manifest("D").session_hash;
-  write_file(store.path_for(renamed_hash), kvp::core::to_json(a));
+  write_file(manifest_path(store, renamed_hash), kvp::core::to_json(a));
   // Leftovers that are not manifests at all.
-  write_file(store.path_for(make_manifest("E").session_hash) + ".tmp", kvp::core::to_json(b));
+  write_file(manifest_path(store, make_manifest("E").session_hash) + ".tmp", kvp::core::to_json(b));
   write_file(store.dir() + "/README", "hello");
   fs::create_directory(store.dir() + "/nested.json");
 
@@ -167,8 +172,8 @@ TEST_CASE("load_all returns valid manifests and reports the others", "[proxy][ma
   CHECK(renamed_msg.find("does not match") != std::string::npos);
 
   // Skipped files stay where they are.
-  CHECK(fs::exists(store.path_for(corrupt_hash)));
-  CHECK(fs::exists(store.path_for(renamed_hash)));
+  CHECK(fs::exists(manifest_path(store, corrupt_hash)));
+  CHECK(fs::exists(manifest_path(store, renamed_hash)));
 }
 
 TEST_CASE("load_all on a missing directory is empty", "[proxy][manifest_store]") {
@@ -189,8 +194,8 @@ TEST_CASE("remove deletes the manifest, and a missing one is not an error",
   REQUIRE(store.write(a).ok());
   REQUIRE(store.write(b).ok());
   REQUIRE(store.remove(a.session_hash).ok());
-  CHECK_FALSE(fs::exists(store.path_for(a.session_hash)));
-  CHECK(fs::exists(store.path_for(b.session_hash)));
+  CHECK_FALSE(fs::exists(manifest_path(store, a.session_hash)));
+  CHECK(fs::exists(manifest_path(store, b.session_hash)));
   CHECK(store.remove(a.session_hash).ok());
   std::vector<std::string> skipped;
   auto all = store.load_all(skipped);
@@ -207,7 +212,7 @@ TEST_CASE("a symlink planted at the temp path is never followed", "[proxy][manif
   const std::string outside = tmp.path() + "/outside";
   write_file(outside, "precious");
   auto m = make_manifest("A");
-  const auto final_path = store.path_for(m.session_hash);
+  const auto final_path = manifest_path(store, m.session_hash);
   SECTION("manifest") {
     fs::create_symlink(outside, final_path + ".tmp");
     REQUIRE(store.write(m).ok());
@@ -235,11 +240,11 @@ TEST_CASE("manifests are read only from regular files of at most 1 MiB",
   REQUIRE(store.write(a).ok());
   // A symlink to an endless file, a FIFO nobody writes to (reading either used to never end),
   // and a file too large to be a manifest.
-  fs::create_symlink("/dev/zero", store.path_for(b.session_hash));
-  REQUIRE(::mkfifo(store.path_for(c.session_hash).c_str(), 0600) == 0);
+  fs::create_symlink("/dev/zero", manifest_path(store, b.session_hash));
+  REQUIRE(::mkfifo(manifest_path(store, c.session_hash).c_str(), 0600) == 0);
   const auto big = make_manifest("D");
-  write_file(store.path_for(big.session_hash), kvp::core::to_json(big));
-  fs::resize_file(store.path_for(big.session_hash), (1 << 20) + 1);
+  write_file(manifest_path(store, big.session_hash), kvp::core::to_json(big));
+  fs::resize_file(manifest_path(store, big.session_hash), (1 << 20) + 1);
 
   CHECK(store.read(a.session_hash));
   CHECK_FALSE(store.read(b.session_hash));
@@ -258,7 +263,7 @@ TEST_CASE("a manifest nested a million levels deep is skipped, not a crash",
   manifest_store store(tmp.path());
   REQUIRE(store.open().ok());
   const auto h = make_manifest("A").session_hash;
-  write_file(store.path_for(h), std::string(1 << 20, '['));
+  write_file(manifest_path(store, h), std::string(1 << 20, '['));
   std::vector<std::string> skipped;
   CHECK(store.load_all(skipped).empty());
   REQUIRE(skipped.size() == 1);

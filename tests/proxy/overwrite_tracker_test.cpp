@@ -92,7 +92,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.plans().prepare(who, slot, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    REQUIRE(run(actions.execute(plan, false)).ok());
     (void)pool.outcomes().start_inference(who, slot);
     (void)pool.outcomes().end_inference(slot, true, now);
     REQUIRE(pool.table().owner(slot) == pool.hash_for(std::string_view(id)));

@@ -81,8 +81,7 @@ struct harness : kvp::testing::control_parts {
     const auto plan =
         pool.plans().prepare(w, 0, std::chrono::steady_clock::now(), "2026-06-01T00:00:00Z");
     maker.note_plan(0, plan, w);
-    REQUIRE_FALSE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false))
-                      .failure);
+    REQUIRE(kvp::testing::run_on(ioc, ioc.get_executor(), actions.execute(plan, false)).ok());
     const auto kind = pool.outcomes().start_inference(w, 0);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());

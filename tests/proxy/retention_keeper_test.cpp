@@ -112,7 +112,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    REQUIRE(run(actions.execute(plan, false)).ok());
     (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(0, true, now);

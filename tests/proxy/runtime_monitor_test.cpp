@@ -1,7 +1,7 @@
 // Tests for proxy/control/runtime_monitor.hpp (docs/design.md §4): probes on a FakeBackend and
 // what they do to the pool: the first probe, a restart (a new media marker, or a slot emptied
-// behind the same one), sleep entered and its period learned, a slot layout that waits for the
-// leases to go (managed mode), the probe back-off, and runtime changes.
+// behind the same one), sleep seen on /props (handed to the sleep tracker), a slot layout that
+// waits for the leases to go (managed mode), the probe back-off, and runtime changes.
 #include "proxy/control/runtime_monitor.hpp"
 
 #include <catch2/catch.hpp>
@@ -47,10 +47,11 @@ struct harness : kvp::testing::control_parts {
   lease_queue leases{8, kvp::proxy::chooser_of(pool, false),
                      [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
+  kvp::proxy::sleep_tracker sleep{ioc.get_executor(), {pool, store, actions}, {}};
   runtime_monitor monitor;
 
   explicit harness(runtime_monitor_options o = no_background_probe())
-      : monitor(ioc.get_executor(), {fake, store, pool, leases, actions}, std::move(o)) {
+      : monitor(ioc.get_executor(), {fake, store, pool, leases, actions, sleep}, std::move(o)) {
     REQUIRE(store.open().ok());
   }
   ~harness() {
@@ -77,7 +78,7 @@ struct harness : kvp::testing::control_parts {
     pool.resolve_session(who);
     const auto now = steady_clock::now();
     const auto plan = pool.plans().prepare(who, slot, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    REQUIRE(run(actions.execute(plan, false)).ok());
     (void)pool.outcomes().start_inference(who, slot);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(slot, true, now);
@@ -166,7 +167,7 @@ TEST_CASE("runtime_monitor: sleep entered ends residency and teaches the sleep p
   harness h;
   h.start();
   h.take_slot("A", 1000);
-  h.monitor.note_request_finished(0, steady_clock::now() - 3s);
+  h.sleep.note_request_finished(0, steady_clock::now() - 3s);
 
   auto rt = h.fake.runtime();
   rt.sleeping = true;
@@ -180,40 +181,6 @@ TEST_CASE("runtime_monitor: sleep entered ends residency and teaches the sleep p
   CHECK(h.pool.checkpoints().idle_checkpoint() == 2000ms);
   kvp::testing::run_for(h.ioc, 100ms);  // sleep.json is written on the file pool
   CHECK(h.store.read_learned_sleep() == 3s);
-}
-
-TEST_CASE("runtime_monitor: a start adopts the sleep period an earlier process learned",
-          "[proxy][runtime_monitor]") {
-  harness first;
-  REQUIRE(first.store.write_learned_sleep(20s).ok());
-  first.run(first.monitor.start());
-  CHECK(first.pool.checkpoints().idle_checkpoint() == 19'000ms);
-
-  harness configured([] {
-    auto o = no_background_probe();
-    o.sleep_idle = 60s;  // upstream.sleepIdleSeconds wins over sleep.json
-    return o;
-  }());
-  REQUIRE(configured.store.write_learned_sleep(20s).ok());
-  configured.run(configured.monitor.start());
-  CHECK(configured.pool.checkpoints().idle_checkpoint() == 0ms);
-}
-
-TEST_CASE("runtime_monitor: may_have_slept measures the owner's idle time against the period",
-          "[proxy][runtime_monitor]") {
-  harness h([] {
-    auto o = no_background_probe();
-    o.sleep_idle = 20s;
-    return o;
-  }());
-  h.start();
-  const auto t0 = steady_clock::now();
-  CHECK_FALSE(h.monitor.may_have_slept(0, t0 + 30s));  // nobody owns the slot
-  h.take_slot("A", 1000);
-  CHECK_FALSE(h.monitor.may_have_slept(0, t0 + 30s));  // no request ended yet
-  h.monitor.note_request_finished(0, t0);
-  CHECK_FALSE(h.monitor.may_have_slept(0, t0 + 19s));
-  CHECK(h.monitor.may_have_slept(0, t0 + 20s));
 }
 
 TEST_CASE("runtime_monitor: managed mode takes every slot; a new layout waits for the leases",

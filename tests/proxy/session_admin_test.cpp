@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 using kvp::core::request_identity;
 using kvp::core::snapshot_state;
+using kvp::proxy::admin_reply;
 using kvp::proxy::admin_result;
 using kvp::proxy::session_admin;
 using kvp::proxy::slot_actions;
@@ -37,8 +39,8 @@ using kvp::testing::restore_call;
 using kvp::testing::save_call;
 using calls = std::vector<backend_call>;
 
-// session_admin over slot_actions and retention_keeper on a FakeBackend, server-owned
-// snapshots; its hooks count the holds of the whole server and the runtime refreshes.
+// session_admin over slot_actions, the plan runner and retention_keeper on a FakeBackend,
+// server-owned snapshots; its hooks count the holds of the whole server and the runtime refreshes.
 struct harness : kvp::testing::control_parts {
   slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::retention_keeper keeper{ioc.get_executor(), {}, 0ms, fake, pool, actions, commits,
@@ -46,7 +48,11 @@ struct harness : kvp::testing::control_parts {
   int holds_taken = 0;
   int holds_released = 0;
   std::vector<int> refreshed_while_held;  // the slot of each refresh, if the hold was held
-  session_admin admin{"default", pool, actions, keeper, snapshots, reuse, hooks()};
+  kvp::proxy::lease_queue leases{8, kvp::testing::one_slot_chooser(),
+                                 [](const std::shared_ptr<kvp::proxy::lease_ticket>&) {}};
+  kvp::proxy::prefix_maker prefix{ioc.get_executor(), {pool, leases, actions, fake}};
+  kvp::proxy::plan_runner plans{{pool, actions, reuse, keeper, prefix}};
+  session_admin admin{"default", pool, actions, plans, keeper, snapshots, reuse, hooks()};
 
   explicit harness(kvp::core::slot_pool_options options = kvp::testing::control_pool_options())
       : control_parts(std::chrono::seconds(5), std::move(options)) {
@@ -85,7 +91,7 @@ struct harness : kvp::testing::control_parts {
     const auto who = identity(id, credential);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.plans().prepare(who, 0, now, "2026-06-01T00:00:00Z");
-    REQUIRE_FALSE(run(actions.execute(plan, false)).failure);
+    REQUIRE(run(actions.execute(plan, false)).ok());
     (void)pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(0, true, now);
@@ -105,6 +111,18 @@ struct harness : kvp::testing::control_parts {
   }
 };
 
+// What an admin operation did; nullopt when it failed.
+std::optional<admin_result> done(const admin_reply& r) {
+  if (!r) return std::nullopt;
+  return r.value().result;
+}
+
+// "<KV_CODE>: <message>" of an operation that failed; "" when it succeeded.
+std::string error_of(const admin_reply& r) {
+  if (r) return "";
+  return std::string(kvp::core::to_string(r.err().code)) + ": " + r.err().message;
+}
+
 // `sharing: credential` (docs/design.md §20): a request may run on what its own credential
 // put in the slot.
 kvp::core::slot_pool_options credential_sharing() {
@@ -121,35 +139,47 @@ TEST_CASE("admin save checkpoints a dirty resident session, under a hold of the 
   harness h;
   h.take_slot("A", 1000);
   h.fake.clear_calls();
-  CHECK(h.run(h.admin.save("A")).result == admin_result::saved);
+  CHECK(done(h.run(h.admin.save("A"))) == admin_result::saved);
   CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
   REQUIRE(h.store.read(h.hash("A")));
   CHECK(h.store.read(h.hash("A"))->tokens == 1000);
   CHECK(h.holds_taken == 1);
   CHECK(h.holds_released == 1);
 
-  CHECK(h.run(h.admin.save(h.hash("A"))).result == admin_result::clean);  // by its hash
-  CHECK(h.run(h.admin.save("nobody")).result == admin_result::unknown_session);
+  CHECK(done(h.run(h.admin.save(h.hash("A")))) == admin_result::clean);  // by its hash
+  CHECK(error_of(h.run(h.admin.save("nobody"))) == "KV_NOT_FOUND: unknown session");
   CHECK(h.fake.slot_calls().size() == 1);
   h.pool.disable_persistence();
-  CHECK(h.run(h.admin.save("A")).result == admin_result::persistence_off);
+  CHECK(error_of(h.run(h.admin.save("A"))) == "KV_PERSISTENCE_UNAVAILABLE: persistence is off");
   CHECK(h.holds_taken == 3);  // persistence off: refused before holding anything
   CHECK(h.holds_released == 3);
+}
+
+TEST_CASE("an admin save that fails answers the save's code; the snapshot stays as it was",
+          "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  h.fake.clear_calls();
+  h.fake.fail_next_save(failure::http(500));
+  CHECK(error_of(h.run(h.admin.save("A"))) == "KV_SAVE_FAILED: save failed");
+  CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
+  CHECK_FALSE(h.store.read(h.hash("A")));
+  CHECK(h.pool.records().dirty(h.pool.table().owner(0)));
 }
 
 TEST_CASE("admin restore runs the session's plan now and leaves the slot to it",
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
   h.take_slot("B", 200);  // A leaves the slot
-  REQUIRE(h.run(h.admin.save("B")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("B"))) == admin_result::saved);
   h.fake.clear_calls();
-  CHECK(h.run(h.admin.restore("A")).result == admin_result::restored);
+  CHECK(done(h.run(h.admin.restore("A"))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(h.file("A", 'a'))});
   CHECK(h.pool.table().slot_of(h.hash("A")) == 0);
   CHECK(h.refreshed_while_held == std::vector<int>{0});
-  CHECK(h.run(h.admin.restore("A")).result == admin_result::resident);
+  CHECK(done(h.run(h.admin.restore("A"))) == admin_result::resident);
   CHECK(h.fake.slot_calls().size() == 1);
   CHECK(h.holds_taken == h.holds_released);
 }
@@ -164,13 +194,13 @@ TEST_CASE("admin restore puts the session's KV in the slot under its manifest's 
   const std::string id = GENERATE(as<std::string>{}, "A", "content:A");
   h.take_slot(id, 1000, "key-A");
   const auto a = h.pool.hash_for(harness::identity(id, "key-A"));
-  REQUIRE(h.run(h.admin.save(a)).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save(a))) == admin_result::saved);
   h.take_slot("B", 200, "key-B");  // A saved on the way out, B erased first
   const auto b = h.pool.hash_for(harness::identity("B", "key-B"));
-  REQUIRE(h.run(h.admin.save(b)).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save(b))) == admin_result::saved);
   h.fake.clear_calls();
 
-  CHECK(h.run(h.admin.restore(a)).result == admin_result::restored);
+  CHECK(done(h.run(h.admin.restore(a))) == admin_result::restored);
   CHECK(h.fake.slot_calls() == calls{restore_call(kvp::core::snapshot_filename(a, 'a'))});
   CHECK(h.pool.table().slot_of(a) == 0);
   CHECK(h.pool.table().content(0).credential == "key-A");
@@ -199,14 +229,15 @@ TEST_CASE("admin dispose saves the session, then lets its slot go; not when the 
   h.fake.clear_calls();
 
   SECTION("saved: disposed") {
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::disposed);
+    CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::disposed);
     CHECK(h.fake.slot_calls() == calls{save_call(h.file("A", 'a'))});
     CHECK(h.pool.table().slot_of(h.hash("A")) == -1);
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::nothing_to_dispose);
+    CHECK(done(h.run(h.admin.dispose("A"))) == admin_result::nothing_to_dispose);
   }
   SECTION("the save failed: kept") {
     h.fake.fail_next_save(failure::http(500));
-    CHECK(h.run(h.admin.dispose("A")).result == admin_result::save_failed_kept_slot);
+    CHECK(error_of(h.run(h.admin.dispose("A"))) ==
+          "KV_SAVE_FAILED: save failed: the session keeps its slot");
     CHECK(h.pool.table().slot_of(h.hash("A")) == 0);
     CHECK(h.pool.records().dirty(h.pool.table().owner(0)));
   }
@@ -216,31 +247,44 @@ TEST_CASE("admin invalidate marks the snapshot on disk with the operator's note"
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
-  CHECK(h.run(h.admin.invalidate("A", "bad weights")).result == admin_result::invalidated);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
+  CHECK(done(h.run(h.admin.invalidate("A", "bad weights"))) == admin_result::invalidated);
   const auto m = h.store.read(h.hash("A"));
   REQUIRE(m);
   CHECK(m->state == snapshot_state::invalid);
   CHECK(m->invalid_note == "bad weights");
-  CHECK(h.run(h.admin.invalidate("nobody", "")).result == admin_result::no_snapshot);
+  CHECK(error_of(h.run(h.admin.invalidate("nobody", ""))) ==
+        "KV_NOT_FOUND: no snapshot for that session");
 }
 
 TEST_CASE("admin purge in server-owned mode overwrites both generations, then forgets",
           "[proxy][session_admin]") {
   harness h;
   h.take_slot("A", 1000);
-  REQUIRE(h.run(h.admin.save("A")).result == admin_result::saved);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
   h.fake.clear_calls();
   const auto out = h.run(h.admin.purge("A"));
-  CHECK(out.result == admin_result::purged);
-  CHECK_FALSE(out.files_deleted);
+  REQUIRE(out);
+  CHECK(out.value().result == admin_result::purged);
+  CHECK_FALSE(out.value().files_deleted);
   // Its own slot, erased, saved over the generation the manifest does not name first.
   CHECK(h.fake.slot_calls() ==
         calls{erase_call(0), save_call(h.file("A", 'b')), save_call(h.file("A", 'a'))});
   CHECK(h.fake.snapshot_tokens(h.file("A", 'a')) == 0u);
   CHECK_FALSE(h.store.read(h.hash("A")));
   CHECK_FALSE(h.admin.session("A"));
-  CHECK(h.run(h.admin.purge("A")).result == admin_result::unknown_session);
+  CHECK(error_of(h.run(h.admin.purge("A"))) == "KV_NOT_FOUND: unknown session");
+}
+
+TEST_CASE("admin gc runs retention under a hold of the server", "[proxy][session_admin]") {
+  harness h;
+  h.take_slot("A", 1000);
+  REQUIRE(done(h.run(h.admin.save("A"))) == admin_result::saved);
+  const auto report = h.run(h.admin.gc());
+  CHECK(report.evicted == 0);  // no limits
+  CHECK(report.remaining_sessions == 1);
+  CHECK(h.holds_taken == 2);
+  CHECK(h.holds_released == 2);
 }
 
 TEST_CASE("the session list pages in hash order; one session by id or hash",
@@ -268,7 +312,10 @@ TEST_CASE("the session list pages in hash order; one session by id or hash",
   CHECK_FALSE(a->resident);
   REQUIRE(a->snapshot);
   CHECK(a->snapshot->tokens == 1000);
-  CHECK_FALSE(h.admin.session("nobody"));
+  const auto nobody = h.admin.session("nobody");
+  REQUIRE_FALSE(nobody);
+  CHECK(nobody.err().code == kvp::core::errc::not_found);
+  CHECK(nobody.err().message == "unknown session");
 }
 
 }  // namespace session_admin_test

@@ -79,20 +79,19 @@ struct harness : kvp::testing::control_parts {
   }
 
   // `id` takes the slot (the plan carried out by slot_actions) and leaves `tokens` in it,
-  // dirty. Returns what the plan's restore decided, if it had one.
-  std::optional<kvp::core::restore_decision> take_slot(const std::string& id,
-                                                       std::uint64_t tokens) {
+  // dirty. Returns how the request was prepared (restored, cold_fallback after a failed
+  // restore, ...).
+  kvp::core::prepare_kind take_slot(const std::string& id, std::uint64_t tokens) {
     request_identity who;
     who.session_id = id;
     pool.resolve_session(who);
     const auto now = std::chrono::steady_clock::now();
     const auto plan = pool.plans().prepare(who, 0, now, "2026-01-01T00:00:00Z");
-    const auto done = run(actions.execute(plan, false));
-    REQUIRE_FALSE(done.failure);
-    (void)pool.outcomes().start_inference(who, 0);
+    REQUIRE(run(actions.execute(plan, false)).ok());
+    const auto kind = pool.outcomes().start_inference(who, 0);
     fake.run_inference(tokens);
     (void)pool.outcomes().end_inference(0, true, std::chrono::steady_clock::now());
-    return done.restore;
+    return kind;
   }
   kvp::core::save_step checkpoint() {
     auto s = pool.plans().checkpoint_slot(0, std::chrono::steady_clock::now());
@@ -167,9 +166,7 @@ TEST_CASE("a restore is checked against the manifest's token count", "[proxy][sl
   SECTION("the count the manifest promised: restored") {
     h.fake.clear_calls();
     h.told.clear();
-    const auto d = h.take_slot("A", 1100);
-    REQUIRE(d);
-    CHECK(d->restored);
+    CHECK(h.take_slot("A", 1100) == kvp::core::prepare_kind::restored);
     CHECK(h.fake.slot_calls() == calls{restore_call(saved.filename)});
     const auto restored = "restored " + std::string(kvp::core::abbrev(saved.hash));
     CHECK(h.told == std::vector<std::string>{restored});
@@ -179,14 +176,12 @@ TEST_CASE("a restore is checked against the manifest's token count", "[proxy][sl
     h.fake.put_snapshot(saved.filename, 10);  // the file no longer holds what was saved
     h.fake.clear_calls();
     h.told.clear();
-    const auto d = h.take_slot("A", 1100);
-    REQUIRE(d);
-    CHECK_FALSE(d->restored);
-    CHECK(d->err.code == errc::snapshot_corrupt);
+    CHECK(h.take_slot("A", 1100) == kvp::core::prepare_kind::cold_fallback);
     CHECK(h.fake.slot_calls() == calls{restore_call(saved.filename), erase_call()});
     const auto on_disk = h.store.read(saved.hash);
     REQUIRE(on_disk);
     CHECK(on_disk->state == snapshot_state::invalid);
+    CHECK(on_disk->invalid_reason == "KV_SNAPSHOT_CORRUPT");
     CHECK(h.told == std::vector<std::string>{"slot_error KV_SNAPSHOT_CORRUPT"});
   }
 }
