@@ -315,7 +315,7 @@ def compile_cost(text: str) -> list[str]:
            re.findall(r"(?m)^(\S+)\s+(g\+\+|clang\+\+)\s+(-O\d) -g\d?\s+([\d.]+)\s+[\d.]+\s", text)}
     gcc = match(r"(?m)^g\+\+: .* (\d+)\.\d+\.\d+$", text)[1]
     clang = match(r"(?m)^clang\+\+: .*version (\d+)\.", text)[1]
-    test, server = "tests/proxy/coordinator_test.cpp", "proxy/data/server.cpp"
+    test, server = "tests/proxy/control/coordinator_test.cpp", "proxy/data/server.cpp"
     return ["(`%s` with g++ %s: %.0f s of CPU at `-O2 -g`, %.0f s at `-O0 -g`)"
             % (test, gcc, cpu[test, "g++", "-O2"], cpu[test, "g++", "-O0"]),
             "(`%s` with clang++ %s: %.0f s of CPU at `-O1`, %.0f s at `-O0`;"

@@ -29,8 +29,8 @@ ASAN = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize=funct
 TSAN = "-fsanitize=thread -fno-omit-frame-pointer"
 # (file, compiler, flags replacing its -O and -g, what the case is for)
 CASES = [
-    ("tests/proxy/coordinator_test.cpp", "g++", "-O2 -g", "a test file as RelWithDebInfo builds it"),
-    ("tests/proxy/coordinator_test.cpp", "g++", "-O0 -g", "a test file at -O0, as every build now compiles it"),
+    ("tests/proxy/control/coordinator_test.cpp", "g++", "-O2 -g", "a test file as RelWithDebInfo builds it"),
+    ("tests/proxy/control/coordinator_test.cpp", "g++", "-O0 -g", "a test file at -O0, as every build now compiles it"),
     ("proxy/data/server.cpp", "clang++", "-O1 -g1 " + ASAN, "ASan+UBSan at -O1"),
     ("proxy/data/server.cpp", "clang++", "-O0 -g1 " + ASAN, "ASan+UBSan at -O0, as scripts/sanitize.sh builds"),
     ("proxy/data/server.cpp", "g++", "-O1 -g1 " + TSAN, "TSan at -O1, as scripts/sanitize.sh builds"),
