@@ -21,6 +21,8 @@ and the product's targets, each a check here:
 * Claude Code: kvpersist's `kvpersist_reused_prompt_tokens_total` grows by what llama-server
   reported as reused (Messages `usage.cache_read_input_tokens`) on the requests kvpersist served
   right after a restore, within 10%.
+* Every CLI: kvpersist's `kvpersist_response_reused_tokens_total` grows by exactly the reuse
+  llama-server reported in the responses of the whole run (every request, every source).
 * Every CLI run exits by itself and leaves no process behind; kvpersist is still running at the
   end.
 
@@ -189,6 +191,7 @@ class Step:
     run: agents.Run | None = None
     requests: list = field(default_factory=list)
     metric_delta: float = 0.0
+    all_delta: float = 0.0       # kvpersist_response_reused_tokens_total's growth
     problems: list = field(default_factory=list)   # what could not be matched up
 
     def first_main(self) -> Request | None:
@@ -204,8 +207,11 @@ class Step:
         return None
 
 
-def reused_metric(proxy: KvPersist) -> float:
-    return sum(v for k, v in proxy.metrics().items() if k.startswith("kvpersist_reused_prompt_tokens_total"))
+def reused_metric(proxy: KvPersist, name: str = "kvpersist_reused_prompt_tokens_total") -> float:
+    return sum(v for k, v in proxy.metrics().items() if k.startswith(name))
+
+
+ALL_RESPONSES = "kvpersist_response_reused_tokens_total"
 
 
 def is_inference(e: Exchange) -> bool:
@@ -263,7 +269,7 @@ class Scenario:
         mark, log_at = self.relay.mark(), self.llama.log_size()
         dones_at = len(self.proxy.events("kv.request.done"))
         restores_at = len(self.proxy.events("kv.session.restore.success"))
-        metric_at = reused_metric(self.proxy)
+        metric_at, all_at = reused_metric(self.proxy), reused_metric(self.proxy, ALL_RESPONSES)
         conv, run = action()
         st = Step(name, run)
         if not self.relay.settle(mark, 10):
@@ -277,6 +283,7 @@ class Scenario:
         dones = self.proxy.events("kv.request.done")[dones_at:]
         restores = [l.fields.get("source", "?") for l in self.proxy.events("kv.session.restore.success")[restores_at:]]
         st.metric_delta = reused_metric(self.proxy) - metric_at
+        st.all_delta = reused_metric(self.proxy, ALL_RESPONSES) - all_at
         matched = match_tasks(exchanges, tasks)
         if len(dones) != len(exchanges):
             st.problems.append("%d kv.request.done lines for %d requests" % (len(dones), len(exchanges)))
@@ -403,6 +410,7 @@ def run_scenario(sc: Scenario) -> list[str]:
 
     if sc.name == "claude":
         failures += metric_agrees(sc)
+    failures += every_response_counted(sc)
     if not sc.proxy.alive():
         failures.append("kvpersist exited (rc %s)" % sc.proxy.proc.poll())
     return failures
@@ -418,6 +426,26 @@ def after_title_step(sc: Scenario, y: str | None, st_y: Step) -> Step | None:
         return st_y
     _, st = sc.step("Y again", lambda: (y, sc.agent.resume(y, TASKS["Y again"], RUN_TIMEOUT_S)))
     return st
+
+
+def llama_answered(r: Request) -> bool:
+    """llama-server's response carried its reuse to kvpersist: the CLI got it, or kvpersist
+    relayed a 200 the CLI hung up on (Codex leaves before the end of a stream it has read
+    enough of; the reuse is then llama-server's log line for the task)."""
+    return r.cached is not None and (r.source == "response" or r.done_status == "200")
+
+
+def every_response_counted(sc: Scenario) -> list[str]:
+    """kvpersist's every-response counter (kvpersist_response_reused_tokens_total, all sources)
+    grows by exactly the reuse llama-server reported in the responses of the run, whichever
+    API family the CLI speaks (Claude Code Messages, Codex Responses, OpenCode chat). A failed
+    request reports nothing, and kvpersist counts nothing for it."""
+    reported = sum(r.cached for st in sc.steps for r in st.requests if llama_answered(r))
+    counted = sum(st.all_delta for st in sc.steps)
+    if counted != reported:
+        return ["%s grew by %d over the run, llama-server reported %d tokens reused in its responses"
+                % (ALL_RESPONSES, counted, reported)]
+    return []
 
 
 def metric_agrees(sc: Scenario) -> list[str]:
