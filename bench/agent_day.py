@@ -591,9 +591,9 @@ def request_table(days: dict, family: str, flags: str, ids: list[dict]) -> str:
                     "ll" + "r" * (2 + len(ARMS)))
 
 
-def fkeep_rows(runs: list[dict], ids: list[list[int]]) -> tuple[str, list[dict]]:
-    """A's return: reused tokens against the part it shares with B and its own previous prompt."""
-    shared, own = lcp(ids[-1], ids[-2]), lcp(ids[-1], ids[-3])
+def fkeep_rows(runs: list[dict], shared: int, own: int) -> tuple[str, list[dict]]:
+    """A's return: reused tokens against the part it shares with B (shared) and its own previous
+    prompt (own)."""
     rows, out = [], []
     for d in runs:
         r = d["requests"][-1]
@@ -613,43 +613,61 @@ def ratios_by_flags(days: dict, family: str, arm: str, flag_keys: list[str], ids
                       if (family, f, arm, ids) in days else "-" for f in flag_keys)
 
 
-def headlines(days: dict, families: list[str], flag_keys: list[str], fk: list[dict], model: str) -> list[str]:
-    fam = "messages" if "messages" in families else families[0]
+def day_line(days: dict, fam: str, flag_keys: list[str], model: str) -> str:
     some = next(d for k, d in days.items() if k[0] == fam)
-    both = [f for f in flag_keys if f not in ALONE_ONLY]
-    out = ["**An agent's day** (%d requests in Claude Code's shape: tool loops, a sub-agent, two at once, a second "
-           "project, a llama-server restart and a sleep; %s, %s model; floor %s tokens): tokens prefilled / floor with "
-           "llama-server %s: %s." % (
-               some["summary"]["requests"], FAMILIES[fam], model, fmt(some["summary"]["floor"]),
-               " / ".join("`%s`" % flags_text(f) for f in flag_keys),
-               "; ".join("%s %s" % (arm if arm != "kvpersist" else "kvpersist (default configuration)",
-                                    ratios_by_flags(days, fam, arm, flag_keys)) for arm in ARMS))]
+    return ("**An agent's day** (%d requests in Claude Code's shape: tool loops, a sub-agent, two at once, a second "
+            "project, a llama-server restart and a sleep; %s, %s model; floor %s tokens): tokens prefilled / floor "
+            "with llama-server %s: %s." % (
+                some["summary"]["requests"], FAMILIES[fam], model, fmt(some["summary"]["floor"]),
+                " / ".join("`%s`" % flags_text(f) for f in flag_keys),
+                "; ".join("%s %s" % (arm if arm != "kvpersist" else "kvpersist (default configuration)",
+                                     ratios_by_flags(days, fam, arm, flag_keys)) for arm in ARMS)))
+
+
+def vs_alone_line(days: dict, families: list[str], flag_keys: list[str]) -> str:
     parts = []
     for arm in list(ARMS)[1:]:
         per = []
-        for f in both:
+        for f in (f for f in flag_keys if f not in ALONE_ONLY):
             xs = [d["summary"]["prefilled"] / alone(days, d)["summary"]["prefilled"] for k, d in days.items()
                   if k[1] == f and k[2] == arm and k[3] and alone(days, d)]
-            per.append("`%s` %s" % (flags_text(f), "%.2fx..%.2fx" % (min(xs), max(xs)) if xs else "-"))
-        off = sorted({flags_text(d["flags"]) for k, d in days.items() if k[2] == arm and persistence(d) != "on"})
+            lo, hi = ("%.2fx" % min(xs), "%.2fx" % max(xs)) if xs else ("-", "-")
+            per.append("`%s` %s" % (flags_text(f), lo if lo == hi else lo + ".." + hi))
+        off = [flags_text(f) for f in flag_keys
+               if any(k[1] == f and k[2] == arm and persistence(d) != "on" for k, d in days.items())]
         parts.append("%s: %s%s" % (arm, ", ".join(per), " (persistence off with %s)" % ", ".join(
             "`%s`" % o for o in off) if off else ""))
-    out.append("Tokens prefilled through kvpersist / by llama-server alone with the same flags (min..max over %s): %s."
-               % (", ".join(FAMILIES[f] for f in families), "; ".join(parts)))
+    return ("Tokens prefilled through kvpersist / by llama-server alone with the same flags (min..max over %s): %s."
+            % (", ".join(FAMILIES[f] for f in families), "; ".join(parts)))
+
+
+def noids_line(days: dict) -> str | None:
     noids = [d for k, d in days.items() if not k[3] and persistence(d) == "on"]
-    if noids:
-        out.append("Without `x-claude-code-agent-id` (%s, the sub-agents told apart by their preamble only), prefilled "
-                   "/ floor: %s." % (", ".join(sorted({FAMILIES[d["family"]] for d in noids})), "; ".join(
-                       "%s `%s` %s (with agent ids %s)" % (d["arm"], flags_text(d["flags"]), fmt(d["summary"]["ratio"], 2)
-                                                          + "x", fmt(days[day_key(d)[:3] + (True,)]["summary"]["ratio"], 2)
-                                                          + "x") for d in noids)))
-    if fk:
-        out.append("**f_keep** (A, B, A: two conversations of one harness sharing %s tokens of system prompt and tools; "
-                   "A's return after B, its previous prompt %s tokens): A reused %s." % (
-                       fmt(fk[0]["shared_with_b"]), fmt(fk[0]["a_before"]), "; ".join(
-                           "%s `%s` %s (%.0f%%)" % (o["arm"], flags_text(o["flags"]), fmt(o["reused"]),
-                                                    100.0 * (o["reused"] or 0) / o["a_before"]) for o in fk)))
-    return out
+    if not noids:
+        return None
+    return ("Without `x-claude-code-agent-id` (%s, the sub-agents told apart by their preamble only), prefilled / "
+            "floor: %s." % (", ".join(sorted({FAMILIES[d["family"]] for d in noids})), "; ".join(
+                "%s `%s` %sx (with agent ids %sx)" % (d["arm"], flags_text(d["flags"]), fmt(d["summary"]["ratio"], 2),
+                                                      fmt(days[day_key(d)[:3] + (True,)]["summary"]["ratio"], 2))
+                for d in noids)))
+
+
+def fkeep_line(fk: list[dict]) -> str:
+    return ("**f_keep** (A, B, A: two conversations of one harness sharing %s tokens of system prompt and tools; A's "
+            "return after B, its previous prompt %s tokens): A reused %s." % (
+                fmt(fk[0]["shared_with_b"]), fmt(fk[0]["a_before"]), "; ".join(
+                    "%s `%s` %s (%.0f%%)" % (o["arm"], flags_text(o["flags"]), fmt(o["reused"]),
+                                             100.0 * (o["reused"] or 0) / o["a_before"]) for o in fk)))
+
+
+def headlines(days: dict, families: list[str], flag_keys: list[str], fk: list[dict],
+              model: str) -> tuple[list[str], list[str]]:
+    """(README's lines, the other headline lines of RESULTS.md)."""
+    fam = "messages" if "messages" in families else families[0]
+    readme = [day_line(days, fam, flag_keys, model), vs_alone_line(days, families, flag_keys)]
+    readme += [fkeep_line(fk)] if fk else []
+    more = [noids_line(days)]
+    return readme, [m for m in more if m]
 
 
 # ----------------------------------------------------------------------------- main
@@ -712,8 +730,10 @@ def run_fkeep(a, work: str, script: FkeepScript, ids: list[list[int]]) -> list[d
 def parse_args():
     ap = argparse.ArgumentParser(description="An agent's day: tokens prefilled against the floor")
     lib.common_args(ap)
-    ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--rerender", action="store_true",
+                    help="only rewrite results/agent_day.json's tables from results/agent_day/ (no run)")
+    ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--model", default=None)
     ap.add_argument("--model-name", default="ci")
     ap.add_argument("--chat-template", default=None, help="default: $(scripts/llama-server.sh --src)/" + TEMPLATE)
     ap.add_argument("--families", default=None, help="comma-separated: chat,responses,messages")
@@ -729,6 +749,8 @@ def parse_args():
     a.no_agent_ids = [f for f in (a.no_agent_ids if a.no_agent_ids is not None else "" if q else "messages")
                       .split(",") if f]
     a.scale = a.scale or (0.33 if q else 1.0)
+    if not a.rerender and not (a.llama_server and a.model):
+        ap.error("--llama-server and --model are required (but with --rerender)")
     for v, known in ((a.families, FAMILIES), (a.flag_sets, FLAG_SETS), (a.no_agent_ids, FAMILIES)):
         if any(x not in known for x in v):
             ap.error("unknown name in %s (known: %s)" % (",".join(v), ",".join(known)))
@@ -737,6 +759,8 @@ def parse_args():
 
 def main() -> int:
     a = parse_args()
+    if a.rerender:
+        return rerender(a)
     lib.install_signal_handlers()
     a.chat_template = chat_template(a)
     work = lib.work_dir(a, "agent_day")
@@ -746,44 +770,90 @@ def main() -> int:
         ids = token_ids(a, work, {"day": script, "fkeep": fks}, a.families)
         days = run_days(a, work, script, ids)
         fk_runs = [] if a.skip_fkeep else run_fkeep(a, work, fks, ids[("fkeep", "chat")])
-        report(a, res, days, fk_runs, ids)
+        write_raw(a.out, days, fk_runs, ids)
+        render(res, a.model_name, *read_raw(a.out))
     return 0
 
 
-def report(a, res: lib.Result, days: dict, fk_runs: list[dict], ids: dict) -> None:
-    raw = os.path.join(a.out, "results", "agent_day")
+def write_raw(out: str, days: dict, fk_runs: list[dict], ids: dict) -> None:
+    """results/agent_day/days.json and fkeep.json: every request of every day, and the floors."""
+    raw = os.path.join(out, "results", "agent_day")
     os.makedirs(raw, exist_ok=True)
+    fams = list(dict.fromkeys(d["family"] for d in days.values()))
+    with open(os.path.join(raw, "days.json"), "w") as f:
+        json.dump({"floors": {fam: floors(ids[("day", fam)]) for fam in fams}, "days": list(days.values())}, f,
+                  indent=1)
+    fk_ids = ids[("fkeep", "chat")]
+    with open(os.path.join(raw, "fkeep.json"), "w") as f:
+        json.dump({"floors": floors(fk_ids), "shared_with_b": lcp(fk_ids[-1], fk_ids[-2]),
+                   "a_before": lcp(fk_ids[-1], fk_ids[-3]), "runs": fk_runs}, f, indent=1)
+
+
+def read_raw(out: str) -> tuple[dict, dict, dict]:
+    raw = os.path.join(out, "results", "agent_day")
+    with open(os.path.join(raw, "days.json")) as f:
+        d = json.load(f)
+    with open(os.path.join(raw, "fkeep.json")) as f:
+        fk = json.load(f)
+    return {day_key(x): x for x in d["days"]}, d["floors"], fk
+
+
+def render(res: lib.Result, model: str, days: dict, day_floors: dict, fk: dict) -> None:
+    """The tables, notes and headline of results/agent_day.json, from the raw output alone."""
+    fams = list(dict.fromkeys(d["family"] for d in days.values()))
+    flag_keys = list(dict.fromkeys(d["flags"] for d in days.values()))
     some = next(iter(days.values()))
     kvp = "kvpersist serve in front (default configuration, or `mode: managed-slots`)"
-    for fam in a.families:
-        res.table("Tokens prefilled per day, %s (%s model, max_tokens %d)" % (FAMILIES[fam], a.model_name, MAX_TOKENS),
+    for fam in fams:
+        res.table("Tokens prefilled per day, %s (%s model, max_tokens %d)" % (FAMILIES[fam], model, MAX_TOKENS),
                   family_table(days, fam), "%s + %s" % (some["command"], kvp))
     for fam, f in (("messages", "np1"), ("messages", "np4"), ("chat", "np4")):
-        if fam in a.families and f in a.flag_sets:
+        if fam in fams and f in flag_keys:
             res.table("Request by request, %s, `%s`: tokens prefilled (the slot, how llama-server chose it)"
-                      % (FAMILIES[fam], flags_text(f)), request_table(days, fam, f, floors(ids[("day", fam)])))
-    fk = []
-    if fk_runs:
-        table, fk = fkeep_rows(fk_runs, ids[("fkeep", "chat")])
+                      % (FAMILIES[fam], flags_text(f)), request_table(days, fam, f, day_floors[fam]))
+    fk_rows = []
+    if fk.get("runs"):
+        table, fk_rows = fkeep_rows(fk["runs"], fk["shared_with_b"], fk["a_before"])
         res.table("f_keep: A, B, A, two conversations sharing system prompt and tools (%s)" % FAMILIES["chat"], table)
-    res.note("Floor: from the token ids of each request's prompt (llama-server's /apply-template and /tokenize), the "
-             "tokens no earlier request of the day had as a prefix; prefilled = prompt tokens - reused ones as the "
-             "response's usage reports them (a fully reused prompt still evaluates 1). Token mismatches: requests "
-             "whose reported prompt tokens differ from the rendered count.")
-    res.note("Wall s: the requests' steps only (the restart and the wait for sleep left out); a shared 2-core "
-             "machine, so wall times are same-run ratios at best. Slots used: from llama-server's log (`selected "
-             "slot by LCP / LRU / id`), matched to a request by the tokens it evaluated.")
-    res.note("kvpersist persistence: `enabled` and `disabledReason` of GET /kv/status at the end of the day.")
-    res.headline = {"lines": headlines(days, a.families, a.flag_sets, fk, a.model_name),
+    for n in NOTES:
+        res.note(n)
+    readme, more = headlines(days, fams, flag_keys, fk_rows, model)
+    res.headline = {"lines": readme,
                     "days": {"|".join(map(str, k)): d["summary"] | {"wall_s": d["wall_s"]} for k, d in days.items()},
-                    "fkeep": fk}
-    for line in res.headline["lines"]:
+                    "fkeep": fk_rows}
+    for line in readme + more:
         res.note(line)
-    with open(os.path.join(raw, "days.json"), "w") as f:
-        json.dump({"floors": {fam: floors(ids[("day", fam)]) for fam in a.families},
-                   "days": list(days.values())}, f, indent=1)
-    with open(os.path.join(raw, "fkeep.json"), "w") as f:
-        json.dump({"floors": floors(ids[("fkeep", "chat")]), "runs": fk_runs, "summary": fk}, f, indent=1)
+
+
+NOTES = [
+    "Floor: from the token ids of each request's prompt (llama-server's /apply-template and /tokenize), the tokens "
+    "no earlier request of the day had as a prefix; prefilled = prompt tokens - reused ones as the response's usage "
+    "reports them (a fully reused prompt still evaluates 1). Token mismatches: requests whose reported prompt tokens "
+    "differ from the rendered count.",
+    "Wall s: the requests' steps only (the restart and the wait for sleep left out); a shared 2-core machine, so "
+    "wall times are same-run ratios at best. Slots used: from llama-server's log (`selected slot by LCP / LRU / "
+    "id`), matched to a request by the tokens it evaluated.",
+    "kvpersist persistence: `enabled` and `disabledReason` of GET /kv/status at the end of the day. The default "
+    "configuration is single-slot mode: with more than one slot it turns persistence off and passes requests "
+    "through (README \"Single slot, managed slots\"). managed-slots pins chat completions and Responses (slot chosen "
+    "by id) but not Messages, whose id_slot llama-server ignores (docs/llama-server.md §4): those run where "
+    "llama-server puts them, and kvpersist restores nothing for them.",
+]
+
+
+def rerender(a) -> int:
+    """Rewrites results/agent_day.json's tables, notes and headline from the committed raw output,
+    keeping its run's command, date, revision and load."""
+    days, day_floors, fk = read_raw(a.out)
+    path = os.path.join(a.out, "results", "agent_day.json")
+    with open(path) as f:
+        prev = json.load(f)
+    res = lib.Result("agent_day", prev["title"], a.out, sys.argv, prev.get("quick", False))
+    render(res, a.model_name, days, day_floors, fk)
+    prev.update(sections=res.sections, notes=res.notes, headline=res.headline)
+    with open(path, "w") as f:
+        json.dump(prev, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":

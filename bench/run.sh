@@ -148,13 +148,16 @@ export KVP_BENCH_REVISION="$revision"
 
 # ---- 3. llama-server and models -----------------------------------------------------------
 ls_bin=""; ci_model=""; bench_model=""
-needs_llama=0
-for n in "${only[@]}"; do [[ $n == footprint || $n == stall ]] || needs_llama=1; done
+needs_llama=0; needs_bench_model=0
+for n in "${only[@]}"; do
+  [[ $n == footprint || $n == stall ]] || needs_llama=1
+  [[ " streaming switch seed policy " == *" $n "* ]] && needs_bench_model=1   # sized_model below
+done
 if ((needs_llama)); then
   say "locating llama-server (scripts/llama-server.sh; the first time this builds it: minutes)"
   ls_bin="$("$repo/scripts/llama-server.sh")" || die "scripts/llama-server.sh failed"
   ci_model="$("$repo/scripts/test-model.sh" ci)" || die "scripts/test-model.sh ci failed"
-  if ((!quick)); then
+  if ((!quick && needs_bench_model)); then
     bench_model="$("$repo/scripts/test-model.sh" bench)" || die "scripts/test-model.sh bench failed"
   fi
 fi
