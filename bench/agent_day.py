@@ -795,7 +795,18 @@ def read_raw(out: str) -> tuple[dict, dict, dict]:
         d = json.load(f)
     with open(os.path.join(raw, "fkeep.json")) as f:
         fk = json.load(f)
+    for day in d["days"]:   # the totals again, from the requests
+        summarize(day, d["floors"][day["family"]])
     return {day_key(x): x for x in d["days"]}, d["floors"], fk
+
+
+def readme_lines(days: dict, fk: dict, model: str) -> tuple[list[str], list[str], list[dict]]:
+    """(README's headline lines, RESULTS.md's other ones, the f_keep rows) from the raw output."""
+    fams = list(dict.fromkeys(d["family"] for d in days.values()))
+    flag_keys = list(dict.fromkeys(d["flags"] for d in days.values()))
+    fk_rows = fkeep_rows(fk["runs"], fk["shared_with_b"], fk["a_before"])[1] if fk.get("runs") else []
+    readme, more = headlines(days, fams, flag_keys, fk_rows, model)
+    return readme, more, fk_rows
 
 
 def render(res: lib.Result, model: str, days: dict, day_floors: dict, fk: dict) -> None:
@@ -811,14 +822,13 @@ def render(res: lib.Result, model: str, days: dict, day_floors: dict, fk: dict) 
         if fam in fams and f in flag_keys:
             res.table("Request by request, %s, `%s`: tokens prefilled (the slot, how llama-server chose it)"
                       % (FAMILIES[fam], flags_text(f)), request_table(days, fam, f, day_floors[fam]))
-    fk_rows = []
     if fk.get("runs"):
-        table, fk_rows = fkeep_rows(fk["runs"], fk["shared_with_b"], fk["a_before"])
-        res.table("f_keep: A, B, A, two conversations sharing system prompt and tools (%s)" % FAMILIES["chat"], table)
+        res.table("f_keep: A, B, A, two conversations sharing system prompt and tools (%s)" % FAMILIES["chat"],
+                  fkeep_rows(fk["runs"], fk["shared_with_b"], fk["a_before"])[0])
     for n in NOTES:
         res.note(n)
-    readme, more = headlines(days, fams, flag_keys, fk_rows, model)
-    res.headline = {"lines": readme,
+    readme, more, fk_rows = readme_lines(days, fk, model)
+    res.headline = {"lines": readme, "model": model,
                     "days": {"|".join(map(str, k)): d["summary"] | {"wall_s": d["wall_s"]} for k, d in days.items()},
                     "fkeep": fk_rows}
     for line in readme + more:

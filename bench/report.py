@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 
+import agent_day
 import figures
 import lib
 
@@ -404,16 +405,38 @@ AGENT_DAY_END = "<!-- end of bench/report.py agent day figures -->"
 
 def agent_day_block(out: str) -> str:
     """README's lines for the agent-day benchmark (optional, run on its own: bench/run.sh --only
-    agent_day): its run's date and revision, then its headline lines, verbatim."""
+    agent_day): its run's date and revision, then its headline lines, rendered from its raw
+    output (results/agent_day/)."""
     path = os.path.join(out, "results", "agent_day.json")
     if not os.path.exists(path):
         return ""
     with open(path) as f:
         r = json.load(f)
-    lines = r.get("headline", {}).get("lines", [])
+    days, _, fk = agent_day.read_raw(out)
+    lines = agent_day.readme_lines(days, fk, r["headline"]["model"])[0]
     return "\n".join(["From `bench/RESULTS.md` section %d (`bench/agent_day.py`, run %s, kvpersist %s):"
                       % (ORDER.index("agent_day") + 1, r.get("date", "?"), r.get("revision", "?")), ""]
-                     + ["- " + l for l in lines]) if lines else ""
+                     + ["- " + l for l in lines])
+
+
+def agent_day_problems(out: str) -> list[str]:
+    """Where results/agent_day.json's headline or RESULTS.md's agent-day section differ from what
+    the raw output gives (bench/agent_day.py --rerender and report.py --section write them)."""
+    path = os.path.join(out, "results", "agent_day.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        r = json.load(f)
+    with open(os.path.join(out, "RESULTS.md")) as f:
+        results_md = f.read()
+    problems = []
+    days, _, fk = agent_day.read_raw(out)
+    if r["headline"]["lines"] != agent_day.readme_lines(days, fk, r["headline"]["model"])[0]:
+        problems.append("%s's headline differs from its raw output; run bench/agent_day.py --rerender" % path)
+    if "\n".join(section_md("agent_day", r, {})) not in results_md:
+        problems.append("%s/RESULTS.md's agent-day section differs from %s; run bench/report.py --out %s "
+                        "--section agent_day" % (out, path, out))
+    return problems
 
 
 def with_block(text: str, begin_marker: str, end_marker: str, block: str) -> str | None:
@@ -458,7 +481,7 @@ def sync_readme(readme: str, out: str, check: bool) -> int:
         problems.append("README's figures differ from %s's headlines or results/agent_day.json" % results_path)
     if problems:
         problems.append("run bench/report.py --readme %s --out %s" % (readme, out))
-    problems += figures.problems()
+    problems += agent_day_problems(out) + figures.problems()
     for p in problems:
         print("report: " + p, file=sys.stderr)
     return 1 if problems else 0
