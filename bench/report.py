@@ -6,12 +6,15 @@ Reads DIR/<name>.json written by the benchmarks, writes DIR/results/*.png and DI
 
 README's Performance figures are RESULTS.md's headlines, copied between two markers, so that
 every figure there comes from one run of bench/run.sh; the headlines are rendered from that
-run's raw output, DIR/results/*.json:
+run's raw output, DIR/results/*.json (and, between two more markers, the headline lines of
+results/agent_day.json, the optional agent-day benchmark run on its own):
        bench/report.py --readme README.md --out bench          rewrites RESULTS.md's headlines
-                                                               and README's block
+                                                               and README's blocks
        bench/report.py --readme README.md --out bench --check  fails when they differ, or when
                                                                a figure of bench/figures.py
                                                                differs from its raw output (a test)
+A benchmark run on its own rewrites only its section of RESULTS.md:
+       bench/report.py --out bench --section agent_day
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import os
 import subprocess
 import sys
 
+import agent_day
 import figures
 import lib
 
-ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall", "policy", "seedbytes", "churn"]
+ORDER = ["overhead", "streaming", "switch", "footprint", "seed", "stall", "policy", "seedbytes", "churn", "agent_day"]
 
 
 def sh(cmd: list[str]) -> str:
@@ -306,6 +310,47 @@ def headlines(results: dict) -> list[str]:
     return out
 
 
+def section_md(name: str, r: dict, plots: dict) -> list[str]:
+    """One benchmark's section of RESULTS.md: its driver, tables, notes and plots."""
+    md = ["## %d. %s" % (ORDER.index(name) + 1, r["title"]), "",
+          "Driver: `%s`; run %s, %.0f s, kvpersist %s; load average before / after: %s / %s"
+          % (r["command"], r.get("date", "?"), r.get("seconds", 0), r.get("revision", "?"),
+             " ".join(r.get("load_start", "?").split()[:3]), " ".join(r.get("load_end", "?").split()[:3])), ""]
+    for sec in r["sections"]:
+        md += ["### " + sec["title"], ""]
+        if sec.get("command"):
+            md += ["Command: `%s`" % sec["command"], ""]
+        md += [sec["table"], ""]
+    if r["notes"]:
+        md += ["- " + n for n in r["notes"]] + [""]
+    for p in r.get("plots", []):
+        if plots.get(p.split(".")[0]) and p.split(".")[0] != "switch":
+            md += ["![%s](results/%s)" % (r["title"], p), ""]
+    return md
+
+
+def replace_section(out: str, name: str) -> int:
+    """Rewrites one benchmark's section of an existing RESULTS.md from its results/<name>.json
+    (appended when RESULTS.md has none), leaving every other line as it is: for a benchmark run
+    on its own (bench/run.sh lists which)."""
+    path = os.path.join(out, "RESULTS.md")
+    with open(os.path.join(out, "results", name + ".json")) as f:
+        r = json.load(f)
+    with open(path) as f:
+        lines = f.read().split("\n")
+    head = "## %d. " % (ORDER.index(name) + 1)
+    start = next((i for i, l in enumerate(lines) if l.startswith(head)), None)
+    if start is None:
+        start = end = len(lines)
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    body = section_md(name, r, {})
+    new = lines[:start] + ([""] if start and lines[start - 1] else []) + body + lines[end:]
+    with open(path, "w") as f:
+        f.write("\n".join(new).rstrip("\n") + "\n")
+    return 0
+
+
 # ----------------------------------------------------------------------------- README
 README_BEGIN = "<!-- bench/report.py: figures from bench/RESULTS.md; do not edit by hand -->"
 README_END = "<!-- end of bench/report.py figures -->"
@@ -354,6 +399,54 @@ def with_headlines(results_md: str, heads: list[str]) -> str:
     return "\n".join(lines[:start] + heads + [""] + lines[end:])
 
 
+AGENT_DAY_BEGIN = "<!-- bench/report.py: agent day figures from bench/results/agent_day.json; do not edit by hand -->"
+AGENT_DAY_END = "<!-- end of bench/report.py agent day figures -->"
+
+
+def agent_day_block(out: str) -> str:
+    """README's lines for the agent-day benchmark (optional, run on its own: bench/run.sh --only
+    agent_day): its run's date and revision, then its headline lines, rendered from its raw
+    output (results/agent_day/)."""
+    path = os.path.join(out, "results", "agent_day.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        r = json.load(f)
+    days, _, fk = agent_day.read_raw(out)
+    lines = agent_day.readme_lines(days, fk, r["headline"]["model"])[0]
+    return "\n".join(["From `bench/RESULTS.md` section %d (`bench/agent_day.py`, run %s, kvpersist %s):"
+                      % (ORDER.index("agent_day") + 1, r.get("date", "?"), r.get("revision", "?")), ""]
+                     + ["- " + l for l in lines])
+
+
+def agent_day_problems(out: str) -> list[str]:
+    """Where results/agent_day.json's headline or RESULTS.md's agent-day section differ from what
+    the raw output gives (bench/agent_day.py --rerender and report.py --section write them)."""
+    path = os.path.join(out, "results", "agent_day.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        r = json.load(f)
+    with open(os.path.join(out, "RESULTS.md")) as f:
+        results_md = f.read()
+    problems = []
+    days, _, fk = agent_day.read_raw(out)
+    if r["headline"]["lines"] != agent_day.readme_lines(days, fk, r["headline"]["model"])[0]:
+        problems.append("%s's headline differs from its raw output; run bench/agent_day.py --rerender" % path)
+    if "\n".join(section_md("agent_day", r, {})) not in results_md:
+        problems.append("%s/RESULTS.md's agent-day section differs from %s; run bench/report.py --out %s "
+                        "--section agent_day" % (out, path, out))
+    return problems
+
+
+def with_block(text: str, begin_marker: str, end_marker: str, block: str) -> str | None:
+    """text with the lines between the two markers replaced by block; None when either is missing."""
+    begin, end = text.find(begin_marker), text.find(end_marker)
+    if not block or begin < 0 or end < begin:
+        return None
+    return text[:begin + len(begin_marker)] + "\n" + block + "\n" + text[end:]
+
+
 def sync_readme(readme: str, out: str, check: bool) -> int:
     """Renders RESULTS.md's headlines again from DIR/results/*.json and README's block from
     RESULTS.md; with `check`, changes nothing and fails when either differs, or when a figure of
@@ -365,11 +458,16 @@ def sync_readme(readme: str, out: str, check: bool) -> int:
     block = readme_block(rendered)
     with open(readme) as f:
         text = f.read()
-    begin, end = text.find(README_BEGIN), text.find(README_END)
-    if not block or begin < 0 or end < begin:
+    new = with_block(text, README_BEGIN, README_END, block)
+    if new is None:
         print("report: %s has no figures block or RESULTS.md no headlines" % readme, file=sys.stderr)
         return 1
-    new = text[:begin + len(README_BEGIN)] + "\n" + block + "\n" + text[end:]
+    if AGENT_DAY_BEGIN in new:
+        new = with_block(new, AGENT_DAY_BEGIN, AGENT_DAY_END, agent_day_block(out))
+        if new is None:
+            print("report: %s has an agent day block but %s/results/agent_day.json no headline lines (or the "
+                  "block no end marker)" % (readme, out), file=sys.stderr)
+            return 1
     if not check:
         for path, old, fresh in ((results_path, results_md, rendered), (readme, text, new)):
             if fresh != old:
@@ -380,10 +478,10 @@ def sync_readme(readme: str, out: str, check: bool) -> int:
     if rendered != results_md:
         problems.append("%s's headlines differ from what %s/results/*.json give" % (results_path, out))
     if new != text:
-        problems.append("README's figures differ from %s's headlines" % results_path)
+        problems.append("README's figures differ from %s's headlines or results/agent_day.json" % results_path)
     if problems:
         problems.append("run bench/report.py --readme %s --out %s" % (readme, out))
-    problems += figures.problems()
+    problems += agent_day_problems(out) + figures.problems()
     for p in problems:
         print("report: " + p, file=sys.stderr)
     return 1 if problems else 0
@@ -398,9 +496,13 @@ def main() -> int:
     ap.add_argument("--model-name", default="bench")
     ap.add_argument("--readme", default=None, help="copy RESULTS.md's headlines into this README, nothing else")
     ap.add_argument("--check", action="store_true", help="with --readme: only check that they are there")
+    ap.add_argument("--section", default=None, choices=ORDER,
+                    help="rewrite only this benchmark's section of an existing RESULTS.md, nothing else")
     a = ap.parse_args()
     if a.readme:
         return sync_readme(a.readme, a.out, a.check)
+    if a.section:
+        return replace_section(a.out, a.section)
     rd = os.path.join(a.out, "results")
     os.makedirs(rd, exist_ok=True)
     env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
@@ -434,24 +536,9 @@ def main() -> int:
         md += ["## Headlines", ""] + ["- " + h for h in hl] + [""]
     if plots.get("switch"):
         md += ["![TTFT of a returning session](results/switch.png)", ""]
-    for i, name in enumerate(ORDER, 1):
-        r = results.get(name)
-        if not r:
-            continue
-        md += ["## %d. %s" % (i, r["title"]), "",
-               "Driver: `%s`; run %s, %.0f s, kvpersist %s; load average before / after: %s / %s"
-               % (r["command"], r.get("date", "?"), r.get("seconds", 0), r.get("revision", "?"),
-                  " ".join(r.get("load_start", "?").split()[:3]), " ".join(r.get("load_end", "?").split()[:3])), ""]
-        for sec in r["sections"]:
-            md += ["### " + sec["title"], ""]
-            if sec.get("command"):
-                md += ["Command: `%s`" % sec["command"], ""]
-            md += [sec["table"], ""]
-        if r["notes"]:
-            md += ["- " + n for n in r["notes"]] + [""]
-        for p in r.get("plots", []):
-            if plots.get(p.split(".")[0]) and p.split(".")[0] != "switch":
-                md += ["![%s](results/%s)" % (r["title"], p), ""]
+    for name in ORDER:
+        if name in results:
+            md += section_md(name, results[name], plots)
     path = os.path.join(a.out, "RESULTS.md")
     with open(path, "w") as f:
         f.write("\n".join(md))

@@ -9,8 +9,10 @@
 #                                   when the benchmark machinery worked (CI runs this); the numbers
 #                                   are not meant to be quoted.
 #   bench/run.sh --only NAME        one benchmark: overhead | streaming | switch | footprint | seed | stall |
-#                                   policy | seedbytes | churn
-#                                   (repeatable; RESULTS.md is regenerated from every results/*.json)
+#                                   policy | seedbytes | churn, or an optional one: agent_day
+#                                   (repeatable; RESULTS.md is regenerated from every results/*.json;
+#                                   when only optional ones run and RESULTS.md exists, only their
+#                                   sections of it are rewritten)
 #   Options: --out DIR (where RESULTS.md and results/ go), --keep (keep the work directory with
 #            every log), --wait-quiet S (before each benchmark wait up to S seconds for the 1-minute
 #            load average to drop below 1.5; default 300 for a full run, 0 with --quick),
@@ -36,6 +38,12 @@
 #                                  after the prefix snapshot, donors 1x/4x/8x of 4K shared (ci model)
 #   churn      bench/churn.py      disk used vs retention.maxTotalBytes over 100 sessions of churn,
 #                                  server-owned mode (ci model)
+# Optional (only with --only: neither a full run nor --quick runs it)
+#   agent_day  bench/agent_day.py  tokens prefilled against the floor over a scripted agent's day (tool
+#                                  loops, sub-agents, a second project, a restart, a sleep) in three API
+#                                  families: llama-server alone vs kvpersist (default, managed-slots),
+#                                  six llama-server flag sets; and the A, B, A f_keep run (ci model;
+#                                  2-4 hours on 2 shared cores; a small day with --quick)
 #
 # Environment: LLAMA_SERVER, KVP_CACHE_DIR (see scripts/llama-server.sh), KVPERSIST_BIN (use this
 # binary instead of building build/kvpersist), TMPDIR.
@@ -68,9 +76,13 @@ while (($#)); do
   shift
 done
 all=(overhead streaming switch footprint seed stall policy seedbytes churn)
+optional=(agent_day)
 ((${#only[@]})) || only=("${all[@]}")
+only_optional=1
 for n in "${only[@]}"; do
-  [[ " ${all[*]} " == *" $n "* ]] || { echo "run.sh: unknown benchmark '$n' (one of: ${all[*]})" >&2; exit 2; }
+  [[ " ${all[*]} ${optional[*]} " == *" $n "* ]] \
+    || { echo "run.sh: unknown benchmark '$n' (one of: ${all[*]} ${optional[*]})" >&2; exit 2; }
+  [[ " ${optional[*]} " == *" $n "* ]] || only_optional=0
 done
 [[ -n "$wait_quiet" ]] || wait_quiet=$((quick ? 0 : 300))
 if [[ -z "$nice_n" ]]; then
@@ -136,13 +148,16 @@ export KVP_BENCH_REVISION="$revision"
 
 # ---- 3. llama-server and models -----------------------------------------------------------
 ls_bin=""; ci_model=""; bench_model=""
-needs_llama=0
-for n in "${only[@]}"; do [[ $n == footprint || $n == stall ]] || needs_llama=1; done
+needs_llama=0; needs_bench_model=0
+for n in "${only[@]}"; do
+  [[ $n == footprint || $n == stall ]] || needs_llama=1
+  [[ " streaming switch seed policy " == *" $n "* ]] && needs_bench_model=1   # sized_model below
+done
 if ((needs_llama)); then
   say "locating llama-server (scripts/llama-server.sh; the first time this builds it: minutes)"
   ls_bin="$("$repo/scripts/llama-server.sh")" || die "scripts/llama-server.sh failed"
   ci_model="$("$repo/scripts/test-model.sh" ci)" || die "scripts/test-model.sh ci failed"
-  if ((!quick)); then
+  if ((!quick && needs_bench_model)); then
     bench_model="$("$repo/scripts/test-model.sh" bench)" || die "scripts/test-model.sh bench failed"
   fi
 fi
@@ -208,6 +223,8 @@ for n in "${only[@]}"; do
       run_bench seedbytes $((quick ? 180 : 1200)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
     churn)
       run_bench churn $((quick ? 180 : 1200)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
+    agent_day)
+      run_bench agent_day $((quick ? 900 : 18000)) --llama-server "$ls_bin" --model "$ci_model" --model-name ci ;;
   esac
 done
 
@@ -231,8 +248,15 @@ json.dump({"revision": os.environ.get("KVP_BENCH_REVISION"), "llama_server": os.
           open(sys.argv[1], "w"))
 EOF
 fail_list="$(IFS=,; echo "${failed[*]}")"
-"$PY" "$here/report.py" --out "$out" --command "$cmdline" --env "$env_json" --failed "$fail_list" \
-  || failed+=("report")
+if ((only_optional)) && [[ -f "$out/RESULTS.md" ]]; then
+  # an optional benchmark on its own: its section of RESULTS.md, the rest of the last full run kept
+  for n in "${only[@]}"; do
+    [[ -s "$out/results/$n.json" ]] && { "$PY" "$here/report.py" --out "$out" --section "$n" || failed+=("report"); }
+  done
+else
+  "$PY" "$here/report.py" --out "$out" --command "$cmdline" --env "$env_json" --failed "$fail_list" \
+    || failed+=("report")
+fi
 # A full run into the repository's bench/ also carries its headlines into README's Performance
 if ((!quick)) && [[ "$out" == "$repo/bench" && -z "$fail_list" ]]; then
   "$PY" "$here/report.py" --readme "$repo/README.md" --out "$out" || failed+=("readme")
