@@ -1,7 +1,6 @@
 #include "core/slot_pool.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <utility>
 
 namespace kvp::core {
@@ -68,7 +67,7 @@ std::optional<int> slot_pool::choose_slot(const request_identity& who,
     for (const auto& s : table.slots())
       if (own < 0 && s.pending_hash == h) own = s.id;  // being prepared for this session
     if (own >= 0) return is_free(own) ? std::optional<int>(own) : std::nullopt;
-    if (auto shared = slot_sharing_prefix(who, h, is_free)) return shared;
+    if (auto shared = slot_sharing_prefix(who, h, free_slots)) return shared;
   }
   const table_slot* best = nullptr;
   auto rank = [&](const table_slot& s) {
@@ -89,13 +88,15 @@ std::optional<int> slot_pool::choose_slot(const request_identity& who,
 // choice places it; the owner there is saved first like on any switch. Not when a ready
 // snapshot shares as much: that seed restores into an empty slot and the owner stays.
 std::optional<int> slot_pool::slot_sharing_prefix(const request_identity& who, const std::string& h,
-                                                  const std::function<bool(int)>& is_free) const {
+                                                  const std::vector<int>& free_slots) const {
   if (state_.table.session_slots() < 2 || state_.records.find_manifest(h)) return std::nullopt;
   const seed_choice seeds = state_.seeds();
   const table_slot* best = nullptr;
   std::size_t most = 0;
   for (const auto& s : state_.table.slots()) {
-    if (s.id == state_.table.aux_slot() || !is_free(s.id)) continue;
+    if (s.id == state_.table.aux_slot() ||
+        std::find(free_slots.begin(), free_slots.end(), s.id) == free_slots.end())
+      continue;
     const std::size_t links = seeds.shared_with_slot(s, who, h);
     if (links == 0) continue;
     if (!best || links > most || (links == most && s.last_used < best->last_used)) {

@@ -19,7 +19,6 @@
 // slot has one mutator at a time (docs/design.md §5, invariant 8).
 #pragma once
 
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -106,7 +105,7 @@ class slot_pool {
 
  private:
   std::optional<int> slot_sharing_prefix(const request_identity& who, const std::string& hash,
-                                         const std::function<bool(int)>& is_free) const;
+                                         const std::vector<int>& free_slots) const;
   pool_state state_;
 };
 
