@@ -95,8 +95,8 @@ TEST_CASE("a client that hangs up is gone and abandons its request", "[proxy][cl
 
 TEST_CASE("a held conversation request outlives its client until a stop names it",
           "[proxy][client_conn]") {
+  proxy::stream_directory dir;  // outlives the connection: its hold unholds at the end
   connection t;
-  proxy::stream_directory dir;
   t.c.pending = proxy::stream_hold(dir, "conv-1");
   auto departed = kvp::testing::spawn(t.ioc.get_executor(), t.c.departed());
   t.pair.peer.close();
