@@ -222,6 +222,7 @@ bool is_http_token(std::string_view name) {
 
 std::string_view to_string(slot_mode value) {
   switch (value) {
+    case slot_mode::auto_layout: return "auto";
     case slot_mode::single_slot: return "single-slot";
     case slot_mode::managed_slots: return "managed-slots";
   }
@@ -270,8 +271,12 @@ std::string_view to_string(log_format value) {
   return "?";
 }
 
+slot_mode resolved_mode(slot_mode mode, int slot_id) {
+  return mode == slot_mode::auto_layout && slot_id != 0 ? slot_mode::single_slot : mode;
+}
+
 std::optional<slot_mode> parse_slot_mode(std::string_view text) {
-  for (auto v : {slot_mode::single_slot, slot_mode::managed_slots}) {
+  for (auto v : {slot_mode::auto_layout, slot_mode::single_slot, slot_mode::managed_slots}) {
     if (text == to_string(v)) return v;
   }
   return std::nullopt;

@@ -35,7 +35,9 @@ enum class snapshot_management {
   shared_filesystem,  // kvpersist sees llama-server's --slot-save-path at `snapshots.path`
 };
 
-enum class slot_mode { single_slot, managed_slots };
+// auto (the default): one slot is managed as single-slot; several are managed with llama-server
+// placing every request (docs/design.md §23).
+enum class slot_mode { auto_layout, single_slot, managed_slots };
 
 enum class log_format { plain, json };
 
@@ -201,7 +203,7 @@ struct server_config {
   std::string name;
   upstream_config upstream;
   std::string runtime_key;
-  slot_mode mode = slot_mode::single_slot;
+  slot_mode mode = slot_mode::auto_layout;
   int slot_id = 0;
   bool reserve_aux_slot = false;
   snapshot_config snapshots;
@@ -233,7 +235,7 @@ struct config {
   upstream_config upstream;
   std::string instance_key = "default";  // names this llama-server in snapshot identities
   std::string runtime_key;  // change it when the model file, -ctk/-ctv, -fa or LoRA change
-  slot_mode mode = slot_mode::single_slot;
+  slot_mode mode = slot_mode::auto_layout;
   int slot_id = 0;
   bool reserve_aux_slot = false;  // managed-slots: the highest slot serves auxiliary calls only
   std::string state_dir;  // empty: $XDG_STATE_HOME/kvpersist or ~/.local/state/kvpersist
@@ -324,6 +326,8 @@ std::string_view to_string(log_format value);
 
 // Inverses of to_string(); exact, case-sensitive match. nullopt for anything else.
 std::optional<slot_mode> parse_slot_mode(std::string_view text);
+// The mode a server runs in: auto with a slotId other than 0 names one slot, so single-slot.
+slot_mode resolved_mode(slot_mode mode, int slot_id);
 std::optional<unmanaged_policy> parse_unmanaged_policy(std::string_view text);
 std::optional<harness_role> parse_harness_role(std::string_view text);
 std::optional<sharing_scope> parse_sharing_scope(std::string_view text);

@@ -352,7 +352,8 @@ config reader::read_document(const YAML::Node& root) {
     {"instanceKey", [&](V v, P p) { c.instance_key = read_string(v, p); }},
     {"runtimeKey", [&](V v, P p) { c.runtime_key = read_string(v, p); }},
     {"mode", [&](V v, P p) {
-      c.mode = read_enum(v, p, parse_slot_mode, {slot_mode::single_slot, slot_mode::managed_slots});
+      c.mode = read_enum(v, p, parse_slot_mode,
+                         {slot_mode::auto_layout, slot_mode::single_slot, slot_mode::managed_slots});
     }},
     {"slotId", [&](V v, P p) { c.slot_id = read_int(v, p); }},
     {"reserveAuxSlot", [&](V v, P p) { c.reserve_aux_slot = read_bool(v, p); }},
@@ -448,8 +449,9 @@ config reader::read_document(const YAML::Node& root) {
         fields.insert(fields.end(), {
           {"runtimeKey", [&](V v2, P p2) { sv.runtime_key = read_string(v2, p2); }},
           {"mode", [&](V v2, P p2) {
-            sv.mode = read_enum(v2, p2, parse_slot_mode,
-                                {slot_mode::single_slot, slot_mode::managed_slots});
+            sv.mode = read_enum(
+                v2, p2, parse_slot_mode,
+                {slot_mode::auto_layout, slot_mode::single_slot, slot_mode::managed_slots});
           }},
           {"slotId", [&](V v2, P p2) { sv.slot_id = read_int(v2, p2); }},
           {"reserveAuxSlot", [&](V v2, P p2) { sv.reserve_aux_slot = read_bool(v2, p2); }},

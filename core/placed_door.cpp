@@ -1,5 +1,7 @@
 #include "core/placed_door.hpp"
 
+#include "core/plan_outcomes.hpp"
+
 namespace kvp::core {
 
 void placed_door::note_pass_through(const std::string& credential) {
@@ -31,6 +33,52 @@ std::vector<isolating_erase> placed_door::erases_before_unpinned(const request_i
 void placed_door::note_unpinned_ran(int slot, const std::string& credential) {
   st_.table.forget_slot(slot);
   if (auto* s = st_.table.find(slot)) s->content = {content_whose::known, credential, {}};
+}
+
+bool placed_door::wants_restore(const std::string& hash) const {
+  if (hash.empty() || st_.table.slot_of(hash) >= 0) return false;
+  const manifest* m = st_.records.find_manifest(hash);
+  return m && m->state == snapshot_state::ready;
+}
+
+int placed_door::restore_target() const {
+  const table_slot* best = nullptr;
+  for (const auto& s : st_.table.slots()) {
+    const bool empty = s.content.whose == content_whose::empty;
+    const bool best_empty = best && best->content.whose == content_whose::empty;
+    if (!best || (empty && !best_empty) || (empty == best_empty && s.last_used < best->last_used))
+      best = &s;
+  }
+  return best ? best->id : -1;
+}
+
+std::optional<save_step> placed_door::note_session_ran(const request_identity& who,
+                                                       const placed_run& run, bool turn_end,
+                                                       steady_time now) {
+  plan_outcomes outcomes(st_);
+  if (run.restored >= 0 && run.restored != run.ran) {
+    // Prepared for the session, which ran elsewhere: the slot holds an older copy of it.
+    outcomes.abort_prepare(run.restored);
+    st_.table.forget_slot(run.restored);
+    if (auto* s = st_.table.find(run.restored))
+      s->content = {content_whose::known, who.credential, {}};
+  }
+  const std::string hash = st_.keys.key(who);
+  if (run.ran < 0 || hash.empty()) return std::nullopt;
+  if (const int now_held = st_.table.slot_of(hash); now_held >= 0 && now_held != run.ran)
+    st_.table.forget_slot(now_held);
+  table_slot& sl = *st_.table.find(run.ran);
+  sl.pending_hash = hash;
+  sl.pending_aux = false;
+  // A restore was counted when it was prepared (plan_runner).
+  const bool kept = run.held == run.ran || run.restored == run.ran;
+  sl.pending_kind = kept ? prepare_kind::resident : prepare_kind::cold;
+  (void)outcomes.start_inference(who, run.ran);
+  return outcomes.end_inference(run.ran, true, now, turn_end);
+}
+
+void placed_door::note_emptied(int slot) {
+  if (!st_.table.owner(slot).empty()) st_.table.forget_emptied_slot(slot);
 }
 
 }  // namespace kvp::core

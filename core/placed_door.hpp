@@ -9,13 +9,22 @@
 // server's strand.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/plan_builder.hpp"
 #include "core/pool_state.hpp"
 #include "core/request_class.hpp"
 
 namespace kvp::core {
+
+// Where a session's placed request was before it ran, and where it ran (-1: none, unknown).
+struct placed_run {
+  int restored = -1;  // the slot restored for it just before
+  int held = -1;      // the slot that held the session before (it was resident there)
+  int ran = -1;       // the slot llama-server ran it on
+};
 
 // An erase before a request that llama-server places itself (docs/design.md §14, §20).
 struct isolating_erase {
@@ -38,6 +47,21 @@ class placed_door {
   // ... and afterwards: it ran on `slot`, which now holds content of `credential` that belongs
   // to no session. REQUIRES the exclusive lease.
   void note_unpinned_ran(int slot, const std::string& credential);
+
+  // A session's request that llama-server places (docs/design.md §23). Before it: whether the
+  // session `hash` has a ready snapshot and no slot holds it, so that a restore into
+  // restore_target() makes llama-server place it there (the longest common prefix).
+  bool wants_restore(const std::string& hash) const;
+  // An empty slot if there is one, else the least recently used one. REQUIRES every slot.
+  int restore_target() const;
+  // After it: the slot that ran it is the session's from now on; a restored or held slot it
+  // did not run on is forgotten. Returns the turn- or step-end save to run, as end_inference
+  // does. REQUIRES the exclusive lease.
+  std::optional<save_step> note_session_ran(const request_identity& who, const placed_run& run,
+                                            bool turn_end, steady_time now);
+  // An owned slot seen empty after a placed request: llama-server cleared it (idle-slot
+  // caching moved it to RAM), so its owner is no longer resident.
+  void note_emptied(int slot);
 
  private:
   pool_state& st_;

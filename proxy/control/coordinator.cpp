@@ -74,14 +74,17 @@ void record_response(core::slot_pool& pool, core::reuse_stats& reuse, const std:
        {"effect", reused_nothing_advice(unpaid->restored)}});
 }
 
-// Saves every slot whose owner is dirty, in slot order (REQUIRES every slot's lease). A failed
-// save is logged by run_save and its session keeps its previous snapshot; the others are
-// still saved unless `stop_at_failure`. The first failure's error, if any.
+// Saves every slot whose owner is dirty, in slot order (REQUIRES every slot's lease), but the
+// slot of `except` (the session about to run there). A failed save is logged by run_save and
+// its session keeps its previous snapshot; the others are still saved unless
+// `stop_at_failure`. The first failure's error, if any.
 net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
                                                           slot_actions& actions,
-                                                          bool stop_at_failure) {
+                                                          bool stop_at_failure,
+                                                          const std::string& except = {}) {
   core::result<core::unit> out = core::unit{};
   for (int id : pool.table().ids()) {
+    if (!except.empty() && pool.table().owner(id) == except) continue;
     auto step = pool.plans().checkpoint_slot(id, steady_clock::now());
     if (!step) continue;
     const auto saved = co_await actions.run_save(*step);
@@ -94,14 +97,19 @@ net::awaitable<core::result<core::unit>> save_dirty_slots(core::slot_pool& pool,
 
 }  // namespace
 
-slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot) {
+slot_chooser chooser_of(const core::slot_pool& pool, slot_policy slots) {
   slot_chooser c;
   c.slot_ids = [&pool] { return pool.table().ids(); };
   c.choose_slot = [&pool](const core::request_identity& who, const std::vector<int>& free) {
     return pool.choose_slot(who, free);
   };
   c.session_key = [&pool](const core::request_identity& who) { return pool.hash_for(who); };
-  c.pins_requests = [&pool, single_slot] { return !single_slot && pool.table().ids().size() > 1; };
+  c.pins_requests = [&pool, slots] {
+    return slots == slot_policy::pinned && pool.table().ids().size() > 1;
+  };
+  c.places_requests = [&pool, slots] {
+    return slots == slot_policy::placed && pool.table().ids().size() > 1;
+  };
   return c;
 }
 
@@ -112,7 +120,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       store_(std::move(store)),
       opts_(std::move(opts)),
       pool_(pool_options(opts_)),
-      leases_(opts_.max_waiting, chooser_of(pool_, opts_.single_slot), wake),
+      leases_(opts_.max_waiting, chooser_of(pool_, opts_.slots), wake),
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
                    .slot_error = [this](const core::error& e) { runtime_.note_slot_error(e); },
@@ -139,7 +147,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       runtime_(strand_, runtime_monitor_parts{*backend_, store_, pool_, leases_, actions_, sleep_},
                runtime_monitor_options{
                    .server_name = opts_.server_name,
-                   .single_slot = opts_.single_slot,
+                   .single_slot = opts_.slots == slot_policy::single_slot,
                    .probe_interval = opts_.epoch_probe_interval,
                }),
       idle_(strand_, idle_checkpointer_parts{pool_, leases_, actions_},
@@ -364,17 +372,28 @@ net::awaitable<void> coordinator::finish(std::shared_ptr<lease_ticket> t, bool r
   release_and_wake(t);
 }
 
-net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t) {
+net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<lease_ticket> t,
+                                                              bool fresh_upstream) {
   if (!leases_.holds(t) || !t->exclusive)
     co_return core::error{core::errc::invariant, 0, "exclusive lease not held"};
-  co_await runtime_.refresh_runtime(pool_.table().ids().front());
+  const auto ids = pool_.table().ids();
+  const auto now = steady_clock::now();
+  if (fresh_upstream ||
+      std::any_of(ids.begin(), ids.end(), [&](int id) { return sleep_.may_have_slept(id, now); }))
+    runtime_.note_upstream_trouble();
+  co_await runtime_.refresh_runtime(ids.front());
   if (!pool_.persistence_enabled()) {
     const auto claimed = co_await tenancy_.claim(t->who, true);
     if (!claimed) release_and_wake(t);
     if (!claimed) co_return claimed.err();
     co_return core::prepare_kind::none;
   }
-  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict);
+  // Every other session is saved while it still holds its slot: the request's task start may
+  // clear every idle slot (docs/design.md §23). Its own session runs on its own.
+  pool_.resolve_session(t->who);
+  const bool session = !t->who.session_id.empty() && t->who.purpose.empty();
+  const std::string own = session ? pool_.hash_for(t->who) : std::string();
+  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict, own);
   if (!saved && opts_.pool.strict) {
     release_and_wake(t);
     co_return core::error{saved.err().code, 0,
@@ -388,17 +407,55 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     release_and_wake(t);
     co_return erased.err();
   }
+  auto kind = co_await restore_placed(*t);
+  if (!kind) {
+    release_and_wake(t);
+    co_return kind.err();
+  }
   co_await overwrites_.note_tasks_before();
-  co_return core::prepare_kind::auxiliary;
+  co_return kind.value();
+}
+
+// docs/design.md §23: a session that llama-server places and no slot holds is restored into
+// an idle slot just before its request, which llama-server then places there (the longest
+// common prefix). How the request was prepared; an error only in strict mode.
+net::awaitable<core::result<core::prepare_kind>> coordinator::restore_placed(lease_ticket& t) {
+  t.restored_slot = -1;
+  if (t.who.session_id.empty() || !t.who.purpose.empty()) co_return core::prepare_kind::auxiliary;
+  const std::string own = pool_.hash_for(t.who);
+  if (pool_.table().slot_of(own) >= 0) co_return core::prepare_kind::resident;
+  if (!pool_.placed().wants_restore(own)) co_return core::prepare_kind::cold;
+  const int slot = pool_.placed().restore_target();
+  auto prepared = co_await plans_.run(t.who, slot, opts_.pool.strict);
+  if (!prepared) {
+    if (opts_.pool.strict) co_return prepared.err();
+    co_return core::prepare_kind::cold_fallback;
+  }
+  t.restored_slot = slot;
+  co_return prepared.value();
 }
 
 net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket> t,
-                                                   bool reached_slot,
+                                                   bool reached_slot, bool turn_end,
                                                    std::optional<reply_report> reply) {
   if (!leases_.holds(t) || !t->exclusive) co_return;
-  if (reply) record_response(pool_, reuse_, opts_.server_name, -1, reply->kind, reply->timings);
-  if (reached_slot && pool_.persistence_enabled())
-    co_await overwrites_.forget_overwritten(t->who.credential);
+  core::placed_run run{.restored = t->restored_slot};
+  std::optional<core::save_step> save;
+  if (reached_slot && pool_.persistence_enabled()) {
+    if (!t->who.session_id.empty() && t->who.purpose.empty())
+      run.held = pool_.table().slot_of(pool_.hash_for(t->who));
+    run.ran = co_await overwrites_.forget_overwritten(t->who.credential);
+    if (run.ran >= 0) sleep_.note_request_finished(run.ran, steady_clock::now());
+    save = pool_.placed().note_session_ran(t->who, run, turn_end, steady_clock::now());
+  } else if (t->restored_slot >= 0) {
+    pool_.outcomes().abort_prepare(t->restored_slot);
+  }
+  if (reply)
+    record_response(pool_, reuse_, opts_.server_name, run.ran, reply->kind, reply->timings);
+  if (save) {
+    const auto saved = co_await actions_.start_save(*save);
+    (void)saved;
+  }
   release_and_wake(t);
 }
 

@@ -42,12 +42,19 @@
 
 namespace kvp::proxy {
 
+// How requests meet the slots (config `mode`; docs/design.md §14, §23).
+enum class slot_policy {
+  single_slot,  // one configured slot (mode: single-slot)
+  pinned,       // every slot; each request pinned to its session's (mode: managed-slots)
+  placed,       // every slot; with several, llama-server places every request (mode: auto)
+};
+
 struct coordinator_options {
   core::slot_pool_options pool;  // pool.strict is failure.strict for both halves
   std::size_t max_waiting = 64;
   std::chrono::milliseconds epoch_probe_interval{10'000};
   std::chrono::seconds sleep_idle{0};  // llama-server's --sleep-idle-seconds; 0: never sleeps
-  bool single_slot = true;
+  slot_policy slots = slot_policy::single_slot;
   std::string server_name = "default";
   std::string endpoint;  // for status output
   // shared-filesystem mode: llama-server's --slot-save-path as kvpersist sees it ("" if not)
@@ -62,9 +69,9 @@ struct coordinator_options {
   std::size_t new_sessions_per_minute = 0;  // limits.newSessionsPerMinute, per credential; 0: off
 };
 
-// What a coordinator's lease queue asks of its pool: the pool itself, and the mode
-// (`single_slot`: requests are never pinned).
-slot_chooser chooser_of(const core::slot_pool& pool, bool single_slot);
+// What a coordinator's lease queue asks of its pool: the pool itself, and how requests meet
+// its slots.
+slot_chooser chooser_of(const core::slot_pool& pool, slot_policy slots);
 
 using core::restore_source;  // core/reuse_stats.hpp
 using core::response_timings;
@@ -198,9 +205,14 @@ class coordinator {
   // REQUIRES an exclusive lease. Saves every dirty owner first and notes each slot's last
   // task, so that finish_exclusive can tell which slot the server used and forget only its
   // owner (all owners if the server cannot be asked).
-  net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t);
-  // `reply`: what the response said about reuse, recorded as on a slot llama-server chose.
+  // `fresh_upstream` as for prepare.
+  net::awaitable<prepare_result> prepare_exclusive(std::shared_ptr<lease_ticket> t,
+                                                   bool fresh_upstream = false);
+  // A session's request is restored first when no slot holds it (restore_placed). Then:
+  // `reply`: what the response said about reuse, recorded on the slot llama-server chose,
+  // which is the session's from now on (`turn_end` as for finish).
   net::awaitable<void> finish_exclusive(std::shared_ptr<lease_ticket> t, bool reached_slot,
+                                        bool turn_end = false,
                                         std::optional<reply_report> reply = {});
   // Releases a lease without running `finish` (the request never reached the slot), or ends
   // a pass-through ticket.
@@ -238,6 +250,8 @@ class coordinator {
     std::shared_ptr<lease_ticket> t_;
   };
   net::awaitable<exclusive_hold> acquire_internal();
+  net::awaitable<core::result<core::prepare_kind>> restore_placed(lease_ticket& t);
+  std::string_view mode_name() const;
   net::awaitable<void> load_state();
 
   net::strand<net::io_context::executor_type> strand_;

@@ -333,7 +333,7 @@ std::string coordinator::status_json() const {
   w.Key("backend");
   write_backend(w, pool_, opts_.endpoint);
   w.Key("mode");
-  jstr(w, opts_.single_slot ? "single-slot" : "managed-slots");
+  jstr(w, mode_name());
   w.Key("slots");
   write_slots(w, pool_, leases_.leased());
   w.Key("queue");
@@ -444,6 +444,16 @@ void coordinator::write_metrics(core::prom_writer& w) const {
   write_snapshot_gauges(m, pool_);
   m.gauge("kvpersist_queue_depth", "Requests waiting for the slot.", leases_.waiting());
   write_state_gauges(m, pool_);
+}
+
+// The mode in use: mode auto names the layout it chose (docs/design.md §23).
+std::string_view coordinator::mode_name() const {
+  switch (opts_.slots) {
+    case slot_policy::single_slot: return "single-slot";
+    case slot_policy::pinned: return "managed-slots";
+    case slot_policy::placed: return pool_.table().ids().size() > 1 ? "placed" : "single-slot";
+  }
+  return "?";
 }
 
 }  // namespace kvp::proxy

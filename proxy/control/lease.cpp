@@ -34,7 +34,7 @@ net::awaitable<prepare_result> lease::prepare(core::request_identity who, bool f
   if (prepared_) co_return *std::exchange(prepared_, std::nullopt);
   prepare_result pr;
   if (t_->exclusive)
-    pr = co_await c_->on_strand(c_->prepare_exclusive(t_));
+    pr = co_await c_->on_strand(c_->prepare_exclusive(t_, fresh_upstream));
   else
     pr = co_await c_->on_strand(c_->prepare(t_, std::move(who), fresh_upstream));
   if (!pr) c_ = nullptr;  // the coordinator released it
@@ -45,7 +45,7 @@ net::awaitable<void> lease::finish(bool reached_slot, bool turn_end,
                                    std::optional<reply_report> reply) {
   auto* c = std::exchange(c_, nullptr);
   if (t_->exclusive)
-    co_await c->on_strand(c->finish_exclusive(t_, reached_slot, std::move(reply)));
+    co_await c->on_strand(c->finish_exclusive(t_, reached_slot, turn_end, std::move(reply)));
   else
     co_await c->on_strand(c->finish(t_, reached_slot, turn_end, std::move(reply)));
 }

@@ -102,7 +102,8 @@ bool lease_queue::try_grant(const ticket& t) {
   // A pass-through request may run on any slot: none is managed until it has finished.
   if (passing_through_ > 0) return false;
   // In managed mode a request llama-server cannot pin could land on any slot: it needs them all.
-  if (t->unpinnable && pool_.pins_requests()) t->exclusive = true;
+  // So does every request where llama-server places them all.
+  if ((t->unpinnable && pool_.pins_requests()) || pool_.places_requests()) t->exclusive = true;
   if (t->exclusive) {
     if (!leased_.empty()) return false;
     for (int id : pool_.slot_ids()) leased_[id] = t;

@@ -45,6 +45,7 @@ struct lease_ticket {
   bool runtime_change = false;  // set before enqueue: POST /lora-adapters (at most one pending)
   bool pass_through = false;   // strand-only: admitted without a slot (docs/design.md §5)
   int slot = -1;               // strand-only: the slot granted (-1 for exclusive leases)
+  int restored_slot = -1;  // strand-only: exclusive, the slot its session was restored into
 };
 
 // What the queue asks of the slot pool (core::slot_pool and the coordinator's mode).
@@ -58,6 +59,9 @@ struct slot_chooser {
   std::function<std::string(const core::request_identity& who)> session_key;
   // Managed mode with more than one slot: requests are pinned, unpinnable ones exclusive.
   std::function<bool()> pins_requests;
+  // mode: auto with more than one slot: llama-server places every request, each one exclusive
+  // (docs/design.md §23).
+  std::function<bool()> places_requests;
 };
 
 class lease_queue {

@@ -17,32 +17,32 @@ overwrite_tracker::overwrite_tracker(std::string server_name, backends::kv_backe
                                      core::slot_pool& pool)
     : server_name_(std::move(server_name)), backend_(backend), pool_(pool) {}
 
-net::awaitable<std::optional<std::map<int, std::int64_t>>> overwrite_tracker::last_tasks() {
+net::awaitable<std::optional<std::map<int, backends::slot_info>>> overwrite_tracker::read_slots() {
   auto r = co_await backend_.inspect_slots();
   if (!r) co_return std::nullopt;
-  std::map<int, std::int64_t> out;
-  for (const auto& s : r.value()) out[s.id] = s.id_task;
+  std::map<int, backends::slot_info> out;
+  for (const auto& s : r.value()) out[s.id] = s;
   co_return out;
 }
 
 net::awaitable<void> overwrite_tracker::note_tasks_before() {
-  auto before = co_await last_tasks();
-  tasks_before_ = before ? *before : std::map<int, std::int64_t>{};
+  auto before = co_await read_slots();
+  before_ = before ? *before : std::map<int, backends::slot_info>{};
 }
 
-net::awaitable<void> overwrite_tracker::forget_overwritten(const std::string& credential) {
-  auto after = co_await last_tasks();
+net::awaitable<int> overwrite_tracker::forget_overwritten(const std::string& credential) {
+  auto after = co_await read_slots();
   // The request ran as a task on some slot: a list that shows no task cannot tell which.
-  const bool readable = after && !tasks_before_.empty() &&
+  const bool readable = after && !before_.empty() &&
                         std::any_of(after->begin(), after->end(),
-                                    [](const auto& slot_task) { return slot_task.second >= 0; });
+                                    [](const auto& slot) { return slot.second.id_task >= 0; });
   note_slots_readable(readable);
   std::vector<int> touched;
   for (int id : pool_.table().ids()) {
     // The slot that ran the request has a new last task; if the server cannot tell us,
     // nobody's slot can be trusted.
-    const bool same = readable && after->contains(id) && tasks_before_.contains(id) &&
-                      (*after)[id] == tasks_before_[id];
+    const bool same = readable && after->contains(id) && before_.contains(id) &&
+                      (*after)[id].id_task == before_[id].id_task;
     if (!same) touched.push_back(id);
   }
   for (int id : touched) {
@@ -57,6 +57,23 @@ net::awaitable<void> overwrite_tracker::forget_overwritten(const std::string& cr
       pool_.placed().note_unpinned_ran(id, credential);
     else
       pool_.table().forget_slot(id);
+  }
+  const int ran = readable && touched.size() == 1 ? touched.front() : -1;
+  if (readable) forget_emptied(*after, ran);
+  co_return ran;
+}
+
+// docs/design.md §23: with a unified pool and idle-slot caching, the request's task start
+// cleared every other idle slot (llama-server copied it to its RAM cache).
+void overwrite_tracker::forget_emptied(const std::map<int, backends::slot_info>& after, int ran) {
+  for (const auto& [id, s] : after) {
+    if (id == ran || s.is_processing || s.n_prompt_tokens != 0) continue;  // -1: not said
+    if (pool_.table().owner(id).empty()) continue;
+    log(log_level::info, "kv.slot.emptied",
+        {{"slot", std::to_string(id)},
+         {"session", std::string(core::abbrev(pool_.table().owner(id)))},
+         {"effect", "restores from its snapshot next time"}});
+    pool_.placed().note_emptied(id);
   }
 }
 

@@ -29,18 +29,21 @@ class overwrite_tracker {
   net::awaitable<void> note_tasks_before();
   // After the request of `credential` reached a slot: the owners of the slots it may have run
   // on are forgotten (kv.slot.overwritten for each), all of them when the slot list was
-  // unreadable. The one slot that ran it holds that credential's content from now on.
-  net::awaitable<void> forget_overwritten(const std::string& credential);
+  // unreadable. The one slot that ran it holds that credential's content from now on; it is
+  // returned (-1: unknown). An owned slot the list shows empty was cleared by llama-server
+  // (idle-slot caching, docs/design.md §23): its owner is forgotten too (kv.slot.emptied).
+  net::awaitable<int> forget_overwritten(const std::string& credential);
 
  private:
-  // Each slot's last task (id_task), nullopt when the slot list cannot be read.
-  net::awaitable<std::optional<std::map<int, std::int64_t>>> last_tasks();
+  // Each slot as the slot list shows it, nullopt when it cannot be read.
+  net::awaitable<std::optional<std::map<int, backends::slot_info>>> read_slots();
+  void forget_emptied(const std::map<int, backends::slot_info>& after, int ran);
   void note_slots_readable(bool readable);
 
   std::string server_name_;
   backends::kv_backend& backend_;
   core::slot_pool& pool_;
-  std::map<int, std::int64_t> tasks_before_;  // empty: unread
+  std::map<int, backends::slot_info> before_;  // empty: unread
   bool slots_unreadable_ = false;  // the slot list could not be read after an unpinnable request
 };
 

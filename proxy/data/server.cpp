@@ -367,18 +367,21 @@ net::awaitable<bool> server::pass_through(exchange& x, lease ticket,
   co_return keep;
 }
 
-// Managed mode, an endpoint llama-server cannot pin: the whole server, see README.
+// A request llama-server places itself (an endpoint it cannot pin in managed mode; every
+// request in mode auto with several slots): the whole server, see README.
 net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_conn conn) {
-  const core::request_identity nobody;  // a named argument (docs/conventions.md §3)
-  auto pr = co_await held.prepare(nobody, false);
+  auto pr = co_await held.prepare(x.who, conn.fresh);
   if (!pr) {
     x.up->pool->release(std::move(conn.stream));
     co_return co_await answer_error(x, prepare_failure(pr.err()));
   }
+  const bool watch_turn = watches_turn(pr.value(), x.up->coord->watches_turn_end());
   std::string tail;
   const bool keep = co_await forwarder_.forward(x, std::move(conn), &tail);
-  auto reply = reply_of(core::prepare_kind::none, x.relayed, tail, x.req, {});
-  co_await held.finish(x.relayed.request_sent, false, std::move(reply));
+  const bool turn_end = watch_turn && x.relayed.upstream_done &&
+                        core::classify_reply_end(tail) == core::reply_end::user_turn;
+  auto reply = reply_of(pr.value(), x.relayed, tail, x.req, {});
+  co_await held.finish(x.relayed.request_sent, turn_end, std::move(reply));
   co_return keep;
 }
 

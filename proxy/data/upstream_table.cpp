@@ -58,7 +58,10 @@ coordinator_options options_for(const config::config& cfg, const config::server_
   co.epoch_probe_interval =
       sc.swap_group.empty() ? cfg.epoch_probe_interval : std::chrono::milliseconds{0};
   co.sleep_idle = sc.upstream.sleep_idle;
-  co.single_slot = sc.mode == config::slot_mode::single_slot;
+  const auto mode = config::resolved_mode(sc.mode, sc.slot_id);
+  co.slots = mode == config::slot_mode::single_slot     ? proxy::slot_policy::single_slot
+             : mode == config::slot_mode::managed_slots ? proxy::slot_policy::pinned
+                                                        : proxy::slot_policy::placed;
   co.server_name = sc.name;
   co.endpoint = sc.upstream.url;
   if (sc.snapshots.management == config::snapshot_management::shared_filesystem)

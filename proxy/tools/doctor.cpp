@@ -302,10 +302,14 @@ void check_runtime(report& rep, const config::config& cfg, const core::runtime_i
   rep.ok("Model", rt.model_path);
   rep.ok("Build", rt.build_info);
   rep.ok("Context", fmt::format("{} tokens per slot", rt.n_ctx));
-  const bool single = cfg.mode == config::slot_mode::single_slot;
-  if (single && rt.total_slots != 1)
+  const auto mode = config::resolved_mode(cfg.mode, cfg.slot_id);
+  if (mode == config::slot_mode::single_slot && rt.total_slots != 1)
     rep.bad("Slots", fmt::format("{} slots, but single-slot mode needs llama-server -np 1",
                                  rt.total_slots));
+  else if (mode == config::slot_mode::auto_layout && rt.total_slots > 1)
+    rep.ok("Slots", fmt::format("{} (mode auto: llama-server places each request, one at a "
+                                "time; kvpersist saves and restores around it)",
+                                rt.total_slots));
   else
     rep.ok("Slots", fmt::format("{} (mode {})", rt.total_slots, config::to_string(cfg.mode)));
   if (cfg.slot_id >= rt.total_slots)

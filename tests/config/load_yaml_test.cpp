@@ -468,7 +468,7 @@ TEST_CASE("a top level that is not a map is an error", "[config][load_yaml]") {
 
 TEST_CASE("a bad enum value lists the allowed values", "[config][load_yaml]") {
   require_error_at("mode: multi-slot\n", 1,
-                   "'multi-slot' is not one of: single-slot, managed-slots");
+                   "'multi-slot' is not one of: auto, single-slot, managed-slots");
   CHECK(contains(load_error("sessions:\n  unmanaged: drop\n").message,
                  "content, auxiliary, passthrough"));
   CHECK(contains(load_error("sharing: everyone\n").message, "instance, credential, session"));
@@ -715,7 +715,7 @@ TEST_CASE("header names are RFC 9110 tokens", "[config]") {
 
 TEST_CASE("enum names round-trip", "[config]") {
   using namespace kvp::config;
-  for (auto v : {slot_mode::single_slot, slot_mode::managed_slots}) {
+  for (auto v : {slot_mode::auto_layout, slot_mode::single_slot, slot_mode::managed_slots}) {
     CHECK(parse_slot_mode(to_string(v)) == v);
   }
   for (auto v : {unmanaged_policy::content, unmanaged_policy::auxiliary,

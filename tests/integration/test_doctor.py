@@ -130,8 +130,17 @@ def test_slot_actions_disabled_is_not_ready(binary, make_fake, tmp_path):
 @fake_only
 def test_multi_slot_server_in_single_slot_mode(binary, make_fake, tmp_path):
     f = make_fake(total_slots=4)
-    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
+    cfg = write_config(tmp_path / "kvp.yaml", f.url, mode="single-slot")
+    j = json.loads(doctor("--config", cfg, "--state-dir", str(tmp_path / "s"), "--json").stdout)
     assert j["result"] == "NOT READY" and "-np 1" in checks(j)["Slots"]
+
+
+@fake_only
+def test_multi_slot_server_in_auto_mode_is_placed(binary, make_fake, tmp_path):
+    """llama-server's defaults (4 slots) with kvpersist's (mode auto): ready, and it says how."""
+    f = make_fake(total_slots=4)
+    j = json.loads(doctor("--upstream", f.url, "--state-dir", str(tmp_path / "s"), "--json").stdout)
+    assert j["result"] == "READY" and "mode auto: llama-server places" in checks(j)["Slots"], j
 
 
 @fake_only

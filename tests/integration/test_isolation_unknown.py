@@ -134,8 +134,8 @@ def erases(stack) -> list[int]:
 
 
 def persistence_off_two_slots(stack):
-    """Single-slot mode (the default) in front of -np 2: persistence off, slot actions on."""
-    stack.start(total_slots=2)
+    """Single-slot mode in front of -np 2: persistence off, slot actions on."""
+    stack.start({"mode": "single-slot"}, total_slots=2)
     assert wait_until(lambda: stack.proxy.events("kv.backend.unsupported"), 5), stack.proxy.log_text()
 
 
@@ -206,7 +206,7 @@ def test_persistence_off_another_key_waits_for_the_tenants_requests(stack):
 
 def test_sharing_instance_passes_through_without_erases(stack):
     """The control: under `sharing: instance` nothing changes."""
-    stack.start({"sharing": "instance"}, total_slots=2)
+    stack.start({"sharing": "instance", "mode": "single-slot"}, total_slots=2)
     assert wait_until(lambda: stack.proxy.events("kv.backend.unsupported"), 5)
     A = tenant_a()
     ok(A.turn(stack.port, headers=auth(KEY_A)), "A")

@@ -275,8 +275,8 @@ def test_upstream_unreachable_at_startup(stack):
 
 
 @fake_only
-def test_total_slots_not_one_disables_persistence(stack):
-    stack.start(total_slots=2)
+def test_total_slots_not_one_disables_persistence_in_single_slot_mode(stack):
+    stack.start({"mode": "single-slot"}, total_slots=2)
     assert wait_until(lambda: warn_lines(stack.proxy), 2)
     A, B = Conversation(sid("A")), Conversation(sid("B"))
     for c in (A, B, A):

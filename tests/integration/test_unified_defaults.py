@@ -1,9 +1,9 @@
-"""kvpersist in `mode: managed-slots` in front of `llama-server -m model.gguf`: the fake's
-preset("defaults"), 4 slots over one unified KV pool with the RAM prompt cache and idle-slot
-caching on (docs/llama-server.md §5; test_fake_conformance_real.py checks the fake against the
-real server). What kvpersist loses there against llama-server alone (docs/design.md §23) is
-written down as strict xfails naming issue 35: the change that fixes a loss flips its test,
-and the xfail mark must then go.
+"""kvpersist in front of `llama-server -m model.gguf`: the fake's preset("defaults"), 4 slots
+over one unified KV pool with the RAM prompt cache and idle-slot caching on
+(docs/llama-server.md §5; test_fake_conformance_real.py checks the fake against the real
+server). kvpersist's default, mode auto, lets llama-server place every request there and saves
+and restores around it (docs/design.md §23); `mode: managed-slots` pins, which such a pool
+defeats (a strict xfail says so).
 
     KVPERSIST_BIN=build/kvpersist /usr/bin/python3 -m pytest -q tests/integration/test_unified_defaults.py
 """
@@ -24,9 +24,9 @@ from kvptest.waiting import wait_until
 pytestmark = pytest.mark.fake_only
 
 REUSE = 0.9   # a returning conversation reuses at least this share of its prompt
-ISSUE_35 = "issue 35: kvpersist pins against llama-server's defaults (docs/design.md §23)"
-CONFIG = {"mode": "managed-slots", "epochProbeIntervalMs": 0,
-          "checkpoint": {"idleMs": 200, "earlyMs": 0}}
+PINNED = "managed-slots pins against llama-server's defaults (docs/design.md §23): use mode auto"
+CONFIG = {"epochProbeIntervalMs": 0, "checkpoint": {"idleMs": 200, "earlyMs": 0}}
+MODES = ["auto", "managed-slots"]
 
 
 class World(FakeWorld):
@@ -36,8 +36,8 @@ class World(FakeWorld):
         os.makedirs(self.save_dir, exist_ok=True)
         self.fake = fake_llama.FakeLlamaServer(self.save_dir, **fake_llama.preset("defaults", **overrides)).start()
 
-    def start_proxy(self):
-        self.proxy = start_proxy(self.fake.url, self.state_dir, self.tmp, CONFIG)
+    def start_proxy(self, mode: str = "auto"):
+        self.proxy = start_proxy(self.fake.url, self.state_dir, self.tmp, {**CONFIG, "mode": mode})
         assert self.proxy.wait_for_log(r"kv\.backend\.ready", 5), self.proxy.log_text()
         return self
 
@@ -80,25 +80,38 @@ def test_llama_server_alone_brings_a_back_from_its_ram_cache(world):
     assert reused == left
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE_35 + ": A pinned back to the slot B's start emptied reuses 0")
-def test_a_b_a_through_managed_slots_reuses_as_much_as_llama_server_alone(world):
+def test_a_b_a_through_kvpersists_defaults_reuses_as_much_as_llama_server_alone(world):
+    """Mode auto: A's return is restored from the snapshot saved before B's task cleared A's
+    slot, into an idle slot, and llama-server places it there."""
     world.start_proxy()
+    left, reused = a_b_a(world.port, session_headers=True)
+    assert reused >= REUSE * left, "A's return reused %s of the %d tokens its first turn left" % (reused, left)
+    assert world.proxy.admin("GET", "/kv/status").json["servers"][0]["mode"] == "placed"
+    assert not any("id_slot" in (r["json"] or {}) for r in world.fake.inference_requests()), \
+        "mode auto pinned a request"
+
+
+@pytest.mark.xfail(strict=True, reason=PINNED + ": A pinned back to the slot B's start emptied reuses 0")
+def test_a_b_a_through_managed_slots_reuses_as_much_as_llama_server_alone(world):
+    world.start_proxy("managed-slots")
     left, reused = a_b_a(world.port, session_headers=True)
     assert reused >= REUSE * left, "A's return reused %s of the %d tokens its first turn left" % (reused, left)
 
 
 @pytest.mark.parametrize("world", [{"cache_idle_slots": False}], ids=["no-cache-idle-slots"], indirect=True)
-def test_a_b_a_through_managed_slots_reuses_all_when_idle_slots_keep_their_kv(world):
-    """The same sequence with `--no-cache-idle-slots` (what README asks for): A's slot keeps A."""
-    world.start_proxy()
+@pytest.mark.parametrize("mode", MODES)
+def test_a_b_a_reuses_all_when_idle_slots_keep_their_kv(world, mode):
+    """The same sequence with `--no-cache-idle-slots`: A's slot keeps A."""
+    world.start_proxy(mode)
     left, reused = a_b_a(world.port, session_headers=True)
     assert reused == left
 
 
-def test_chat_after_a_restart_restores_the_snapshot(world):
-    """The pinned route's recovery, for comparison with Messages below: A's first turn is
-    saved, llama-server restarts (slots and RAM cache gone), A's next turn is restored."""
-    world.start_proxy()
+@pytest.mark.parametrize("mode", MODES)
+def test_chat_after_a_restart_restores_the_snapshot(world, mode):
+    """A's first turn is saved, llama-server restarts (slots and RAM cache gone), A's next
+    turn is restored."""
+    world.start_proxy(mode)
     a = Conversation("ud-restart-chat")
     first = ok(a.turn(world.port)).json["usage"]["prompt_tokens"]
     assert wait_until(lambda: world.saved(first), 5), world.fake.management_calls()
@@ -106,10 +119,11 @@ def test_chat_after_a_restart_restores_the_snapshot(world):
     assert cache_n(ok(a.turn(world.port))) >= REUSE * first
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE_35 + ": /v1/messages (unpinnable) is neither saved nor "
-                                                  "restored in managed mode, so after a restart it reuses 0")
-def test_messages_after_a_restart_reuses_its_earlier_turns(world):
-    world.start_proxy()
+@pytest.mark.parametrize("mode", MODES)
+def test_messages_after_a_restart_reuses_its_earlier_turns(world, mode):
+    """/v1/messages (llama-server ignores id_slot there) is saved from the slot that ran it and
+    restored into an idle slot, in either mode."""
+    world.start_proxy(mode)
     m = MessagesConversation("ud-restart-messages")
     m.turn(world.port)
     first = world.fake.requests_to("/v1/messages")[-1]["prompt_tokens"]

@@ -41,6 +41,7 @@ struct queue_on_slots {
     };
     c.session_key = [](const kvp::core::request_identity& who) { return who.session_id; };
     c.pins_requests = [this] { return pins; };
+    c.places_requests = [] { return false; };
     return c;
   }
 

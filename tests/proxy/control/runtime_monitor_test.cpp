@@ -44,7 +44,7 @@ runtime_monitor_options no_background_probe() {
 
 // A runtime_monitor over the coordinator's parts on a FakeBackend; the leases are taken by hand.
 struct harness : kvp::testing::control_parts {
-  lease_queue leases{8, kvp::proxy::chooser_of(pool, false),
+  lease_queue leases{8, kvp::proxy::chooser_of(pool, kvp::proxy::slot_policy::pinned),
                      [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::sleep_tracker sleep{ioc.get_executor(), {pool, store, actions}, {}};

@@ -40,7 +40,7 @@ kvp::core::slot_pool_options credential_sharing() {
 
 // The tenancy over a started runtime monitor (the probe tells which slots an erase reaches).
 struct harness : kvp::testing::control_parts {
-  kvp::proxy::lease_queue leases{8, kvp::proxy::chooser_of(pool, true),
+  kvp::proxy::lease_queue leases{8, kvp::proxy::chooser_of(pool, kvp::proxy::slot_policy::single_slot),
                                  [](const std::shared_ptr<lease_ticket>&) {}};
   kvp::proxy::slot_actions actions{fake, store, pool, files, commits, snapshots, reuse, {}};
   kvp::proxy::sleep_tracker sleep{ioc.get_executor(), {pool, store, actions}, {}};

@@ -22,7 +22,7 @@ TEST_CASE("options_for gives each server its name, mode and probe", "[proxy][ser
   auto co = options_for(cfg, plain);
   CHECK(co.server_name == "gpu0");
   CHECK(co.pool.instance_key == "gpu0");  // the snapshot namespace
-  CHECK_FALSE(co.single_slot);
+  CHECK(co.slots == kvp::proxy::slot_policy::pinned);
   CHECK(co.epoch_probe_interval == 5'000ms);
   CHECK(co.pool.seed_within_credential);
   CHECK(co.snapshot_dir.empty());  // server-owned snapshots: no directory of kvpersist's
