@@ -11,10 +11,10 @@ whatever the model answered. Reuse is what llama-server reports (kvptest.checks.
 
 Flag sets (each with `--slot-save-path`, `-c`, `-t 2`): `-np 1`; none (llama-server's defaults:
 4 slots over one unified pool, an 8 GiB RAM cache, idle-slot caching); `-np 4`;
-`-np 1 --cache-ram 0 --no-cache-idle-slots`; `-np 2 --no-cache-idle-slots`. Where kvpersist's
-default today turns persistence off (more than one slot: docs/design.md §23, "Built today, and
-next") the restart case is a strict xfail naming issue 35, so the change that serves the
-layout flips it. A router (`--models-dir`) is not in this module.
+`-np 1 --cache-ram 0 --no-cache-idle-slots`; `-np 2 --no-cache-idle-slots`. kvpersist's
+default, mode auto, manages `-np 1` as single-slot and lets llama-server place every request
+where it has several slots (docs/design.md §23). A router (`--models-dir`) is
+test_router_real.py's.
 
     KVPERSIST_BIN=$PWD/build/kvpersist KVP_LLAMA_SERVER=$(scripts/llama-server.sh) \\
       KVP_MODEL=$(scripts/test-model.sh ci) \\
@@ -42,8 +42,6 @@ SYSTEM_TOKENS = 1500
 SLACK = 0.01          # "no fewer tokens than directly", within 1%
 RESTORED = 0.9        # A after the restart reuses at least this share of its prompt
 TIMEOUT = 120
-ISSUE_35 = ("issue 35: kvpersist's default mode turns persistence off when llama-server has "
-            "more than one slot, so nothing survives the restart (docs/design.md §23)")
 
 FLAG_SETS = {
     "np1": ["-np", "1"],
@@ -52,7 +50,6 @@ FLAG_SETS = {
     "np1-nocache": ["-np", "1", "--cache-ram", "0", "--no-cache-idle-slots"],
     "np2-noidle": ["-np", "2", "--no-cache-idle-slots"],
 }
-SERVED_TODAY = {"np1", "np1-nocache"}
 STEPS = ("A1", "B1", "A2", "C1", "restart", "A3")
 ASSISTANT = "Noted. I will keep the figures in mind and answer briefly."
 
@@ -98,12 +95,7 @@ def run_day(server: FlagsLlama, port_of, prompts: dict, sid: str) -> dict[str, t
     return got
 
 
-def flag_set_param(name: str):
-    marks = () if name in SERVED_TODAY else pytest.mark.xfail(strict=True, reason=ISSUE_35)
-    return pytest.param(name, id=name, marks=marks)
-
-
-@pytest.fixture(params=[flag_set_param(n) for n in FLAG_SETS])
+@pytest.fixture(params=list(FLAG_SETS))
 def flag_set(request, tmp_path):
     require_real_llama()
     name = request.param

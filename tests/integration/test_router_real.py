@@ -38,16 +38,19 @@ WORDS = 500   # ~1,900 tokens of the ci model's tokenizer per conversation
 
 
 class Router:
-    """`llama-server` without -m: a router over `models_dir`, one child at a time."""
+    """`llama-server` without -m: a router over `models_dir`, one child at a time. `flags`:
+    the children's slots (-np 1 by default; [] for llama-server's defaults: 4 slots over a
+    unified pool with idle-slot caching)."""
 
-    def __init__(self, workdir: str, models_dir: str):
+    def __init__(self, workdir: str, models_dir: str, flags: list[str] | None = None):
         self.port = free_port()
         self.save_dir = os.path.join(workdir, "slots")
         os.makedirs(self.save_dir, exist_ok=True)
         self.log = open(os.path.join(workdir, "router.log"), "ab")
         cmd = [os.environ.get("KVP_LLAMA_SERVER", "llama-server"), "--models-dir", models_dir,
                "--models-max", "1", "--host", HOST, "--port", str(self.port), "-c", str(N_CTX),
-               "-np", "1", "--slot-save-path", self.save_dir, "--no-cache-idle-slots", "-t", "1"]
+               "--slot-save-path", self.save_dir, "-t", "1"]
+        cmd += ["-np", "1", "--no-cache-idle-slots"] if flags is None else flags
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         if not wait_until(self._healthy, 60, 0.2):
             self.stop()
@@ -71,13 +74,25 @@ class Router:
         stop_process(self.proc, 20)
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory):
+def two_models(tmp_path_factory) -> str:
     need_real_model()
     models = tmp_path_factory.mktemp("models")
     for name, path in (("alpha", os.environ["KVP_MODEL"]), ("beta", other_seed_model())):
         shutil.copyfile(path, str(models / ("%s.gguf" % name)))
-    r = Router(str(tmp_path_factory.mktemp("router")), str(models))
+    return str(models)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    r = Router(str(tmp_path_factory.mktemp("router")), two_models(tmp_path_factory))
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def router_defaults(tmp_path_factory):
+    """The router as users start it: no -np, so each child has llama-server's defaults."""
+    r = Router(str(tmp_path_factory.mktemp("router-defaults")), two_models(tmp_path_factory), [])
     yield r
     r.stop()
 
@@ -109,7 +124,11 @@ def alternate(port: int, router: Router, tag: str) -> list[tuple[str, int, int]]
     return [("A", first_a, back_a), ("B", first_b, back_b)]
 
 
-def test_each_return_after_an_unload_restores(router, tmp_path):
+@pytest.mark.parametrize("children", ["np1", "defaults"])
+def test_each_return_after_an_unload_restores(children, request, tmp_path):
+    """With -np 1 children and with children of llama-server's defaults (4 slots each, which
+    kvpersist's mode auto lets llama-server place: docs/design.md §23)."""
+    router = request.getfixturevalue("router" if children == "np1" else "router_defaults")
     stack = Stack(str(tmp_path), "real")
     try:
         proxy = stack.start_proxy({}, upstream_url=router.url)
