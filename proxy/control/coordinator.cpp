@@ -442,9 +442,10 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
   core::placed_run run{.restored = t->restored_slot};
   std::optional<core::save_step> save;
   if (reached_slot && pool_.persistence_enabled()) {
-    if (!t->who.session_id.empty() && t->who.purpose.empty())
-      run.held = pool_.table().slot_of(pool_.hash_for(t->who));
-    run.ran = co_await overwrites_.forget_overwritten(t->who.credential);
+    const bool session = !t->who.session_id.empty() && t->who.purpose.empty();
+    const std::string own = session ? pool_.hash_for(t->who) : std::string();
+    if (session) run.held = pool_.table().slot_of(own);
+    run.ran = co_await overwrites_.forget_overwritten(t->who.credential, own);
     if (run.ran >= 0) sleep_.note_request_finished(run.ran, steady_clock::now());
     save = pool_.placed().note_session_ran(t->who, run, turn_end, steady_clock::now());
   } else if (t->restored_slot >= 0) {

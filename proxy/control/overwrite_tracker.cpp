@@ -30,7 +30,8 @@ net::awaitable<void> overwrite_tracker::note_tasks_before() {
   before_ = before ? *before : std::map<int, backends::slot_info>{};
 }
 
-net::awaitable<int> overwrite_tracker::forget_overwritten(const std::string& credential) {
+net::awaitable<int> overwrite_tracker::forget_overwritten(const std::string& credential,
+                                                          const std::string& own) {
   auto after = co_await read_slots();
   // The request ran as a task on some slot: a list that shows no task cannot tell which.
   const bool readable = after && !before_.empty() &&
@@ -46,7 +47,7 @@ net::awaitable<int> overwrite_tracker::forget_overwritten(const std::string& cre
     if (!same) touched.push_back(id);
   }
   for (int id : touched) {
-    if (!pool_.table().owner(id).empty()) {
+    if (const auto& owner = pool_.table().owner(id); !owner.empty() && owner != own) {
       log(log_level::info, "kv.slot.overwritten",
           {{"slot", std::to_string(id)},
            {"session", std::string(core::abbrev(pool_.table().owner(id)))},

@@ -32,7 +32,9 @@ class overwrite_tracker {
   // unreadable. The one slot that ran it holds that credential's content from now on; it is
   // returned (-1: unknown). An owned slot the list shows empty was cleared by llama-server
   // (idle-slot caching, docs/design.md §23): its owner is forgotten too (kv.slot.emptied).
-  net::awaitable<int> forget_overwritten(const std::string& credential);
+  // `own`: the request's session, whose own slot running it again is no news (not logged).
+  net::awaitable<int> forget_overwritten(const std::string& credential,
+                                         const std::string& own = {});
 
  private:
   // Each slot as the slot list shows it, nullopt when it cannot be read.

@@ -370,6 +370,7 @@ net::awaitable<bool> server::pass_through(exchange& x, lease ticket,
 // A request llama-server places itself (an endpoint it cannot pin in managed mode; every
 // request in mode auto with several slots): the whole server, see README.
 net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_conn conn) {
+  const auto t0 = std::chrono::steady_clock::now();
   auto pr = co_await held.prepare(x.who, conn.fresh);
   if (!pr) {
     x.up->pool->release(std::move(conn.stream));
@@ -382,6 +383,7 @@ net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_con
                         core::classify_reply_end(tail) == core::reply_end::user_turn;
   auto reply = reply_of(pr.value(), x.relayed, tail, x.req, {});
   co_await held.finish(x.relayed.request_sent, turn_end, std::move(reply));
+  log_request_done(pr.value(), x.relayed, t0);
   co_return keep;
 }
 

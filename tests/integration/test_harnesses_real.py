@@ -43,16 +43,20 @@ does so without kvpersist too. The CLIs then fail their task (Claude Code retrie
 streaming), which is not a failure here: reuse is measured on the requests that ran. Output is
 capped (`-n 64` and each CLI's own setting) so that gibberish ends quickly.
 
-llama-server here: the ci test model, `-c 65536 --override-kv llama.context_length=int:65536`
-(llama-server caps the context at the model's trained length otherwise), `-np 1
---slot-save-path DIR --no-cache-idle-slots -t 2 -n 64 -lv 4 --cache-ram 0`, and llama.cpp's
+Each CLI runs against two llama-servers (`layout`): `-np 1 --no-cache-idle-slots --cache-ram 0`,
+and llama-server's defaults (no -np: 4 slots over a unified pool, idle-slot caching and its
+8 GiB RAM cache on), which kvpersist's mode auto serves by letting llama-server place each
+request (docs/design.md §23). Both: the ci test model, `-c 65536 --override-kv
+llama.context_length=int:65536` (llama-server caps the context at the model's trained length
+otherwise), `--slot-save-path DIR -t 2 -n 64 -lv 4`, and llama.cpp's
 `models/templates/Qwen-Qwen2.5-7B-Instruct.jinja` as `--chat-template-file`: the test model's
-own template drops `tools`, and the CLIs' tools are most of their prompts. `--cache-ram 0`
-turns off llama-server's own host-memory prompt cache: with -np 1 it swaps the slot's prompt
-for the best-matching cached one whenever a new prompt shares little with the slot, so it
-would serve a new conversation's or a resumed one's prefix itself (until it restarts) and the
-figures would not say what kvpersist did. On that server every reused token was either still
-in the slot or put there by a kvpersist restore.
+own template drops `tools`, and the CLIs' tools are most of their prompts. With -np 1,
+`--cache-ram 0` turns off llama-server's own host-memory prompt cache: with -np 1 it swaps the
+slot's prompt for the best-matching cached one whenever a new prompt shares little with the
+slot, so it would serve a new conversation's or a resumed one's prefix itself (until it
+restarts) and the figures would not say what kvpersist did. On that server every reused token
+was either still in the slot or put there by a kvpersist restore; on the defaults the RAM
+cache may serve some, and only the restart leaves kvpersist alone to bring X back.
 
 Runs only against a real llama-server and only with the CLIs: skipped when KVP_HARNESSES is
 unset, failed when it is set but a CLI is missing (scripts/test.sh sets it):
@@ -146,17 +150,38 @@ def chat_template() -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def llama(harnesses_dir, tmp_path_factory):
-    """The module's llama-server; the tests restart it in place (same port and save dir)."""
+def start_llama(tmp_path_factory, defaults: bool) -> RealUpstream:
     need_real_model()
-    server = RealUpstream(str(tmp_path_factory.mktemp("llama")), n_ctx=N_CTX, extra_args=[
-        "--chat-template-file", chat_template(),
-        "--override-kv", "llama.context_length=int:%d" % N_CTX,
-        "-n", str(agents.MAX_OUTPUT_TOKENS), "-t", "2", "-lv", "4", "--cache-ram", "0"])
-    server.start()
+    extra = ["--chat-template-file", chat_template(),
+             "--override-kv", "llama.context_length=int:%d" % N_CTX,
+             "-n", str(agents.MAX_OUTPUT_TOKENS), "-t", "2", "-lv", "4"]
+    if not defaults:
+        extra += ["--cache-ram", "0"]
+    server = RealUpstream(str(tmp_path_factory.mktemp("llama")), n_ctx=N_CTX, extra_args=extra,
+                          defaults=defaults)
+    return server.start()
+
+
+@pytest.fixture(scope="module")
+def llama_np1(harnesses_dir, tmp_path_factory):
+    """The module's llama-server with -np 1; the tests restart it in place (same port and save
+    dir)."""
+    server = start_llama(tmp_path_factory, defaults=False)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_defaults(harnesses_dir, tmp_path_factory):
+    """The same with llama-server's own slots: no -np (4 over a unified pool), idle-slot
+    caching and the RAM cache on."""
+    server = start_llama(tmp_path_factory, defaults=True)
+    yield server
+    server.stop()
+
+
+def idle(llama: RealUpstream) -> bool:
+    return not any(s["is_processing"] for s in llama.slots())
 
 
 # ============================================================================ measurements
@@ -256,8 +281,10 @@ def match_tasks(exchanges: list[Exchange], tasks: list) -> list:
 class Scenario:
     """One CLI, its kvpersist (with a recording relay in front) and the module's llama-server."""
 
-    def __init__(self, name: str, harnesses_dir: str, llama: RealUpstream, world: Stack, workdir: str):
+    def __init__(self, name: str, harnesses_dir: str, llama: RealUpstream, world: Stack, workdir: str,
+                 label: str = ""):
         self.name = name
+        self.label = label or name   # in the report and its JSON: the CLI and the layout
         self.llama = llama
         self.world = world
         self.proxy = world.start_proxy()
@@ -279,7 +306,7 @@ class Scenario:
         # kvpersist logs kv.request.done once the response is relayed; llama-server logs a task's
         # cached tokens before its first batch (the CLI has exited, so both are due now).
         wait_until(lambda: len(self.proxy.events("kv.request.done")) - dones_at >= len(exchanges), 10, 0.05)
-        wait_until(lambda: not self.llama.slots()[0]["is_processing"], 30, 0.2)
+        wait_until(lambda: idle(self.llama), 30, 0.2)
         tasks = [t for t in prompt_tasks(self.llama.log_since(log_at)) if t.n_tokens >= MIN_PROMPT]
         dones = self.proxy.events("kv.request.done")[dones_at:]
         restores = [l.fields.get("source", "?") for l in self.proxy.events("kv.session.restore.success")[restores_at:]]
@@ -315,7 +342,7 @@ class Scenario:
         self.llama.restart()
 
     def report(self) -> str:
-        lines = ["==== %s through kvpersist (%s)" % (self.name, os.path.basename(self.proxy.binary))]
+        lines = ["==== %s through kvpersist (%s)" % (self.label, os.path.basename(self.proxy.binary))]
         for st in self.steps:
             run = st.run
             lines.append("-- %s: %s" % (st.name, "rc=%s in %.1f s" % (run.rc, run.seconds) if run else "not run"))
@@ -347,21 +374,24 @@ def write_report(name: str, scenario: Scenario):
 
 
 # ============================================================================ the test
+@pytest.mark.parametrize("layout", ["np1", "defaults"])
 @pytest.mark.parametrize("name", agents.AGENTS)
-def test_harness_reuse(name, harnesses_dir, llama, tmp_path):
+def test_harness_reuse(name, layout, harnesses_dir, request, tmp_path):
+    llama = request.getfixturevalue("llama_" + layout)
     ensure_llama(llama)
-    assert wait_until(lambda: not llama.slots()[0]["is_processing"], 30, 0.2), "llama-server is still busy"
+    assert wait_until(lambda: idle(llama), 30, 0.2), "llama-server is still busy"
     world = Stack(str(tmp_path), "real")
     world.upstream = RealUpstreamView(llama)
     sc = None
     failures = None
     try:
-        sc = Scenario(name, harnesses_dir, llama, world, str(tmp_path))
+        label = name if layout == "np1" else "%s-%s" % (name, layout)
+        sc = Scenario(name, harnesses_dir, llama, world, str(tmp_path), label)
         failures = run_scenario(sc)
     finally:
         if sc is not None:
             print("\n" + sc.report())
-            write_report(name, sc)
+            write_report(sc.label, sc)
             sc.relay.close()
         if failures is None or failures:
             print("---- kvpersist log (tail):\n%s" % "\n".join(world.dump().splitlines()[-80:]))

@@ -14,13 +14,16 @@ HOST = "127.0.0.1"
 BAN_BYTE_TOKENS = [[tok, False] for tok in range(3, 259)]
 
 
-def llama_server_cmd(binary: str, model: str, port: int, ctx: int, threads: int, parallel: int = 1,
+def llama_server_cmd(binary: str, model: str, port: int, ctx: int, threads: int, parallel: int | None = 1,
                      slot_dir: str | None = None, no_cache_idle: bool = True, cache_ram: int | None = None,
                      extra: list[str] | tuple = ()) -> list[str]:
     """`llama-server -m MODEL --host 127.0.0.1 --port PORT -c CTX -np PARALLEL
     [--slot-save-path DIR] [--no-cache-idle-slots] [--cache-ram N] -t THREADS EXTRA...`
-    (a repeated flag in `extra`, such as -t, wins: llama-server takes the last)."""
-    c = [binary, "-m", model, "--host", HOST, "--port", str(port), "-c", str(ctx), "-np", str(parallel)]
+    (a repeated flag in `extra`, such as -t, wins: llama-server takes the last). `parallel`
+    None: no -np (llama-server's default: 4 slots over a unified pool)."""
+    c = [binary, "-m", model, "--host", HOST, "--port", str(port), "-c", str(ctx)]
+    if parallel is not None:
+        c += ["-np", str(parallel)]
     if slot_dir:
         c += ["--slot-save-path", slot_dir]
     if no_cache_idle:

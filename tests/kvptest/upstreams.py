@@ -93,7 +93,10 @@ class RealUpstream(Upstream):
     come from kvpersist's debug log: `kv.backend.call action=save slot=0 status=200 ...`."""
     kind = "real"
 
-    def __init__(self, workdir: str, port: int | None = None, n_ctx: int = 4096, extra_args=None, **_ignored):
+    def __init__(self, workdir: str, port: int | None = None, n_ctx: int = 4096, extra_args=None,
+                 defaults: bool = False, **_ignored):
+        """`defaults`: llama-server's own slots (no -np, idle-slot caching on) instead of
+        `-np 1 --no-cache-idle-slots`."""
         super().__init__()
         self.binary = os.environ.get("KVP_LLAMA_SERVER", "llama-server")
         self.model = os.environ.get("KVP_MODEL", "")
@@ -102,6 +105,7 @@ class RealUpstream(Upstream):
         self.port = port or free_port()
         self.n_ctx = n_ctx
         self.extra_args = extra_args or []
+        self.defaults = defaults
         self.env: dict[str, str] = {}   # added to llama-server's environment (LLAMA_MEDIA_MARKER)
         self.proc = None
         self.log_path = os.path.join(workdir, "llama-server.log")
@@ -113,6 +117,7 @@ class RealUpstream(Upstream):
 
     def start(self, timeout: float = 120.0):
         cmd = llama_server_cmd(self.binary, self.model, self.port, self.n_ctx, 2, slot_dir=self.save_dir,
+                               parallel=None if self.defaults else 1, no_cache_idle=not self.defaults,
                                extra=self.extra_args)
         env = dict(os.environ, **self.env) if self.env else None
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
