@@ -178,6 +178,37 @@ def isolation_matrix(text: str) -> list[str]:
             "(the leaking cases are strict xfails naming the flag; %s)" % recorded("isolation-matrix")]
 
 
+# ----------------------------------------------------------------------------- many slots: the gate's day
+MANY_SLOTS_FLAGS = {"np1": "`-np 1`", "defaults": "no `-np` (defaults)", "np4": "`-np 4`",
+                    "np1-nocache": "`-np 1 --cache-ram 0 --no-cache-idle-slots`",
+                    "np2-noidle": "`-np 2 --no-cache-idle-slots`"}
+
+
+def many_slots_table(text: str) -> str:
+    """The gate's day per flag set: tokens reused through kvpersist / straight to llama-server."""
+    rows = ["| llama-server | B1 (A's system prompt) | A2 (A continued, after B) | A3 after a restart |",
+            "|---|---|---|---|"]
+    for name, block in re.findall(r"(?m)^many slots (\S+)\s*\n((?:  \w\d .*\n)+)", text):
+        got = {s: (int(d), int(v), int(of)) for s, d, v, of in
+               re.findall(r"(\w\d)\s+direct\s+(\d+)\s+through kvpersist\s+(\d+)\s+of\s+(\d+)", block)}
+        cells = ["%s / %s" % (n(got[s][1]), n(got[s][0])) for s in ("B1", "A2")]
+        cells.append("%s of %s / %s" % (n(got["A3"][1]), n(got["A3"][2]), n(got["A3"][0])))
+        rows.append("| %s | %s |" % (MANY_SLOTS_FLAGS[name], " | ".join(cells)))
+    if len(rows) != 2 + len(MANY_SLOTS_FLAGS):
+        raise RawOutputError("the log lacks flag sets: %d rows" % (len(rows) - 2))
+    return "\n".join(rows)
+
+
+@figure("README.md", RAW + "/many-slots.log")
+def many_slots_readme(text: str) -> list[str]:
+    return [many_slots_table(text), "(%s)" % recorded("many-slots")]
+
+
+@figure("docs/design.md", RAW + "/many-slots.log")
+def many_slots_design(text: str) -> list[str]:
+    return [many_slots_table(text), "(%s)" % recorded("many-slots")]
+
+
 # ----------------------------------------------------------------------------- agent harnesses
 HARNESSES = [("claude", "Claude Code", "@anthropic-ai/claude-code"), ("codex", "Codex CLI", "@openai/codex"),
              ("opencode", "OpenCode", "opencode-ai")]

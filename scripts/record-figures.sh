@@ -26,6 +26,8 @@
 #                     with persistence off
 #   isolation-matrix  tests/integration/test_isolation_matrix_real.py: two keys, three
 #                     layouts, three APIs
+#   many-slots        tests/integration/test_many_slots_real.py: A, B, A, C, a restart, A through
+#                     kvpersist's defaults and straight to llama-server, five flag sets
 #   cost              build/tests/core_tests "[.cost]": reading a request's content
 #   checksum          build/tests/proxy_tests "checksum speed*" three times, and `openssl
 #                     speed` for SHA-256
@@ -53,12 +55,14 @@ declare -A WHAT=(
     [isolation]="pytest tests/integration/test_isolation_real.py"
     [isolation-unknown]="pytest tests/integration/test_isolation_unknown_real.py"
     [isolation-matrix]="pytest tests/integration/test_isolation_matrix_real.py -rxX"
+    [many-slots]="pytest tests/integration/test_many_slots_real.py"
     [cost]="build/tests/core_tests [.cost]"
     [checksum]="build/tests/proxy_tests 'checksum speed*' (three times); openssl speed -bytes 1048576 -evp sha256"
     [compile]="scripts/compile-cost.py"
     [empty-slot]="scripts/empty-slot-size.py"
 )
-ORDER=(cost checksum compile empty-slot seeding prefix-snapshots model-kinds isolation isolation-unknown isolation-matrix harnesses)
+ORDER=(cost checksum compile empty-slot seeding prefix-snapshots model-kinds isolation isolation-unknown isolation-matrix
+       many-slots harnesses)
 
 if [[ ${1:-} == --list ]]; then
     for n in "${ORDER[@]}"; do printf '%-17s %s\n' "$n" "${WHAT[$n]}"; done
@@ -100,7 +104,7 @@ record() {  # NAME
     {
         header "$name" "${WHAT[$name]}${KVP_FIGURES_ONLY:+ -k '$KVP_FIGURES_ONLY'}"
         case "$name" in
-            seeding|prefix-snapshots|model-kinds|isolation*)
+            seeding|prefix-snapshots|model-kinds|isolation*|many-slots)
                 # shellcheck disable=SC2086  # WHAT holds the test file and its -k
                 "${pytest_real[@]}" ${WHAT[$name]#pytest } "${only[@]}" 2>&1 || rc=$?
                 if [[ $name == model-kinds && $rc == 0 ]]; then
