@@ -25,7 +25,9 @@ std::optional<probe_decision> runtime_watch::unusable(const server_probe& p,
     return disable("slot actions are disabled: start llama-server with --slot-save-path DIR");
   if (ctx.single_slot && rt.total_slots != 1)
     return disable(
-        fmt::format("llama-server has {} slots; single-slot mode needs -np 1", rt.total_slots));
+        fmt::format("llama-server has {} slots; single-slot mode needs -np 1 (mode: auto "
+                    "serves several)",
+                    rt.total_slots));
   if (ctx.single_slot && ctx.slot_id >= rt.total_slots) {
     // llama-server would wrap the id onto another slot (docs/llama-server.md §1).
     return disable(fmt::format("slotId {} does not exist: llama-server has {} slot(s)",

@@ -90,7 +90,7 @@ TEST_CASE("a server kvpersist cannot manage turns persistence off with the reaso
 
   d = w.judge_probe(answered(usable_server("m1", 4)), off(), t0);
   CHECK(d.what == action::disable);
-  CHECK(d.why == "llama-server has 4 slots; single-slot mode needs -np 1");
+  CHECK(d.why == "llama-server has 4 slots; single-slot mode needs -np 1 (mode: auto serves several)");
 
   auto managed = off();
   managed.single_slot = false;
