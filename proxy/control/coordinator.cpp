@@ -299,6 +299,7 @@ net::awaitable<void> coordinator::release(std::shared_ptr<lease_ticket> t) {
   end_pass_through(t);
   if (leases_.holds(t)) {
     if (t->slot >= 0) pool_.outcomes().abort_prepare(t->slot);
+    if (t->restored_slot >= 0) pool_.outcomes().abort_prepare(t->restored_slot);
     release_and_wake(t);
   }
   co_return;
@@ -393,6 +394,10 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
   pool_.resolve_session(t->who);
   const bool session = !t->who.session_id.empty() && t->who.purpose.empty();
   const std::string own = session ? pool_.hash_for(t->who) : std::string();
+  if (auto refused = new_sessions_.refusal(own, t->who.credential, now)) {
+    release_and_wake(t);  // before any call: no slot was touched
+    co_return std::move(*refused);
+  }
   const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict, own);
   if (!saved && opts_.pool.strict) {
     release_and_wake(t);
@@ -424,6 +429,10 @@ net::awaitable<core::result<core::prepare_kind>> coordinator::restore_placed(lea
   if (t.who.session_id.empty() || !t.who.purpose.empty()) co_return core::prepare_kind::auxiliary;
   const std::string own = pool_.hash_for(t.who);
   if (pool_.table().slot_of(own) >= 0) co_return core::prepare_kind::resident;
+  // As for a pinned request (prepare): the manifest on disk may be newer than ours.
+  const auto committed = co_await commits_.wait(own);
+  (void)committed;
+  if (auto m = co_await actions_.read_manifest(own)) pool_.add_manifest(std::move(*m));
   if (!pool_.placed().wants_restore(own)) co_return core::prepare_kind::cold;
   const int slot = pool_.placed().restore_target();
   auto prepared = co_await plans_.run(t.who, slot, opts_.pool.strict);
@@ -449,7 +458,8 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
     if (run.ran >= 0) sleep_.note_request_finished(run.ran, steady_clock::now());
     save = pool_.placed().note_session_ran(t->who, run, turn_end, steady_clock::now());
   } else if (t->restored_slot >= 0) {
-    pool_.outcomes().abort_prepare(t->restored_slot);
+    // Nothing ran: the slot holds the session's snapshot, as restored.
+    (void)pool_.outcomes().end_inference(t->restored_slot, false, steady_clock::now());
   }
   if (reply)
     record_response(pool_, reuse_, opts_.server_name, run.ran, reply->kind, reply->timings);

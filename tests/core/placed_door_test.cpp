@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,19 @@ pool_state three_tenants() {
 request_identity messages_of(std::string credential) {
   return request_identity{"S", "", {}, std::move(credential)};
 }
+
+// A ready snapshot of `who` under the running runtime.
+void saved(pool_state& st, const request_identity& who) {
+  manifest m;
+  m.session_hash = st.keys.key(who);
+  m.runtime_fingerprint = st.fingerprint;
+  m.tokens = 100;
+  m.bytes = 4096;
+  m.credential = who.credential;
+  st.records.add_manifest(m);
+}
+
+const auto now = std::chrono::steady_clock::now();
 
 }  // namespace
 
@@ -78,6 +92,67 @@ TEST_CASE("a pass-through: nobody owns a slot, and what may be anyone's but its 
   // key-B's content, with key-A's requests possibly on top: nobody's known.
   CHECK(st.table.content(1).whose == content_whose::unknown);
   CHECK_FALSE(st.table.content(1).credential_known);
+}
+
+TEST_CASE("placed: a session restores only when no slot holds it and a snapshot is ready",
+          "[core][placed_door]") {
+  auto st = enabled_pool_state(3);
+  const request_identity a{"A", "", {}, ""};
+  const auto hash = st.keys.key(a);
+  placed_door door(st);
+  CHECK_FALSE(door.wants_restore(hash));  // no snapshot
+  saved(st, a);
+  CHECK(door.wants_restore(hash));
+  st.table.find(1)->owner = hash;  // resident
+  CHECK_FALSE(door.wants_restore(hash));
+  CHECK_FALSE(door.wants_restore(""));
+}
+
+TEST_CASE("placed: the restore goes to an empty slot, else the least recently used one",
+          "[core][placed_door]") {
+  auto st = enabled_pool_state(3);
+  for (int id : {0, 1, 2}) {
+    st.table.find(id)->content = {content_whose::known, "", "x"};
+    st.table.touch(*st.table.find(id));
+  }
+  CHECK(placed_door(st).restore_target() == 0);  // least recently used
+  st.table.find(2)->content = {content_whose::empty, {}, {}};
+  CHECK(placed_door(st).restore_target() == 2);  // empty first
+}
+
+TEST_CASE("placed: the slot that ran a session's request is that session's, dirty; its old slot "
+          "and a restored slot it did not run on are forgotten",
+          "[core][placed_door]") {
+  auto st = enabled_pool_state(3);
+  const request_identity a{"A", "", {}, "key-A"};
+  const auto hash = st.keys.key(a);
+  placed_door door(st);
+  // A new session: it ran on slot 1 (llama-server's choice).
+  CHECK_FALSE(door.note_session_ran(a, placed_run{.ran = 1}, false, now));
+  CHECK(st.table.owner(1) == hash);
+  CHECK(st.table.state(1) == slot_state::dirty);
+  CHECK(st.table.content(1).session == hash);
+  CHECK(st.table.content(1).credential == "key-A");
+  CHECK(st.records.get(hash).dirty_rev == 1);
+  // Again, but llama-server put it on slot 2 this time: slot 1 is no longer A's.
+  CHECK_FALSE(door.note_session_ran(a, placed_run{.held = 1, .ran = 2}, false, now));
+  CHECK(st.table.owner(2) == hash);
+  CHECK(st.table.owner(1).empty());
+  CHECK(st.table.slot_of(hash) == 2);
+  CHECK(st.records.get(hash).dirty_rev == 2);
+  // Unknown where it ran: nobody is recorded there.
+  CHECK_FALSE(door.note_session_ran(a, placed_run{.held = 2, .ran = -1}, false, now));
+  CHECK(st.table.owner(2) == hash);
+}
+
+TEST_CASE("placed: an owned slot seen empty forgets its owner; an unowned one stays as it is",
+          "[core][placed_door]") {
+  auto st = three_tenants();
+  placed_door(st).note_emptied(0);
+  CHECK(st.table.owner(0).empty());
+  CHECK(st.table.content(0).whose == content_whose::empty);
+  placed_door(st).note_emptied(1);
+  CHECK(st.table.content(1).credential == "key-B");
 }
 
 }  // namespace placed_door_test
