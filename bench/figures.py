@@ -215,31 +215,34 @@ HARNESSES = [("claude", "Claude Code", "@anthropic-ai/claude-code"), ("codex", "
 HARNESS_STEPS = ["X", "Y", "X again", "X later"]
 
 
-def how_reused(step: str, r: dict) -> str:
-    """What kvpersist did before a request, from its kv.request.done prepare= and restore source."""
+def how_reused(step: str, r: dict, placed: bool = False) -> str:
+    """What kvpersist did before a request, from its kv.request.done prepare= and restore source.
+    `placed`: llama-server chose the slot (mode auto on several slots)."""
     if r["prepare"] == "restored":
         return ("seeded from X's snapshot" if step == "Y" else "seeded") if r["restored_from"] == "seed" \
             else "restored"
     if r["prepare"] == "cold" and r["reused"]:
+        if placed:
+            return "placed by llama-server on X's prefix" if step == "Y" else "placed by llama-server"
         return "X's KV kept in the slot" if step == "Y" else "the slot's content kept"
     return r["prepare"] if r["prepare"] == "resident" else ""
 
 
-def reuse_cell(step: str, r: dict) -> str:
+def reuse_cell(step: str, r: dict, placed: bool = False) -> str:
     if r["reused"] is None:
         return "%s: no figures (status %s)" % (r["path"], r["status"])
     text = "%s of %s" % (n(r["reused"]), n(r["prompt"]))
-    how = how_reused(step, r)
+    how = how_reused(step, r, placed)
     return text + (" (%s): %s" % (pct(r["reused"], r["prompt"]), how) if how else "")
 
 
-def harness_cell(step: str, requests: list | None) -> str:
+def harness_cell(step: str, requests: list | None, placed: bool = False) -> str:
     if not requests:
         return "not run"
     first = next((r for r in requests if r["main"] and not r["title"]), None)
-    cell = reuse_cell(step, first) if first else "no main request"
+    cell = reuse_cell(step, first, placed) if first else "no main request"
     title = next((r for r in requests if r["title"]), None)
-    return cell + ("; its title call: %s" % reuse_cell(step, title) if title else "")
+    return cell + ("; its title call: %s" % reuse_cell(step, title, placed) if title else "")
 
 
 def harness_sections(log: str) -> dict:
@@ -261,6 +264,11 @@ def harness_table(text: str) -> list[str]:
         steps = figures.get(name, {})
         rows.append("| %s %s | %s |" % (title, versions[package],
                                          " | ".join(harness_cell(s, steps.get(s)) for s in HARNESS_STEPS)))
+    for name, title, package in HARNESSES:   # against llama-server's defaults, when recorded
+        if name + "-defaults" in figures:
+            steps = figures[name + "-defaults"]
+            rows.append("| %s %s, llama-server's defaults | %s |" % (
+                title, versions[package], " | ".join(harness_cell(s, steps.get(s), True) for s in HARNESS_STEPS)))
     with open(os.path.join(ROOT, RAW, "harnesses.log")) as f:
         builds = set(re.findall(r"# kvpersist sources last changed in: (\w+)", f.read()))
     if len(builds) != 1:

@@ -148,6 +148,7 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
                runtime_monitor_options{
                    .server_name = opts_.server_name,
                    .single_slot = opts_.slots == slot_policy::single_slot,
+                   .pins = opts_.slots == slot_policy::pinned,
                    .probe_interval = opts_.epoch_probe_interval,
                }),
       idle_(strand_, idle_checkpointer_parts{pool_, leases_, actions_},

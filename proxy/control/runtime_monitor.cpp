@@ -261,6 +261,7 @@ net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own
 // is then erased before another scope's request, never taken for empty).
 void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
   if (emptied.empty()) return;
+  warn_idle_clearing(emptied.size());
   for (int id : emptied) {
     log(log_level::info, "kv.slot.emptied",
         {{"slot", std::to_string(id)},
@@ -274,6 +275,24 @@ void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
   watch_.forget_behaviour();  // every owned slot lost its KV: the process may run another model
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
+}
+
+// docs/design.md §23: pinned requests in front of a pool that clears idle slots (a unified KV
+// pool with --cache-idle-slots, llama-server's default) lose their session whenever another
+// task starts; llama-server alone would load it back from its RAM cache. Said once, with the
+// flag. A slot emptied while others keep their KV is that clearing (a restart empties all).
+void runtime_monitor::warn_idle_clearing(std::size_t emptied) {
+  if (!opts_.pins || warned_idle_clearing_) return;
+  std::size_t owned = 0;
+  for (int id : pool_.table().ids()) owned += pool_.table().owner(id).empty() ? 0 : 1;
+  if (emptied >= owned) return;
+  warned_idle_clearing_ = true;
+  log(log_level::warn, "kv.slots.idle_cleared",
+      {{"server", opts_.server_name}, {"flag", "--no-cache-idle-slots"},
+       {"reason", "llama-server cleared an idle slot that held a session while others kept theirs"},
+       {"effect", "each pinned return to such a slot prefills its whole prompt again; start "
+                  "llama-server with --no-cache-idle-slots, or use mode: auto, which lets "
+                  "llama-server place requests"}});
 }
 
 net::awaitable<void> runtime_monitor::probe_loop() {

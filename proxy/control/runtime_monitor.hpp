@@ -36,6 +36,7 @@ namespace kvp::proxy {
 struct runtime_monitor_options {
   std::string server_name = "default";
   bool single_slot = true;                         // false: managed mode, every slot the server has
+  bool pins = false;  // managed-slots: requests pinned, so a slot llama-server clears loses them
   std::chrono::milliseconds probe_interval{10'000};  // the background probe; 0: none
 };
 
@@ -123,6 +124,7 @@ class runtime_monitor {
   net::awaitable<std::vector<int>> owned_slots_seen_empty(int own_slot);
   // Forgets those slots only; when no owned slot is left, it logs a restart behind the marker.
   void forget_emptied_slots(const std::vector<int>& emptied);
+  void warn_idle_clearing(std::size_t emptied);
 
   net::any_io_executor strand_;
   backends::kv_backend& backend_;
@@ -140,6 +142,7 @@ class runtime_monitor {
   std::atomic<bool> full_probe_due_{false};  // the next look_for_changes runs the whole probe
   std::optional<full_probe> pending_probe_;  // applied when the leases are gone
   bool warned_disabled_ = false;
+  bool warned_idle_clearing_ = false;  // kv.slots.idle_cleared, once per process
   std::string disabled_why_;  // the reason persistence was turned off (kv.backend.unsupported)
   std::optional<int> erasable_slots_;  // erasable_slots(); nullopt: no probe answered yet
   manifest_store::compatibility_record compatibility_;  // as last read

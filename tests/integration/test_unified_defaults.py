@@ -98,6 +98,22 @@ def test_a_b_a_through_managed_slots_reuses_as_much_as_llama_server_alone(world)
     assert reused >= REUSE * left, "A's return reused %s of the %d tokens its first turn left" % (reused, left)
 
 
+def test_managed_slots_names_the_flag_when_llama_server_clears_a_sessions_slot(world):
+    """What the xfail above loses is said once, at WARN, with the flag that prevents it, as soon
+    as the background probe (here every 100 ms) sees an owned slot emptied while another keeps
+    its session."""
+    world.proxy = start_proxy(world.fake.url, world.state_dir, world.tmp,
+                              {**CONFIG, "mode": "managed-slots", "epochProbeIntervalMs": 100})
+    assert world.proxy.wait_for_log(r"kv\.backend\.ready", 5), world.proxy.log_text()
+    a_b_a(world.port, session_headers=True)
+    Conversation("ud-C").turn(world.port)
+    assert wait_until(lambda: world.proxy.events("kv.slots.idle_cleared"), 5), world.proxy.log_text()
+    a_b_a(world.port, session_headers=True)
+    lines = world.proxy.events("kv.slots.idle_cleared")
+    assert len(lines) == 1, world.proxy.log_text()
+    assert lines[0].fields["flag"] == "--no-cache-idle-slots" and "mode: auto" in lines[0].fields["effect"]
+
+
 @pytest.mark.parametrize("world", [{"cache_idle_slots": False}], ids=["no-cache-idle-slots"], indirect=True)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_b_a_reuses_all_when_idle_slots_keep_their_kv(world, mode):
