@@ -1,5 +1,7 @@
 #include "core/placed_door.hpp"
 
+#include <algorithm>
+
 #include "core/plan_outcomes.hpp"
 
 namespace kvp::core {
@@ -35,10 +37,13 @@ void placed_door::note_unpinned_ran(int slot, const std::string& credential) {
   if (auto* s = st_.table.find(slot)) s->content = {content_whose::known, credential, {}};
 }
 
-bool placed_door::wants_restore(const std::string& hash) const {
+bool placed_door::wants_restore(const request_identity& who, const std::string& hash) const {
   if (hash.empty() || st_.table.slot_of(hash) >= 0) return false;
-  const manifest* m = st_.records.find_manifest(hash);
-  return m && m->state == snapshot_state::ready;
+  if (const manifest* m = st_.records.find_manifest(hash)) return m->state == snapshot_state::ready;
+  const seed_choice seeds = st_.seeds();
+  std::size_t held = 0;  // llama-server's placement finds what a slot holds by itself
+  for (const auto& s : st_.table.slots()) held = std::max(held, seeds.shared_with_slot(s, who, hash));
+  return seeds.best_seed(who, hash, held).has_value();
 }
 
 int placed_door::restore_target() const {

@@ -48,10 +48,11 @@ class placed_door {
   // to no session. REQUIRES the exclusive lease.
   void note_unpinned_ran(int slot, const std::string& credential);
 
-  // A session's request that llama-server places (docs/design.md §23). Before it: whether the
-  // session `hash` has a ready snapshot and no slot holds it, so that a restore into
-  // restore_target() makes llama-server place it there (the longest common prefix).
-  bool wants_restore(const std::string& hash) const;
+  // A session's request that llama-server places (docs/design.md §23). Before it: whether a
+  // restore into restore_target() serves the session `hash` of `who`, which no slot holds:
+  // its own ready snapshot, or for a session without one a seed (§3) that shares more than
+  // any slot's content does. llama-server then places it there (the longest common prefix).
+  bool wants_restore(const request_identity& who, const std::string& hash) const;
   // An empty slot if there is one, else the least recently used one. REQUIRES every slot.
   int restore_target() const;
   // After it: the slot that ran it is the session's from now on; a restored or held slot it

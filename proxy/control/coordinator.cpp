@@ -434,7 +434,7 @@ net::awaitable<core::result<core::prepare_kind>> coordinator::restore_placed(lea
   const auto committed = co_await commits_.wait(own);
   (void)committed;
   if (auto m = co_await actions_.read_manifest(own)) pool_.add_manifest(std::move(*m));
-  if (!pool_.placed().wants_restore(own)) co_return core::prepare_kind::cold;
+  if (!pool_.placed().wants_restore(t.who, own)) co_return core::prepare_kind::cold;
   const int slot = pool_.placed().restore_target();
   auto prepared = co_await plans_.run(t.who, slot, opts_.pool.strict);
   if (!prepared) {

@@ -100,12 +100,42 @@ TEST_CASE("placed: a session restores only when no slot holds it and a snapshot 
   const request_identity a{"A", "", {}, ""};
   const auto hash = st.keys.key(a);
   placed_door door(st);
-  CHECK_FALSE(door.wants_restore(hash));  // no snapshot
+  CHECK_FALSE(door.wants_restore(a, hash));  // no snapshot
   saved(st, a);
-  CHECK(door.wants_restore(hash));
+  CHECK(door.wants_restore(a, hash));
   st.table.find(1)->owner = hash;  // resident
-  CHECK_FALSE(door.wants_restore(hash));
-  CHECK_FALSE(door.wants_restore(""));
+  CHECK_FALSE(door.wants_restore(a, hash));
+  CHECK_FALSE(door.wants_restore(a, ""));
+}
+
+TEST_CASE("placed: a new session restores a seed, unless a slot holds as long a prefix",
+          "[core][placed_door]") {
+  slot_pool_options o;
+  o.seed_across_sessions = true;
+  auto st = enabled_pool_state(3, o);
+  auto link = [](std::uint8_t b) {
+    chain_link l{};
+    l[0] = b;
+    return l;
+  };
+  const request_identity donor{"D", "", {link(1), link(2), link(3)}, ""};
+  const request_identity fresh{"N", "", {link(1), link(2), link(4)}, ""};
+  manifest m;
+  m.session_hash = st.keys.key(donor);
+  m.runtime_fingerprint = st.fingerprint;
+  m.tokens = 100;
+  m.bytes = 4096;
+  m.chain = donor.chain;
+  st.records.add_manifest(m);
+  const auto hash = st.keys.key(fresh);
+  CHECK(placed_door(st).wants_restore(fresh, hash));
+  // The donor's content is still in slot 0: llama-server places the new session there.
+  auto& s0 = *st.table.find(0);
+  s0.owner = m.session_hash;
+  s0.state = slot_state::ready;
+  s0.content = {content_whose::known, "", m.session_hash};
+  st.records.get(m.session_hash).chain = donor.chain;
+  CHECK_FALSE(placed_door(st).wants_restore(fresh, hash));
 }
 
 TEST_CASE("placed: the restore goes to an empty slot, else the least recently used one",
