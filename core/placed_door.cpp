@@ -68,8 +68,10 @@ std::optional<save_step> placed_door::note_session_ran(const request_identity& w
     if (auto* s = st_.table.find(run.restored))
       s->content = {content_whose::known, who.credential, {}};
   }
+  // An auxiliary call's or a sessionless request's output belongs to no session (invariant 7).
+  if (run.ran < 0 || who.session_id.empty() || !who.purpose.empty()) return std::nullopt;
   const std::string hash = st_.keys.key(who);
-  if (run.ran < 0 || hash.empty()) return std::nullopt;
+  if (hash.empty()) return std::nullopt;
   if (const int now_held = st_.table.slot_of(hash); now_held >= 0 && now_held != run.ran)
     st_.table.forget_slot(now_held);
   table_slot& sl = *st_.table.find(run.ran);

@@ -170,6 +170,12 @@ TEST_CASE("placed: the slot that ran a session's request is that session's, dirt
   CHECK(st.table.owner(1).empty());
   CHECK(st.table.slot_of(hash) == 2);
   CHECK(st.records.get(hash).dirty_rev == 2);
+  // An auxiliary call or a request of no session leaves nobody's content.
+  const request_identity title{"A", "session-title", {}, "key-A"};
+  const request_identity nobody{"", "", {}, "key-A"};
+  CHECK_FALSE(door.note_session_ran(title, placed_run{.ran = 0}, false, now));
+  CHECK_FALSE(door.note_session_ran(nobody, placed_run{.ran = 0}, false, now));
+  CHECK(st.table.owner(0).empty());
   // Unknown where it ran: nobody is recorded there.
   CHECK_FALSE(door.note_session_ran(a, placed_run{.held = 2, .ran = -1}, false, now));
   CHECK(st.table.owner(2) == hash);
