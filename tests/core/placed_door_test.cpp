@@ -181,6 +181,23 @@ TEST_CASE("placed: the slot that ran a session's request is that session's, dirt
   CHECK(st.table.owner(2) == hash);
 }
 
+TEST_CASE("placed: a session's turn end is checkpointed early as soon as another session took a "
+          "turn, whatever the slot count (the next task may clear its slot)",
+          "[core][placed_door]") {
+  slot_pool_options o;
+  o.early_checkpoint = std::chrono::milliseconds(1000);
+  auto st = enabled_pool_state(4, o);
+  st.checkpoints.set_idle_checkpoint(std::chrono::milliseconds(30'000));
+  placed_door door(st);
+  const request_identity a{"A", "", {}, ""}, b{"B", "", {}, ""};
+  (void)door.note_session_ran(a, placed_run{.ran = 0}, true, now);
+  CHECK(*st.table.find(0)->idle_deadline == now + std::chrono::milliseconds(30'000));  // alone
+  (void)door.note_session_ran(b, placed_run{.ran = 1}, true, now);
+  CHECK(*st.table.find(1)->idle_deadline == now + std::chrono::milliseconds(1000));  // 2 > 1 slot
+  (void)door.note_session_ran(b, placed_run{.held = 1, .ran = 1}, false, now);  // a tool step
+  CHECK(*st.table.find(1)->idle_deadline == now + std::chrono::milliseconds(30'000));
+}
+
 TEST_CASE("placed: an owned slot seen empty forgets its owner; an unowned one stays as it is",
           "[core][placed_door]") {
   auto st = three_tenants();
