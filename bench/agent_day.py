@@ -844,10 +844,11 @@ NOTES = [
     "wall times are same-run ratios at best. Slots used: from llama-server's log (`selected slot by LCP / LRU / "
     "id`), matched to a request by the tokens it evaluated.",
     "kvpersist persistence: `enabled` and `disabledReason` of GET /kv/status at the end of the day. The default "
-    "configuration is single-slot mode: with more than one slot it turns persistence off and passes requests "
-    "through (README \"Single slot, managed slots\"). managed-slots pins chat completions and Responses (slot chosen "
-    "by id) but not Messages, whose id_slot llama-server ignores (docs/llama-server.md §4): those run where "
-    "llama-server puts them, and kvpersist restores nothing for them.",
+    "configuration is mode auto: one slot is managed as a single slot; with several, llama-server places every "
+    "request and kvpersist saves before each task start, restores (or seeds) what no slot holds into an idle slot "
+    "and adopts the slot that ran it (README \"Single slot, managed slots\", docs/design.md §23). managed-slots "
+    "pins chat completions and Responses (slot chosen by id); Messages, whose id_slot llama-server ignores "
+    "(docs/llama-server.md §4), are placed the same way as in mode auto.",
 ]
 
 
