@@ -16,6 +16,7 @@ namespace placed_door_test {  // this file's names, apart from other test files'
 namespace {
 
 using namespace kvp::core;
+using kvp::testing::add_ready_snapshot;
 using kvp::testing::enabled_pool_state;
 
 // Three slots under `sharing: credential`: 0 holds key-A's session, 1 key-B's auxiliary
@@ -36,17 +37,6 @@ pool_state three_tenants() {
 
 request_identity messages_of(std::string credential) {
   return request_identity{"S", "", {}, std::move(credential)};
-}
-
-// A ready snapshot of `who` under the running runtime.
-void saved(pool_state& st, const request_identity& who) {
-  manifest m;
-  m.session_hash = st.keys.key(who);
-  m.runtime_fingerprint = st.fingerprint;
-  m.tokens = 100;
-  m.bytes = 4096;
-  m.credential = who.credential;
-  st.records.add_manifest(m);
 }
 
 const auto now = std::chrono::steady_clock::now();
@@ -101,7 +91,7 @@ TEST_CASE("placed: a session restores only when no slot holds it and a snapshot 
   const auto hash = st.keys.key(a);
   placed_door door(st);
   CHECK_FALSE(door.wants_restore(a, hash));  // no snapshot
-  saved(st, a);
+  add_ready_snapshot(st, a);
   CHECK(door.wants_restore(a, hash));
   st.table.find(1)->owner = hash;  // resident
   CHECK_FALSE(door.wants_restore(a, hash));
@@ -120,13 +110,7 @@ TEST_CASE("placed: a new session restores a seed, unless a slot holds as long a 
   };
   const request_identity donor{"D", "", {link(1), link(2), link(3)}, ""};
   const request_identity fresh{"N", "", {link(1), link(2), link(4)}, ""};
-  manifest m;
-  m.session_hash = st.keys.key(donor);
-  m.runtime_fingerprint = st.fingerprint;
-  m.tokens = 100;
-  m.bytes = 4096;
-  m.chain = donor.chain;
-  st.records.add_manifest(m);
+  const manifest m = add_ready_snapshot(st, donor);
   const auto hash = st.keys.key(fresh);
   CHECK(placed_door(st).wants_restore(fresh, hash));
   // The donor's content is still in slot 0: llama-server places the new session there.

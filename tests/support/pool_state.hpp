@@ -26,4 +26,17 @@ inline core::pool_state enabled_pool_state(int slots = 1, core::slot_pool_option
   return st;
 }
 
+// A ready snapshot of `who` (100 tokens, 4096 bytes, its chain) under the running runtime.
+inline core::manifest add_ready_snapshot(core::pool_state& st, const core::request_identity& who) {
+  core::manifest m;
+  m.session_hash = st.keys.key(who);
+  m.runtime_fingerprint = st.fingerprint;
+  m.tokens = 100;
+  m.bytes = 4096;
+  m.credential = who.credential;
+  m.chain = who.chain;
+  st.records.add_manifest(m);
+  return m;
+}
+
 }  // namespace kvp::testing
