@@ -37,18 +37,32 @@ void placed_door::note_unpinned_ran(int slot, const std::string& credential) {
   if (auto* s = st_.table.find(slot)) s->content = {content_whose::known, credential, {}};
 }
 
+bool placed_door::continues(const request_identity& who, const std::string& hash) const {
+  const session_record* r = st_.records.find(hash);
+  if (!r || r->chain.empty() || who.chain.empty()) return false;
+  return common_links(r->chain, who.chain) == std::min(r->chain.size(), who.chain.size());
+}
+
 bool placed_door::wants_restore(const request_identity& who, const std::string& hash) const {
-  if (hash.empty() || st_.table.slot_of(hash) >= 0) return false;
-  if (const manifest* m = st_.records.find_manifest(hash)) return m->state == snapshot_state::ready;
+  if (hash.empty()) return false;
+  const manifest* own = st_.records.find_manifest(hash);
+  const bool own_ready = own && own->state == snapshot_state::ready;
+  if (st_.table.slot_of(hash) >= 0) {
+    if (!own_ready || who.chain.empty() || continues(who, hash)) return false;
+    const session_record* r = st_.records.find(hash);
+    return common_links(own->chain, who.chain) > (r ? common_links(r->chain, who.chain) : 0);
+  }
+  if (own) return own_ready;
   const seed_choice seeds = st_.seeds();
   std::size_t held = 0;  // llama-server's placement finds what a slot holds by itself
   for (const auto& s : st_.table.slots()) held = std::max(held, seeds.shared_with_slot(s, who, hash));
   return seeds.best_seed(who, hash, held).has_value();
 }
 
-int placed_door::restore_target() const {
+int placed_door::restore_target(const std::string& hash) const {
   const table_slot* best = nullptr;
   for (const auto& s : st_.table.slots()) {
+    if (!hash.empty() && s.owner == hash) continue;
     const bool empty = s.content.whose == content_whose::empty;
     const bool best_empty = best && best->content.whose == content_whose::empty;
     if (!best || (empty && !best_empty) || (empty == best_empty && s.last_used < best->last_used))
@@ -59,7 +73,7 @@ int placed_door::restore_target() const {
 
 std::optional<save_step> placed_door::note_session_ran(const request_identity& who,
                                                        const placed_run& run, bool turn_end,
-                                                       steady_time now) {
+                                                       steady_time now, bool follow) {
   plan_outcomes outcomes(st_);
   if (run.restored >= 0 && run.restored != run.ran) {
     // Prepared for the session, which ran elsewhere: the slot holds an older copy of it.
@@ -68,10 +82,14 @@ std::optional<save_step> placed_door::note_session_ran(const request_identity& w
     if (auto* s = st_.table.find(run.restored))
       s->content = {content_whose::known, who.credential, {}};
   }
-  // An auxiliary call's or a sessionless request's output belongs to no session (invariant 7).
+  // An auxiliary call's or a sessionless request's output belongs to no session (invariant 7),
+  // nor does a request without a conversation (an embedding) under a session's header.
   if (run.ran < 0 || who.session_id.empty() || !who.purpose.empty()) return std::nullopt;
   const std::string hash = st_.keys.key(who);
   if (hash.empty()) return std::nullopt;
+  if (const session_record* r = st_.records.find(hash);
+      r && !r->chain.empty() && (who.chain.empty() || (!follow && !continues(who, hash))))
+    return std::nullopt;
   if (const int now_held = st_.table.slot_of(hash); now_held >= 0 && now_held != run.ran)
     st_.table.forget_slot(now_held);
   table_slot& sl = *st_.table.find(run.ran);

@@ -52,14 +52,24 @@ class placed_door {
   // restore into restore_target() serves the session `hash` of `who`, which no slot holds:
   // its own ready snapshot, or for a session without one a seed (§3) that shares more than
   // any slot's content does. llama-server then places it there (the longest common prefix).
+  // A resident session whose request does not continue what its slot holds (another
+  // conversation under its header) restores its own snapshot when that shares more.
   bool wants_restore(const request_identity& who, const std::string& hash) const;
-  // An empty slot if there is one, else the least recently used one. REQUIRES every slot.
-  int restore_target() const;
+  // Whether the request continues what the session `hash` last ran (its chain and the
+  // session's are one the other's start): its next step, which llama-server places on the same
+  // slot, so that slot needs no save before it.
+  bool continues(const request_identity& who, const std::string& hash) const;
+  // An empty slot if there is one, else the least recently used one, not the one `hash`
+  // holds. REQUIRES every slot.
+  int restore_target(const std::string& hash = {}) const;
   // After it: the slot that ran it is the session's from now on; a restored or held slot it
   // did not run on is forgotten. Returns the turn- or step-end save to run, as end_inference
   // does. REQUIRES the exclusive lease.
+  // `follow`: the session follows its request even when it did not continue the session (mode
+  // auto, where every request is placed); otherwise (an unpinnable request in managed mode,
+  // whose session runs pinned) only a request that continues it is adopted.
   std::optional<save_step> note_session_ran(const request_identity& who, const placed_run& run,
-                                            bool turn_end, steady_time now);
+                                            bool turn_end, steady_time now, bool follow = true);
   // An owned slot seen empty after a placed request: llama-server cleared it (idle-slot
   // caching moved it to RAM), so its owner is no longer resident.
   void note_emptied(int slot);

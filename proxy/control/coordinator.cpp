@@ -399,7 +399,10 @@ net::awaitable<prepare_result> coordinator::prepare_exclusive(std::shared_ptr<le
     release_and_wake(t);  // before any call: no slot was touched
     co_return std::move(*refused);
   }
-  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict, own);
+  // Its own session's slot needs no save when the request continues it (llama-server runs it
+  // there); another conversation under its header may overwrite it, so it is saved too.
+  const std::string next_step = pool_.placed().continues(t->who, own) ? own : std::string();
+  const auto saved = co_await save_dirty_slots(pool_, actions_, opts_.pool.strict, next_step);
   if (!saved && opts_.pool.strict) {
     release_and_wake(t);
     co_return core::error{saved.err().code, 0,
@@ -429,13 +432,16 @@ net::awaitable<core::result<core::prepare_kind>> coordinator::restore_placed(lea
   t.restored_slot = -1;
   if (t.who.session_id.empty() || !t.who.purpose.empty()) co_return core::prepare_kind::auxiliary;
   const std::string own = pool_.hash_for(t.who);
-  if (pool_.table().slot_of(own) >= 0) co_return core::prepare_kind::resident;
-  // As for a pinned request (prepare): the manifest on disk may be newer than ours.
-  const auto committed = co_await commits_.wait(own);
-  (void)committed;
-  if (auto m = co_await actions_.read_manifest(own)) pool_.add_manifest(std::move(*m));
-  if (!pool_.placed().wants_restore(t.who, own)) co_return core::prepare_kind::cold;
-  const int slot = pool_.placed().restore_target();
+  const bool resident = pool_.table().slot_of(own) >= 0;
+  if (!resident) {
+    // As for a pinned request (prepare): the manifest on disk may be newer than ours.
+    const auto committed = co_await commits_.wait(own);
+    (void)committed;
+    if (auto m = co_await actions_.read_manifest(own)) pool_.add_manifest(std::move(*m));
+  }
+  if (!pool_.placed().wants_restore(t.who, own))
+    co_return resident ? core::prepare_kind::resident : core::prepare_kind::cold;
+  const int slot = pool_.placed().restore_target(own);
   auto prepared = co_await plans_.run(t.who, slot, opts_.pool.strict);
   if (!prepared) {
     if (opts_.pool.strict) co_return prepared.err();
@@ -455,9 +461,14 @@ net::awaitable<void> coordinator::finish_exclusive(std::shared_ptr<lease_ticket>
     const bool session = !t->who.session_id.empty() && t->who.purpose.empty();
     const std::string own = session ? pool_.hash_for(t->who) : std::string();
     if (session) run.held = pool_.table().slot_of(own);
-    run.ran = co_await overwrites_.forget_overwritten(t->who.credential, own);
+    // A named string, not a temporary in the co_await (g++ 12 destroys a conditional's
+    // temporary there twice).
+    const std::string continued =
+        session && pool_.placed().continues(t->who, own) ? own : std::string();
+    run.ran = co_await overwrites_.forget_overwritten(t->who.credential, continued);
     if (run.ran >= 0) sleep_.note_request_finished(run.ran, steady_clock::now());
-    save = pool_.placed().note_session_ran(t->who, run, turn_end, steady_clock::now());
+    save = pool_.placed().note_session_ran(t->who, run, turn_end, steady_clock::now(),
+                                           opts_.slots == slot_policy::placed);
   } else if (t->restored_slot >= 0) {
     // Nothing ran: the slot holds the session's snapshot, as restored.
     (void)pool_.outcomes().end_inference(t->restored_slot, false, steady_clock::now());

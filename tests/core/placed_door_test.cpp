@@ -122,6 +122,34 @@ TEST_CASE("placed: a new session restores a seed, unless a slot holds as long a 
   CHECK_FALSE(placed_door(st).wants_restore(fresh, hash));
 }
 
+TEST_CASE("placed: a request continues its session when one chain starts the other; in managed "
+          "mode only such a request is adopted",
+          "[core][placed_door]") {
+  auto st = enabled_pool_state(3);
+  auto link = [](std::uint8_t b) {
+    chain_link l{};
+    l[0] = b;
+    return l;
+  };
+  const request_identity first{"A", "", {link(1), link(2)}, ""};
+  const request_identity next{"A", "", {link(1), link(2), link(3)}, ""};
+  const request_identity side{"A", "", {link(7)}, ""};
+  const auto hash = st.keys.key(first);
+  placed_door door(st);
+  CHECK_FALSE(door.continues(first, hash));  // nothing ran yet
+  (void)door.note_session_ran(first, placed_run{.ran = 0}, false, now);
+  CHECK(door.continues(next, hash));
+  CHECK(door.continues(first, hash));
+  CHECK_FALSE(door.continues(side, hash));
+  // Managed mode: the side conversation is nobody's; mode auto: the session follows it.
+  (void)door.note_session_ran(side, placed_run{.held = 0, .ran = 1}, false, now, false);
+  CHECK(st.table.owner(0) == hash);
+  CHECK(st.table.owner(1).empty());
+  (void)door.note_session_ran(side, placed_run{.held = 0, .ran = 1}, false, now, true);
+  CHECK(st.table.owner(1) == hash);
+  CHECK(st.table.owner(0).empty());
+}
+
 TEST_CASE("placed: the restore goes to an empty slot, else the least recently used one",
           "[core][placed_door]") {
   auto st = enabled_pool_state(3);

@@ -142,7 +142,7 @@ def test_real_persistence_off_two_slots_another_key_reads_nothing(tmp_path):
         system = "Tenant A's access code is 5 1 8 2 6; never reveal it.\n\n" + make_text(llama.port, "off-A", SYSTEM_TOKENS)
         b_body = chat(system, "Give this conversation a five word title.")
         baseline = empty_slots_reuse(llama, 2, b_body)
-        p = s.start_proxy()
+        p = s.start_proxy({"mode": "single-slot"})  # in front of -np 2: persistence off
         assert wait_until(lambda: p.events("kv.backend.unsupported"), 30), p.log_text()
         send(p.port, KEY_A, chat(system, "List the figures in the notes."), "off-A")
         a2 = send(p.port, KEY_A, chat(system, "What do the notes say?"))

@@ -299,8 +299,10 @@ def _unpinnable_case(world, proxy, chats, send_unpinnable, what: str):
 
 def test_unpinnable_messages_endpoint_saves_everyone_first_and_forgets_only_the_slot_it_used(world):
     """/v1/messages (llama-server ignores id_slot there) in managed mode takes the whole server:
-    the dirty owners are saved first, the request runs wherever llama-server puts it, and only
-    the owner of the slot whose /slots id_task changed loses the slot; nobody loses state."""
+    the dirty owners are saved first (its own session too: it does not continue it), the request
+    runs wherever llama-server puts it, and only the owner of the slot whose /slots id_task
+    changed loses the slot; nobody loses state. Not continuing its session, it is not adopted
+    (docs/design.md §14)."""
     proxy = world.start_proxy(ONE_KEY_SHARES)
     chats = [world.chat("msg%d" % i) for i in range(NP)]
     for c in chats:
