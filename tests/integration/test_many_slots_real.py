@@ -135,3 +135,53 @@ def test_a_day_through_kvpersist_reuses_no_less_than_llama_server_alone(flag_set
     assert reused >= RESTORED * tokens, (
         "%s: A after the restart reused %d of %d tokens through kvpersist%s\n%s"
         % (name, reused, tokens, rows, log[-3000:]))
+
+
+# ---------------------------------------------------------------------------- Messages, managed
+def messages_turn(port: int, session: str, system: str, history: list[dict], text: str) -> tuple[int, int]:
+    """One /v1/messages request (llama-server ignores id_slot there); (reused, prompt tokens)
+    from its usage. The history carries fixed assistant turns, so prompts do not depend on
+    what the random model answered."""
+    body = {"model": "m", "max_tokens": 1, "temperature": 0, "system": system,
+            "messages": history + [{"role": "user", "content": text}]}
+    r = http_request(port, "POST", "/v1/messages", headers={"x-claude-code-session-id": session},
+                     body=body, timeout=TIMEOUT)
+    assert r.status == 200 and r.complete, (r.status, r.body[:300])
+    u = r.json["usage"]
+    history += [{"role": "user", "content": text}, {"role": "assistant", "content": ASSISTANT}]
+    return u["cache_read_input_tokens"], u["input_tokens"] + u["cache_read_input_tokens"]
+
+
+def test_managed_messages_sessions_alternate_and_return_after_a_restart(tmp_path):
+    """`mode: managed-slots` with `-np 2 --no-cache-idle-slots`: two /v1/messages sessions
+    taking turns, which kvpersist cannot pin, each return resident or restored (>= 90% of the
+    prompt their last turn left), and after a llama-server restart the first returns restored
+    (docs/design.md §14, §23). Before mode auto's placed path, Messages were never saved."""
+    require_real_llama()
+    server = FlagsLlama(str(tmp_path / "llama"), ["-np", "2", "--no-cache-idle-slots"], N_CTX,
+                        name="llama-messages")
+    server.start()
+    proxy = start_proxy(server.url, str(tmp_path / "state"), str(tmp_path), {"mode": "managed-slots"})
+    try:
+        assert proxy.wait_for_log(r"kv\.backend\.ready", 30), proxy.log_text()
+        sid = uuid.uuid4().hex[:8]
+        convs = {name: (make_text(server.port, "messages-%s-%s" % (name, sid), SYSTEM_TOKENS), [])
+                 for name in ("M1", "M2")}
+        left: dict[str, int] = {}
+        for rnd in range(3):
+            for name, (system, history) in convs.items():
+                reused, prompt = messages_turn(proxy.port, name + sid, system, history,
+                                               "Round %d: list the figures." % rnd)
+                if name in left:
+                    assert reused >= RESTORED * left[name], (name, rnd, reused, left[name], proxy.log_text()[-3000:])
+                left[name] = prompt
+        server.stop()
+        server.start()
+        system, history = convs["M1"]
+        reused, prompt = messages_turn(proxy.port, "M1" + sid, system, history, "After the restart?")
+        print("\nmanaged Messages after a restart: M1 reused %d of %d (its last turn left %d)"
+              % (reused, prompt, left["M1"]))
+        assert reused >= RESTORED * left["M1"], (reused, left["M1"], proxy.log_text()[-3000:])
+    finally:
+        proxy.stop(signal.SIGKILL, timeout=5)
+        server.kill()
