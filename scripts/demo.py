@@ -386,7 +386,7 @@ class KvPersist:
                 raise DemoError("kvpersist cannot persist sessions with this llama-server: %s"
                                 % bad[2].get("reason", bad[1]), logs=[self.log_path],
                                 tail=tail_of(self.log_path),
-                                hint="kvpersist needs llama-server with --slot-save-path DIR and -np 1.")
+                                hint="kvpersist needs llama-server with --slot-save-path DIR.")
             time.sleep(0.05)
         raise DemoError("kvpersist did not report kv.backend.ready within 10 s", logs=[self.log_path],
                         tail=tail_of(self.log_path), hint="Check that llama-server still answers.")
