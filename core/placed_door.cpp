@@ -99,22 +99,10 @@ std::optional<save_step> placed_door::note_session_ran(const request_identity& w
   const bool kept = run.held == run.ran || run.restored == run.ran;
   sl.pending_kind = kept ? prepare_kind::resident : prepare_kind::cold;
   (void)outcomes.start_inference(who, run.ran);
-  auto save = outcomes.end_inference(run.ran, true, now, turn_end);
-  arm_checkpoint(sl, turn_end, now);
-  return save;
-}
-
-// Placed, the next task anywhere may clear this idle slot (docs/design.md §23): the session
-// is contended as if the pool had one slot, so the early checkpoint (§10) saves it soon after
-// its turn, before a sleep or a crash can take its last turn.
-void placed_door::arm_checkpoint(table_slot& sl, bool turn_end, steady_time now) {
-  if (sl.owner.empty() || sl.state != slot_state::dirty) return;
-  const session_record& r = st_.records.get(sl.owner);
-  const double last_save_ms = r.snapshot ? r.snapshot->save_ms : 0;
-  const auto idle_for = st_.checkpoints.idle_before_checkpoint(last_save_ms, turn_end, now, 1);
-  if (idle_for.count() <= 0) return;
-  sl.idle_deadline = now + idle_for;
-  sl.idle_rev = r.dirty_rev;
+  // The next task anywhere may clear this idle slot (docs/design.md §23): the session is
+  // contended as in a one-slot pool, so the early checkpoint (§10) saves it soon after its
+  // turn, before a sleep or a crash can take its last turn.
+  return outcomes.end_inference(run.ran, true, now, turn_end, 1);
 }
 
 void placed_door::note_emptied(int slot) {

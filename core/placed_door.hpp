@@ -75,8 +75,6 @@ class placed_door {
   void note_emptied(int slot);
 
  private:
-  void arm_checkpoint(table_slot& sl, bool turn_end, steady_time now);
-
   pool_state& st_;
 };
 

@@ -262,7 +262,8 @@ void plan_outcomes::note_reuse(const std::string& hash, prepare_kind kind, std::
 }
 
 std::optional<save_step> plan_outcomes::end_inference(int slot, bool reached_slot,
-                                                      steady_time now, bool turn_end) {
+                                                      steady_time now, bool turn_end,
+                                                      std::size_t session_slots) {
   table_slot& sl = *st_.table.find(slot);
   const bool aux = sl.pending_aux;
   sl.pending_hash.clear();
@@ -289,8 +290,9 @@ std::optional<save_step> plan_outcomes::end_inference(int slot, bool reached_slo
   if (!dirty) return std::nullopt;
   st_.checkpoints.note_turn(sl.owner, now);
   const double last_save_ms = r.snapshot ? r.snapshot->save_ms : 0;
-  const auto idle_for = st_.checkpoints.idle_before_checkpoint(last_save_ms, turn_end, now,
-                                                               st_.table.session_slots());
+  const std::size_t contended_over = session_slots > 0 ? session_slots : st_.table.session_slots();
+  const auto idle_for =
+      st_.checkpoints.idle_before_checkpoint(last_save_ms, turn_end, now, contended_over);
   if (idle_for.count() > 0) {
     sl.idle_deadline = now + idle_for;
     sl.idle_rev = r.dirty_rev;

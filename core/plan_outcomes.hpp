@@ -59,8 +59,10 @@ class plan_outcomes {
   // `reached_slot`: llama-server received it (its KV may have changed). `turn_end`: its reply
   // handed the conversation back to the user (core/reply_end.hpp). Returns a save to run
   // before the lease is released with checkpoint.onStepEnd, or onTurnEnd at a turn end.
+  // `session_slots`: the slots contention is counted against for the early checkpoint (0: the
+  // table's session slots; 1 where llama-server places requests, docs/design.md §23).
   std::optional<save_step> end_inference(int slot, bool reached_slot, steady_time now,
-                                         bool turn_end = false);
+                                         bool turn_end = false, std::size_t session_slots = 0);
   // A strict-mode failure, or a lease released without end_inference.
   void abort_prepare(int slot);
   // What a response of the session `hash` reported: `reused` prompt tokens (cache_n) on a

@@ -94,10 +94,15 @@ net::awaitable<void> before_unmanaged_model(router_models& router,
   co_await router.before_unmanaged(model.value());
 }
 
-// Whether a reply's end is read for a turn end (checkpoint.onTurnEnd): a session's only.
-bool watches_turn(core::prepare_kind kind, bool watches_turn_end) {
+// Whether a session's reply handed the conversation back to the user (checkpoint.onTurnEnd,
+// the early checkpoint): read from its last bytes `tail` when the coordinator watches turn
+// ends. What upstream finished counts even when the client left while its last bytes went
+// out: the slot holds the whole reply either way.
+bool turn_ended(core::prepare_kind kind, bool watches_turn_end, const relay_state& st,
+                const std::string& tail) {
   return watches_turn_end && kind != core::prepare_kind::none &&
-         kind != core::prepare_kind::auxiliary;
+         kind != core::prepare_kind::auxiliary && st.upstream_done &&
+         core::classify_reply_end(tail) == core::reply_end::user_turn;
 }
 
 // The report of a reply that reached its end, `tail` (nullopt for one that did not): what it
@@ -376,11 +381,9 @@ net::awaitable<bool> server::run_exclusive(exchange& x, lease held, upstream_con
     x.up->pool->release(std::move(conn.stream));
     co_return co_await answer_error(x, prepare_failure(pr.err()));
   }
-  const bool watch_turn = watches_turn(pr.value(), x.up->coord->watches_turn_end());
   std::string tail;
   const bool keep = co_await forwarder_.forward(x, std::move(conn), &tail);
-  const bool turn_end = watch_turn && x.relayed.upstream_done &&
-                        core::classify_reply_end(tail) == core::reply_end::user_turn;
+  const bool turn_end = turn_ended(pr.value(), x.up->coord->watches_turn_end(), x.relayed, tail);
   auto reply = reply_of(pr.value(), x.relayed, tail, x.req, {});
   co_await held.finish(x.relayed.request_sent, turn_end, std::move(reply));
   log_request_done(pr.value(), x.relayed, t0);
@@ -414,17 +417,13 @@ net::awaitable<bool> server::run_on_slot(exchange& x, lease held, core::prepare_
   }
   // Every reply is read back for what it reused (the reuse counters: README "Metrics"); a
   // session's also for its finish reason when checkpoint.onTurnEnd needs it.
-  const bool watch_turn = watches_turn(kind, up.coord->watches_turn_end());
   // The route as the client sent it: the forward puts the server's base path before it.
   std::string seeded_target;
   if (kind == core::prepare_kind::restored) seeded_target = std::string(x.req.target());
   std::string tail;
   const bool keep_after = co_await forwarder_.forward(x, std::move(conn), &tail);
   const relay_state& st = x.relayed;
-  // What upstream finished counts even when the client left while its last bytes went out:
-  // the slot holds the whole reply either way.
-  const bool turn_end = watch_turn && st.upstream_done &&
-                        core::classify_reply_end(tail) == core::reply_end::user_turn;
+  const bool turn_end = turn_ended(kind, up.coord->watches_turn_end(), st, tail);
   auto reply = reply_of(kind, st, tail, x.req, std::move(seeded_target));
   // Not awaited: whatever this client (or anyone) asks of the coordinator afterwards sees
   // the lease released; a turn-end checkpoint runs while the client reads its next request.
