@@ -32,8 +32,11 @@ from kvptest.waiting import Async, wait_until
 pytestmark = pytest.mark.fake_only
 
 sid = sid_factory("fileio")
-# A plain build adds well under a millisecond per event; ThreadSanitizer slows every event.
-SLACK = 0.050 * (6 if os.environ.get("KVP_SANITIZER") == "tsan" else 1)
+# A stream held behind the stuck write would show a gap of most of the write's 1.5 s
+# (failure.fileTimeoutMs below). A plain build adds well under a millisecond per event, but a
+# loaded 2-core machine (CI compiles the checked builds beside this suite) has shown 110 ms
+# scheduling gaps; ThreadSanitizer slows every event.
+SLACK = 0.300 * (2 if os.environ.get("KVP_SANITIZER") == "tsan" else 1)
 
 
 def events(proxy, name):
@@ -114,7 +117,7 @@ def test_stuck_manifest_write_holds_up_no_other_server(two):
         assert not switch.done() or events(two.proxy, "kv.manifest.write_failed"), \
             "the switch finished before the stuck write timed out"
         streamed = ok(stream.result(30), "beta's stream in flight")
-        # ... and its stream in flight kept its pace: no gap longer than an unstalled one + 50 ms.
+        # ... and its stream in flight kept its pace: no gap longer than an unstalled one + SLACK.
         worst, usual = max(gaps(streamed)), max(gaps(baseline))
         assert worst < usual + SLACK, "beta's stream stalled: %.1f ms (no stall: %.1f ms)" % (worst * 1e3, usual * 1e3)
         # The stuck write times out into the failure policy; the previous manifest stays.
