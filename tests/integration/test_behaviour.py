@@ -208,7 +208,10 @@ def test_real_restart_behind_a_pinned_marker_restores(stack):
     stack.upstream.stop()
     stack.upstream.env = {"LLAMA_MEDIA_MARKER": "<__media_kvpersist_test__>"}
     stack.upstream.start()
-    stack.start_proxy()
+    # No early checkpoint: A and B contend, so one would save A a second after its turn, and
+    # when the restart is done within that second the save finds the slot empty
+    # (KV_SAVE_EMPTY) before A's request can: the restore is the same, the signal another.
+    stack.start_proxy({"checkpoint": {"earlyMs": 0}})
     A, _, ma, _ = both_saved(stack)
     stack.upstream.restart()
     r = ok(A.turn(stack.port, timeout=120), "A after the restart")
