@@ -124,6 +124,9 @@ coordinator::coordinator(net::io_context& ioc, std::unique_ptr<backends::kv_back
       actions_(*backend_, store_, pool_, files_, commits_, snapshots_, reuse_,
                slot_action_hooks{
                    .slot_error = [this](const core::error& e) { runtime_.note_slot_error(e); },
+                   .emptied = [this](int slot, const std::string& session) {
+                     runtime_.note_empty_save(slot, session);
+                   },
                    .commit_ended =
                        [this] {
                          log_circuit_changes(pool_);

@@ -261,18 +261,41 @@ net::awaitable<std::vector<int>> runtime_monitor::owned_slots_seen_empty(int own
 // is then erased before another scope's request, never taken for empty).
 void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
   if (emptied.empty()) return;
-  warn_idle_clearing(emptied.size());
+  warn_idle_clearing(owned_slots() > emptied.size());
   for (int id : emptied) {
-    log(log_level::info, "kv.slot.emptied",
-        {{"slot", std::to_string(id)},
-         {"session", std::string(core::abbrev(pool_.table().owner(id)))},
-         {"effect", "restores from its snapshot next time"}});
+    log_slot_emptied(id, pool_.table().owner(id));
     pool_.table().forget_emptied_slot(id);
   }
+  reset_when_nothing_owned();
+}
+
+// docs/design.md §8: a save that wrote no token is the same evidence as the slot seen empty,
+// and may come first (a checkpoint right after a restart behind a pinned marker). The pool
+// has already stopped believing `session` is resident on `slot`.
+void runtime_monitor::note_empty_save(int slot, const std::string& session) {
+  warn_idle_clearing(owned_slots() > 0);
+  log_slot_emptied(slot, session);
+  reset_when_nothing_owned();
+}
+
+void runtime_monitor::log_slot_emptied(int slot, const std::string& session) {
+  log(log_level::info, "kv.slot.emptied",
+      {{"slot", std::to_string(slot)},
+       {"session", std::string(core::abbrev(session))},
+       {"effect", "restores from its snapshot next time"}});
+}
+
+std::size_t runtime_monitor::owned_slots() const {
   const auto ids = pool_.table().ids();
-  if (std::any_of(ids.begin(), ids.end(), [&](int id) { return !pool_.table().owner(id).empty(); }))
-    return;
-  watch_.forget_behaviour();  // every owned slot lost its KV: the process may run another model
+  return static_cast<std::size_t>(std::count_if(
+      ids.begin(), ids.end(), [&](int id) { return !pool_.table().owner(id).empty(); }));
+}
+
+// Every owned slot lost its KV: the process may have restarted behind the marker, on other
+// weights, so the behaviour class is established again before the next plan.
+void runtime_monitor::reset_when_nothing_owned() {
+  if (owned_slots() > 0) return;
+  watch_.forget_behaviour();
   log(log_level::info, "kv.backend.restarted",
       {{"signal", "slot_emptied"}, {"effect", "slot ownership reset"}});
 }
@@ -280,12 +303,10 @@ void runtime_monitor::forget_emptied_slots(const std::vector<int>& emptied) {
 // docs/design.md §23: pinned requests in front of a pool that clears idle slots (a unified KV
 // pool with --cache-idle-slots, llama-server's default) lose their session whenever another
 // task starts; llama-server alone would load it back from its RAM cache. Said once, with the
-// flag. A slot emptied while others keep their KV is that clearing (a restart empties all).
-void runtime_monitor::warn_idle_clearing(std::size_t emptied) {
-  if (!opts_.pins || warned_idle_clearing_) return;
-  std::size_t owned = 0;
-  for (int id : pool_.table().ids()) owned += pool_.table().owner(id).empty() ? 0 : 1;
-  if (emptied >= owned) return;
+// flag. A slot emptied while others keep their KV (`others_kept`) is that clearing (a restart
+// empties all).
+void runtime_monitor::warn_idle_clearing(bool others_kept) {
+  if (!opts_.pins || warned_idle_clearing_ || !others_kept) return;
   warned_idle_clearing_ = true;
   log(log_level::warn, "kv.slots.idle_cleared",
       {{"server", opts_.server_name}, {"flag", "--no-cache-idle-slots"},

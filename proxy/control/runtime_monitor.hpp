@@ -67,6 +67,10 @@ class runtime_monitor {
   // A slot action failed with `e`; slot_not_found has the next look_for_changes run the whole
   // probe (only it applies the slot layout).
   void note_slot_error(const core::error& e);
+  // A save of `slot` wrote no token while it was believed to hold `session`: llama-server
+  // emptied it (idle-slot caching, or a restart the marker did not show). As a slot seen
+  // empty: logged, and with no owned slot left the behaviour class is probed again.
+  void note_empty_save(int slot, const std::string& session);
 
   // Before a plan on `slot` (REQUIRES its lease, or the whole server's): look_for_changes, then,
   // before the first plan of a new epoch, the behavioural fingerprint, probed on `slot`.
@@ -124,7 +128,10 @@ class runtime_monitor {
   net::awaitable<std::vector<int>> owned_slots_seen_empty(int own_slot);
   // Forgets those slots only; when no owned slot is left, it logs a restart behind the marker.
   void forget_emptied_slots(const std::vector<int>& emptied);
-  void warn_idle_clearing(std::size_t emptied);
+  void log_slot_emptied(int slot, const std::string& session);
+  std::size_t owned_slots() const;
+  void reset_when_nothing_owned();
+  void warn_idle_clearing(bool others_kept);
 
   net::any_io_executor strand_;
   backends::kv_backend& backend_;

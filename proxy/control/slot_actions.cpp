@@ -98,10 +98,12 @@ net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_sa
     metrics_.save_ms.observe(r->save_ms);
     metrics_.save_bytes.observe(static_cast<double>(r->n_written));
   }
+  const bool owned = pool_.table().owner(step.slot) == step.hash;
   auto written = pool_.outcomes().on_save(step, r, steady_clock::now(), wall_now());
   if (!written) {
     const auto& err = written.err();
     hooks_.slot_error(err);
+    if (owned && err.code == core::errc::save_empty) hooks_.emptied(step.slot, step.hash);
     log(log_level::warn, "kv.session.save.failed",
         {{"session", sess}, {"code", std::string(core::to_string(err.code))},
          {"status", std::to_string(err.http_status)}, {"reason", err.message}});

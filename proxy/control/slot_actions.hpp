@@ -34,6 +34,9 @@ namespace kvp::proxy {
 struct slot_action_hooks {
   // A slot action failed; with slot_not_found the owner reads the slot layout again.
   std::function<void(const core::error&)> slot_error = [](const core::error&) {};
+  // A save of `slot`, which held `session` as far as kvpersist knew, wrote no token.
+  std::function<void(int slot, const std::string& session)> emptied =
+      [](int, const std::string&) {};
   // A commit ended, failed or not: the breaker may have opened or closed.
   std::function<void()> commit_ended = [] {};
   // A session's first manifest was written (the session budget, docs/design.md §12).

@@ -28,6 +28,7 @@ from kvptest.checks import acts, ok, settled_calls
 from kvptest.identity import sid
 from kvptest.manifests import manifest_for
 from kvptest.real_world import need_real_model, other_seed_model
+from kvptest.waiting import wait_until
 
 
 def probes(stack) -> list[dict]:
@@ -178,6 +179,29 @@ def test_restart_behind_a_pinned_marker_is_noticed(stack):
     assert ev and "slot_emptied" in ev[-1].raw, stack.proxy.log_text()[-2000:]
 
 
+@pytest.mark.fake_only
+def test_weights_swapped_behind_a_pinned_marker_and_found_by_an_empty_save_are_refused(stack):
+    """The restart behind a pinned marker onto other weights, seen first by the early checkpoint
+    (A and B contend, so A is saved a second after its turn): the save writes no token. That
+    empty slot tells the same as one GET /slots shows empty: the restart is logged, the
+    behaviour probed again, and A's snapshot refused, not restored into the other weights.
+    The early checkpoint waits 2 s here, so the restart is surely done before it."""
+    stack.start({"checkpoint": {"earlyMs": 2000}})
+    f = stack.fake
+    f.pinned_marker = "<__media_pinned__>"
+    stack.upstream.restart()
+    A, B, ma, _ = both_saved(stack)
+    f.weights_seed = 1
+    stack.upstream.restart()
+    empty = wait_until(lambda: [e for e in stack.proxy.events("kv.session.save.failed")
+                                if e.fields.get("code") == "KV_SAVE_EMPTY"], 10)
+    assert empty, stack.proxy.log_text()[-2000:]
+    ev = stack.proxy.events("kv.backend.restarted")
+    assert ev and "slot_emptied" in ev[-1].raw, stack.proxy.log_text()[-2000:]
+    refused(stack, A, ma, "A on other weights", timeout=30)
+    assert len(probes(stack)) == 3 + 3
+
+
 @pytest.mark.real_only
 def test_real_weights_swapped_at_the_same_path_are_refused(stack, tmp_path):
     """The issue's case: the ci test model and its --seed 1 twin (same geometry, same metadata
@@ -208,10 +232,7 @@ def test_real_restart_behind_a_pinned_marker_restores(stack):
     stack.upstream.stop()
     stack.upstream.env = {"LLAMA_MEDIA_MARKER": "<__media_kvpersist_test__>"}
     stack.upstream.start()
-    # No early checkpoint: A and B contend, so one would save A a second after its turn, and
-    # when the restart is done within that second the save finds the slot empty
-    # (KV_SAVE_EMPTY) before A's request can: the restore is the same, the signal another.
-    stack.start_proxy({"checkpoint": {"earlyMs": 0}})
+    stack.start_proxy()
     A, _, ma, _ = both_saved(stack)
     stack.upstream.restart()
     r = ok(A.turn(stack.port, timeout=120), "A after the restart")
