@@ -77,6 +77,15 @@ net::awaitable<std::optional<core::manifest>> slot_actions::read_manifest(std::s
   co_return std::move(r.value());
 }
 
+// Whether the slot of `step` held KV that is gone when its save writes no token: it is its
+// session's, saved with tokens before under this runtime. A session never saved may have had
+// every request refused (a prompt over the context leaves its slot empty): no sign of a restart.
+bool slot_actions::held_saved_kv(const core::save_step& step) const {
+  if (pool_.table().owner(step.slot) != step.hash) return false;
+  const core::manifest* m = pool_.records().find_manifest(step.hash);
+  return m && m->state == core::snapshot_state::ready && m->tokens > 0;
+}
+
 net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_save(
     core::save_step step) {
   // Never two saves of one session in flight: the generation chosen below must be the one
@@ -98,12 +107,12 @@ net::awaitable<core::result<slot_actions::commit_handle>> slot_actions::start_sa
     metrics_.save_ms.observe(r->save_ms);
     metrics_.save_bytes.observe(static_cast<double>(r->n_written));
   }
-  const bool owned = pool_.table().owner(step.slot) == step.hash;
+  const bool held_kv = held_saved_kv(step);
   auto written = pool_.outcomes().on_save(step, r, steady_clock::now(), wall_now());
   if (!written) {
     const auto& err = written.err();
     hooks_.slot_error(err);
-    if (owned && err.code == core::errc::save_empty) hooks_.emptied(step.slot, step.hash);
+    if (held_kv && err.code == core::errc::save_empty) hooks_.emptied(step.slot, step.hash);
     log(log_level::warn, "kv.session.save.failed",
         {{"session", sess}, {"code", std::string(core::to_string(err.code))},
          {"status", std::to_string(err.http_status)}, {"reason", err.message}});

@@ -34,7 +34,7 @@ namespace kvp::proxy {
 struct slot_action_hooks {
   // A slot action failed; with slot_not_found the owner reads the slot layout again.
   std::function<void(const core::error&)> slot_error = [](const core::error&) {};
-  // A save of `slot`, which held `session` as far as kvpersist knew, wrote no token.
+  // A save of `slot`, which held `session`'s saved KV as far as kvpersist knew, wrote no token.
   std::function<void(int slot, const std::string& session)> emptied =
       [](int, const std::string&) {};
   // A commit ended, failed or not: the breaker may have opened or closed.
@@ -111,6 +111,7 @@ class slot_actions {
   // Shared-filesystem mode: the file's size and checksum before llama-server reads it.
   net::awaitable<core::result<core::unit>> check_snapshot(const core::restore_step& rs);
   core::restore_source source_of(const core::restore_step& rs) const;
+  bool held_saved_kv(const core::save_step& step) const;
   net::awaitable<void> commit_save(core::save_step step, core::manifest m, std::uint64_t bytes,
                                    commit_handle pc);
 
